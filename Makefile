@@ -1,0 +1,27 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow install clean
+
+$(STAMP): setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip==25.3
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/ao-mdm train --config=configs/tiny.py --workdir=runs/demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m "slow or not slow" tests
+
+clean:
+	rm -rf $(VENV) runs

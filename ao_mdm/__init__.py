@@ -1,0 +1,1 @@
+"""AO-GPT: any-order GPT as a masked diffusion language model, in JAX/Flax."""

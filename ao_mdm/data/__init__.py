@@ -1,0 +1,1 @@
+"""Data: the embedded SOTU corpus, tokenizers, TFDS builders and the grain input pipeline."""

@@ -1,0 +1,368 @@
+"""TFDS datasets: builders over the embedded corpus and local text, a catalog registry, detokenizers.
+
+Everything is read back as ArrayRecord through `as_data_source()` (random access, no TensorFlow).
+"""
+import dataclasses
+import functools
+import glob
+import hashlib
+import math
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import ml_collections
+import tensorflow_datasets as tfds
+from etils import epath
+from tensorflow_datasets.core import utils as tfds_utils
+
+from ao_mdm.data import corpus
+
+VALIDATION_FRACTION = 0.05
+TEXT_KEY = "text"
+
+
+# Detokenizers, verbatim from SEDD `data.py` / MDLM `dataloader.py` (the evaluation convention).
+
+def wt_detokenizer(string: str) -> str:
+  """Undoes WikiText tokenization (SEDD/MDLM `wt_detokenizer`)."""
+  # contractions
+  string = string.replace("s '", "s'")
+  string = re.sub(r"/' [0-9]/", r"/'[0-9]/", string)
+  # number separators
+  string = string.replace(" @-@ ", "-")
+  string = string.replace(" @,@ ", ",")
+  string = string.replace(" @.@ ", ".")
+  # punctuation
+  string = string.replace(" : ", ": ")
+  string = string.replace(" ; ", "; ")
+  string = string.replace(" . ", ". ")
+  string = string.replace(" ! ", "! ")
+  string = string.replace(" ? ", "? ")
+  string = string.replace(" , ", ", ")
+  # double brackets
+  string = re.sub(r"\(\s*([^\)]*?)\s*\)", r"(\1)", string)
+  string = re.sub(r"\[\s*([^\]]*?)\s*\]", r"[\1]", string)
+  string = re.sub(r"{\s*([^}]*?)\s*}", r"{\1}", string)
+  string = re.sub(r"\"\s*([^\"]*?)\s*\"", r'"\1"', string)
+  string = re.sub(r"'\s*([^']*?)\s*'", r"'\1'", string)
+  # miscellaneous
+  string = string.replace("= = = =", "====")
+  string = string.replace("= = =", "===")
+  string = string.replace("= =", "==")
+  string = string.replace(" " + chr(176) + " ", chr(176))
+  string = string.replace(" \n", "\n")
+  string = string.replace("\n ", "\n")
+  string = string.replace(" N ", " 1 ")
+  string = string.replace(" 's", "'s")
+  return string
+
+
+def ptb_detokenizer(x: str) -> str:
+  """Undoes Penn Treebank tokenization (SEDD/MDLM `ptb_detokenizer`)."""
+  x = x.replace(" 's", "'s")
+  x = x.replace("s ' ", "s' ")
+  x = x.replace(" n't", "n't")
+  x = x.replace(" \n ", "\n")
+  x = x.replace("\\/", "/")
+  for _ in range(10):
+    x = x.replace(" N ", " 1 ")
+  x = x.replace("$ 1", "$1")
+  x = x.replace("# 1", "#1")
+  x = x.replace("<unk>", "?")
+  return x
+
+
+def lm1b_detokenizer(x: str) -> str:
+  """Undoes One Billion Word tokenization (SEDD/MDLM `lm1b_detokenizer`)."""
+  x = x.replace("http : / / ", "http://")
+  x = x.replace("https : / / ", "https://")
+  x = re.sub(r" \'(\w+)", r"'\1", x)
+  x = re.sub(r" (\w+) \. ", r" \1. ", x)
+  x = re.sub(r" (\w+) \.$", r" \1.", x)
+  x = x.replace(" ? ", "? ")
+  x = re.sub(r" \?$", "?", x)
+  x = x.replace(" ! ", "! ")
+  x = re.sub(r" \!$", "!", x)
+  x = x.replace(" , ", ", ")
+  x = x.replace(" : ", ": ")
+  x = x.replace(" ; ", "; ")
+  x = x.replace(" / ", "/")
+  x = re.sub(r"\" ([^\"]+) \"", r'"\1"', x)
+  x = re.sub(r"\' ([^\']+) \'", r"'\1'", x)
+  x = re.sub(r"\( ([^\(\)]+) \)", r"(\1)", x)
+  x = re.sub(r"\[ ([^\[\]]+) \]", r"[\1]", x)
+  x = x.replace("$ ", "$")
+  x = x.replace("£ ", "£")
+  return x
+
+
+def lambada_detokenizer(text: str) -> str:
+  """Normalises LAMBADA quotes and prefixes a newline (SEDD/MDLM `lambada_detokenizer`)."""
+  text = text.replace("“", '"')
+  text = text.replace("”", '"')
+  return "\n" + text.strip()
+
+
+# Builders defined by the project. skip_registration: they are built directly, never by name,
+# so they cannot clash with the TFDS catalog and re-importing this module is harmless.
+
+
+class _LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """Base of the project's builders: one `text` feature, document order kept."""
+
+  # TFDS 4.9.10 finds a builder's code via `importlib_resources`, a package it does not
+  # require on Python >= 3.9; naming the file directly avoids that import.
+  @tfds_utils.classproperty
+  @classmethod
+  def code_path(cls) -> epath.Path:
+    return epath.Path(__file__)
+
+  def _generate_examples(self, docs):
+    for i, text in enumerate(docs):
+      yield i, {TEXT_KEY: text}
+
+def _split_documents(docs: list[str], source: str) -> dict[str, list[str]]:
+  """Train/validation by position: the last 5% of documents (rounded up) are validation."""
+  if len(docs) < 2:
+    raise ValueError(
+        f"{source} has {len(docs)} document(s); at least 2 are needed for train and validation")
+  n_val = math.ceil(VALIDATION_FRACTION * len(docs))
+  return {"train": docs[:-n_val], "validation": docs[-n_val:]}
+
+
+def _text_info(builder: tfds.core.DatasetBuilder, description: str) -> tfds.core.DatasetInfo:
+  """DatasetInfo with one `text` feature, kept in document order (no shuffling on write)."""
+  return tfds.core.DatasetInfo(
+      builder=builder,
+      description=description,
+      features=tfds.features.FeaturesDict({TEXT_KEY: tfds.features.Text()}),
+      disable_shuffling=True,
+  )
+
+
+class SotuCorpus(_LocalBuilder, skip_registration=True):
+  """The embedded State of the Union corpus; splits as in `corpus.sotu_documents`."""
+
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return _text_info(self, "State of the Union addresses 1790-2021 (ao_mdm/data/sotu.jsonl.xz).")
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {s: self._generate_examples(corpus.sotu_documents(s)) for s in corpus.SPLITS}
+
+
+@dataclasses.dataclass(eq=False)
+class TextFileConfig(tfds.core.BuilderConfig):
+  """A local text source: `path` is a file (one document per line) or a directory of .txt files."""
+
+  path: str = ""
+
+
+def read_text_documents(path: str) -> list[str]:
+  """Documents of a local text source: non-blank lines of a file, or whole .txt files of a dir."""
+  if os.path.isdir(path):
+    files = sorted(glob.glob(os.path.join(path, "*.txt")))
+    docs = []
+    for name in files:
+      with open(name, encoding="utf-8") as f:
+        docs.append(f.read().strip("\n"))
+    docs = [d for d in docs if d.strip()]
+  elif os.path.isfile(path):
+    with open(path, encoding="utf-8") as f:
+      docs = [line.rstrip("\r\n") for line in f]
+    docs = [d for d in docs if d.strip()]
+  else:
+    raise FileNotFoundError(f"text file not found: {path!r}")
+  if not docs:
+    raise ValueError(f"text source {path!r} is empty: no non-blank document found")
+  return docs
+
+
+def text_source_hash(path: str) -> str:
+  """A short hash of the content (file bytes, or names+bytes of a directory's .txt files)."""
+  if not path:
+    raise ValueError("data.text_file is empty; set it to a local text file or directory")
+  h = hashlib.sha256()
+  if os.path.isdir(path):
+    names = sorted(glob.glob(os.path.join(path, "*.txt")))
+    h.update(b"dir\0")
+    for name in names:
+      h.update(os.path.basename(name).encode() + b"\0")
+      with open(name, "rb") as f:
+        h.update(hashlib.sha256(f.read()).digest())
+  elif os.path.isfile(path):
+    h.update(b"file\0")
+    with open(path, "rb") as f:
+      for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
+  else:
+    raise FileNotFoundError(f"text file not found: {path!r}")
+  return h.hexdigest()[:16]
+
+
+class TextFile(_LocalBuilder, skip_registration=True):
+  """A local text file or directory; the config name is its content hash, so sources never collide."""
+
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return _text_info(self, f"Local text from {self.builder_config.path}.")
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    path = self.builder_config.path
+    splits = _split_documents(read_text_documents(path), repr(path))
+    return {s: self._generate_examples(docs) for s, docs in splits.items()}
+
+
+def text_file_builder(path: str, tfds_dir: str) -> TextFile:
+  """The TextFile builder for a local source, its config named by the source's content hash."""
+  config = TextFileConfig(name=f"h{text_source_hash(path)}", path=os.path.abspath(path))
+  return TextFile(config=config, data_dir=tfds_dir)
+
+
+# Registry.
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+  """How to read one dataset: a local builder or a prepared TFDS dataset, splits, text, detok."""
+
+  name: str
+  splits: Mapping[str, str]  # our split name -> TFDS split (slicing allowed, e.g. "train[-100:]")
+  text_key: str = TEXT_KEY
+  detokenizer: Callable[[str], str] | None = None
+  make_builder: Callable[[Any, str], tfds.core.DatasetBuilder] | None = None  # (config, dir)
+  tfds_name: str = ""  # catalog datasets: the name for `tfds build`
+  tfds_path: str = ""  # catalog datasets: where they lie under the TFDS data dir
+
+
+_TRAIN_VAL = {"train": "train", "validation": "validation"}
+_TRAIN_VAL_TEST = {"train": "train", "validation": "validation", "test": "test"}
+
+DATASETS: dict[str, DatasetSpec] = {
+    "sotu": DatasetSpec(
+        "sotu", _TRAIN_VAL, make_builder=lambda cfg, d: SotuCorpus(data_dir=d)),
+    "text_file": DatasetSpec(
+        "text_file", _TRAIN_VAL, make_builder=lambda cfg, d: text_file_builder(cfg.text_file, d)),
+    # Catalog datasets: prepared elsewhere (e.g. `tfds build`), read from the TFDS data dir.
+    # As in SEDD/MDLM, every example (a WikiText line, a PTB sentence, ...) is one document.
+    "wikitext2": DatasetSpec(
+        "wikitext2", _TRAIN_VAL_TEST, detokenizer=wt_detokenizer,
+        tfds_name="huggingface:wikitext/wikitext-2-raw-v1", tfds_path="wikitext/wikitext_2_raw_v1"),
+    "wikitext103": DatasetSpec(
+        "wikitext103", _TRAIN_VAL_TEST, detokenizer=wt_detokenizer,
+        tfds_name="huggingface:wikitext/wikitext-103-raw-v1",
+        tfds_path="wikitext/wikitext_103_raw_v1"),
+    "ptb": DatasetSpec(
+        "ptb", _TRAIN_VAL_TEST, text_key="sentence", detokenizer=ptb_detokenizer,
+        tfds_name="huggingface:ptb_text_only", tfds_path="ptb_text_only"),
+    "lambada": DatasetSpec(
+        "lambada", {"train": "train", "test": "test"}, text_key="passage",
+        detokenizer=lambada_detokenizer, tfds_name="lambada", tfds_path="lambada"),
+    "lm1b": DatasetSpec(
+        "lm1b", {"train": "train", "test": "test"}, detokenizer=lm1b_detokenizer,
+        tfds_name="lm1b", tfds_path="lm1b"),
+    # MDLM: the last 100k documents of OpenWebText's only split are the validation set.
+    "openwebtext": DatasetSpec(
+        "openwebtext", {"train": "train[:-100000]", "validation": "train[-100000:]"},
+        tfds_name="huggingface:openwebtext", tfds_path="openwebtext"),
+}
+
+
+def get_spec(name: str) -> DatasetSpec:
+  """The registry entry for `name`, or an error listing the known names."""
+  if name not in DATASETS:
+    raise ValueError(f"unknown dataset {name!r}; known: {', '.join(sorted(DATASETS))}")
+  return DATASETS[name]
+
+
+def resolve_tfds_dir(tfds_dir: str) -> str:
+  """The TFDS data dir: the given one, else $TFDS_DATA_DIR, else ~/tensorflow_datasets."""
+  return os.path.expanduser(
+      tfds_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets")
+
+
+def dataset_tag(data_config: Any) -> str:
+  """A file-name-safe dataset name; a local text source is named by its content hash."""
+  spec = get_spec(data_config.dataset)
+  if spec.name == "text_file":
+    return f"text_file-{text_source_hash(data_config.text_file)}"
+  return spec.name
+
+
+def data_config_for(corpus_name_or_path: str) -> ml_collections.ConfigDict:
+  """A `config.data` for a registry name or a local text path (the `tokenizer` command's input)."""
+  if corpus_name_or_path in DATASETS and corpus_name_or_path != "text_file":
+    dataset, text_file = corpus_name_or_path, ""
+  elif os.path.exists(corpus_name_or_path):
+    dataset, text_file = "text_file", corpus_name_or_path
+  else:
+    known = ", ".join(sorted(n for n in DATASETS if n != "text_file"))
+    raise ValueError(
+        f"corpus {corpus_name_or_path!r} is neither a dataset name ({known}) nor an existing path")
+  return ml_collections.ConfigDict(
+      {"dataset": dataset, "text_file": text_file, "tokenizer": "sentencepiece", "tfds_dir": ""})
+
+
+def _catalog_builder(spec: DatasetSpec, tfds_dir: str) -> tfds.core.DatasetBuilder:
+  """Opens a prepared catalog dataset from its directory (no registry, no network, no TF)."""
+  root = os.path.join(tfds_dir, spec.tfds_path)
+  infos = glob.glob(os.path.join(root, "**", "dataset_info.json"), recursive=True)
+  if not infos:
+    raise FileNotFoundError(
+        f"dataset {spec.name!r} is not prepared: nothing under {root}. Prepare it on a machine "
+        f"with network access (e.g. `tfds build {spec.tfds_name} --data_dir {tfds_dir} "
+        f"--file_format array_record`) and copy it there")
+  version_dirs = sorted((os.path.dirname(p) for p in infos),
+                        key=lambda d: tfds.core.Version(os.path.basename(d)))
+  return tfds.builder_from_directory(version_dirs[-1])
+
+
+class Documents(Sequence[str]):
+  """Random-access, detokenized document strings of one split of a TFDS data source."""
+
+  def __init__(self, source: Sequence[Any], text_key: str, detokenizer=None):
+    self._source = source
+    self._text_key = text_key
+    self._detokenizer = detokenizer
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return [self[i] for i in range(*index.indices(len(self)))]
+    n = len(self)
+    if not -n <= index < n:
+      raise IndexError(f"document index {index} out of range [0, {n})")
+    text = self._source[index % n][self._text_key]
+    if isinstance(text, bytes):
+      text = text.decode("utf-8")
+    return self._detokenizer(text) if self._detokenizer else text
+
+
+def load_documents(data_config: Any, split: str, tfds_dir: str) -> Documents:
+  """Documents of a split, detokenized; local builders are prepared on first use."""
+  spec = get_spec(data_config.dataset)
+  if split not in spec.splits:
+    raise ValueError(
+        f"dataset {spec.name!r} has no split {split!r}; splits: {', '.join(spec.splits)}")
+  tfds_dir = resolve_tfds_dir(tfds_dir)
+  if spec.make_builder is not None:
+    builder = spec.make_builder(data_config, tfds_dir)
+    if not builder.is_prepared():
+      try:
+        builder.download_and_prepare(file_format="array_record")
+      except OSError:
+        # Several processes sharing a TFDS dir may race; the loser's final rename fails.
+        builder = spec.make_builder(data_config, tfds_dir)
+        if not builder.is_prepared():
+          raise
+  else:
+    builder = _catalog_builder(spec, tfds_dir)
+  source = builder.as_data_source(split=spec.splits[split])
+  return Documents(source, spec.text_key, spec.detokenizer)

@@ -1,0 +1,147 @@
+"""Tokenizers: the `Tokenizer` interface, SentencePiece (trained on the project's corpus), caching."""
+import io
+import os
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import sentencepiece as spm
+
+TOKENIZERS = ("sentencepiece",)
+VOCAB_MULTIPLE = 128
+# SentencePiece skips training lines longer than this many bytes; longer pieces are cut.
+_MAX_SENTENCE_BYTES = 4096
+# Training lines: split at newlines and at spaces after a sentence end (. ! ? or a closing quote).
+_SENTENCE_END = re.compile(r"(?<=[.!?\"')\]’”])\s+(?=\S)|\n+")
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+  """What the pipeline and the model need from a tokenizer (SentencePiece, GPT-2 BPE, ...)."""
+
+  eos_id: int
+  vocab_size: int
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text`, with no BOS/EOS added."""
+
+  def decode(self, ids: Sequence[int]) -> str:
+    """The text of `ids`; decode(encode(t)) == t."""
+
+
+class SentencePieceTokenizer:
+  """A trained SentencePiece model loaded from a local file."""
+
+  def __init__(self, model_path: str):
+    if not os.path.isfile(model_path):
+      raise FileNotFoundError(f"SentencePiece model not found: {model_path}")
+    self.model_path = model_path
+    self._sp = spm.SentencePieceProcessor(model_file=model_path)
+    self.vocab_size: int = self._sp.get_piece_size()
+    self.eos_id: int = self._sp.eos_id()
+    if self.eos_id < 0:
+      raise ValueError(f"SentencePiece model {model_path} has no EOS id")
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text`, with no BOS/EOS added."""
+    return self._sp.encode(text)
+
+  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    """Token ids of several texts at once (faster than one by one)."""
+    return self._sp.encode(texts)
+
+  def decode(self, ids: Sequence[int] | Any) -> str:
+    """The text of `ids` (a list or a 1-D integer array)."""
+    return self._sp.decode([int(i) for i in ids])
+
+
+def _training_sentences(texts: Iterable[str]) -> Iterator[str]:
+  """Splits texts into sentences (SentencePiece skips over-long lines) and cuts any still too long."""
+  for text in texts:
+    for sentence in _SENTENCE_END.split(text):
+      data = sentence.encode("utf-8")
+      for start in range(0, len(data), _MAX_SENTENCE_BYTES):
+        piece = data[start:start + _MAX_SENTENCE_BYTES].decode("utf-8", errors="ignore")
+        if piece.strip():
+          yield piece
+
+
+def check_vocab_size(vocab_size: int) -> None:
+  """Refuses a vocab size that is not a positive multiple of 128 (the model pads nothing)."""
+  if not isinstance(vocab_size, int) or vocab_size <= 0 or vocab_size % VOCAB_MULTIPLE:
+    raise ValueError(
+        f"vocab_size must be a positive multiple of {VOCAB_MULTIPLE}, got {vocab_size!r}")
+  if vocab_size < 384:
+    raise ValueError(
+        f"vocab_size must be at least 384 (256 byte pieces + merges), got {vocab_size}")
+
+
+def train_sentencepiece(texts: Iterable[str], vocab_size: int, out_path: str) -> str:
+  """Trains a byte-fallback BPE SentencePiece model (exact round trip) and writes it to out_path."""
+  check_vocab_size(vocab_size)
+  out_dir = os.path.dirname(os.path.abspath(out_path))
+  os.makedirs(out_dir, exist_ok=True)
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=_training_sentences(texts),
+      model_writer=model,
+      model_type="bpe",
+      vocab_size=vocab_size,
+      byte_fallback=True,
+      character_coverage=0.9995,
+      # Exact round trip: no normalisation, no dummy prefix, keep every space.
+      normalization_rule_name="identity",
+      add_dummy_prefix=False,
+      remove_extra_whitespaces=False,
+      allow_whitespace_only_pieces=True,
+      split_digits=True,
+      unk_id=0, eos_id=1, bos_id=-1, pad_id=-1,
+      max_sentence_length=_MAX_SENTENCE_BYTES * 2,
+      input_sentence_size=0,  # use every sentence: no sampling, deterministic
+      shuffle_input_sentence=False,
+      num_threads=1,
+      minloglevel=2,
+  )
+  tmp = f"{out_path}.tmp{os.getpid()}"
+  with open(tmp, "wb") as f:
+    f.write(model.getvalue())
+  os.replace(tmp, out_path)
+  return out_path
+
+
+def check_vocab(tokenizer: Tokenizer, model_vocab_size: int) -> None:
+  """Refuses a tokenizer whose ids would not fit the model's embedding table."""
+  if tokenizer.vocab_size > model_vocab_size:
+    raise ValueError(
+        f"tokenizer vocab_size {tokenizer.vocab_size} exceeds the model vocab_size "
+        f"{model_vocab_size}; set model.vocab_size >= {tokenizer.vocab_size}")
+
+
+def _dataset_tag(data_config: Any) -> str:
+  """A file-name-safe name for the dataset; a local text file is named by its content hash."""
+  from ao_mdm.data import datasets  # pylint: disable=g-import-not-at-top
+  return datasets.dataset_tag(data_config)
+
+
+def get_tokenizer(data_config: Any, vocab_size: int, cache_dir: str) -> Tokenizer:
+  """Loads the cached tokenizer for the dataset, training it on the train split if it is missing."""
+  name = data_config.tokenizer
+  if name not in TOKENIZERS:
+    raise ValueError(f"unknown tokenizer {name!r}; accepted: {', '.join(TOKENIZERS)}")
+  check_vocab_size(vocab_size)
+  path = os.path.join(cache_dir, "tokenizer", f"sp_{_dataset_tag(data_config)}_{vocab_size}.model")
+  if not os.path.isfile(path):
+    from ao_mdm.data import datasets  # pylint: disable=g-import-not-at-top
+    tfds_dir = datasets.resolve_tfds_dir(data_config.get("tfds_dir", ""))
+    train_sentencepiece(datasets.load_documents(data_config, "train", tfds_dir), vocab_size, path)
+  return SentencePieceTokenizer(path)
+
+
+def train_tokenizer_cli(corpus: str, vocab_size: int, out: str) -> str:
+  """`ao-mdm tokenizer --corpus sotu|PATH --vocab-size N --out DIR`: trains, returns the model path."""
+  from ao_mdm.data import datasets  # pylint: disable=g-import-not-at-top
+  data_config = datasets.data_config_for(corpus)
+  path = os.path.join(out, f"sp_{_dataset_tag(data_config)}_{vocab_size}.model")
+  tfds_dir = datasets.resolve_tfds_dir(data_config.get("tfds_dir", ""))
+  train_sentencepiece(datasets.load_documents(data_config, "train", tfds_dir), vocab_size, path)
+  return path

@@ -1,0 +1,274 @@
+"""AO-GPT and the sigma-GPT baseline (DESIGN.md section 2): one forward for training and decoding.
+
+Slots: slot 0 is the learned [None] token, slot s >= 1 holds the token at position order[s-1], and
+slot s predicts the token at position order[s]. Array names carry their shapes: B batch, T slots,
+W slots of a decode chunk, D width, C conditioning width, H heads, K head dim, V vocab, L layers.
+"""
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+VARIANTS = ("ao", "sigma")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+NORM_EPS = 1e-5
+
+
+def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
+  """Raise one clear ValueError for a model config that cannot be built."""
+  if cfg.variant not in VARIANTS:
+    raise ValueError(f"model.variant={cfg.variant!r}; accepted: {', '.join(VARIANTS)}")
+  if cfg.dtype not in DTYPES:
+    raise ValueError(f"model.dtype={cfg.dtype!r}; accepted: {', '.join(DTYPES)}")
+  for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "cond_dim"):
+    if int(cfg[key]) < 1:
+      raise ValueError(f"model.{key}={cfg[key]} must be >= 1")
+  if cfg.n_embd % cfg.n_head:
+    raise ValueError(f"model.n_embd={cfg.n_embd} is not divisible by model.n_head={cfg.n_head}")
+
+
+def _init(cfg, std: float, names: tuple):
+  """Truncated normal cut at +-3 std (AO-GPT) or plain normal (sigma-GPT), with logical axes."""
+  if cfg.variant == "ao":
+    init = nn.initializers.truncated_normal(std, lower=-3.0, upper=3.0)
+  else:
+    init = nn.initializers.normal(std)
+  return nn.with_logical_partitioning(init, names)
+
+
+def _zeros(names: tuple):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+
+
+def _ones(names: tuple):
+  return nn.with_logical_partitioning(nn.initializers.ones_init(), names)
+
+
+class Norm(nn.Module):
+  """RMSNorm (AO-GPT) or LayerNorm with bias (sigma-GPT), computed in float32."""
+  cfg: Any
+  axis_name: str = "embed"
+
+  @nn.compact
+  def __call__(self, x):
+    dim = x.shape[-1]
+    scale = self.param("scale", _ones((self.axis_name,)), (dim,), jnp.float32)
+    x32 = x.astype(jnp.float32)
+    if self.cfg.variant == "ao":
+      y = x32 * jax.lax.rsqrt(jnp.mean(x32**2, axis=-1, keepdims=True) + NORM_EPS) * scale
+    else:
+      bias = self.param("bias", _zeros((self.axis_name,)), (dim,), jnp.float32)
+      mean = jnp.mean(x32, axis=-1, keepdims=True)
+      var = jnp.mean((x32 - mean) ** 2, axis=-1, keepdims=True)
+      y = (x32 - mean) * jax.lax.rsqrt(var + NORM_EPS) * scale + bias
+    return y.astype(x.dtype)
+
+
+def attention(q_BWHK, k_BWHK, v_BWHK, mask_WW, cache_k_BTHK=None, cache_v_BTHK=None,
+              cache_mask_WT=None):
+  """Softmax attention of W queries over W new keys and, when decoding, T cached keys.
+
+  Scores are split into the cache part and the new part so the cache is read but never copied.
+  """
+  dtype = q_BWHK.dtype
+  scale = q_BWHK.shape[-1] ** -0.5
+  s_BHWW = jnp.einsum("bqhk,bshk->bhqs", q_BWHK, k_BWHK).astype(jnp.float32) * scale
+  s_BHWW = jnp.where(mask_WW, s_BHWW, -jnp.inf)
+  if cache_k_BTHK is None:
+    p_BHWW = jax.nn.softmax(s_BHWW, axis=-1)
+    return jnp.einsum("bhqs,bshk->bqhk", p_BHWW.astype(dtype), v_BWHK)
+  s_BHWT = jnp.einsum("bqhk,bshk->bhqs", q_BWHK, cache_k_BTHK.astype(dtype)).astype(jnp.float32)
+  s_BHWT = jnp.where(cache_mask_WT, s_BHWT * scale, -jnp.inf)
+  p = jax.nn.softmax(jnp.concatenate([s_BHWT, s_BHWW], axis=-1), axis=-1).astype(dtype)
+  t = s_BHWT.shape[-1]
+  return (jnp.einsum("bhqs,bshk->bqhk", p[..., :t], cache_v_BTHK.astype(dtype))
+          + jnp.einsum("bhqs,bshk->bqhk", p[..., t:], v_BWHK))
+
+
+class Dense(nn.Module):
+  """Kernel over the last `n_in` input axes to `features`; float32 params, compute in cfg.dtype."""
+  cfg: Any
+  features: tuple
+  names: tuple  # logical axis names of the kernel: input axes, then output axes
+  std: float = 0.02
+  n_in: int = 1
+  use_bias: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    dtype = DTYPES[self.cfg.dtype]
+    shape = x.shape[-self.n_in:] + tuple(self.features)
+    kernel = self.param("kernel", _init(self.cfg, self.std, self.names), shape, jnp.float32)
+    y = jnp.tensordot(x.astype(dtype), kernel.astype(dtype), axes=self.n_in)
+    if self.use_bias:
+      bias = self.param("bias", _zeros(self.names[self.n_in:]), tuple(self.features), jnp.float32)
+      y = y + bias.astype(dtype)
+    return y
+
+
+class Block(nn.Module):
+  """Pre-norm transformer block; AO-GPT modulates both norms with AdaLN from the target."""
+  cfg: Any
+  return_kv: bool = False
+
+  @nn.compact
+  def __call__(self, x_BWD, c_BWC, cache, mask):
+    cfg = self.cfg
+    d, h = cfg.n_embd, cfg.n_head
+    k_dim = d // h
+    resid_std = 0.02 / (2 * cfg.n_layer) ** 0.5
+
+    if cfg.variant == "ao":
+      mod = Dense(cfg, (6, d), ("cond", None, "embed"), name="adaln")(nn.silu(c_BWC))
+      shift1, scale1, gate1, shift2, scale2, gate2 = [mod[:, :, i] for i in range(6)]
+      modulate = lambda y, shift, scale: y * (1 + scale) + shift
+    else:
+      modulate = lambda y, shift, scale: y
+      shift1 = scale1 = shift2 = scale2 = None
+      gate1 = gate2 = 1.0
+
+    y = modulate(Norm(cfg, name="ln_1")(x_BWD), shift1, scale1)
+    qkv = Dense(cfg, (3, h, k_dim), ("embed", None, "heads", "kv"), name="qkv")(y)
+    q_BWHK, k_BWHK, v_BWHK = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    if cfg.variant == "ao":
+      q_BWHK = Norm(cfg, "kv", name="q_norm")(q_BWHK)
+      k_BWHK = Norm(cfg, "kv", name="k_norm")(k_BWHK)
+    if cache is None:
+      w = x_BWD.shape[1]
+      a_BWHK = attention(q_BWHK, k_BWHK, v_BWHK, jnp.tril(jnp.ones((w, w), bool)))
+    else:
+      a_BWHK = attention(q_BWHK, k_BWHK, v_BWHK, mask["new"], cache["k"], cache["v"],
+                         mask["cache"])
+    a_BWD = Dense(cfg, (d,), ("heads", "kv", "embed"), resid_std, n_in=2, name="attn_out")(a_BWHK)
+    x_BWD = x_BWD + gate1 * a_BWD
+    x_BWD = nn.with_logical_constraint(x_BWD, ("batch", "length", "embed"))
+
+    y = modulate(Norm(cfg, name="ln_2")(x_BWD), shift2, scale2)
+    y = Dense(cfg, (4 * d,), ("embed", "mlp"), name="mlp_in")(y)
+    y = nn.gelu(y, approximate=False)
+    y = Dense(cfg, (d,), ("mlp", "embed"), resid_std, name="mlp_out")(y)
+    x_BWD = x_BWD + gate2 * y
+    x_BWD = nn.with_logical_constraint(x_BWD, ("batch", "length", "embed"))
+    kv = {"k": k_BWHK, "v": v_BWHK} if self.return_kv else None
+    return x_BWD, kv
+
+
+class AOGPT(nn.Module):
+  """AO-GPT (cfg.variant="ao") or sigma-GPT (cfg.variant="sigma") over T order slots.
+
+  With decode=True the layer stack also takes a per-layer KV cache and returns the new K/V.
+  """
+  cfg: Any
+  decode: bool = False
+
+  def setup(self):
+    cfg = self.cfg
+    d, t = cfg.n_embd, cfg.block_size
+    self.token_embed = self.param("token_embed", _init(cfg, 0.02, ("vocab", "embed")),
+                                  (cfg.vocab_size, d), jnp.float32)
+    self.pos_embed = self.param("pos_embed", _init(cfg, 0.02, (None, "embed")), (t + 1, d),
+                                jnp.float32)
+    self.none_embed = self.param("none_embed", _init(cfg, 0.02, ("embed",)), (d,), jnp.float32)
+    target_width = cfg.cond_dim if cfg.variant == "ao" else d
+    self.target_embed = self.param(
+        "target_embed", _init(cfg, 0.02, (None, "cond" if cfg.variant == "ao" else "embed")),
+        (t, target_width), jnp.float32)
+    blocks = nn.scan(
+        Block, variable_axes={"params": 0}, split_rngs={"params": True},
+        in_axes=(nn.broadcast, 0, nn.broadcast), length=cfg.n_layer,
+        metadata_params={nn.PARTITION_NAME: "layers"})
+    self.blocks = blocks(cfg, return_kv=self.decode, name="blocks")
+    self.ln_f = Norm(cfg)
+    if cfg.variant == "ao":
+      self.final_adaln = Dense(cfg, (2, d), ("cond", None, "embed"))
+      self.head = Dense(cfg, (cfg.vocab_size,), ("embed", "vocab"))
+
+  def embed(self, prev_tok_BW, prev_pos_BW, target_pos_BW):
+    """Slot inputs (token + position of the previous order entry, -1 for [None]) and targets.
+
+    Returns x_BWD in the compute dtype and the conditioning c_BWC (None for sigma-GPT, whose
+    target embedding is added to the input instead).
+    """
+    dtype = DTYPES[self.cfg.dtype]
+    tok_BWD = jnp.take(self.token_embed, prev_tok_BW, axis=0)
+    tok_BWD = jnp.where((prev_pos_BW < 0)[..., None], self.none_embed, tok_BWD)
+    x_BWD = tok_BWD + jnp.take(self.pos_embed, prev_pos_BW + 1, axis=0)
+    t_BWC = jnp.take(self.target_embed, target_pos_BW, axis=0)
+    if self.cfg.variant == "sigma":
+      return (x_BWD + t_BWC).astype(dtype), None
+    return x_BWD.astype(dtype), t_BWC.astype(dtype)
+
+  def stack(self, x_BWD, c_BWC, cache=None, mask=None):
+    """The layer stack; returns hidden states and (decode=True) the chunk's per-layer K/V."""
+    x_BWD = nn.with_logical_constraint(x_BWD, ("batch", "length", "embed"))
+    return self.blocks(x_BWD, c_BWC, cache, mask)
+
+  def logits(self, h_BWD, c_BWC):
+    """Final (modulated) norm and the output head; float32 logits."""
+    y = self.ln_f(h_BWD)
+    if self.cfg.variant == "ao":
+      mod = self.final_adaln(nn.silu(c_BWC))
+      y = y * (1 + mod[:, :, 1]) + mod[:, :, 0]
+      out = self.head(y)
+    else:
+      out = jnp.einsum("bwd,vd->bwv", y, self.token_embed.astype(y.dtype))
+    return nn.with_logical_constraint(out.astype(jnp.float32), ("batch", "length", "vocab"))
+
+  def __call__(self, tokens_BT, order_BT):
+    """Training forward: logits_BTV where slot s predicts the token at position order[s]."""
+    if tokens_BT.ndim != 2 or tokens_BT.shape[1] > self.cfg.block_size:
+      raise ValueError(f"tokens have shape {tuple(tokens_BT.shape)}; expected [batch, T] with "
+                       f"T <= model.block_size={self.cfg.block_size}")
+    if order_BT.shape != tokens_BT.shape:
+      raise ValueError(f"order shape {tuple(order_BT.shape)} != tokens shape {tuple(tokens_BT.shape)}")
+    prev_tok_BT, prev_pos_BT = slot_inputs(tokens_BT, order_BT)
+    x_BTD, c_BTC = self.embed(prev_tok_BT, prev_pos_BT, order_BT)
+    h_BTD, kv = self.stack(x_BTD, c_BTC)
+    logits_BTV = self.logits(h_BTD, c_BTC)
+    return (logits_BTV, kv) if self.decode else logits_BTV
+
+
+def slot_inputs(tokens_BT: jax.Array, order_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Token and position fed at each slot: slot 0 gets [None] (position -1), slot s gets order[s-1]."""
+  none_B1 = jnp.full(order_BT[:, :1].shape, -1, order_BT.dtype)
+  prev_pos_BT = jnp.concatenate([none_B1, order_BT[:, :-1]], axis=1)
+  prev_tok_BT = jnp.take_along_axis(tokens_BT, jnp.maximum(prev_pos_BT, 0), axis=1)
+  return prev_tok_BT, prev_pos_BT
+
+
+def slot_labels(tokens_BT: jax.Array, order_BT: jax.Array) -> jax.Array:
+  """The label of slot s is the token at position order[s]."""
+  return jnp.take_along_axis(tokens_BT, order_BT, axis=1)
+
+
+def count_params(params: Any) -> int:
+  return sum(int(x.size) for x in jax.tree.leaves(params))
+
+
+def flops_per_token(cfg: ml_collections.ConfigDict, n_params: int) -> float:
+  """Training FLOPs per token: 6N for the weights (embedding lookups excluded) plus attention.
+
+  Attention: 12 * L * D * T (QK^T and AV, forward and backward, full T x T as computed here).
+  """
+  t, d = cfg.block_size, cfg.n_embd
+  if cfg.variant == "ao":
+    n_lookup = (cfg.vocab_size + t + 2) * d + t * cfg.cond_dim
+  else:  # the tied token embedding is also the head, so its matmul counts
+    n_lookup = (2 * t + 2) * d
+  return 6 * (n_params - n_lookup) + 12 * cfg.n_layer * d * t
+
+
+def make_model(cfg: ml_collections.ConfigDict, decode: bool = False) -> AOGPT:
+  validate_model_config(cfg)
+  return AOGPT(cfg, decode=decode)
+
+
+def init_params(cfg: ml_collections.ConfigDict, key: jax.Array) -> Any:
+  """Initial parameters (boxed with logical axis metadata) for a model config."""
+  model = make_model(cfg)
+  t = cfg.block_size
+  dummy = jnp.zeros((1, t), jnp.int32)
+  return model.init(key, dummy, jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (1, t)))["params"]
+

@@ -1,0 +1,70 @@
+"""Generation orders (DESIGN.md section 3), sampled on device from a jax.random key."""
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+ORDER_KINDS = ("random", "l2r", "mixed", "fixed", "blockwise")
+OrderFn = Callable[[jax.Array, int], jax.Array]  # (key, batch) -> order_BT int32
+
+
+def identity(batch: int, t: int) -> jax.Array:
+  return jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (batch, t))
+
+
+def random_orders(key: jax.Array, batch: int, t: int) -> jax.Array:
+  """A uniform random permutation of 0..t-1 per row."""
+  return jnp.argsort(jax.random.uniform(key, (batch, t)), axis=1).astype(jnp.int32)
+
+
+def fixed_permutation(seed: int, t: int) -> np.ndarray:
+  """The one permutation a `fixed` order uses, reproducible from its seed."""
+  return np.random.default_rng(seed).permutation(t).astype(np.int32)
+
+
+def blockwise_permutation(block: int, pattern: tuple, t: int) -> np.ndarray:
+  """Left-to-right over blocks of `block` positions, `pattern` within each block."""
+  return (np.arange(0, t, block)[:, None] + np.asarray(pattern)[None, :]).reshape(-1).astype(np.int32)
+
+
+def validate_order_config(cfg: ml_collections.ConfigDict, t: int) -> None:
+  """Raise one clear ValueError for an order config that cannot be used with length t."""
+  if cfg.kind not in ORDER_KINDS:
+    raise ValueError(f"order.kind={cfg.kind!r}; accepted: {', '.join(ORDER_KINDS)}")
+  if cfg.kind == "mixed" and not 0.0 <= cfg.random_ratio <= 1.0:
+    raise ValueError(f"order.random_ratio={cfg.random_ratio} must be in [0, 1]")
+  if cfg.kind == "blockwise":
+    if cfg.block < 1 or t % cfg.block:
+      raise ValueError(f"order.block={cfg.block} must be >= 1 and divide block_size={t}")
+    if sorted(cfg.pattern) != list(range(cfg.block)):
+      raise ValueError(f"order.pattern={tuple(cfg.pattern)} must be a permutation of "
+                       f"0..{cfg.block - 1}")
+
+
+def make_order_fn(cfg: ml_collections.ConfigDict, t: int) -> OrderFn:
+  """Return fn(key, batch) -> [batch, t] int32 orders for an order config."""
+  validate_order_config(cfg, t)
+  if cfg.kind == "random":
+    return lambda key, batch: random_orders(key, batch, t)
+  if cfg.kind == "l2r":
+    return lambda key, batch: identity(batch, t)
+  if cfg.kind == "mixed":
+    ratio = float(cfg.random_ratio)
+
+    def mixed(key, batch):
+      k_perm, k_coin = jax.random.split(key)
+      use_random_B1 = jax.random.bernoulli(k_coin, ratio, (batch, 1))
+      return jnp.where(use_random_B1, random_orders(k_perm, batch, t), identity(batch, t))
+    return mixed
+  if cfg.kind == "fixed":
+    perm = fixed_permutation(int(cfg.fixed_seed), t)
+  else:
+    perm = blockwise_permutation(int(cfg.block), tuple(cfg.pattern), t)
+  return lambda key, batch: jnp.broadcast_to(jnp.asarray(perm), (batch, t))
+
+
+def is_identity(order_BT: jax.Array) -> jax.Array:
+  """Per-row flag: is this order left-to-right?"""
+  return jnp.all(order_BT == jnp.arange(order_BT.shape[1]), axis=1)

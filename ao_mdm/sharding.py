@@ -1,0 +1,81 @@
+"""Device mesh, logical axis rules, and host-local <-> global arrays (DESIGN.md section 5)."""
+from typing import Any, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def _fill(sizes: Sequence[int], total: int, what: str) -> tuple[int, ...]:
+  """Replace one -1 in `sizes` so that the product equals `total`."""
+  sizes = [int(s) for s in sizes]
+  if len(sizes) != len(MESH_AXES) or sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+    raise ValueError(f"mesh.{what}={tuple(sizes)}: give {len(MESH_AXES)} sizes for "
+                     f"{MESH_AXES}, each >= 1, with at most one -1")
+  known = int(np.prod([s for s in sizes if s != -1]))
+  if -1 in sizes:
+    if total % known:
+      raise ValueError(f"mesh.{what}={tuple(sizes)}: {total} devices are not divisible by {known}")
+    sizes[sizes.index(-1)] = total // known
+  if int(np.prod(sizes)) != total:
+    raise ValueError(f"mesh.{what}={tuple(sizes)} has {int(np.prod(sizes))} devices but "
+                     f"{total} are available")
+  return tuple(sizes)
+
+
+def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices: Optional[Sequence[Any]] = None) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh from ICI and DCN sizes (-1 fills the rest)."""
+  devices = list(jax.devices() if devices is None else devices)
+  n_slices = len({getattr(d, "slice_index", 0) for d in devices})
+  dcn = _fill(mesh_cfg.dcn, n_slices, "dcn") if n_slices > 1 else tuple(
+      1 if s == -1 else int(s) for s in mesh_cfg.dcn)
+  if int(np.prod(dcn)) != n_slices:
+    raise ValueError(f"mesh.dcn={tuple(mesh_cfg.dcn)} does not match {n_slices} slice(s)")
+  ici = _fill(mesh_cfg.ici, len(devices) // n_slices, "ici")
+  if n_slices > 1:
+    arr = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
+  else:
+    try:
+      arr = mesh_utils.create_device_mesh(ici, devices)
+    except (ValueError, NotImplementedError, AssertionError):
+      arr = np.asarray(devices).reshape(ici)
+  return Mesh(arr, MESH_AXES)
+
+
+def rules(mesh_cfg: ml_collections.ConfigDict) -> tuple:
+  """Logical-to-mesh axis rules from config, as Flax expects them."""
+  return tuple((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes)
+               for name, axes in mesh_cfg.rules)
+
+
+def logical_shardings(abstract_boxed: Any, mesh: Mesh, axis_rules: tuple) -> Any:
+  """NamedShardings for a pytree whose leaves carry logical axis names (unboxed structure)."""
+  specs = nn.get_partition_spec(abstract_boxed)
+  return nn.logical_to_mesh_sharding(specs, mesh, axis_rules)
+
+
+def batch_sharding(mesh: Mesh, axis_rules: tuple, ndim: int = 2) -> NamedSharding:
+  """Sharding of a [batch, ...] array: batch over the data axes, the rest replicated."""
+  spec = nn.logical_to_mesh_axes(("batch",) + (None,) * (ndim - 1), axis_rules)
+  return NamedSharding(mesh, spec)
+
+
+def data_parallel_size(mesh: Mesh, axis_rules: tuple) -> int:
+  """How many ways the batch axis is split."""
+  spec = nn.logical_to_mesh_axes(("batch",), axis_rules)[0]
+  axes = spec if isinstance(spec, tuple) else (() if spec is None else (spec,))
+  return int(np.prod([mesh.shape[a] for a in axes]))
+
+
+def global_batch(local_BT: np.ndarray, sharding: NamedSharding) -> jax.Array:
+  """Assemble the global batch from each process's local rows."""
+  return jax.make_array_from_process_local_data(sharding, local_BT)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())

@@ -1,0 +1,288 @@
+"""Train state, the jitted train and eval steps, and the training loop (DESIGN.md section 5)."""
+import functools
+import time
+from typing import Any, Callable
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from ao_mdm import model as model_lib
+from ao_mdm import orders
+from ao_mdm import sharding
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  rng: jax.Array  # raw uint32 key data; orders for step n come from fold_in(rng, n)
+  params: Any
+  opt_state: Any
+  ema_params: Any
+
+
+def validate_train_config(config: ml_collections.ConfigDict) -> None:
+  """Raise one clear ValueError for training settings that cannot work."""
+  t = config.train
+  model_lib.validate_model_config(config.model)
+  orders.validate_order_config(config.order, config.model.block_size)
+  for key in ("batch_size", "num_steps", "microbatches", "log_every"):
+    if int(t[key]) < 1:
+      raise ValueError(f"train.{key}={t[key]} must be >= 1")
+  if t.batch_size % t.microbatches:
+    raise ValueError(f"train.batch_size={t.batch_size} is not divisible by "
+                     f"train.microbatches={t.microbatches}")
+  if not 0.0 <= t.ema_decay < 1.0:
+    raise ValueError(f"train.ema_decay={t.ema_decay} must be in [0, 1)")
+
+
+def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
+  """Linear warmup to learning_rate, then cosine decay to min_lr at num_steps."""
+  return optax.warmup_cosine_decay_schedule(
+      0.0, t.learning_rate, t.warmup_steps, max(t.num_steps, t.warmup_steps + 1), t.min_lr)
+
+
+def make_optimizer(t: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """Global-norm clip, then AdamW with weight decay only on >= 2-D params."""
+  decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
+  return optax.chain(
+      optax.clip_by_global_norm(t.grad_clip),
+      optax.adamw(learning_rate_schedule(t), b1=t.b1, b2=t.b2, eps=1e-8,
+                  weight_decay=t.weight_decay, mask=decay_mask))
+
+
+def _init_state(config: ml_collections.ConfigDict, key: jax.Array) -> TrainState:
+  """Boxed initial state: parameters keep their logical axis names for sharding."""
+  k_params, k_rng = jax.random.split(key)
+  params = model_lib.init_params(config.model, k_params)
+  opt_state = make_optimizer(config.train).init(params)
+  return TrainState(step=jnp.zeros((), jnp.int32), rng=jax.random.key_data(k_rng),
+                    params=params, opt_state=opt_state, ema_params=params)
+
+
+def state_shardings(config: ml_collections.ConfigDict, mesh, axis_rules) -> Any:
+  abstract = jax.eval_shape(functools.partial(_init_state, config), jax.random.key(0))
+  return sharding.logical_shardings(abstract, mesh, axis_rules)
+
+
+def create_state(config: ml_collections.ConfigDict, mesh, axis_rules) -> TrainState:
+  """Initialise the train state directly sharded over the mesh."""
+  shardings = state_shardings(config, mesh, axis_rules)
+  init = jax.jit(lambda key: nn.unbox(_init_state(config, key)), out_shardings=shardings)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(axis_rules):
+    return init(jax.random.key(config.seed))
+
+
+def sequence_nll(model: nn.Module, params: Any, tokens_BT: jax.Array,
+                 order_BT: jax.Array) -> jax.Array:
+  """Mean NLL per sequence under the given order, float32, from integer labels."""
+  logits_BTV = model.apply({"params": params}, tokens_BT, order_BT)
+  labels_BT = model_lib.slot_labels(tokens_BT, order_BT)
+  nll_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, labels_BT)
+  return jnp.mean(nll_BT, axis=1)
+
+
+SHARE_KEYS = ("loss_sum", "count", "l2r_sum", "l2r_count", "ao_sum", "ao_count")
+
+
+def _split_shares(nll_B: jax.Array, l2r_B: jax.Array) -> dict:
+  """Sums and counts for the overall, L2R-order and any-order (non-identity) losses."""
+  l2r = l2r_B.astype(jnp.float32)
+  return {"loss_sum": jnp.sum(nll_B), "count": jnp.float32(nll_B.shape[0]),
+          "l2r_sum": jnp.sum(nll_B * l2r), "l2r_count": jnp.sum(l2r),
+          "ao_sum": jnp.sum(nll_B * (1 - l2r)), "ao_count": jnp.sum(1 - l2r)}
+
+
+def make_train_step(config: ml_collections.ConfigDict) -> Callable:
+  """(state, tokens_BT) -> (state, metrics); gradient accumulation inside via lax.scan."""
+  model = model_lib.make_model(config.model)
+  tx = make_optimizer(config.train)
+  order_fn = orders.make_order_fn(config.order, config.model.block_size)
+  n_micro = int(config.train.microbatches)
+  ema_decay = float(config.train.ema_decay)
+  schedule = learning_rate_schedule(config.train)
+
+  def micro_loss(params, tokens_bT, key):
+    order_bT = order_fn(key, tokens_bT.shape[0])
+    nll_b = sequence_nll(model, params, tokens_bT, order_bT)
+    shares = _split_shares(nll_b, orders.is_identity(order_bT))
+    return shares["loss_sum"], shares
+
+  def step(state: TrainState, tokens_BT: jax.Array):
+    b, t = tokens_BT.shape
+    # Micro-batch m takes rows m, m + M, ...: every micro-batch stays spread over the data axes.
+    tokens_MbT = tokens_BT.reshape(b // n_micro, n_micro, t).swapaxes(0, 1)
+    tokens_MbT = nn.with_logical_constraint(tokens_MbT, (None, "batch", "length"))
+    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    grad_fn = jax.grad(micro_loss, has_aux=True)
+
+    def accumulate(carry, xs):
+      tokens_bT, m = xs
+      grads, shares = grad_fn(state.params, tokens_bT, jax.random.fold_in(key, m))
+      return jax.tree.map(jnp.add, carry, (grads, shares)), None
+
+    zeros = (jax.tree.map(jnp.zeros_like, state.params),
+             {k: jnp.zeros((), jnp.float32) for k in SHARE_KEYS})
+    (grad_sum, shares), _ = jax.lax.scan(accumulate, zeros, (tokens_MbT, jnp.arange(n_micro)))
+    # Every sequence has T tokens, so weighting by token count is weighting by sequence.
+    grads = jax.tree.map(lambda g: g / shares["count"], grad_sum)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    n = (state.step + 1).astype(jnp.float32)
+    decay = jnp.minimum(ema_decay, (1.0 + n) / (10.0 + n))
+    ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state.ema_params, params)
+    metrics = {
+        "loss": shares["loss_sum"] / shares["count"],
+        "loss_l2r": shares["l2r_sum"] / jnp.maximum(shares["l2r_count"], 1.0),
+        "loss_any_order": shares["ao_sum"] / jnp.maximum(shares["ao_count"], 1.0),
+        "l2r_fraction": shares["l2r_count"] / shares["count"],
+        "grad_norm": optax.global_norm(grads),
+        "learning_rate": schedule(state.step),
+    }
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                              ema_params=ema)
+    return new_state, metrics
+
+  return step
+
+
+def jit_train_step(config, mesh, axis_rules, shardings) -> Callable:
+  """The train step jitted with explicit shardings and the state donated."""
+  step = make_train_step(config)
+  batch = sharding.batch_sharding(mesh, axis_rules)
+  jitted = jax.jit(step, in_shardings=(shardings, batch),
+                   out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
+
+  def run(state, tokens_BT):
+    with jax.set_mesh(mesh), nn.logical_axis_rules(axis_rules):
+      return jitted(state, tokens_BT)
+  run.jitted = jitted
+  return run
+
+
+def make_eval_fn(config: ml_collections.ConfigDict, mesh, axis_rules) -> Callable:
+  """(params, tokens_BT, key) -> {l2r, random} mean NLL of the batch, jitted."""
+  model = model_lib.make_model(config.model)
+  t = config.model.block_size
+
+  @jax.jit
+  def evaluate(params, tokens_BT, key):
+    b = tokens_BT.shape[0]
+    l2r = sequence_nll(model, params, tokens_BT, orders.identity(b, t))
+    rnd = sequence_nll(model, params, tokens_BT, orders.random_orders(key, b, t))
+    return {"l2r": jnp.mean(l2r), "random": jnp.mean(rnd)}
+
+  def run(params, tokens_BT, key):
+    with jax.set_mesh(mesh), nn.logical_axis_rules(axis_rules):
+      return evaluate(params, tokens_BT, key)
+  return run
+
+
+def format_metrics(m: dict) -> str:
+  return " ".join(f"{k}={float(v):.4g}" for k, v in m.items())
+
+
+def abstract_state(config: ml_collections.ConfigDict) -> TrainState:
+  """Unboxed ShapeDtypeStructs of the train state on one device, for restoring."""
+  boxed = jax.eval_shape(functools.partial(_init_state, config), jax.random.key(0))
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+                      nn.unbox(boxed))
+
+
+def abstract_params(config: ml_collections.ConfigDict) -> Any:
+  return abstract_state(config).params
+
+
+def evaluate_blocks(eval_fn: Callable, params: Any, blocks_NT: np.ndarray, batch_size: int,
+                    seed: int, batch_sharding) -> dict:
+  """Mean L2R and random-order NLL over whole batches of `blocks_NT`."""
+  n = (len(blocks_NT) // batch_size) * batch_size
+  if n == 0:
+    raise ValueError(f"{len(blocks_NT)} evaluation blocks are fewer than one batch of "
+                     f"{batch_size}")
+  totals = {"l2r": 0.0, "random": 0.0}
+  for i in range(0, n, batch_size):
+    tokens = sharding.global_batch(blocks_NT[i:i + batch_size], batch_sharding)
+    out = eval_fn(params, tokens, jax.random.fold_in(jax.random.key(seed), i))
+    totals = {k: totals[k] + float(out[k]) for k in totals}
+  return {k: v / (n // batch_size) for k, v in totals.items()}
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Train on config.data, print progress, checkpoint to workdir; return final losses."""
+  from ao_mdm import checkpoints  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import datasets, pipeline, tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+
+  validate_train_config(config)
+  t = config.train
+  mesh = sharding.make_mesh(config.mesh)
+  axis_rules = sharding.rules(config.mesh)
+  dp = sharding.data_parallel_size(mesh, axis_rules)
+  if t.batch_size % (dp * t.microbatches):
+    raise ValueError(f"train.batch_size={t.batch_size} must be divisible by the data-parallel "
+                     f"size {dp} times train.microbatches={t.microbatches}")
+  tfds_dir = datasets.resolve_tfds_dir(config.data.tfds_dir)
+  tokenizer = tok_lib.get_tokenizer(config.data, config.model.vocab_size, workdir)
+  tok_lib.check_vocab(tokenizer, config.model.vocab_size)
+  data_iter = pipeline.train_iterator(
+      config.data, tokenizer, block_size=config.model.block_size, global_batch_size=t.batch_size,
+      seed=config.seed, tfds_dir=tfds_dir)
+  eval_sets = {
+      split: pipeline.eval_blocks(config.data, tokenizer, block_size=config.model.block_size,
+                                  split=split, tfds_dir=tfds_dir,
+                                  max_blocks=t.eval_batches * t.batch_size)
+      for split in ("train", "validation")}
+
+  shardings = state_shardings(config, mesh, axis_rules)
+  state = create_state(config, mesh, axis_rules)
+  mgr = checkpoints.train_manager(workdir)
+  start = mgr.latest_step()
+  if start is not None:
+    target = checkpoints.abstract_like(jax.eval_shape(lambda: state), shardings)
+    state = checkpoints.restore(mgr, start, target, data_iter)
+    print(f"resumed from step {start} in {workdir}", flush=True)
+  train_step = jit_train_step(config, mesh, axis_rules, shardings)
+  eval_fn = make_eval_fn(config, mesh, axis_rules)
+  batch = sharding.batch_sharding(mesh, axis_rules)
+  run_eval = lambda params: {
+      split: evaluate_blocks(eval_fn, params, blocks, t.batch_size, config.seed, batch)
+      for split, blocks in eval_sets.items()}
+
+  results = {}
+  if start is None:
+    results["initial"] = run_eval(state.params)
+    print(f"step 0 eval: {_format_eval(results['initial'])}", flush=True)
+  tokens_per_step = t.batch_size * config.model.block_size
+  first = int(state.step)
+  last_time, last_step, pending = time.perf_counter(), first, None
+  for step in range(first, t.num_steps):
+    tokens = sharding.global_batch(next(data_iter), batch)
+    state, metrics = train_step(state, tokens)
+    if pending is not None and (pending[0] % t.log_every == 0 or pending[0] == t.num_steps):
+      # Metrics of the previous step: the host reads them while this step runs.
+      values = jax.device_get(pending[1])
+      now = time.perf_counter()
+      rate = (pending[0] - last_step) * tokens_per_step / (now - last_time)
+      print(f"step {pending[0]}: {format_metrics(values)} tokens/s={rate:.0f}", flush=True)
+      last_time, last_step = now, pending[0]
+    if step == first:  # exclude compilation from the first tokens/s figure
+      jax.block_until_ready(metrics)
+      last_time, last_step = time.perf_counter(), first + 1
+    pending = (step + 1, metrics)
+    if (step + 1) % t.checkpoint_every == 0 or step + 1 == t.num_steps:
+      checkpoints.save(mgr, step + 1, state, data_iter, config)
+  if pending is not None:
+    print(f"step {pending[0]}: {format_metrics(jax.device_get(pending[1]))}", flush=True)
+  mgr.wait_until_finished()
+  results["final_ema"] = run_eval(state.ema_params)
+  print(f"final eval (EMA params): {_format_eval(results['final_ema'])}", flush=True)
+  return results
+
+
+def _format_eval(r: dict) -> str:
+  return "  ".join(f"{split}: l2r={v['l2r']:.4f} random={v['random']:.4f}" for split, v in r.items())

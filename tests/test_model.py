@@ -1,0 +1,140 @@
+"""The model against the facts of DESIGN.md section 2: sizes, causality in order space, slots."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from ao_mdm import model as model_lib
+from ao_mdm import orders
+from configs import tiny
+
+PAPER_SIZES = [  # (variant, L, D, H, parameters) from the paper's configurations
+    ("ao", 12, 768, 12, 170_605_952),
+    ("ao", 24, 1024, 16, 425_804_928),
+    ("sigma", 12, 768, 12, 125_263_872),
+    ("sigma", 24, 1024, 16, 355_921_920),
+]
+
+
+def small_cfg(variant="ao", t=16):
+  cfg = tiny.get_config().model
+  cfg.variant, cfg.block_size, cfg.vocab_size = variant, t, 64
+  cfg.n_layer, cfg.n_embd, cfg.n_head = 2, 32, 4
+  return cfg
+
+
+@pytest.mark.parametrize("variant,layers,width,heads,expected", PAPER_SIZES)
+def test_paper_parameter_counts(variant, layers, width, heads, expected):
+  cfg = tiny.get_config().model
+  cfg.variant, cfg.n_layer, cfg.n_embd, cfg.n_head = variant, layers, width, heads
+  cfg.block_size, cfg.vocab_size = 1024, 50304
+  shapes = nn.unbox(jax.eval_shape(lambda k: model_lib.init_params(cfg, k), jax.random.key(0)))
+  assert model_lib.count_params(shapes) == expected
+
+
+def _forward(cfg, params, tokens, order):
+  return model_lib.make_model(cfg).apply({"params": params}, tokens, order)
+
+
+@pytest.fixture(scope="module", params=["ao", "sigma"])
+def setup(request):
+  cfg = small_cfg(request.param)
+  params = nn.unbox(model_lib.init_params(cfg, jax.random.key(1)))
+  # Random init gives near-uniform logits; scale the weights up so differences are visible.
+  params = jax.tree.map(lambda p: p * 4.0 if p.ndim >= 2 else p, params)
+  return cfg, params
+
+
+def test_causality_in_order_space(setup):
+  cfg, params = setup
+  t = cfg.block_size
+  rng = np.random.default_rng(0)
+  for trial in range(3):
+    order = orders.random_orders(jax.random.key(trial), 1, t)
+    tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (1, t)), jnp.int32)
+    base = _forward(cfg, params, tokens, order)
+    sigma = np.asarray(order[0])
+    for s in (1, t // 2, t - 1):
+      # Changing every token at sigma[s:] leaves slots 0..s unchanged (slot s sees sigma[:s]).
+      changed = np.asarray(tokens).copy()
+      changed[0, sigma[s:]] = (changed[0, sigma[s:]] + 1) % cfg.vocab_size
+      out = _forward(cfg, params, jnp.asarray(changed), order)
+      np.testing.assert_allclose(out[0, :s + 1], base[0, :s + 1], atol=1e-5)
+      # Changing one token in sigma[:s] changes slot s.
+      seen = np.asarray(tokens).copy()
+      seen[0, sigma[s - 1]] = (seen[0, sigma[s - 1]] + 1) % cfg.vocab_size
+      out = _forward(cfg, params, jnp.asarray(seen), order)
+      assert np.abs(np.asarray(out[0, s] - base[0, s])).max() > 1e-4
+
+
+def test_target_conditioning(setup):
+  cfg, params = setup
+  t = cfg.block_size
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (1, t)), jnp.int32)
+  order = np.asarray(orders.random_orders(jax.random.key(5), 1, t))
+  base = _forward(cfg, params, tokens, jnp.asarray(order))
+  for s, later in ((0, 3), (4, t - 1), (7, 9)):
+    swapped = order.copy()
+    swapped[0, [s, later]] = swapped[0, [later, s]]
+    out = _forward(cfg, params, tokens, jnp.asarray(swapped))
+    assert np.abs(np.asarray(out[0, s] - base[0, s])).max() > 1e-4
+    np.testing.assert_allclose(out[0, :s], base[0, :s], atol=1e-5)
+
+
+def test_slot_bookkeeping(setup):
+  cfg, params = setup
+  t = cfg.block_size
+  tokens = jnp.asarray(np.random.default_rng(2).integers(0, cfg.vocab_size, (2, t)), jnp.int32)
+  order = orders.random_orders(jax.random.key(3), 2, t)
+  logits = np.asarray(_forward(cfg, params, tokens, order), np.float64)
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  tok, sig = np.asarray(tokens), np.asarray(order)
+  by_hand = np.mean([[-logp[b, s, tok[b, sig[b, s]]] for s in range(t)] for b in range(2)])
+  from ao_mdm import train
+  loss = float(jnp.mean(train.sequence_nll(model_lib.make_model(cfg), params, tokens, order)))
+  np.testing.assert_allclose(loss, by_hand, rtol=1e-5)
+  # Identity order: ordinary next-token prediction; slot 0 predicts x[0] from [None] alone.
+  ident = orders.identity(2, t)
+  out = _forward(cfg, params, tokens, ident)
+  other = _forward(cfg, params, (tokens + 7) % cfg.vocab_size, ident)
+  np.testing.assert_allclose(out[:, 0], other[:, 0], atol=1e-5)
+  labels = model_lib.slot_labels(tokens, ident)
+  np.testing.assert_array_equal(labels, tokens)
+  ar = optax.softmax_cross_entropy_with_integer_labels(out, tokens).mean()
+  np.testing.assert_allclose(
+      float(ar), float(jnp.mean(train.sequence_nll(model_lib.make_model(cfg), params, tokens,
+                                                   ident))), rtol=1e-6)
+
+
+def test_init_statistics():
+  cfg = small_cfg("ao", t=64)
+  cfg.n_embd, cfg.n_head, cfg.vocab_size = 256, 4, 1024
+  params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
+  emb = np.asarray(params["token_embed"])
+  assert np.abs(emb).max() <= 0.06 + 1e-6  # truncated at 3 std
+  np.testing.assert_allclose(emb.std(), 0.02 * 0.9866, rtol=0.03)  # std of N(0,1) cut at 3
+  out = np.asarray(params["blocks"]["mlp_out"]["kernel"])
+  np.testing.assert_allclose(out.std(), 0.02 / np.sqrt(2 * cfg.n_layer) * 0.9866, rtol=0.03)
+  assert not np.any(params["head"]["bias"]) and np.all(params["ln_f"]["scale"] == 1)
+  assert np.abs(np.asarray(params["blocks"]["adaln"]["kernel"])).max() > 0  # not zero-init
+
+
+def test_bad_model_config():
+  cfg = small_cfg()
+  cfg.n_embd = 30
+  with pytest.raises(ValueError, match="n_embd=30 is not divisible by model.n_head=4"):
+    model_lib.make_model(cfg)
+  cfg = small_cfg()
+  cfg.variant = "bert"
+  with pytest.raises(ValueError, match="model.variant='bert'"):
+    model_lib.make_model(cfg)
+
+
+def test_sequence_longer_than_block_size():
+  cfg = small_cfg()
+  params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
+  t = cfg.block_size + 1
+  with pytest.raises(ValueError, match="block_size=16"):
+    _forward(cfg, params, jnp.zeros((1, t), jnp.int32), orders.identity(1, t))
