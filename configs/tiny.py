@@ -1,64 +1,8 @@
 """Tiny AO-GPT for the CPU demo and the tests: trains in a few minutes on 2 cores."""
 import ml_collections
 
+from ao_mdm.config import base_config
+
 
 def get_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-
-  c.model = ml_collections.ConfigDict()
-  c.model.variant = "ao"  # "ao" (AO-GPT, AdaLN target conditioning) | "sigma" (sigma-GPT baseline)
-  c.model.vocab_size = 2048  # a multiple of 128; the SentencePiece tokenizer is trained to this size
-  c.model.block_size = 128  # T
-  c.model.n_layer = 4
-  c.model.n_head = 4
-  c.model.n_embd = 128
-  c.model.cond_dim = 128  # C, width of the target-position conditioning (AO-GPT only)
-  c.model.dtype = "float32"  # compute dtype; params are always float32
-
-  c.order = ml_collections.ConfigDict()
-  c.order.kind = "mixed"  # random | l2r | mixed | fixed | blockwise
-  c.order.random_ratio = 0.9  # mixed: probability of a random order per sequence
-  c.order.fixed_seed = 0  # fixed: the permutation is drawn from this seed
-  c.order.block = 4  # blockwise: block length b
-  c.order.pattern = (0, 2, 3, 1)  # blockwise: order within each block
-
-  c.data = ml_collections.ConfigDict()
-  c.data.dataset = "sotu"  # a registry name (ao_mdm.data.datasets) or "text_file"
-  c.data.text_file = ""  # with dataset="text_file": a local UTF-8 file, one document per line
-  c.data.tokenizer = "sentencepiece"
-  c.data.tfds_dir = ""  # "" -> $TFDS_DATA_DIR or ~/tensorflow_datasets
-
-  c.train = ml_collections.ConfigDict()
-  c.train.batch_size = 16  # global batch, sequences per step
-  c.train.num_steps = 400
-  c.train.learning_rate = 3e-3
-  c.train.min_lr = 3e-4
-  c.train.warmup_steps = 40
-  c.train.weight_decay = 0.05
-  c.train.b1 = 0.9
-  c.train.b2 = 0.95
-  c.train.grad_clip = 1.0
-  c.train.ema_decay = 0.999
-  c.train.microbatches = 1  # gradient accumulation: micro-batches per step
-  c.train.log_every = 50
-  c.train.checkpoint_every = 200
-  c.train.eval_batches = 8  # validation batches for the L2R / random-order loss
-
-  # Mesh ('data', 'fsdp', 'tensor'): ICI sizes within a slice/host group, DCN sizes across them.
-  # -1 fills the remaining devices. Rules map logical axis names to mesh axes.
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.ici = (-1, 1, 1)
-  c.mesh.dcn = (1, 1, 1)
-  c.mesh.rules = (
-      ("batch", ("data", "fsdp")),
-      ("length", None),
-      ("embed", "fsdp"),
-      ("heads", "tensor"),
-      ("kv", None),
-      ("mlp", "tensor"),
-      ("vocab", "tensor"),
-      ("cond", None),
-      ("layers", None),
-  )
-  return c
+  return base_config()

@@ -8,7 +8,7 @@ import pytest
 
 from ao_mdm import model as model_lib
 from ao_mdm import orders
-from configs import tiny
+from ao_mdm.config import base_config
 
 PAPER_SIZES = [  # (variant, L, D, H, parameters) from the paper's configurations
     ("ao", 12, 768, 12, 170_605_952),
@@ -19,7 +19,7 @@ PAPER_SIZES = [  # (variant, L, D, H, parameters) from the paper's configuration
 
 
 def small_cfg(variant="ao", t=16):
-  cfg = tiny.get_config().model
+  cfg = base_config().model
   cfg.variant, cfg.block_size, cfg.vocab_size = variant, t, 64
   cfg.n_layer, cfg.n_embd, cfg.n_head = 2, 32, 4
   return cfg
@@ -27,7 +27,7 @@ def small_cfg(variant="ao", t=16):
 
 @pytest.mark.parametrize("variant,layers,width,heads,expected", PAPER_SIZES)
 def test_paper_parameter_counts(variant, layers, width, heads, expected):
-  cfg = tiny.get_config().model
+  cfg = base_config().model
   cfg.variant, cfg.n_layer, cfg.n_embd, cfg.n_head = variant, layers, width, heads
   cfg.block_size, cfg.vocab_size = 1024, 50304
   shapes = nn.unbox(jax.eval_shape(lambda k: model_lib.init_params(cfg, k), jax.random.key(0)))
@@ -138,3 +138,15 @@ def test_sequence_longer_than_block_size():
   t = cfg.block_size + 1
   with pytest.raises(ValueError, match="block_size=16"):
     _forward(cfg, params, jnp.zeros((1, t), jnp.int32), orders.identity(1, t))
+
+
+@pytest.mark.parametrize("name,expected", [("ao_small", "170,605,952"), ("ao_medium", "425,804,928"),
+                                           ("sigma_small", "125,263,872"),
+                                           ("sigma_medium", "355,921,920")])
+def test_info_command_on_paper_configs(name, expected):
+  import os, subprocess, sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([sys.executable, "-m", "ao_mdm.main", "info",
+                        f"--config={root}/configs/paper.py:{name}"],
+                       capture_output=True, text=True, check=True, cwd=root).stdout
+  assert f"parameters: {expected}\n" in out

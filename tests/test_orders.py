@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from ao_mdm import orders
-from configs import tiny
+from ao_mdm.config import base_config
 
 
 def order_cfg(**kw):
-  cfg = tiny.get_config().order
+  cfg = base_config().order
   cfg.update(kw)
   return cfg
 

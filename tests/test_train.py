@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from ao_mdm import checkpoints, train
-from configs import tiny
+from ao_mdm.config import base_config
 
 
 def small_config(tfds_dir, steps=30):
-  c = tiny.get_config()
+  c = base_config()
   c.model.update(vocab_size=512, block_size=32, n_layer=2, n_embd=32, n_head=2)
   c.train.update(batch_size=8, num_steps=steps, warmup_steps=5, log_every=10,
                  checkpoint_every=10, eval_batches=2, learning_rate=1e-2, min_lr=1e-3)
