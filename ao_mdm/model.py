@@ -137,7 +137,8 @@ class Block(nn.Module):
       k_BWHK = Norm(cfg, "kv", name="k_norm")(k_BWHK)
     if cache is None:
       w = x_BWD.shape[1]
-      a_BWHK = attention(q_BWHK, k_BWHK, v_BWHK, jnp.tril(jnp.ones((w, w), bool)))
+      mask_WW = jnp.tril(jnp.ones((w, w), bool)) if mask is None else mask["new"]
+      a_BWHK = attention(q_BWHK, k_BWHK, v_BWHK, mask_WW)
     else:
       a_BWHK = attention(q_BWHK, k_BWHK, v_BWHK, mask["new"], cache["k"], cache["v"],
                          mask["cache"])

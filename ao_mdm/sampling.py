@@ -1,0 +1,255 @@
+"""Parallel multi-token decoding with a KV cache (DESIGN.md section 4), one jitted loop.
+
+Step i turns the known count n_{i-1} into n_i. Its chunk holds the real slots whose inputs became
+known in the previous step (their K/V go into the cache), the last of which (slot n_{i-1}) is the
+first query, plus one phantom slot per extra target: a copy of slot n_{i-1}'s input with its own
+target. Each query sees the cached slots, the earlier real slots of the chunk, and itself.
+"""
+import dataclasses
+import functools
+import json
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from ao_mdm import model as model_lib
+
+SCHEDULES = ("linear", "cosine")
+ORDER_MODES = ("random", "l2r")
+
+
+def schedule_counts(t: int, known: int, steps: int, schedule: str) -> np.ndarray:
+  """Cumulative known counts n_0 = P, ..., n_S = T after each of S steps."""
+  if schedule not in SCHEDULES:
+    raise ValueError(f"schedule={schedule!r}; accepted: {', '.join(SCHEDULES)}")
+  if not 0 <= known < t:
+    raise ValueError(f"{known} known tokens leave nothing to generate in T={t} positions")
+  if not 1 <= steps <= t - known:
+    raise ValueError(f"steps={steps} must be in [1, {t - known}] (the number of unknown tokens)")
+  time = np.linspace(1.0, 0.0, steps + 1)
+  frac = time if schedule == "linear" else np.cos((1.0 - time) * np.pi / 2)
+  counts = [known]
+  for i in range(1, steps + 1):
+    counts.append(max(known + int(np.floor((t - known) * (1.0 - frac[i]))), counts[-1] + 1))
+  counts[-1] = t
+  return np.asarray(counts, np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Static shape of one decode loop: counts per step and the padded chunk widths."""
+  counts: tuple  # n_0 .. n_S
+  starts: tuple  # first real slot of each step's chunk
+  real_width: int  # W_r: real slots per chunk
+  phantom_width: int  # W_p: phantom slots per chunk
+
+  @staticmethod
+  def make(counts: np.ndarray, use_cache: bool = True) -> "Plan":
+    counts = tuple(int(n) for n in counts)
+    t = counts[-1]
+    k = np.diff(counts)
+    if use_cache:
+      starts = (counts[0],) + tuple(n + 1 for n in counts[:-2])
+      real = max(n - c + 1 for n, c in zip(counts[:-1], starts))
+    else:  # every step recomputes all real slots: the encoder-only cost model
+      starts, real = (0,) * len(k), t
+    return Plan(counts, starts, int(real), int(k.max()) - 1)
+
+
+def filter_logits(logits_NV: jax.Array, top_p: jax.Array, top_k: jax.Array) -> jax.Array:
+  """Keep the top_k largest (0: all) and the smallest set whose probability reaches top_p."""
+  v = logits_NV.shape[-1]
+  sorted_NV = jnp.sort(logits_NV, axis=-1)[:, ::-1]
+  kth = jnp.take(sorted_NV, jnp.clip(top_k - 1, 0, v - 1), axis=-1)[:, None]
+  logits_NV = jnp.where((top_k > 0) & (logits_NV < kth), -jnp.inf, logits_NV)
+  sorted_NV = jnp.where((top_k > 0) & (sorted_NV < kth), -jnp.inf, sorted_NV)
+  probs_NV = jax.nn.softmax(sorted_NV, axis=-1)
+  before_NV = jnp.cumsum(probs_NV, axis=-1) - probs_NV  # mass of strictly larger tokens
+  kept = jnp.sum(before_NV < top_p, axis=-1, keepdims=True)  # always >= 1
+  cutoff = jnp.take_along_axis(sorted_NV, kept - 1, axis=-1)
+  return jnp.where(logits_NV < cutoff, -jnp.inf, logits_NV)
+
+
+def sample_tokens(key: jax.Array, logits_NV: jax.Array, temperature: jax.Array, top_p: jax.Array,
+                  top_k: jax.Array, use_filter: bool) -> jax.Array:
+  """Argmax when temperature == 0, else a draw from softmax(logits / temperature), filtered."""
+  logits_NV = logits_NV.astype(jnp.float32)
+  greedy = jnp.argmax(logits_NV, axis=-1)
+  scaled = logits_NV / jnp.maximum(temperature, 1e-6)
+  if use_filter:
+    scaled = filter_logits(scaled, top_p, top_k)
+  drawn = jax.random.categorical(key, scaled, axis=-1)
+  return jnp.where(temperature > 0, drawn, greedy).astype(jnp.int32)
+
+
+def make_orders(key: jax.Array, known_BT: jax.Array, mode: str) -> jax.Array:
+  """Known positions first (left to right), then the unknown ones at random or left to right."""
+  b, t = known_BT.shape
+  pos = jnp.arange(t, dtype=jnp.float32)
+  rest = jax.random.uniform(key, (b, t)) * t if mode == "random" else jnp.broadcast_to(pos, (b, t))
+  return jnp.argsort(jnp.where(known_BT, pos - 2 * t, rest), axis=1).astype(jnp.int32)
+
+
+def _embed_stack(module, prev_tok, prev_pos, target, cache, mask):
+  x, c = module.embed(prev_tok, prev_pos, target)
+  h, kv = module.stack(x, c, cache, mask)
+  return h, c, kv
+
+
+def _slot_inputs(tokens_BT, order_BT, slots_BW):
+  """Token and position fed at slots (slot 0: [None], position -1)."""
+  t = order_BT.shape[1]
+  prev_pos = jnp.take_along_axis(order_BT, jnp.clip(slots_BW - 1, 0, t - 1), axis=1)
+  prev_pos = jnp.where(slots_BW == 0, -1, prev_pos)
+  prev_tok = jnp.take_along_axis(tokens_BT, jnp.maximum(prev_pos, 0), axis=1)
+  return prev_tok, prev_pos
+
+
+def _chunk_masks(plan: Plan, n: jax.Array, c: jax.Array, t: int) -> dict:
+  """Attention masks of one chunk (real slots c.., then phantoms) over itself and the cache."""
+  w_r, w = plan.real_width, plan.real_width + plan.phantom_width
+  j = jnp.arange(w)
+  is_real = j < w_r
+  real_slot = jnp.where(is_real, c + j, t + 1)
+  # A real query sees the real keys up to itself; a phantom, the real keys before slot n, and itself.
+  new = jnp.where(is_real[:, None], is_real[None, :] & (j[None, :] <= j[:, None]),
+                  (real_slot[None, :] < n) | (j[None, :] == j[:, None]))
+  return {"new": new, "cache": jnp.broadcast_to(jnp.arange(t)[None, :] < c, (w, t))}
+
+
+@functools.lru_cache(maxsize=32)
+def _decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_cache: bool,
+             return_logits: bool):
+  """The jitted decode loop for one (model, plan): compiled once per batch shape."""
+  cfg = ml_collections.ConfigDict(json.loads(cfg_json))
+  model = model_lib.make_model(cfg, decode=True)
+  t, v = cfg.block_size, cfg.vocab_size
+  dtype = model_lib.DTYPES[cfg.dtype]
+  counts = jnp.asarray(plan.counts, jnp.int32)
+  starts = jnp.asarray(plan.starts, jnp.int32)
+  w_r, w_p = plan.real_width, plan.phantom_width
+  known = plan.counts[0]
+
+  def run(params, tokens_BT, known_BT, key, temperature, top_p, top_k):
+    b = tokens_BT.shape[0]
+    k_order, k_steps = jax.random.split(key)
+    order_BT = make_orders(k_order, known_BT, order_mode)
+    apply = lambda *args: model.apply({"params": params}, *args, method=_embed_stack)
+    cache = None
+    if use_cache:
+      shape = (cfg.n_layer, b, t, cfg.n_head, cfg.n_embd // cfg.n_head)
+      cache = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+      if known:  # prefill: slots 0..P-1 are real and their inputs are all known
+        slots = jnp.broadcast_to(jnp.arange(known), (b, known))
+        _, _, kv = apply(*_slot_inputs(tokens_BT, order_BT, slots), order_BT[:, :known],
+                         None, None)
+        cache = {name: cache[name].at[:, :, :known].set(kv[name].astype(dtype)) for name in cache}
+
+    def step(i, carry):
+      tokens_BT, cache, logits_BTV = carry
+      n, n_next, c = counts[i], counts[i + 1], starts[i]
+      real_W = c + jnp.arange(w_r)
+      slots_W = jnp.concatenate([jnp.minimum(real_W, n), jnp.full((w_p,), n)])
+      targets_W = jnp.minimum(jnp.concatenate([real_W, n + 1 + jnp.arange(w_p)]), t - 1)
+      prev_tok, prev_pos = _slot_inputs(tokens_BT, order_BT, jnp.broadcast_to(slots_W, (b, w_r + w_p)))
+      target_pos = jnp.take(order_BT, targets_W, axis=1)
+      hidden, cond, kv = apply(prev_tok, prev_pos, target_pos,
+                               cache, _chunk_masks(plan, n, c, t) if use_cache else
+                               {"new": _chunk_masks(plan, n, c, t)["new"]})
+      if use_cache:  # the real slots' K/V join the cache; padding rows are dropped
+        write = jnp.where(real_W <= n, real_W, t)
+        cache = {name: cache[name].at[:, :, write].set(kv[name][:, :, :w_r].astype(dtype),
+                                                       mode="drop") for name in cache}
+      rows_Q = jnp.concatenate([(n - c)[None], w_r + jnp.arange(w_p)])  # slot n, then phantoms
+      h_BQD = jnp.take(hidden, rows_Q, axis=1)
+      c_BQC = None if cond is None else jnp.take(cond, rows_Q, axis=1)
+      logits_BQV = model.apply({"params": params}, h_BQD, c_BQC, method="logits")
+      picked_BQ = sample_tokens(jax.random.fold_in(k_steps, i), logits_BQV.reshape(-1, v),
+                                temperature, top_p, top_k, use_filter).reshape(b, 1 + w_p)
+      q_slots = n + jnp.arange(1 + w_p)
+      pos_BQ = jnp.take(order_BT, jnp.minimum(q_slots, t - 1), axis=1)
+      pos_BQ = jnp.where(q_slots < n_next, pos_BQ, t)  # padding queries write nothing
+      rows_B1 = jnp.arange(b)[:, None]
+      tokens_BT = tokens_BT.at[rows_B1, pos_BQ].set(picked_BQ, mode="drop")
+      if return_logits:
+        logits_BTV = logits_BTV.at[rows_B1, pos_BQ].set(logits_BQV, mode="drop")
+      return tokens_BT, cache, logits_BTV
+
+    tokens_BT = jnp.where(known_BT, tokens_BT, 0)
+    logits_BTV = jnp.zeros((b, t, v), jnp.float32) if return_logits else None
+    tokens_BT, _, logits_BTV = jax.lax.fori_loop(0, len(plan.counts) - 1, step,
+                                                 (tokens_BT, cache, logits_BTV))
+    return tokens_BT, order_BT, logits_BTV
+
+  return jax.jit(run)
+
+
+@dataclasses.dataclass
+class SampleOutput:
+  tokens: np.ndarray  # [B, T] int32
+  order: np.ndarray  # [B, T] int32: the generation order (known positions first)
+  logits: Optional[np.ndarray] = None  # [B, T, V] float32: logits each position was drawn from
+
+
+def validate_sampling_args(steps: int, temperature: float, top_p: float, top_k: int,
+                           order: str) -> None:
+  """One clear ValueError per bad sampling argument."""
+  if int(steps) < 1:
+    raise ValueError(f"steps={steps} must be >= 1")
+  if not temperature >= 0:
+    raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
+  if not 0 < top_p <= 1:
+    raise ValueError(f"top_p={top_p} must be in (0, 1]")
+  if int(top_k) < 0:
+    raise ValueError(f"top_k={top_k} must be >= 0 (0 is off)")
+  if order not in ORDER_MODES:
+    raise ValueError(f"order={order!r}; accepted: {', '.join(ORDER_MODES)}")
+
+
+def known_arrays(t: int, batch: int, positions: Any = (), token_ids: Any = ()) -> tuple:
+  """[B, T] known tokens and mask from positions and ids shared by the batch."""
+  positions = [int(p) for p in positions]
+  token_ids = [int(x) for x in token_ids]
+  if len(positions) != len(token_ids):
+    raise ValueError(f"{len(positions)} known positions but {len(token_ids)} known tokens")
+  if len(positions) >= t:
+    raise ValueError(f"{len(positions)} known tokens do not fit in T={t} positions with at "
+                     f"least one left to generate (the prompt is too long)")
+  bad = [p for p in positions if not 0 <= p < t]
+  if bad:
+    raise ValueError(f"known positions {bad} are outside [0, {t})")
+  dup = sorted({p for p in positions if positions.count(p) > 1})
+  if dup:
+    raise ValueError(f"known positions {dup} are given more than once")
+  tokens = np.zeros((batch, t), np.int32)
+  mask = np.zeros((batch, t), bool)
+  tokens[:, positions] = token_ids
+  mask[:, positions] = True
+  return tokens, mask
+
+
+def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, steps: int,
+           schedule: str = "linear", temperature: float = 1.0, top_p: float = 1.0,
+           top_k: int = 0, seed: int = 0, known_positions: Any = (), known_tokens: Any = (),
+           order: str = "random", use_cache: bool = True,
+           return_logits: bool = False) -> SampleOutput:
+  """Generate [batch_size, T] token ids in `steps` parallel steps (model config `cfg`).
+
+  Known tokens (a prompt or infill context, shared by the batch) come first in the order and are
+  never changed; the rest are decoded at random or left to right. temperature=0 is greedy.
+  use_cache=False recomputes every real slot at every step (the encoder-only cost model).
+  """
+  validate_sampling_args(steps, temperature, top_p, top_k, order)
+  t = cfg.block_size
+  tokens, mask = known_arrays(t, batch_size, known_positions, known_tokens)
+  if np.any((tokens < 0) | (tokens >= cfg.vocab_size)):
+    raise ValueError(f"known token ids must be in [0, {cfg.vocab_size})")
+  plan = Plan.make(schedule_counts(t, int(mask[0].sum()), int(steps), schedule), use_cache)
+  decode = _decoder(cfg.to_json(), plan, order, top_p < 1 or top_k > 0, use_cache, return_logits)
+  out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
+               jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
+  tokens_BT, order_BT, logits_BTV = jax.device_get(out)
+  return SampleOutput(tokens_BT, order_BT, logits_BTV)

@@ -1,0 +1,178 @@
+"""The cached parallel sampler against a naive sampler that reruns the training forward."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from ao_mdm import model as model_lib
+from ao_mdm import sampling
+from ao_mdm.config import base_config
+
+T = 32
+
+
+def tiny_model(variant="ao", vocab=64):
+  cfg = base_config().model
+  cfg.update(variant=variant, block_size=T, vocab_size=vocab, n_layer=2, n_embd=32, n_head=4)
+  params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
+  # Sharper logits than the init gives, so that argmax decisions are far from ties.
+  params = jax.tree.map(lambda p: p * 3.0 if p.ndim >= 2 else p, params)
+  return cfg, params
+
+
+@pytest.fixture(scope="module", params=["ao", "sigma"])
+def model(request):
+  return tiny_model(request.param)
+
+
+def naive_greedy(cfg, params, known_tokens, order, counts):
+  """Reference: for each step and target, the full training forward with that target next."""
+  forward = jax.jit(lambda tok, o: model_lib.make_model(cfg).apply({"params": params}, tok, o))
+  b = order.shape[0]
+  tokens = known_tokens.copy()
+  logits_log = np.zeros((b, T, cfg.vocab_size), np.float32)
+  for n, n_next in zip(counts[:-1], counts[1:]):
+    for m in range(n, n_next):
+      o = np.concatenate([order[:, :n], order[:, m:m + 1], np.delete(order[:, n:], m - n, 1)], 1)
+      logits = np.asarray(forward(jnp.asarray(tokens), jnp.asarray(o)))[:, n]
+      logits_log[np.arange(b), order[:, m]] = logits
+    for m in range(n, n_next):  # tokens of one step are written after all its targets are scored
+      tokens[np.arange(b), order[:, m]] = logits_log[np.arange(b), order[:, m]].argmax(-1)
+  return tokens, logits_log
+
+
+CASES = {  # name: (order mode, known positions)
+    "unconditional": ("random", []),
+    "l2r": ("l2r", []),
+    "prefix": ("random", list(range(7))),
+    "scattered": ("random", [0, 3, 4, 11, 20, 31]),
+}
+
+
+@pytest.mark.parametrize("schedule", sampling.SCHEDULES)
+@pytest.mark.parametrize("steps_div", [1, 4, 16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cached_equals_naive(model, case, steps_div, schedule):
+  cfg, params = model
+  mode, positions = CASES[case]
+  rng = np.random.default_rng(0)
+  ids = rng.integers(0, cfg.vocab_size, len(positions))
+  steps = (T - len(positions)) // steps_div
+  out = sampling.sample(params, cfg, batch_size=3, steps=steps, schedule=schedule, temperature=0,
+                        seed=1, known_positions=positions, known_tokens=ids, order=mode,
+                        return_logits=True)
+  counts = sampling.schedule_counts(T, len(positions), steps, schedule)
+  known, _ = sampling.known_arrays(T, 3, positions, ids)
+  ref_tokens, ref_logits = naive_greedy(cfg, params, known, out.order, counts)
+  np.testing.assert_array_equal(out.tokens, ref_tokens)
+  unknown = np.setdiff1d(np.arange(T), positions)
+  np.testing.assert_allclose(out.logits[:, unknown], ref_logits[:, unknown], atol=2e-4, rtol=1e-4)
+  # The no-cache sampler (encoder-only cost model) computes the same thing.
+  plain = sampling.sample(params, cfg, batch_size=3, steps=steps, schedule=schedule,
+                          temperature=0, seed=1, known_positions=positions, known_tokens=ids,
+                          order=mode, use_cache=False)
+  np.testing.assert_array_equal(plain.tokens, out.tokens)
+
+
+def test_l2r_full_steps_is_autoregressive_decoding():
+  cfg, params = tiny_model()
+  out = sampling.sample(params, cfg, batch_size=2, steps=T - 1, temperature=0, order="l2r",
+                        known_positions=[0], known_tokens=[5])
+  np.testing.assert_array_equal(out.order, np.broadcast_to(np.arange(T), (2, T)))
+  forward = model_lib.make_model(cfg)
+  tokens = np.zeros((2, T), np.int32)
+  tokens[:, 0] = 5
+  for p in range(1, T):  # ordinary greedy AR decoding with the identity order
+    logits = forward.apply({"params": params}, jnp.asarray(tokens),
+                           jnp.broadcast_to(jnp.arange(T), (2, T)))
+    tokens[:, p] = np.asarray(logits[:, p]).argmax(-1)
+  np.testing.assert_array_equal(out.tokens, tokens)
+
+
+@pytest.mark.parametrize("schedule", sampling.SCHEDULES)
+@pytest.mark.parametrize("known", [0, 5])
+def test_schedule_counts_and_fill(schedule, known):
+  cfg, params = tiny_model()
+  for steps in (1, 3, 9, T - known):
+    counts = sampling.schedule_counts(T, known, steps, schedule)
+    time = np.linspace(1, 0, steps + 1)
+    s = time if schedule == "linear" else np.cos((1 - time) * np.pi / 2)
+    expected = [known]
+    for i in range(1, steps + 1):
+      expected.append(max(known + int(np.floor((T - known) * (1 - s[i]))), expected[-1] + 1))
+    expected[-1] = T
+    np.testing.assert_array_equal(counts, expected)
+    assert np.all(np.diff(counts) >= 1)
+  positions = list(range(0, 2 * known, 2))
+  out = sampling.sample(params, cfg, batch_size=4, steps=5, schedule=schedule, seed=3,
+                        known_positions=positions, known_tokens=[7] * known)
+  assert np.all(out.tokens[:, positions] == 7)
+  np.testing.assert_array_equal(np.sort(out.order, 1), np.broadcast_to(np.arange(T), (4, T)))
+  assert np.all(np.isin(out.order[:, :known], positions))  # known positions come first
+
+
+def test_every_unknown_position_filled_once():
+  cfg, params = tiny_model(vocab=64)
+  # A model whose every logit row is the same would hide a missed write; check the log instead.
+  out = sampling.sample(params, cfg, batch_size=2, steps=5, schedule="cosine", temperature=0,
+                        known_positions=[1, 2], known_tokens=[3, 4], return_logits=True)
+  unknown = np.setdiff1d(np.arange(T), [1, 2])
+  assert np.all(np.abs(out.logits[:, unknown]).sum(-1) > 0)  # every unknown position was scored
+  assert np.all(out.logits[:, [1, 2]] == 0)  # known ones never were
+  np.testing.assert_array_equal(out.tokens[:, unknown], out.logits[:, unknown].argmax(-1))
+
+
+def test_top_p_never_draws_outside_nucleus():
+  logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.1, 0.06, 0.04]] * 4000))
+  for p, allowed in ((0.5, {0}), (0.75, {0, 1}), (0.85, {0, 1, 2}), (0.95, {0, 1, 2, 3})):
+    drawn = np.asarray(sampling.sample_tokens(jax.random.key(0), logits, jnp.float32(1),
+                                              jnp.float32(p), jnp.int32(0), True))
+    assert set(np.unique(drawn)) == allowed, (p, np.unique(drawn))
+  drawn = np.asarray(sampling.sample_tokens(jax.random.key(1), logits, jnp.float32(1),
+                                            jnp.float32(1), jnp.int32(2), True))
+  assert set(np.unique(drawn)) == {0, 1}  # top-k
+
+
+def test_temperature_one_draws_from_model_distribution():
+  """Chi-square: the sampler's first-step tokens follow softmax of the model's logits."""
+  cfg, params = tiny_model(vocab=8)
+  out = sampling.sample(params, cfg, batch_size=4000, steps=T, order="l2r", temperature=1.0,
+                        top_p=1.0, seed=5, return_logits=True)
+  logits = out.logits[0, 0].astype(np.float64)  # position 0 is predicted from [None] alone
+  probs = np.exp(logits - logits.max())
+  probs /= probs.sum()
+  counts = np.bincount(out.tokens[:, 0], minlength=8)
+  assert stats.chisquare(counts, probs * counts.sum()).pvalue > 1e-3
+
+
+def test_new_seed_does_not_recompile():
+  cfg, params = tiny_model()
+  kwargs = dict(batch_size=2, steps=8, known_positions=[0, 1], known_tokens=[1, 2])
+  sampling.sample(params, cfg, seed=0, **kwargs)
+  decoder = sampling._decoder(cfg.to_json(), sampling.Plan.make(
+      sampling.schedule_counts(T, 2, 8, "linear")), "random", False, True, False)
+  before = decoder._cache_size()
+  sampling.sample(params, cfg, seed=1, **kwargs)
+  sampling.sample(params, cfg, seed=2, known_positions=[0, 1], known_tokens=[9, 9],
+                  batch_size=2, steps=8, temperature=0.7)
+  assert decoder._cache_size() == before == 1
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(steps=0), "steps=0 must be >= 1"),
+    (dict(steps=T + 1), r"steps=33 must be in \[1, 32\]"),
+    (dict(steps=4, top_p=0.0), r"top_p=0.0 must be in \(0, 1\]"),
+    (dict(steps=4, top_p=1.5), r"top_p=1.5 must be in \(0, 1\]"),
+    (dict(steps=4, temperature=-1.0), "temperature=-1.0 must be >= 0"),
+    (dict(steps=4, known_positions=list(range(T)), known_tokens=[0] * T), "prompt is too long"),
+    (dict(steps=4, known_positions=[1, 1], known_tokens=[0, 0]), r"\[1\] are given more than once"),
+    (dict(steps=4, known_positions=[40], known_tokens=[0]), r"\[40\] are outside \[0, 32\)"),
+    (dict(steps=4, order="zigzag"), "order='zigzag'"),
+    (dict(steps=4, schedule="exp"), "schedule='exp'"),
+])
+def test_bad_sampling_args(kwargs, message):
+  cfg, params = tiny_model()
+  with pytest.raises(ValueError, match=message):
+    sampling.sample(params, cfg, batch_size=1, **kwargs)
