@@ -9,7 +9,9 @@ COMMANDS = {
     "info": "parameter count and FLOPs per token of a config: --config=...",
     "tokenizer": "train a SentencePiece tokenizer: --corpus=sotu|PATH --vocab_size=N --out=DIR",
     "export": "write the EMA params alone: --workdir=DIR --out=DIR [--weights=ema|params]",
+    "bench": "benchmarks: `bench sample --config=configs/bench_sampler.py`",
 }
+BENCHES = ("sample",)
 FLAGS = flags.FLAGS
 
 
@@ -62,6 +64,12 @@ def _export() -> None:
   print(checkpoints.export(FLAGS.workdir, FLAGS.out, FLAGS.weights))
 
 
+def _bench(what: str) -> None:
+  from ao_mdm import bench
+  _require(config=FLAGS.config)
+  {"sample": bench.bench_sample}[what](FLAGS.config)
+
+
 def _usage() -> str:
   lines = ["usage: ao-mdm COMMAND [--flags]", "", "commands:"]
   lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
@@ -69,19 +77,25 @@ def _usage() -> str:
 
 
 def run() -> None:
-  """Console-script entry point."""
+  """Console-script entry point: `ao-mdm COMMAND [SUBCOMMAND] --flags`."""
   if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
     print(_usage(), file=sys.stderr)
     sys.exit(0 if len(sys.argv) >= 2 and sys.argv[1] in ("help", "-h", "--help") else 2)
-  command = sys.argv[1]
+  command, rest = sys.argv[1], sys.argv[2:]
+  handler = {"train": _train, "info": _info, "tokenizer": _tokenizer, "export": _export}.get(command)
+  if command == "bench":
+    if not rest or rest[0] not in BENCHES:
+      print(f"usage: ao-mdm bench {{{'|'.join(BENCHES)}}} --config=...", file=sys.stderr)
+      sys.exit(2)
+    what, rest = rest[0], rest[1:]
+    handler, command = (lambda: _bench(what)), f"bench {what}"
   _define_flags()
-  handler = {"train": _train, "info": _info, "tokenizer": _tokenizer, "export": _export}[command]
 
   def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
     handler()
-  app.run(main, argv=[f"ao-mdm {command}"] + sys.argv[2:])
+  app.run(main, argv=[f"ao-mdm {command}"] + rest)
 
 
 if __name__ == "__main__":

@@ -66,25 +66,27 @@ class Norm(nn.Module):
     return y.astype(x.dtype)
 
 
-def attention(q_BWHK, k_BWHK, v_BWHK, mask_WW, cache_k_BTHK=None, cache_v_BTHK=None,
+def attention(q_BWHK, k_BWHK, v_BWHK, mask_WW, cache_k_BHTK=None, cache_v_BHTK=None,
               cache_mask_WT=None):
   """Softmax attention of W queries over W new keys and, when decoding, T cached keys.
 
-  Scores are split into the cache part and the new part so the cache is read but never copied.
+  The cache is heads-major ([B, H, T, K]) so that scoring it is a plain batched matmul, and the
+  scores are split into the cache part and the new part so the cache is read but never copied.
   """
   dtype = q_BWHK.dtype
   scale = q_BWHK.shape[-1] ** -0.5
   s_BHWW = jnp.einsum("bqhk,bshk->bhqs", q_BWHK, k_BWHK).astype(jnp.float32) * scale
   s_BHWW = jnp.where(mask_WW, s_BHWW, -jnp.inf)
-  if cache_k_BTHK is None:
+  if cache_k_BHTK is None:
     p_BHWW = jax.nn.softmax(s_BHWW, axis=-1)
     return jnp.einsum("bhqs,bshk->bqhk", p_BHWW.astype(dtype), v_BWHK)
-  s_BHWT = jnp.einsum("bqhk,bshk->bhqs", q_BWHK, cache_k_BTHK.astype(dtype)).astype(jnp.float32)
+  q_BHWK = q_BWHK.transpose(0, 2, 1, 3)
+  s_BHWT = jnp.einsum("bhqk,bhsk->bhqs", q_BHWK, cache_k_BHTK.astype(dtype)).astype(jnp.float32)
   s_BHWT = jnp.where(cache_mask_WT, s_BHWT * scale, -jnp.inf)
   p = jax.nn.softmax(jnp.concatenate([s_BHWT, s_BHWW], axis=-1), axis=-1).astype(dtype)
   t = s_BHWT.shape[-1]
-  return (jnp.einsum("bhqs,bshk->bqhk", p[..., :t], cache_v_BTHK.astype(dtype))
-          + jnp.einsum("bhqs,bshk->bqhk", p[..., t:], v_BWHK))
+  out_BHWK = jnp.einsum("bhqs,bhsk->bhqk", p[..., :t], cache_v_BHTK.astype(dtype))
+  return out_BHWK.transpose(0, 2, 1, 3) + jnp.einsum("bhqs,bshk->bqhk", p[..., t:], v_BWHK)
 
 
 class Dense(nn.Module):

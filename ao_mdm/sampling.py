@@ -18,6 +18,7 @@ import numpy as np
 from ao_mdm import model as model_lib
 
 SCHEDULES = ("linear", "cosine")
+CACHE_BUCKETS = 4  # decode loops, each reading only the cache prefix its steps can see
 ORDER_MODES = ("random", "l2r")
 
 
@@ -45,6 +46,7 @@ class Plan:
   starts: tuple  # first real slot of each step's chunk
   real_width: int  # W_r: real slots per chunk
   phantom_width: int  # W_p: phantom slots per chunk
+  segments: tuple  # (first step, end step, cache length read): attention skips the empty tail
 
   @staticmethod
   def make(counts: np.ndarray, use_cache: bool = True) -> "Plan":
@@ -56,7 +58,16 @@ class Plan:
       real = max(n - c + 1 for n, c in zip(counts[:-1], starts))
     else:  # every step recomputes all real slots: the encoder-only cost model
       starts, real = (0,) * len(k), t
-    return Plan(counts, starts, int(real), int(k.max()) - 1)
+    # Step i reads cache slots < starts[i]; group the steps into CACHE_BUCKETS cache lengths.
+    bounds = [-(-t * g // CACHE_BUCKETS) for g in range(1, CACHE_BUCKETS + 1)]
+    bucket = [min(b for b in bounds if b >= c) for c in starts]
+    segments = []
+    for i, length in enumerate(bucket):
+      if segments and segments[-1][2] == length:
+        segments[-1] = (segments[-1][0], i + 1, length)
+      else:
+        segments.append((i, i + 1, length))
+    return Plan(counts, starts, int(real), int(k.max()) - 1, tuple(segments))
 
 
 def filter_logits(logits_NV: jax.Array, top_p: jax.Array, top_k: jax.Array) -> jax.Array:
@@ -108,16 +119,17 @@ def _slot_inputs(tokens_BT, order_BT, slots_BW):
   return prev_tok, prev_pos
 
 
-def _chunk_masks(plan: Plan, n: jax.Array, c: jax.Array, t: int) -> dict:
+def _chunk_masks(plan: Plan, n: jax.Array, c: jax.Array, cache_len: int) -> dict:
   """Attention masks of one chunk (real slots c.., then phantoms) over itself and the cache."""
   w_r, w = plan.real_width, plan.real_width + plan.phantom_width
   j = jnp.arange(w)
   is_real = j < w_r
-  real_slot = jnp.where(is_real, c + j, t + 1)
+  real_slot = jnp.where(is_real, c + j, plan.counts[-1] + 1)
   # A real query sees the real keys up to itself; a phantom, the real keys before slot n, and itself.
   new = jnp.where(is_real[:, None], is_real[None, :] & (j[None, :] <= j[:, None]),
                   (real_slot[None, :] < n) | (j[None, :] == j[:, None]))
-  return {"new": new, "cache": jnp.broadcast_to(jnp.arange(t)[None, :] < c, (w, t))}
+  return {"new": new,
+          "cache": jnp.broadcast_to(jnp.arange(cache_len)[None, :] < c, (w, cache_len))}
 
 
 @functools.lru_cache(maxsize=32)
@@ -140,15 +152,16 @@ def _decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_c
     apply = lambda *args: model.apply({"params": params}, *args, method=_embed_stack)
     cache = None
     if use_cache:
-      shape = (cfg.n_layer, b, t, cfg.n_head, cfg.n_embd // cfg.n_head)
+      shape = (cfg.n_layer, b, cfg.n_head, t, cfg.n_embd // cfg.n_head)  # [L, B, H, T, K]
       cache = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
       if known:  # prefill: slots 0..P-1 are real and their inputs are all known
         slots = jnp.broadcast_to(jnp.arange(known), (b, known))
         _, _, kv = apply(*_slot_inputs(tokens_BT, order_BT, slots), order_BT[:, :known],
                          None, None)
-        cache = {name: cache[name].at[:, :, :known].set(kv[name].astype(dtype)) for name in cache}
+        cache = {name: cache[name].at[:, :, :, :known].set(
+            kv[name].transpose(0, 1, 3, 2, 4).astype(dtype)) for name in cache}
 
-    def step(i, carry):
+    def step(i, carry, cache_len):
       tokens_BT, cache, logits_BTV = carry
       n, n_next, c = counts[i], counts[i + 1], starts[i]
       real_W = c + jnp.arange(w_r)
@@ -156,13 +169,17 @@ def _decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_c
       targets_W = jnp.minimum(jnp.concatenate([real_W, n + 1 + jnp.arange(w_p)]), t - 1)
       prev_tok, prev_pos = _slot_inputs(tokens_BT, order_BT, jnp.broadcast_to(slots_W, (b, w_r + w_p)))
       target_pos = jnp.take(order_BT, targets_W, axis=1)
-      hidden, cond, kv = apply(prev_tok, prev_pos, target_pos,
-                               cache, _chunk_masks(plan, n, c, t) if use_cache else
-                               {"new": _chunk_masks(plan, n, c, t)["new"]})
+      masks = _chunk_masks(plan, n, c, cache_len)
+      if use_cache:
+        view = {name: cache[name][:, :, :, :cache_len] for name in cache}
+        hidden, cond, kv = apply(prev_tok, prev_pos, target_pos, view, masks)
+      else:
+        hidden, cond, kv = apply(prev_tok, prev_pos, target_pos, None, {"new": masks["new"]})
       if use_cache:  # the real slots' K/V join the cache; padding rows are dropped
         write = jnp.where(real_W <= n, real_W, t)
-        cache = {name: cache[name].at[:, :, write].set(kv[name][:, :, :w_r].astype(dtype),
-                                                       mode="drop") for name in cache}
+        cache = {name: cache[name].at[:, :, :, write].set(
+            kv[name][:, :, :w_r].transpose(0, 1, 3, 2, 4).astype(dtype), mode="drop")
+                 for name in cache}
       rows_Q = jnp.concatenate([(n - c)[None], w_r + jnp.arange(w_p)])  # slot n, then phantoms
       h_BQD = jnp.take(hidden, rows_Q, axis=1)
       c_BQC = None if cond is None else jnp.take(cond, rows_Q, axis=1)
@@ -180,8 +197,10 @@ def _decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_c
 
     tokens_BT = jnp.where(known_BT, tokens_BT, 0)
     logits_BTV = jnp.zeros((b, t, v), jnp.float32) if return_logits else None
-    tokens_BT, _, logits_BTV = jax.lax.fori_loop(0, len(plan.counts) - 1, step,
-                                                 (tokens_BT, cache, logits_BTV))
+    carry = (tokens_BT, cache, logits_BTV)
+    for first, end, cache_len in plan.segments:
+      carry = jax.lax.fori_loop(first, end, functools.partial(step, cache_len=cache_len), carry)
+    tokens_BT, _, logits_BTV = carry
     return tokens_BT, order_BT, logits_BTV
 
   return jax.jit(run)

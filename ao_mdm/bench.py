@@ -1,0 +1,80 @@
+"""Benchmarks (`ao-mdm bench sample|train`): figures from one run, ratios against a baseline."""
+import dataclasses
+import json
+import statistics
+import time
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from ao_mdm import model as model_lib
+from ao_mdm import orders
+from ao_mdm import sampling
+
+
+def _timed(fn: Callable[[], Any], repeats: int) -> float:
+  """Median wall time of `repeats` calls, each waited for."""
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def _compile(jitted, *args) -> tuple[Any, float]:
+  start = time.perf_counter()
+  compiled = jitted.lower(*args).compile()
+  return compiled, time.perf_counter() - start
+
+
+def bench_sample(config: ml_collections.ConfigDict) -> dict:
+  """Full forward, cached sampler and no-cache sampler at each S, in one run; prints JSON."""
+  cfg, b = config.model, int(config.bench.batch_size)
+  t, repeats = cfg.block_size, int(config.bench.repeats)
+  params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (b, t)), jnp.int32)
+  order = orders.random_orders(jax.random.key(1), b, t)
+  forward = jax.jit(lambda p, x, o: model_lib.make_model(cfg).apply({"params": p}, x, o))
+  fwd, fwd_compile = _compile(forward, params, tokens, order)
+  full_forward_s = _timed(lambda: fwd(params, tokens, order), repeats)
+  print(f"full forward B={b} T={t}: {full_forward_s:.4f} s (compile {fwd_compile:.1f} s)",
+        flush=True)
+  zeros, known = jnp.zeros((b, t), jnp.int32), jnp.zeros((b, t), bool)
+  scalars = (jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
+  results = {"full_forward_s": full_forward_s, "full_forward_compile_s": fwd_compile,
+             "batch_size": b, "block_size": t, "schedule": config.bench.schedule, "steps": {}}
+  for steps in config.bench.steps:
+    counts = sampling.schedule_counts(t, 0, int(steps), config.bench.schedule)
+    row = {}
+    for use_cache in (True, False):
+      run_counts = counts
+      if not use_cache and steps > config.bench.no_cache_max_steps:
+        run_counts = counts[:config.bench.no_cache_max_steps + 1]
+      plan = sampling.Plan.make(run_counts, use_cache)
+      if not use_cache:  # a truncated plan keeps the full-length recomputation of every step
+        plan = dataclasses.replace(plan, real_width=t)
+      decoder = sampling._decoder(cfg.to_json(), plan, "random", False, use_cache, False)
+      args = (params, zeros, known, jax.random.key(2), *scalars)
+      compiled, compile_s = _compile(decoder, *args)
+      elapsed = _timed(lambda: compiled(*args), repeats if use_cache else 1)
+      scale = (len(counts) - 1) / (len(run_counts) - 1)
+      if use_cache:
+        row.update(sampler_s=elapsed, compile_s=compile_s)
+      else:
+        row.update(no_cache_s=elapsed * scale, no_cache_compile_s=compile_s,
+                   no_cache_extrapolated=scale != 1)
+    row["sampler_over_full_forward"] = row["sampler_s"] / full_forward_s
+    row["no_cache_over_sampler"] = row["no_cache_s"] / row["sampler_s"]
+    results["steps"][str(steps)] = row
+    print(f"S={steps}: sampler {row['sampler_s']:.4f} s "
+          f"({row['sampler_over_full_forward']:.2f}x full forward, compile "
+          f"{row['compile_s']:.1f} s); no-cache {row['no_cache_s']:.3f} s"
+          f"{' (extrapolated)' if row['no_cache_extrapolated'] else ''} "
+          f"= {row['no_cache_over_sampler']:.1f}x the sampler", flush=True)
+  print(json.dumps(results), flush=True)
+  return results
