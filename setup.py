@@ -12,11 +12,16 @@ INSTALL_REQUIRES = [
     "grain==0.2.18",
     "array-record==0.8.6",
     "sentencepiece==0.2.3",
+    "tiktoken==0.14.0",
     "ml-collections==1.1.0",
     "clu==0.0.12",
     "numpy==2.4.6",
     "absl-py==2.5.1",
     "tqdm==4.70.1",
+    # clu's metric writers (TensorBoard event files) import TensorFlow; only the training loop
+    # imports them, never ao_mdm.model or ao_mdm.sampling.
+    "tensorflow-cpu==2.21.0",
+    "tensorboard==2.21.0",
 ]
 
 setup(
@@ -24,7 +29,7 @@ setup(
     version="0.1.0",
     description="AO-GPT: any-order GPT as a masked diffusion model, in JAX/Flax",
     packages=find_packages(include=["ao_mdm", "ao_mdm.*"]),
-    package_data={"ao_mdm.data": ["*.xz", "*.md"]},
+    package_data={"ao_mdm.data": ["*.xz", "*.md", "gpt2_bpe/*"]},
     python_requires=">=3.11,<3.12",
     install_requires=INSTALL_REQUIRES,
     extras_require={

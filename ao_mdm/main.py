@@ -1,4 +1,5 @@
 """The `ao-mdm` command: `ao-mdm COMMAND [--flags]`; `ao-mdm help` lists the commands."""
+import os
 import sys
 
 from absl import app, flags, logging
@@ -9,6 +10,7 @@ COMMANDS = {
     "info": "parameter count and FLOPs per token of a config: --config=...",
     "tokenizer": "train a SentencePiece tokenizer: --corpus=sotu|PATH --vocab_size=N --out=DIR",
     "export": "write the EMA params alone: --workdir=DIR --out=DIR [--weights=ema|params]",
+    "sample": "sample texts: --checkpoint=DIR [--prompt=TEXT | --infill='a [MASK] b'] [--steps=64 ...]",
     "bench": "benchmarks: `bench sample --config=configs/bench_sampler.py`",
 }
 BENCHES = ("sample",)
@@ -23,6 +25,23 @@ def _define_flags() -> None:
   flags.DEFINE_string("corpus", "sotu", "Dataset registry name or a local text file.")
   flags.DEFINE_integer("vocab_size", 2048, "Tokenizer vocab size (a multiple of 128).")
   flags.DEFINE_enum("weights", "ema", ["ema", "params"], "Which params to export or load.")
+  flags.DEFINE_string("checkpoint", None, "A training work dir or an export.")
+  flags.DEFINE_string("prompt", "", "sample: text the samples start with.")
+  flags.DEFINE_string("infill", "", "sample: text with [MASK] spans to fill in.")
+  flags.DEFINE_integer("infill_span", 8, "sample: tokens generated per [MASK].")
+  flags.DEFINE_integer("steps", 64, "sample: decoding steps S.")
+  flags.DEFINE_enum("schedule", "linear", ["linear", "cosine"], "sample: unmasking schedule.")
+  flags.DEFINE_float("temperature", 1.0, "sample: softmax temperature; 0 is greedy.")
+  flags.DEFINE_float("top_p", 1.0, "sample: nucleus mass in (0, 1].")
+  flags.DEFINE_integer("top_k", 0, "sample: keep the k most likely tokens; 0 is off.")
+  flags.DEFINE_enum("order", "random", ["random", "l2r"], "sample: order of the unknown tokens.")
+  flags.DEFINE_integer("num_samples", 4, "sample: how many samples.")
+  flags.DEFINE_integer("batch_size", 4, "sample: samples per batch.")
+  flags.DEFINE_integer("seed", 0, "Random seed.")
+  flags.DEFINE_string("init_from", None, "train: start from the params of an export or import.")
+  flags.DEFINE_string("coordinator", None, "Multi-process: coordinator HOST:PORT (process 0).")
+  flags.DEFINE_integer("num_processes", None, "Multi-process: number of processes.")
+  flags.DEFINE_integer("process_id", None, "Multi-process: this process's index.")
 
 
 def _require(**named) -> None:
@@ -32,9 +51,10 @@ def _require(**named) -> None:
 
 
 def _train() -> None:
-  from ao_mdm import train
+  from ao_mdm import sharding, train
   _require(config=FLAGS.config, workdir=FLAGS.workdir)
-  train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  sharding.initialize_distributed(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id)
+  train.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.init_from)
 
 
 def _info() -> None:
@@ -70,6 +90,46 @@ def _bench(what: str) -> None:
   {"sample": bench.bench_sample}[what](FLAGS.config)
 
 
+def _sample() -> None:
+  import json
+  import os
+  import tqdm
+  from ao_mdm import checkpoints, sampling
+  from ao_mdm.data import tokenizer as tok_lib
+  _require(checkpoint=FLAGS.checkpoint)
+  if FLAGS.num_samples < 1 or FLAGS.batch_size < 1:
+    raise app.UsageError(f"--num_samples={FLAGS.num_samples} and --batch_size={FLAGS.batch_size} "
+                         "must be >= 1")
+  config, params = checkpoints.load_params(FLAGS.checkpoint, FLAGS.weights)
+  tokenizer = tok_lib.get_tokenizer(config.data, config.model.vocab_size, FLAGS.checkpoint)
+  tok_lib.check_vocab(tokenizer, config.model.vocab_size)
+  positions, ids = sampling.layout_known(tokenizer.encode, config.model.block_size, FLAGS.prompt,
+                                         FLAGS.infill, FLAGS.infill_span)
+  records = []
+  batches = range(0, FLAGS.num_samples, FLAGS.batch_size)
+  for start in tqdm.tqdm(batches, desc="sampling", unit="batch", disable=len(batches) < 2):
+    out = sampling.sample(
+        params, config.model, batch_size=FLAGS.batch_size, steps=FLAGS.steps,
+        schedule=FLAGS.schedule, temperature=FLAGS.temperature, top_p=FLAGS.top_p,
+        top_k=FLAGS.top_k, seed=FLAGS.seed + start, known_positions=positions, known_tokens=ids,
+        order=FLAGS.order)
+    for row in out.tokens[:FLAGS.num_samples - start]:
+      records.append({"text": sampling.decode_text(tokenizer.decode, row, tokenizer.eos_id,
+                                                   tokenizer.vocab_size),
+                      "tokens": row.tolist()})
+  for i, r in enumerate(records):
+    print(f"--- sample {i} (steps={FLAGS.steps}, {FLAGS.order} order) ---\n{r['text']}\n")
+  if FLAGS.out:
+    settings = {k: FLAGS[k].value for k in ("checkpoint", "prompt", "infill", "steps", "schedule",
+                                            "temperature", "top_p", "top_k", "order", "seed")}
+    tmp = FLAGS.out + ".tmp"
+    with open(tmp, "w") as f:
+      for r in records:
+        f.write(json.dumps({**r, **settings}) + "\n")
+    os.replace(tmp, FLAGS.out)
+    print(f"wrote {len(records)} samples to {FLAGS.out}")
+
+
 def _usage() -> str:
   lines = ["usage: ao-mdm COMMAND [--flags]", "", "commands:"]
   lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
@@ -82,7 +142,9 @@ def run() -> None:
     print(_usage(), file=sys.stderr)
     sys.exit(0 if len(sys.argv) >= 2 and sys.argv[1] in ("help", "-h", "--help") else 2)
   command, rest = sys.argv[1], sys.argv[2:]
-  handler = {"train": _train, "info": _info, "tokenizer": _tokenizer, "export": _export}.get(command)
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (TensorBoard writer) start-up noise
+  handler = {"train": _train, "info": _info, "tokenizer": _tokenizer, "export": _export,
+             "sample": _sample}.get(command)
   if command == "bench":
     if not rest or rest[0] not in BENCHES:
       print(f"usage: ao-mdm bench {{{'|'.join(BENCHES)}}} --config=...", file=sys.stderr)

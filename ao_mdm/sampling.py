@@ -272,3 +272,42 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
                jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
   tokens_BT, order_BT, logits_BTV = jax.device_get(out)
   return SampleOutput(tokens_BT, order_BT, logits_BTV)
+
+
+MASK = "[MASK]"
+
+
+def layout_known(encode: Any, t: int, prompt: str = "", infill: str = "",
+                 span: int = 8) -> tuple[list, list]:
+  """Known (positions, token ids) for a prefix prompt or an infill text with [MASK] spans.
+
+  Each [MASK] leaves `span` positions to generate; everything after the text is generated too.
+  """
+  if prompt and infill:
+    raise ValueError("give either a prompt or an infill text, not both")
+  if span < 1:
+    raise ValueError(f"infill span={span} must be >= 1")
+  pieces = infill.split(MASK) if infill else [prompt] if prompt else []
+  positions, ids, cursor = [], [], 0
+  for i, piece in enumerate(pieces):
+    piece_ids = encode(piece) if piece else []
+    positions += range(cursor, cursor + len(piece_ids))
+    ids += piece_ids
+    cursor += len(piece_ids) + (span if i < len(pieces) - 1 else 0)
+  if cursor >= t:
+    raise ValueError(f"the prompt/infill text takes {cursor} positions but T={t}; the prompt "
+                     f"is too long (at least one position must be left to generate)")
+  return positions, ids
+
+
+def decode_text(decode: Any, ids: Any, eos_id: int, vocab_size: int) -> str:
+  """Text of generated ids: documents split at EOS, ids beyond the tokenizer's vocab dropped."""
+  docs, current = [], []
+  for i in ids:
+    if i == eos_id:
+      docs.append(current)
+      current = []
+    elif i < vocab_size:
+      current.append(int(i))
+  docs.append(current)
+  return "\n\n".join(decode(d) for d in docs)

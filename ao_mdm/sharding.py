@@ -79,3 +79,21 @@ def global_batch(local_BT: np.ndarray, sharding: NamedSharding) -> jax.Array:
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
+
+
+def initialize_distributed(coordinator: Optional[str] = None, num_processes: Optional[int] = None,
+                           process_id: Optional[int] = None) -> None:
+  """Join a multi-process run: explicit coordinator flags, or auto-detected TPU VM / SLURM."""
+  import os  # pylint: disable=g-import-not-at-top
+  if coordinator:
+    if num_processes is None or process_id is None or not 0 <= process_id < num_processes:
+      raise ValueError(f"--coordinator needs --num_processes >= 1 and --process_id in "
+                       f"[0, num_processes); got {num_processes}, {process_id}")
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                               process_id=process_id)
+    return
+  multi_tpu = "," in os.environ.get("TPU_WORKER_HOSTNAMES", "") or os.environ.get(
+      "MEGASCALE_COORDINATOR_ADDRESS")
+  multi_slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
+  if multi_tpu or multi_slurm:
+    jax.distributed.initialize()  # auto-detects the coordinator on TPU VMs and under SLURM

@@ -1,7 +1,10 @@
 """Train state, the jitted train and eval steps, and the training loop (DESIGN.md section 5)."""
 import functools
+import json
+import os
+import signal
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import flax
 import flax.linen as nn
@@ -137,8 +140,9 @@ def make_train_step(config: ml_collections.ConfigDict) -> Callable:
     ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state.ema_params, params)
     metrics = {
         "loss": shares["loss_sum"] / shares["count"],
-        "loss_l2r": shares["l2r_sum"] / jnp.maximum(shares["l2r_count"], 1.0),
-        "loss_any_order": shares["ao_sum"] / jnp.maximum(shares["ao_count"], 1.0),
+        # NaN when the batch holds no sequence of that kind.
+        "loss_l2r": shares["l2r_sum"] / jnp.where(shares["l2r_count"] > 0, shares["l2r_count"], jnp.nan),
+        "loss_any_order": shares["ao_sum"] / jnp.where(shares["ao_count"] > 0, shares["ao_count"], jnp.nan),
         "l2r_fraction": shares["l2r_count"] / shares["count"],
         "grad_norm": optax.global_norm(grads),
         "learning_rate": schedule(state.step),
@@ -213,8 +217,68 @@ def evaluate_blocks(eval_fn: Callable, params: Any, blocks_NT: np.ndarray, batch
   return {k: v / (n // batch_size) for k, v in totals.items()}
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Train on config.data, print progress, checkpoint to workdir; return final losses."""
+def _model_differences(saved: ml_collections.ConfigDict, current: ml_collections.ConfigDict) -> list:
+  keys = ("variant", "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "cond_dim")
+  return [f"model.{k}: checkpoint {saved[k]} vs config {current[k]}" for k in keys
+          if saved.get(k) != current.get(k)]
+
+
+def _restore_latest(mgr, config, target, data_iter, workdir: str):
+  """Restore the newest checkpoint that loads; report and skip broken ones. None if none."""
+  from ao_mdm import checkpoints  # pylint: disable=g-import-not-at-top
+  for step in sorted(mgr.all_steps(), reverse=True):
+    try:
+      saved = checkpoints.read_config(workdir, step)
+    except Exception as e:  # pylint: disable=broad-except
+      _log(f"checkpoint {mgr.directory / str(step)} cannot be read ({type(e).__name__}: {e}); "
+           "trying the previous one")
+      continue
+    diffs = _model_differences(saved.model, config.model)
+    if diffs:
+      raise ValueError(f"--workdir {workdir} holds a checkpoint of a different model: "
+                       + "; ".join(diffs) + ". Use a new work dir or the matching config.")
+    try:
+      return step, checkpoints.restore(mgr, step, target, data_iter)
+    except Exception as e:  # pylint: disable=broad-except
+      _log(f"checkpoint {mgr.directory / str(step)} failed to restore ({type(e).__name__}: "
+           f"{e}); trying the previous one")
+  return None, None
+
+
+def _log(message: str) -> None:
+  if jax.process_index() == 0:
+    print(message, flush=True)
+
+
+class _Preemption:
+  """Remembers a SIGTERM so that training saves at the next step boundary and exits 0."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def restore(self):
+    signal.signal(signal.SIGTERM, self._previous)
+
+
+def _metric_writer(workdir: str):
+  from clu import metric_writers  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
+  return metric_writers.create_default_writer(
+      os.path.join(workdir, "tensorboard"), just_logging=jax.process_index() > 0)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       init_from: Optional[str] = None) -> dict:
+  """Train on config.data, log, evaluate and checkpoint to workdir; return the eval losses.
+
+  Resumes from the newest complete checkpoint in workdir; otherwise starts from scratch or,
+  with init_from, from the params of an export or imported checkpoint (a warm start).
+  """
+  from clu import periodic_actions  # pylint: disable=g-import-not-at-top
   from ao_mdm import checkpoints  # pylint: disable=g-import-not-at-top
   from ao_mdm.data import datasets, pipeline, tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
 
@@ -240,48 +304,109 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   shardings = state_shardings(config, mesh, axis_rules)
   state = create_state(config, mesh, axis_rules)
-  mgr = checkpoints.train_manager(workdir)
-  start = mgr.latest_step()
-  if start is not None:
-    target = checkpoints.abstract_like(jax.eval_shape(lambda: state), shardings)
-    state = checkpoints.restore(mgr, start, target, data_iter)
-    print(f"resumed from step {start} in {workdir}", flush=True)
+  mgr = checkpoints.train_manager(workdir, t.keep_checkpoints)
+  target = checkpoints.abstract_like(jax.eval_shape(lambda: state), shardings)
+  start, restored = _restore_latest(mgr, config, target, data_iter, workdir)
+  if restored is not None:
+    state = restored
+    _log(f"resumed from step {start} in {workdir}")
+  elif init_from:
+    state = _warm_start(state, config, init_from, shardings)
+    _log(f"initialised params from {init_from}")
   train_step = jit_train_step(config, mesh, axis_rules, shardings)
   eval_fn = make_eval_fn(config, mesh, axis_rules)
   batch = sharding.batch_sharding(mesh, axis_rules)
-  run_eval = lambda params: {
-      split: evaluate_blocks(eval_fn, params, blocks, t.batch_size, config.seed, batch)
-      for split, blocks in eval_sets.items()}
+  run_eval = lambda params, splits=("train", "validation"): {
+      split: evaluate_blocks(eval_fn, params, eval_sets[split], t.batch_size, config.seed, batch)
+      for split in splits}
+
+  writer = _metric_writer(workdir)
+  if jax.process_index() == 0:
+    writer.write_hparams({k: v for k, v in config.train.items()})
+  report = periodic_actions.ReportProgress(num_train_steps=t.num_steps, writer=writer)
+  metrics_path = os.path.join(workdir, "metrics.jsonl")
+  tokens_per_step = t.batch_size * config.model.block_size
+  flops_per_step = tokens_per_step * model_lib.flops_per_token(
+      config.model, model_lib.count_params(state.params))
+  peak = t.peak_flops_per_device * jax.device_count()
+
+  def log_metrics(step: int, values: dict, seconds: Optional[float]) -> None:
+    values = {k: float(v) for k, v in values.items()}
+    if seconds:
+      values["tokens_per_s"] = tokens_per_step / seconds
+      if peak > 0:
+        values["mfu"] = flops_per_step / seconds / peak
+    writer.write_scalars(step, values)
+    if jax.process_index() == 0:
+      with open(metrics_path, "a") as f:
+        f.write(json.dumps({"step": step, **values}) + "\n")
+    _log(f"step {step}: {format_metrics(values)}")
 
   results = {}
   if start is None:
     results["initial"] = run_eval(state.params)
-    print(f"step 0 eval: {_format_eval(results['initial'])}", flush=True)
-  tokens_per_step = t.batch_size * config.model.block_size
+    _log(f"step 0 eval: {_format_eval(results['initial'])}")
   first = int(state.step)
-  last_time, last_step, pending = time.perf_counter(), first, None
-  for step in range(first, t.num_steps):
-    tokens = sharding.global_batch(next(data_iter), batch)
-    state, metrics = train_step(state, tokens)
-    if pending is not None and (pending[0] % t.log_every == 0 or pending[0] == t.num_steps):
-      # Metrics of the previous step: the host reads them while this step runs.
-      values = jax.device_get(pending[1])
-      now = time.perf_counter()
-      rate = (pending[0] - last_step) * tokens_per_step / (now - last_time)
-      print(f"step {pending[0]}: {format_metrics(values)} tokens/s={rate:.0f}", flush=True)
-      last_time, last_step = now, pending[0]
-    if step == first:  # exclude compilation from the first tokens/s figure
-      jax.block_until_ready(metrics)
-      last_time, last_step = time.perf_counter(), first + 1
-    pending = (step + 1, metrics)
-    if (step + 1) % t.checkpoint_every == 0 or step + 1 == t.num_steps:
-      checkpoints.save(mgr, step + 1, state, data_iter, config)
-  if pending is not None:
-    print(f"step {pending[0]}: {format_metrics(jax.device_get(pending[1]))}", flush=True)
-  mgr.wait_until_finished()
+  preemption = _Preemption()
+  pending, window = None, None  # (step, metrics) of the previous step; (time, step) of a read
+  try:
+    for step in range(first, t.num_steps):
+      tokens = sharding.global_batch(next(data_iter), batch)
+      state, metrics = train_step(state, tokens)
+      if pending is not None:  # the previous step's metrics, read while this step runs
+        window = _maybe_log(pending, window, t, log_metrics)
+        report(pending[0])
+      pending = (step + 1, metrics)
+      done = step + 1
+      if t.eval_every and done % t.eval_every == 0 and done < t.num_steps:
+        ev = run_eval(state.ema_params, ("validation",))["validation"]
+        writer.write_scalars(done, {"eval/l2r_loss": ev["l2r"], "eval/any_order_loss": ev["random"]})
+        _log(f"step {done} eval (EMA): validation l2r={ev['l2r']:.4f} random={ev['random']:.4f}")
+      stop = preemption.requested or mgr.reached_preemption(done)
+      if stop or done % t.checkpoint_every == 0 or done == t.num_steps:
+        checkpoints.save(mgr, done, state, data_iter, config, force=stop)
+      if stop:
+        mgr.wait_until_finished()
+        _log(f"preempted: saved a checkpoint at step {done} in {workdir}; exiting")
+        return {"preempted_at": done}
+    if pending is not None:
+      _maybe_log(pending, window, t, log_metrics, force=True)
+  finally:
+    preemption.restore()
+    mgr.wait_until_finished()
+    writer.flush()
   results["final_ema"] = run_eval(state.ema_params)
-  print(f"final eval (EMA params): {_format_eval(results['final_ema'])}", flush=True)
+  _log(f"final eval (EMA params): {_format_eval(results['final_ema'])}")
   return results
+
+
+def _maybe_log(pending: tuple, window: Optional[tuple], t, log_metrics: Callable,
+               force: bool = False) -> tuple:
+  """Log step metrics every log_every steps; tokens/s over the steps since the last read.
+
+  The first read only starts the clock, so compilation never counts.
+  """
+  done, values = pending
+  due = force or done % t.log_every == 0 or done == t.num_steps
+  if not due and window is not None:
+    return window
+  values = jax.device_get(values)
+  now = time.perf_counter()
+  if due:
+    rate_window = None if window is None or done == window[1] else (now - window[0]) / (done - window[1])
+    log_metrics(done, values, rate_window)
+  return now, done
+
+
+def _warm_start(state: TrainState, config, init_from: str, shardings) -> TrainState:
+  """Replace params and EMA params with those of an export (same model shape required)."""
+  from ao_mdm import checkpoints  # pylint: disable=g-import-not-at-top
+  saved, params = checkpoints.load_params(init_from)
+  diffs = _model_differences(saved.model, config.model)
+  if diffs:
+    raise ValueError(f"--init_from {init_from} holds a different model: " + "; ".join(diffs))
+  params = jax.device_put(params, shardings.params)
+  return state.replace(params=params, ema_params=jax.tree.map(jnp.copy, params))
 
 
 def _format_eval(r: dict) -> str:

@@ -43,7 +43,7 @@ def get_config(name: str = "ao_small") -> ml_collections.ConfigDict:
   c.data.update(dataset="openwebtext", tokenizer="gpt2")
   c.train.update(batch_size=512, num_steps=1_000_000, learning_rate=s["learning_rate"],
                  min_lr=6e-5, warmup_steps=2000, weight_decay=0.05, b1=0.9, b2=0.95,
-                 grad_clip=1.0, ema_decay=0.9999, log_every=100, checkpoint_every=5000,
+                 grad_clip=1.0, ema_decay=0.9999, log_every=100, checkpoint_every=5000, eval_every=5000,
                  eval_batches=16)
   c.mesh.ici = (1, -1, 1)  # FSDP over the slice; DCN data parallelism across slices
   return c

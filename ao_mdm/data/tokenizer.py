@@ -7,7 +7,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import sentencepiece as spm
 
-TOKENIZERS = ("sentencepiece",)
+TOKENIZERS = ("sentencepiece", "gpt2")
 VOCAB_MULTIPLE = 128
 # SentencePiece skips training lines longer than this many bytes; longer pieces are cut.
 _MAX_SENTENCE_BYTES = 4096
@@ -128,6 +128,12 @@ def get_tokenizer(data_config: Any, vocab_size: int, cache_dir: str) -> Tokenize
   name = data_config.tokenizer
   if name not in TOKENIZERS:
     raise ValueError(f"unknown tokenizer {name!r}; accepted: {', '.join(TOKENIZERS)}")
+  if name == "gpt2":  # fixed files shipped in the package: no training, no cache
+    from ao_mdm.data import gpt2  # pylint: disable=g-import-not-at-top
+    if vocab_size < gpt2.VOCAB_SIZE:
+      raise ValueError(f"vocab_size {vocab_size} is too small for the gpt2 tokenizer; expected "
+                       f">= {gpt2.VOCAB_SIZE} (the paper pads to 50304)")
+    return gpt2.GPT2Tokenizer()
   check_vocab_size(vocab_size)
   path = os.path.join(cache_dir, "tokenizer", f"sp_{_dataset_tag(data_config)}_{vocab_size}.model")
   if not os.path.isfile(path):
