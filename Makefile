@@ -16,6 +16,9 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/ao-mdm train --config=configs/tiny.py --workdir=runs/demo
+	$(BIN)/ao-mdm sample --checkpoint=runs/demo --num_samples=1 --steps=32 --top_p=0.9 --seed=1
+	$(BIN)/ao-mdm sample --checkpoint=runs/demo --num_samples=1 --steps=32 --top_p=0.9 --seed=2 \
+	  --prompt="Fellow citizens of the Senate and House of Representatives:"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

@@ -33,7 +33,7 @@ setup(
     python_requires=">=3.11,<3.12",
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": ["pytest==9.2.0", "scipy==1.17.1"],
+        "test": ["pytest==9.2.0", "scipy==1.17.1", "torch==2.13.0"],
         "tpu": ["libtpu==0.0.42.1"],
         "torch": ["torch==2.13.0"],
     },

@@ -78,3 +78,53 @@ def bench_sample(config: ml_collections.ConfigDict) -> dict:
           f"= {row['no_cache_over_sampler']:.1f}x the sampler", flush=True)
   print(json.dumps(results), flush=True)
   return results
+
+
+def matmul_peak(size: int, dtype: Any, repeats: int = 5) -> float:
+  """Measured FLOP/s of one device on an N x N x N matmul (best of `repeats`)."""
+  a = jax.random.normal(jax.random.key(0), (size, size), dtype)
+  dot = jax.jit(lambda x: x @ x)
+  jax.block_until_ready(dot(a))
+  best = min(_timed(lambda: dot(a), 1) for _ in range(repeats))
+  return 2.0 * size**3 / best
+
+
+def bench_train(config: ml_collections.ConfigDict) -> dict:
+  """Steady-state step time, tokens/s and MFU of the sharded train step; prints JSON."""
+  from ao_mdm import sharding, train  # pylint: disable=g-import-not-at-top
+  train.validate_train_config(config)
+  mesh = sharding.make_mesh(config.mesh)
+  axis_rules = sharding.rules(config.mesh)
+  shardings = train.state_shardings(config, mesh, axis_rules)
+  state = train.create_state(config, mesh, axis_rules)
+  step = train.jit_train_step(config, mesh, axis_rules, shardings)
+  b, t = config.train.batch_size, config.model.block_size
+  tokens = sharding.global_batch(
+      np.random.default_rng(0).integers(0, config.model.vocab_size, (b, t)).astype(np.int32)[
+          :b // jax.process_count()], sharding.batch_sharding(mesh, axis_rules))
+  start = time.perf_counter()
+  for _ in range(2):
+    state, metrics = step(state, tokens)
+  jax.block_until_ready(metrics)
+  warmup_s = time.perf_counter() - start
+  times = []
+  for _ in range(int(config.bench.repeats)):
+    start = time.perf_counter()
+    state, metrics = step(state, tokens)
+    jax.block_until_ready(metrics)
+    times.append(time.perf_counter() - start)
+  step_s = statistics.median(times)
+  n_params = model_lib.count_params(state.params)
+  flops_per_token = model_lib.flops_per_token(config.model, n_params)
+  peak = matmul_peak(int(config.bench.matmul_size), model_lib.DTYPES[config.model.dtype])
+  tokens_per_s = b * t / step_s
+  result = {"tokens_per_s": tokens_per_s,
+            "mfu": flops_per_token * tokens_per_s / (peak * jax.device_count()),
+            "matmul_peak_flops": peak, "step_s": step_s, "warmup_and_compile_s": warmup_s,
+            "flops_per_token": flops_per_token, "params": n_params, "devices": jax.device_count(),
+            "batch_size": b, "block_size": t}
+  print(f"train step: {step_s * 1e3:.1f} ms, {tokens_per_s:.0f} tokens/s, "
+        f"MFU {result['mfu']:.1%} of the measured matmul peak {peak / 1e9:.1f} GFLOP/s "
+        f"per device ({jax.device_count()} devices)", flush=True)
+  print(json.dumps(result), flush=True)
+  return result

@@ -117,6 +117,7 @@ def export(path: str, out: str, weights: str = "ema") -> str:
 # -------------------------------------------------------------------------------------------------
 import importlib.util  # pylint: disable=g-import-not-at-top,wrong-import-position
 import re  # pylint: disable=g-import-not-at-top,wrong-import-position
+import zipfile  # pylint: disable=g-import-not-at-top,wrong-import-position
 from typing import NamedTuple  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import flax.linen as nn  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -236,7 +237,8 @@ def to_torch_state_dict(params: Any, config: ml_collections.ConfigDict) -> dict[
   out = {}
   for row in _reference_layout(cfg):
     x = np.asarray(flat[row.path], np.float32)
-    out[row.key] = np.ascontiguousarray(_to_reference(row, x if row.layer is None else x[row.layer]))
+    x = x if row.layer is None else x[row.layer]
+    out[row.key] = np.ascontiguousarray(_to_reference(row, x))
   return out
 
 
@@ -256,7 +258,8 @@ def _load_torch_checkpoint(path: str) -> dict:
   if not os.path.isfile(path):
     raise FileNotFoundError(f"no reference checkpoint file at {path!r}")
   try:
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    # mmap (zip-format files): only the tensors used are read, not the optimizer state.
+    ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=zipfile.is_zipfile(path))
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f"{path!r} is not a PyTorch checkpoint torch.load can read: {e}") from e
   if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict) or not isinstance(
@@ -356,10 +359,15 @@ def _tensors(ckpt: dict, rows: list[_Row], weights: str, path: str) -> dict[str,
   return {r.key: s for r, s in zip(params, shadow)}
 
 
-def _write_params_export(out: str, config: ml_collections.ConfigDict, params: Any) -> str:
-  """Write `<out>/0/{params, config}` (the `export` format) via a temporary directory."""
+def _check_out(out: str) -> None:
+  """Refuse an output path that holds something already."""
   if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
     raise FileExistsError(f"--out {out!r} exists and is not an empty directory")
+
+
+def _write_params_export(out: str, config: ml_collections.ConfigDict, params: Any) -> str:
+  """Write `<out>/0/{params, config}` (the `export` format) via a temporary directory."""
+  _check_out(out)
   out = os.path.abspath(out)
   tmp = f"{out}.tmp{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)
@@ -384,6 +392,7 @@ def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optio
     raise ValueError(f"weights={weights!r}; accepted: {', '.join(TORCH_WEIGHTS)}")
   if variant not in (None, "ao", "sigma"):
     raise ValueError(f"variant={variant!r}; accepted: ao, sigma (or None to detect it)")
+  _check_out(out)
   from ao_mdm import model as model_lib  # pylint: disable=g-import-not-at-top
   ckpt = _load_torch_checkpoint(checkpoint)
   state = _strip_prefix(ckpt["model"], checkpoint)

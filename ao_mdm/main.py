@@ -11,9 +11,14 @@ COMMANDS = {
     "tokenizer": "train a SentencePiece tokenizer: --corpus=sotu|PATH --vocab_size=N --out=DIR",
     "export": "write the EMA params alone: --workdir=DIR --out=DIR [--weights=ema|params]",
     "sample": "sample texts: --checkpoint=DIR [--prompt=TEXT | --infill='a [MASK] b'] [--steps=64 ...]",
-    "bench": "benchmarks: `bench sample --config=configs/bench_sampler.py`",
+    "eval": "perplexities: --checkpoint=DIR [--datasets=sotu,wikitext2 | --text_file=PATH] "
+            "[--orders=K --ensemble=8,64]; or --generated=FILE.jsonl --scorer=DIR",
+    "import-torch": "convert a reference PyTorch checkpoint: --checkpoint=ckpt.pt --out=DIR "
+                    "[--weights=ema|model] [--variant=ao|sigma]",
+    "bench": "benchmarks: `bench sample --config=configs/bench_sampler.py`, "
+             "`bench train --config=configs/bench_train.py`",
 }
-BENCHES = ("sample",)
+BENCHES = ("sample", "train")
 FLAGS = flags.FLAGS
 
 
@@ -24,7 +29,10 @@ def _define_flags() -> None:
   flags.DEFINE_string("out", None, "Output path.")
   flags.DEFINE_string("corpus", "sotu", "Dataset registry name or a local text file.")
   flags.DEFINE_integer("vocab_size", 2048, "Tokenizer vocab size (a multiple of 128).")
-  flags.DEFINE_enum("weights", "ema", ["ema", "params"], "Which params to export or load.")
+  flags.DEFINE_enum("weights", "ema", ["ema", "params", "model"],
+                    "Which params: ema | params (training work dirs), ema | model (import-torch).")
+  flags.DEFINE_enum("variant", None, ["ao", "sigma"], "import-torch: model variant (default: "
+                    "detected from the keys).")
   flags.DEFINE_string("checkpoint", None, "A training work dir or an export.")
   flags.DEFINE_string("prompt", "", "sample: text the samples start with.")
   flags.DEFINE_string("infill", "", "sample: text with [MASK] spans to fill in.")
@@ -38,6 +46,14 @@ def _define_flags() -> None:
   flags.DEFINE_integer("num_samples", 4, "sample: how many samples.")
   flags.DEFINE_integer("batch_size", 4, "sample: samples per batch.")
   flags.DEFINE_integer("seed", 0, "Random seed.")
+  flags.DEFINE_string("datasets", "sotu", "eval: comma-separated dataset registry names.")
+  flags.DEFINE_string("text_file", None, "eval: a local UTF-8 text file (one document per line).")
+  flags.DEFINE_string("split", "validation", "eval: dataset split.")
+  flags.DEFINE_integer("orders", 4, "eval: random orders per sequence for any-order perplexity.")
+  flags.DEFINE_string("ensemble", "", "eval: context-order ensemble sizes M, e.g. 8,64.")
+  flags.DEFINE_integer("max_blocks", 64, "eval: at most this many blocks per dataset (0: all).")
+  flags.DEFINE_string("generated", None, "eval: samples (ao-mdm sample --out) to score.")
+  flags.DEFINE_string("scorer", None, "eval: checkpoint that scores --generated samples (L2R).")
   flags.DEFINE_string("init_from", None, "train: start from the params of an export or import.")
   flags.DEFINE_string("coordinator", None, "Multi-process: coordinator HOST:PORT (process 0).")
   flags.DEFINE_integer("num_processes", None, "Multi-process: number of processes.")
@@ -87,7 +103,7 @@ def _export() -> None:
 def _bench(what: str) -> None:
   from ao_mdm import bench
   _require(config=FLAGS.config)
-  {"sample": bench.bench_sample}[what](FLAGS.config)
+  {"sample": bench.bench_sample, "train": bench.bench_train}[what](FLAGS.config)
 
 
 def _sample() -> None:
@@ -106,10 +122,11 @@ def _sample() -> None:
   positions, ids = sampling.layout_known(tokenizer.encode, config.model.block_size, FLAGS.prompt,
                                          FLAGS.infill, FLAGS.infill_span)
   records = []
-  batches = range(0, FLAGS.num_samples, FLAGS.batch_size)
+  batch_size = min(FLAGS.batch_size, FLAGS.num_samples)
+  batches = range(0, FLAGS.num_samples, batch_size)
   for start in tqdm.tqdm(batches, desc="sampling", unit="batch", disable=len(batches) < 2):
     out = sampling.sample(
-        params, config.model, batch_size=FLAGS.batch_size, steps=FLAGS.steps,
+        params, config.model, batch_size=batch_size, steps=FLAGS.steps,
         schedule=FLAGS.schedule, temperature=FLAGS.temperature, top_p=FLAGS.top_p,
         top_k=FLAGS.top_k, seed=FLAGS.seed + start, known_positions=positions, known_tokens=ids,
         order=FLAGS.order)
@@ -130,6 +147,75 @@ def _sample() -> None:
     print(f"wrote {len(records)} samples to {FLAGS.out}")
 
 
+def _import_torch() -> None:
+  from ao_mdm import checkpoints
+  _require(checkpoint=FLAGS.checkpoint, out=FLAGS.out)
+  if FLAGS.weights not in ("ema", "model"):
+    raise app.UsageError(f"--weights={FLAGS.weights}; import-torch accepts ema or model")
+  checkpoints.import_torch(FLAGS.checkpoint, FLAGS.out, FLAGS.weights, FLAGS.variant)
+  print(f"wrote {FLAGS.out}")
+
+
+def _eval() -> None:
+  import json
+  import time
+  import tqdm
+  from ao_mdm import checkpoints, evaluation
+  from ao_mdm.data import datasets, pipeline, tokenizer as tok_lib
+  if FLAGS.generated:
+    _require(scorer=FLAGS.scorer)
+    config, params = checkpoints.load_params(FLAGS.scorer, FLAGS.weights)
+    scorer = evaluation.Scorer(params, config.model, config.mesh)
+    with open(FLAGS.generated) as f:
+      samples = [json.loads(line)["tokens"] for line in f if line.strip()]
+    start = time.perf_counter()
+    result = evaluation.generative_perplexity(scorer, samples, FLAGS.batch_size)
+    result["seconds"] = time.perf_counter() - start
+    print(f"generative perplexity {result['gen_ppl']:.2f} (median {result['gen_ppl_median']:.2f}), "
+          f"unigram entropy {result['unigram_entropy']:.3f} nats, {result['samples']} samples")
+    print(json.dumps(result))
+    return
+  _require(checkpoint=FLAGS.checkpoint)
+  config, params = checkpoints.load_params(FLAGS.checkpoint, FLAGS.weights)
+  tokenizer = tok_lib.get_tokenizer(config.data, config.model.vocab_size, FLAGS.checkpoint)
+  tok_lib.check_vocab(tokenizer, config.model.vocab_size)
+  scorer = evaluation.Scorer(params, config.model, config.mesh)
+  ensemble = [int(m) for m in FLAGS.ensemble.split(",") if m.strip()]
+  t = config.model.block_size
+  named = {}
+  if FLAGS.text_file:
+    docs = datasets.read_text_documents(FLAGS.text_file)
+    token_lists = [tokenizer.encode(d) for d in docs]
+    blocks = pipeline.pack_documents(token_lists, tokenizer.eos_id, t)
+    if len(blocks) == 0:
+      raise app.UsageError(f"{FLAGS.text_file} has {sum(len(x) + 1 for x in token_lists)} tokens "
+                           f"(EOS included); at least block_size={t} are needed for one block")
+    named[FLAGS.text_file] = blocks
+  else:
+    tfds_dir = datasets.resolve_tfds_dir(config.data.tfds_dir)
+    for name in [d.strip() for d in FLAGS.datasets.split(",") if d.strip()]:
+      data_cfg = config.data.copy_and_resolve_references()
+      data_cfg.dataset = name
+      named[name] = pipeline.eval_blocks(data_cfg, tokenizer, block_size=t, split=FLAGS.split,
+                                         tfds_dir=tfds_dir, max_blocks=FLAGS.max_blocks or None)
+  results = {}
+  for name, blocks in named.items():
+    start = time.perf_counter()
+    with tqdm.tqdm(total=len(blocks), desc=f"eval {name}", unit="block") as bar:
+      r = evaluation.evaluate_blocks(scorer, blocks, orders=FLAGS.orders, ensemble=ensemble,
+                                     batch_size=FLAGS.batch_size, seed=FLAGS.seed,
+                                     progress=bar.update)
+    r["seconds"] = time.perf_counter() - start
+    results[name] = r
+  print(f"{'dataset':<24} {'tokens':>8} {'L2R ppl':>9} {'any-order ppl':>16} "
+        + " ".join(f"{'ens M=' + str(m):>10}" for m in ensemble))
+  for name, r in results.items():
+    print(f"{name[-24:]:<24} {r['tokens']:>8} {r['l2r_ppl']:>9.2f} "
+          f"{r['any_order_ppl']:>9.2f} +-{r['any_order_se']:<5.2f}"
+          + " ".join(f"{r['ensemble_ppl'][str(m)]:>10.2f}" for m in ensemble))
+  print(json.dumps(results))
+
+
 def _usage() -> str:
   lines = ["usage: ao-mdm COMMAND [--flags]", "", "commands:"]
   lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
@@ -144,7 +230,7 @@ def run() -> None:
   command, rest = sys.argv[1], sys.argv[2:]
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (TensorBoard writer) start-up noise
   handler = {"train": _train, "info": _info, "tokenizer": _tokenizer, "export": _export,
-             "sample": _sample}.get(command)
+             "sample": _sample, "import-torch": _import_torch, "eval": _eval}.get(command)
   if command == "bench":
     if not rest or rest[0] not in BENCHES:
       print(f"usage: ao-mdm bench {{{'|'.join(BENCHES)}}} --config=...", file=sys.stderr)

@@ -220,12 +220,16 @@ class AOGPT(nn.Module):
     return nn.with_logical_constraint(out.astype(jnp.float32), ("batch", "length", "vocab"))
 
   def __call__(self, tokens_BT, order_BT):
-    """Training forward: logits_BTV where slot s predicts the token at position order[s]."""
+    """Training forward: logits where slot s predicts the token at position order[s].
+
+    The order may stop early (L <= T slots, e.g. to score a target without later slots).
+    """
     if tokens_BT.ndim != 2 or tokens_BT.shape[1] > self.cfg.block_size:
       raise ValueError(f"tokens have shape {tuple(tokens_BT.shape)}; expected [batch, T] with "
                        f"T <= model.block_size={self.cfg.block_size}")
-    if order_BT.shape != tokens_BT.shape:
-      raise ValueError(f"order shape {tuple(order_BT.shape)} != tokens shape {tuple(tokens_BT.shape)}")
+    if order_BT.shape[0] != tokens_BT.shape[0] or order_BT.shape[1] > tokens_BT.shape[1]:
+      raise ValueError(f"order shape {tuple(order_BT.shape)} does not fit tokens shape "
+                       f"{tuple(tokens_BT.shape)}: an order may cover fewer slots, not more")
     prev_tok_BT, prev_pos_BT = slot_inputs(tokens_BT, order_BT)
     x_BTD, c_BTC = self.embed(prev_tok_BT, prev_pos_BT, order_BT)
     h_BTD, kv = self.stack(x_BTD, c_BTC)

@@ -1,0 +1,177 @@
+"""Perplexities (L2R, any-order, context-order ensemble) and generative perplexity (DESIGN 3).
+
+All NLLs are in nats per token; a perplexity is exp(mean NLL) over every scored token.
+"""
+import functools
+import math
+from typing import Any, Callable, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from ao_mdm import model as model_lib
+from ao_mdm import orders as orders_lib
+from ao_mdm import sharding
+
+ENSEMBLE_BUCKETS = 8  # slot-count buckets for the truncated ensemble forwards
+
+
+class Scorer:
+  """Jitted per-slot NLLs of a model on a mesh: params replicated or sharded by the rules."""
+
+  def __init__(self, params: Any, cfg: ml_collections.ConfigDict, mesh_cfg=None):
+    self.cfg = cfg
+    self.model = model_lib.make_model(cfg)
+    mesh_cfg = mesh_cfg or _single_mesh_config()
+    self.mesh = sharding.make_mesh(mesh_cfg)
+    self.rules = sharding.rules(mesh_cfg)
+    boxed = jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.key(0)))
+    self.params = jax.device_put(params, sharding.logical_shardings(boxed, self.mesh, self.rules))
+    self.dp = sharding.data_parallel_size(self.mesh, self.rules)
+
+  @functools.cached_property
+  def _nll(self) -> Callable:
+    def nll(params, tokens_BT, order_BL):
+      logits = self.model.apply({"params": params}, tokens_BT, order_BL)
+      return optax.softmax_cross_entropy_with_integer_labels(
+          logits, model_lib.slot_labels(tokens_BT, order_BL))
+    return jax.jit(nll)
+
+  def slot_nll(self, tokens_BT: np.ndarray, order_BL: np.ndarray) -> np.ndarray:
+    """[B, L] NLL of slot s (target order[s]) given the tokens at order[:s]; L <= T slots."""
+    b = len(tokens_BT)
+    pad = -b % self.dp  # the batch is split over the data axes: pad it to a multiple
+    if pad:
+      tokens_BT = np.concatenate([tokens_BT, np.repeat(tokens_BT[:1], pad, 0)])
+      order_BL = np.concatenate([order_BL, np.repeat(order_BL[:1], pad, 0)])
+    batch = sharding.batch_sharding(self.mesh, self.rules)
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      out = self._nll(self.params, jax.device_put(jnp.asarray(tokens_BT, jnp.int32), batch),
+                      jax.device_put(jnp.asarray(order_BL, jnp.int32), batch))
+    return np.asarray(jax.device_get(out), np.float64)[:b]
+
+
+def _single_mesh_config() -> ml_collections.ConfigDict:
+  from ao_mdm.config import base_config  # pylint: disable=g-import-not-at-top
+  return base_config().mesh
+
+
+def l2r_nll(scorer: Scorer, tokens_BT: np.ndarray) -> np.ndarray:
+  """[B, T] NLL of each token under the identity order."""
+  b, t = tokens_BT.shape
+  return scorer.slot_nll(tokens_BT, np.broadcast_to(np.arange(t), (b, t)))
+
+
+def random_orders(seed: int, b: int, t: int) -> np.ndarray:
+  return np.array(orders_lib.random_orders(jax.random.key(seed), b, t))
+
+
+def ensemble_nll(scorer: Scorer, tokens_BT: np.ndarray, order_BT: np.ndarray, m: int,
+                 seed: int, max_rows: int = 256) -> tuple[np.ndarray, dict]:
+  """[B, T] context-order ensemble NLL (paper eq. 7) per slot of `order_BT`, and its cost.
+
+  For the target at slot i, the context set order[:i] is reshuffled m - 1 times; the target's
+  probability is averaged over the m orders (the original included). Each reshuffled forward
+  stops at slot i (slot counts rounded up to ENSEMBLE_BUCKETS sizes), and the reshuffles of many
+  targets run in one batch.
+  """
+  if m < 1:
+    raise ValueError(f"ensemble size M={m} must be >= 1")
+  b, t = tokens_BT.shape
+  logp_BTM = np.empty((b, t, m))
+  logp_BTM[:, :, 0] = -scorer.slot_nll(tokens_BT, order_BT)
+  rng = np.random.default_rng(seed)
+  bounds = sorted({-(-t * g // ENSEMBLE_BUCKETS) for g in range(1, ENSEMBLE_BUCKETS + 1)})
+  slots_computed = b * t  # the original order: one full forward
+  for lo, hi in zip([0] + bounds[:-1], bounds):
+    jobs = [(bi, i, r) for i in range(lo, min(hi, t)) for bi in range(b) for r in range(1, m)]
+    for start in range(0, len(jobs), max_rows):
+      chunk = jobs[start:start + max_rows]
+      order_NL = np.empty((len(chunk), hi), np.int32)
+      for row, (bi, i, _) in enumerate(chunk):
+        order_NL[row, :i] = rng.permutation(np.array(order_BT[bi, :i]))
+        order_NL[row, i:] = order_BT[bi, i:hi]  # slot i holds the target; later slots unused
+      nll = scorer.slot_nll(tokens_BT[[bi for bi, _, _ in chunk]], order_NL)
+      for row, (bi, i, r) in enumerate(chunk):
+        logp_BTM[bi, i, r] = -nll[row, i]
+      slots_computed += len(chunk) * hi
+  # -log(mean_m p_m), computed stably from log-probabilities.
+  top = logp_BTM.max(-1, keepdims=True)
+  ens = -(top[..., 0] + np.log(np.mean(np.exp(logp_BTM - top), axis=-1)))
+  cost = {"slot_forwards": slots_computed, "full_forward_equivalents_per_target":
+          slots_computed / (b * t) / t}
+  return ens, cost
+
+
+def evaluate_blocks(scorer: Scorer, blocks_NT: np.ndarray, *, orders: int = 1,
+                    ensemble: Sequence[int] = (), batch_size: int = 8, seed: int = 0,
+                    progress: Optional[Callable] = None) -> dict:
+  """L2R, any-order (K random orders, with standard error) and ensemble perplexities."""
+  if orders < 1:
+    raise ValueError(f"orders={orders} must be >= 1")
+  if batch_size < 1:
+    raise ValueError(f"batch_size={batch_size} must be >= 1")
+  n, t = blocks_NT.shape
+  l2r, any_order, ens = [], [], {m: [] for m in ensemble}
+  cost = {m: 0.0 for m in ensemble}
+  for start in range(0, n, batch_size):
+    tokens = blocks_NT[start:start + batch_size]
+    b = len(tokens)
+    l2r.append(l2r_nll(scorer, tokens).mean(1))
+    per_order = []
+    for k in range(orders):
+      order = random_orders(seed * 1_000_003 + start * orders + k, b, t)
+      per_order.append(scorer.slot_nll(tokens, order).mean(1))
+      if k == 0:
+        for m in ensemble:
+          e, c = ensemble_nll(scorer, tokens, order, m, seed + start)
+          ens[m].append(e.mean(1))
+          cost[m] += c["full_forward_equivalents_per_target"] * b
+    any_order.append(np.stack(per_order, 1))
+    if progress:
+      progress(b)
+  l2r = np.concatenate(l2r)
+  ao = np.concatenate(any_order)  # [N, K]
+  # Standard error of the any-order mean NLL over sequences (each averaged over its K orders).
+  se_nll = ao.mean(1).std(ddof=1) / math.sqrt(n) if n > 1 else float("nan")
+  out = {"l2r_ppl": math.exp(l2r.mean()), "l2r_nll": float(l2r.mean()),
+         "any_order_ppl": math.exp(ao.mean()), "any_order_nll": float(ao.mean()),
+         "any_order_se": math.exp(ao.mean()) * se_nll,  # delta method, in perplexity units
+         "any_order_nll_se": float(se_nll), "orders": orders, "tokens": int(n * t),
+         "sequences": int(n)}
+  if ensemble:
+    out["ensemble_ppl"] = {str(m): math.exp(np.concatenate(ens[m]).mean()) for m in ensemble}
+    out["ensemble_cost_full_forwards_per_target"] = {str(m): cost[m] / n for m in ensemble}
+  return out
+
+
+def unigram_entropy(ids: Sequence[int]) -> float:
+  """Entropy (nats) of a sample's token frequencies: low values expose repetition."""
+  _, counts = np.unique(np.asarray(ids), return_counts=True)
+  p = counts / counts.sum()
+  return float(-(p * np.log(p)).sum())
+
+
+def generative_perplexity(scorer: Scorer, samples: Sequence[Sequence[int]],
+                          batch_size: int = 8) -> dict:
+  """Per-sample L2R perplexity exp(mean NLL) under the scorer, averaged over samples."""
+  t = scorer.cfg.block_size
+  lengths = {len(s) for s in samples}
+  if not samples or len(lengths) != 1 or lengths.pop() > t:
+    raise ValueError(f"samples must be non-empty, of equal length and at most the scorer's "
+                     f"block_size={t} tokens")
+  ids = np.asarray(samples, np.int32)
+  if ids.max() >= scorer.cfg.vocab_size:
+    raise ValueError(f"sample token id {ids.max()} is outside the scorer's vocab "
+                     f"{scorer.cfg.vocab_size}")
+  ppl = []
+  for start in range(0, len(ids), batch_size):
+    ppl.append(np.exp(l2r_nll(scorer, ids[start:start + batch_size]).mean(1)))
+  ppl = np.concatenate(ppl)
+  entropy = np.asarray([unigram_entropy(s) for s in ids])
+  return {"gen_ppl": float(ppl.mean()), "gen_ppl_median": float(np.median(ppl)),
+          "unigram_entropy": float(entropy.mean()), "samples": len(ids)}

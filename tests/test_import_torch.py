@@ -1,0 +1,255 @@
+"""Tests for the import of reference PyTorch checkpoints (ao_mdm.checkpoints.import_torch).
+
+The reference forward below is written from scxue/AO-GPT-MDM (model_AOGPT_..._qknorm.py and
+model_sigmaGPT.py `forward_fn`) in functional form, so the key mapping is checked against the
+reference computation, not only against its own inverse.
+"""
+import flax
+import jax
+import numpy as np
+import pytest
+
+from ao_mdm import checkpoints
+from ao_mdm import model as model_lib
+from ao_mdm.config import base_config
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+
+def _config(variant: str, block_size: int = 12, vocab_size: int = 96):
+  c = base_config()
+  c.model.update(variant=variant, vocab_size=vocab_size, block_size=block_size, n_layer=2,
+                 n_head=2, n_embd=16, cond_dim=8)
+  c.data.update(dataset="openwebtext", tokenizer="gpt2")
+  return c
+
+
+def _params(config, seed: int) -> dict:
+  """A random model of ours: every leaf random (norm scales near 1, biases non-zero)."""
+  shapes = flax.linen.unbox(jax.eval_shape(
+      lambda: model_lib.init_params(config.model, jax.random.key(0))))
+  rng = np.random.default_rng(seed)
+  flat = {path: (path[-1] == "scale") + rng.normal(0, 0.1, a.shape).astype(np.float32)
+          for path, a in flax.traverse_util.flatten_dict(shapes).items()}
+  return flax.traverse_util.unflatten_dict(flat)
+
+
+def _reference_checkpoint(config, params, ema_params, bias: bool = True) -> dict:
+  """A full reference checkpoint dict as train_AOGPT_CL.py saves it."""
+  sd = {k: torch.from_numpy(v) for k, v in checkpoints.to_torch_state_dict(params, config).items()}
+  if config.model.variant == "sigma":
+    sd["lm_head.weight"] = sd["transformer.wte.weight"]  # tied: one tensor, two keys
+  model = {(f"_orig_mod.{k}" if i % 2 else k): v for i, (k, v) in enumerate(sd.items())}
+  ema_sd = checkpoints.to_torch_state_dict(ema_params, config)
+  shadow = [torch.from_numpy(v) for k, v in ema_sd.items()
+            if not (config.model.variant == "sigma" and k == "lm_head.weight")]
+  m = config.model
+  model_args = dict(n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
+                    block_size=m.block_size, bias=bias, vocab_size=m.vocab_size, dropout=0.0)
+  return {"model": model, "ema_model": {"decay": 0.9999, "num_updates": 7, "shadow_params": shadow},
+          "ema_rate": 0.9999, "model_args": model_args, "optimizer": {}, "iter_num": 7,
+          "config": {"learning_rate": 6e-4}}
+
+
+def _reference_forward(sd: dict, tokens, order, variant: str, n_head: int) -> np.ndarray:
+  """The reference model's logits over its T+1 slots with the last one dropped: [B, T, V]."""
+  w = {k: torch.as_tensor(np.asarray(v)) for k, v in sd.items()}
+  idx, orders = torch.as_tensor(tokens), torch.as_tensor(order)
+  b, t = idx.shape
+  ao = variant == "ao"
+  tok = torch.cat([w["transformer.wnonee.weight"][0].expand(b, 1, -1),
+                   w["transformer.wte.weight"][torch.gather(idx, 1, orders)]], 1)
+  wpe = w["transformer.wpe.weight"]
+  pos = torch.cat([wpe[:1].expand(b, 1, -1), wpe[1:][orders]], 1)
+  tgt = w["transformer.wtpe.weight"][orders]
+  tgt = torch.cat([tgt, torch.zeros_like(tgt[:, :1])], 1)
+  x = tok + pos + (0 if ao else tgt)
+  d = x.shape[-1]
+  k_dim = d // n_head
+
+  def norm(y, name, dim):
+    if ao:
+      return F.rms_norm(y, (dim,), w[name + ".weight"], 1e-5)
+    return F.layer_norm(y, (dim,), w[name + ".weight"], w[name + ".bias"], 1e-5)
+
+  def linear(y, name):
+    return F.linear(y, w[name + ".weight"], w.get(name + ".bias"))
+
+  n_layer = len({k.split(".")[2] for k in w if k.startswith("transformer.h.")})
+  for i in range(n_layer):
+    p = f"transformer.h.{i}."
+    mods = linear(F.silu(tgt), p + "adaLN.1").chunk(6, -1) if ao else (0, 0, 1, 0, 0, 1)
+    shift1, scale1, gate1, shift2, scale2, gate2 = mods
+    y = norm(x, p + "ln_1", d) * (1 + scale1) + shift1
+    q, k, v = [z.view(b, t + 1, n_head, k_dim).transpose(1, 2)
+               for z in linear(y, p + "attn.c_attn").split(d, dim=2)]
+    if ao:
+      q, k = norm(q, p + "attn.q_norm", k_dim), norm(k, p + "attn.k_norm", k_dim)
+    a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+    x = x + gate1 * linear(a.reshape(b, t + 1, d), p + "attn.c_proj")
+    y = norm(x, p + "ln_2", d) * (1 + scale2) + shift2
+    x = x + gate2 * linear(F.gelu(linear(y, p + "mlp.c_fc")), p + "mlp.c_proj")
+  if ao:
+    shift, scale = linear(F.silu(tgt), "transformer.final_layer.adaLN_final.1").chunk(2, -1)
+    x = norm(x, "transformer.final_layer.ln_f", d) * (1 + scale) + shift
+  else:
+    x = norm(x, "transformer.ln_f", d)
+  return linear(x, "lm_head")[:, :-1].numpy()
+
+
+def _batch(config, seed: int = 0):
+  rng = np.random.default_rng(seed)
+  b, t = 3, config.model.block_size
+  tokens = rng.integers(0, config.model.vocab_size, (b, t)).astype(np.int32)
+  order = np.stack([rng.permutation(t) for _ in range(b)]).astype(np.int32)
+  return tokens, order
+
+
+def _assert_params_equal(got, want):
+  got = flax.traverse_util.flatten_dict(jax.device_get(got), sep="/")
+  want = flax.traverse_util.flatten_dict(want, sep="/")
+  assert sorted(got) == sorted(want)
+  for key in want:
+    np.testing.assert_array_equal(np.asarray(got[key]), want[key], err_msg=key)
+
+
+def _save(tmp_path, ckpt, name="ckpt.pt") -> str:
+  path = str(tmp_path / name)
+  torch.save(ckpt, path)
+  return path
+
+
+@pytest.mark.parametrize("variant", ["ao", "sigma"])
+@pytest.mark.parametrize("weights", ["model", "ema"])
+def test_import_matches_params_and_reference_forward(tmp_path, variant, weights):
+  config = _config(variant)
+  params, ema = _params(config, 1), _params(config, 2)
+  path = _save(tmp_path, _reference_checkpoint(config, params, ema))
+  out = str(tmp_path / "export")
+  got_config, got = checkpoints.import_torch(path, out, weights=weights, config=config)
+  want = params if weights == "model" else ema
+  _assert_params_equal(got, want)
+  assert got_config.model.to_dict() == config.model.to_dict()
+
+  loaded_config, loaded = checkpoints.load_params(out)  # the export round trip is the identity
+  _assert_params_equal(loaded, want)
+  assert loaded_config.model.to_dict() == got_config.model.to_dict()
+  assert loaded_config.data.tokenizer == "gpt2"
+
+  tokens, order = _batch(config)
+  logits = model_lib.make_model(config.model).apply({"params": loaded}, tokens, order)
+  sd = checkpoints.to_torch_state_dict(want, config)
+  reference = _reference_forward(sd, tokens, order, variant, config.model.n_head)
+  np.testing.assert_allclose(np.asarray(logits), reference, rtol=1e-4, atol=1e-4)
+
+
+def test_model_args_bias_false(tmp_path):
+  config = _config("ao")
+  params = _params(config, 3)
+  for name in ("qkv", "attn_out", "mlp_in", "mlp_out"):  # the reference has no such biases
+    params["blocks"][name]["bias"] = np.zeros_like(params["blocks"][name]["bias"])
+  ckpt = _reference_checkpoint(config, params, params, bias=False)
+  ckpt["model"] = {k: v for k, v in ckpt["model"].items()
+                   if not k.endswith(("c_attn.bias", "c_proj.bias", "c_fc.bias"))}
+  ckpt["ema_model"]["shadow_params"] = list(ckpt["model"].values())
+  _, got = checkpoints.import_torch(_save(tmp_path, ckpt), str(tmp_path / "out"), "ema",
+                                    config=config)
+  _assert_params_equal(got, params)
+
+
+def test_config_follows_model_args(tmp_path, capsys):
+  ckpt_config = _config("sigma", block_size=12, vocab_size=96)
+  params = _params(ckpt_config, 4)
+  path = _save(tmp_path, _reference_checkpoint(ckpt_config, params, params))
+  given = _config("sigma", block_size=8, vocab_size=64)
+  got_config, got = checkpoints.import_torch(path, str(tmp_path / "out"), config=given)
+  printed = capsys.readouterr().out
+  assert "model.block_size 8 -> 12 from the checkpoint's model_args" in printed
+  assert "model.vocab_size 64 -> 96 from the checkpoint's model_args" in printed
+  assert (got_config.model.block_size, got_config.model.vocab_size) == (12, 96)
+  assert given.model.block_size == 8  # the given config is not modified
+  _assert_params_equal(got, params)
+
+
+@pytest.fixture(scope="module")
+def ao_checkpoint():
+  config = _config("ao")
+  return config, _reference_checkpoint(config, _params(config, 5), _params(config, 6))
+
+
+def _refused(tmp_path, ckpt, config, match, weights="ema", variant=None, error=ValueError):
+  out = tmp_path / "out"
+  with pytest.raises(error, match=match):
+    checkpoints.import_torch(_save(tmp_path, ckpt), str(out), weights, variant, config)
+  assert not out.exists()
+
+
+def test_missing_key_refused(tmp_path, ao_checkpoint):
+  config, ckpt = ao_checkpoint
+  model = {k: v for k, v in ckpt["model"].items() if not k.endswith("h.1.attn.k_norm.weight")}
+  _refused(tmp_path, {**ckpt, "model": model}, config,
+           r"missing key\(s\) transformer\.h\.1\.attn\.k_norm\.weight")
+
+
+def test_extra_key_refused(tmp_path, ao_checkpoint):
+  config, ckpt = ao_checkpoint
+  model = {**ckpt["model"], "_orig_mod.transformer.h.0.attn.rotary": torch.zeros(4)}
+  _refused(tmp_path, {**ckpt, "model": model}, config,
+           r"unexpected key\(s\) transformer\.h\.0\.attn\.rotary")
+
+
+def test_wrong_shape_refused(tmp_path, ao_checkpoint):
+  config, ckpt = ao_checkpoint
+  model = dict(ckpt["model"])
+  key = next(k for k in model if k.endswith("h.0.ln_2.weight"))
+  model[key] = torch.zeros(17)
+  _refused(tmp_path, {**ckpt, "model": model}, config,
+           r"transformer\.h\.0\.ln_2\.weight has shape \(17,\), expected \(16,\)")
+
+
+def test_wrong_ema_refused(tmp_path, ao_checkpoint):
+  config, ckpt = ao_checkpoint
+  shadow = list(ckpt["ema_model"]["shadow_params"])
+  n = len(shadow)
+  _refused(tmp_path, {**ckpt, "ema_model": {"shadow_params": shadow[:-1]}}, config,
+           f"shadow_params has {n - 1} tensors, expected {n}")
+  shadow[1] = torch.zeros(14, 16)
+  _refused(tmp_path, {**ckpt, "ema_model": {"shadow_params": shadow}}, config,
+           r"transformer\.wpe\.weight \(shadow_params\[1\]\) has shape \(14, 16\), "
+           r"expected \(13, 16\)")
+
+
+def test_not_a_checkpoint_refused(tmp_path, ao_checkpoint):
+  config, ckpt = ao_checkpoint
+  _refused(tmp_path, ckpt["model"], config, "expected a dict with 'model'")
+  text = tmp_path / "notes.txt"
+  text.write_text("not a checkpoint")
+  with pytest.raises(ValueError, match="not a PyTorch checkpoint"):
+    checkpoints.import_torch(str(text), str(tmp_path / "out"), config=config)
+  with pytest.raises(FileNotFoundError, match="no reference checkpoint file"):
+    checkpoints.import_torch(str(tmp_path / "absent.pt"), str(tmp_path / "out"), config=config)
+
+
+def test_variant_mismatch_and_bad_arguments_refused(tmp_path, ao_checkpoint):
+  config, ckpt = ao_checkpoint
+  _refused(tmp_path, ckpt, config, "variant='sigma' but .* has AdaLN keys", variant="sigma")
+  with pytest.raises(ValueError, match="weights='params'; accepted: ema, model"):
+    checkpoints.import_torch("x.pt", str(tmp_path / "out"), "params")
+
+
+def test_non_empty_out_refused(tmp_path, ao_checkpoint):
+  config, ckpt = ao_checkpoint
+  (tmp_path / "out").mkdir()
+  (tmp_path / "out" / "file").write_text("x")
+  with pytest.raises(FileExistsError, match="exists and is not an empty directory"):
+    checkpoints.import_torch(_save(tmp_path, ckpt), str(tmp_path / "out"), config=config)
+
+
+def test_untied_sigma_head_refused(tmp_path):
+  config = _config("sigma")
+  params = _params(config, 7)
+  ckpt = _reference_checkpoint(config, params, params)
+  ckpt["model"]["lm_head.weight"] = ckpt["model"]["lm_head.weight"] + 1.0
+  _refused(tmp_path, ckpt, config, "lm_head.weight differs from transformer.wte.weight",
+           weights="model")
