@@ -3,14 +3,20 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: demo test test-slow install clean
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip==25.3
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e .
 	touch $(STAMP)
+
+# Tests also need pytest, scipy, torch (import-torch) and libtpu (TPU ahead-of-time compiles).
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[test,tpu]"
+	touch $(TEST_STAMP)
 
 install: $(STAMP)
 
@@ -20,10 +26,10 @@ demo: $(STAMP)
 	$(BIN)/ao-mdm sample --checkpoint=runs/demo --num_samples=1 --steps=32 --top_p=0.9 --seed=2 \
 	  --prompt="Fellow citizens of the Senate and House of Representatives:"
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q tests
 
-test-slow: $(STAMP)
+test-slow: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m "slow or not slow" tests
 
 clean:

@@ -36,6 +36,7 @@ setup(
         "test": ["pytest==9.2.0", "scipy==1.17.1", "torch==2.13.0"],
         "tpu": ["libtpu==0.0.42.1"],
         "torch": ["torch==2.13.0"],
+        "repro": ["matplotlib==3.11.2"],  # plots of scripts/reproduce.py
     },
     entry_points={"console_scripts": ["ao-mdm=ao_mdm.main:run"]},
 )

@@ -68,10 +68,11 @@ def memory_gib(compiled) -> dict:
   return out
 
 
-def compile_for_topology(config: ml_collections.ConfigDict, topology: str) -> dict:
+def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
+                         name: str = "config") -> dict:
   """Compile the train step for `topology`; print and return per-device GiB and compile time.
 
-  Raises ValueError if the step needs more than the chip's HBM.
+  Raises ValueError (naming `name`) if the step needs more than the chip's HBM.
   """
   train.validate_train_config(config)
   devices = tpu_devices(topology)
@@ -83,15 +84,17 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str) -> di
     raise ValueError(f"train.batch_size={t.batch_size} must be divisible by the data-parallel "
                      f"size {dp} times train.microbatches={t.microbatches}")
   shardings = train.state_shardings(config, mesh, axis_rules)
-  boxed = jax.eval_shape(functools.partial(train._init_state, config), jax.random.key(0))  # pylint: disable=protected-access
+  init = functools.partial(train._init_state, config)  # pylint: disable=protected-access
+  boxed = jax.eval_shape(init, jax.random.key(0))
   state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                        nn.unbox(boxed), shardings)
   tokens = jax.ShapeDtypeStruct((t.batch_size, config.model.block_size), jnp.int32,
                                 sharding=sharding.batch_sharding(mesh, axis_rules))
   jitted = train.jit_train_step(config, mesh, axis_rules, shardings).jitted
   hbm = hbm_per_device_gib(devices)
-  what = (f"the train step (model L={config.model.n_layer} D={config.model.n_embd}, batch "
-          f"{t.batch_size}x{config.model.block_size}, train.microbatches={t.microbatches})")
+  what = (f"the train step of {name} (L={config.model.n_layer} D={config.model.n_embd}, "
+          f"batch {t.batch_size}x{config.model.block_size}, "
+          f"train.microbatches={t.microbatches})")
   advice = "raise train.microbatches or shard more (mesh.ici fsdp/tensor)"
   start = time.perf_counter()
   try:

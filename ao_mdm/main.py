@@ -15,6 +15,8 @@ COMMANDS = {
             "[--orders=K --ensemble=8,64]; or --generated=FILE.jsonl --scorer=DIR",
     "import-torch": "convert a reference PyTorch checkpoint: --checkpoint=ckpt.pt --out=DIR "
                     "[--weights=ema|model] [--variant=ao|sigma]",
+    "compile": "ahead-of-time compile of the train step for a TPU topology: --config=... "
+               "--topology=v5e:4x4",
     "bench": "benchmarks: `bench sample --config=configs/bench_sampler.py`, "
              "`bench train --config=configs/bench_train.py`",
 }
@@ -54,6 +56,7 @@ def _define_flags() -> None:
   flags.DEFINE_integer("max_blocks", 64, "eval: at most this many blocks per dataset (0: all).")
   flags.DEFINE_string("generated", None, "eval: samples (ao-mdm sample --out) to score.")
   flags.DEFINE_string("scorer", None, "eval: checkpoint that scores --generated samples (L2R).")
+  flags.DEFINE_string("topology", None, "compile: a TPU topology such as v5e:4x4.")
   flags.DEFINE_string("init_from", None, "train: start from the params of an export or import.")
   flags.DEFINE_string("coordinator", None, "Multi-process: coordinator HOST:PORT (process 0).")
   flags.DEFINE_integer("num_processes", None, "Multi-process: number of processes.")
@@ -216,6 +219,16 @@ def _eval() -> None:
   print(json.dumps(results))
 
 
+def _compile() -> None:
+  from ao_mdm import aot
+  _require(config=FLAGS.config, topology=FLAGS.topology)
+  try:
+    aot.compile_for_topology(FLAGS.config, FLAGS.topology, name=FLAGS["config"].config_filename)
+  except (ValueError, RuntimeError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
+
+
 def _usage() -> str:
   lines = ["usage: ao-mdm COMMAND [--flags]", "", "commands:"]
   lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
@@ -230,7 +243,8 @@ def run() -> None:
   command, rest = sys.argv[1], sys.argv[2:]
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (TensorBoard writer) start-up noise
   handler = {"train": _train, "info": _info, "tokenizer": _tokenizer, "export": _export,
-             "sample": _sample, "import-torch": _import_torch, "eval": _eval}.get(command)
+             "sample": _sample, "import-torch": _import_torch, "eval": _eval,
+             "compile": _compile}.get(command)
   if command == "bench":
     if not rest or rest[0] not in BENCHES:
       print(f"usage: ao-mdm bench {{{'|'.join(BENCHES)}}} --config=...", file=sys.stderr)

@@ -12,6 +12,9 @@ import jax.numpy as jnp
 import ml_collections
 
 VARIANTS = ("ao", "sigma")
+REMAT = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
+         "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+ATTENTION = ("xla", "cudnn")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 NORM_EPS = 1e-5
 
@@ -22,6 +25,10 @@ def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
     raise ValueError(f"model.variant={cfg.variant!r}; accepted: {', '.join(VARIANTS)}")
   if cfg.dtype not in DTYPES:
     raise ValueError(f"model.dtype={cfg.dtype!r}; accepted: {', '.join(DTYPES)}")
+  if cfg.remat not in REMAT:
+    raise ValueError(f"model.remat={cfg.remat!r}; accepted: {', '.join(REMAT)}")
+  if cfg.attention not in ATTENTION:
+    raise ValueError(f"model.attention={cfg.attention!r}; accepted: {', '.join(ATTENTION)}")
   for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "cond_dim"):
     if int(cfg[key]) < 1:
       raise ValueError(f"model.{key}={cfg[key]} must be >= 1")
@@ -137,7 +144,10 @@ class Block(nn.Module):
     if cfg.variant == "ao":
       q_BWHK = Norm(cfg, "kv", name="q_norm")(q_BWHK)
       k_BWHK = Norm(cfg, "kv", name="k_norm")(k_BWHK)
-    if cache is None:
+    if cache is None and mask is None and cfg.attention == "cudnn":  # GPU training path
+      a_BWHK = jax.nn.dot_product_attention(q_BWHK, k_BWHK, v_BWHK, is_causal=True,
+                                            implementation="cudnn")
+    elif cache is None:
       w = x_BWD.shape[1]
       mask_WW = jnp.tril(jnp.ones((w, w), bool)) if mask is None else mask["new"]
       a_BWHK = attention(q_BWHK, k_BWHK, v_BWHK, mask_WW)
@@ -178,8 +188,10 @@ class AOGPT(nn.Module):
     self.target_embed = self.param(
         "target_embed", _init(cfg, 0.02, (None, "cond" if cfg.variant == "ao" else "embed")),
         (t, target_width), jnp.float32)
+    block = Block if REMAT[cfg.remat] is None else nn.remat(
+        Block, policy=REMAT[cfg.remat], prevent_cse=False)
     blocks = nn.scan(
-        Block, variable_axes={"params": 0}, split_rngs={"params": True},
+        block, variable_axes={"params": 0}, split_rngs={"params": True},
         in_axes=(nn.broadcast, 0, nn.broadcast), length=cfg.n_layer,
         metadata_params={nn.PARTITION_NAME: "layers"})
     self.blocks = blocks(cfg, return_kv=self.decode, name="blocks")

@@ -360,7 +360,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       done = step + 1
       if t.eval_every and done % t.eval_every == 0 and done < t.num_steps:
         ev = run_eval(state.ema_params, ("validation",))["validation"]
-        writer.write_scalars(done, {"eval/l2r_loss": ev["l2r"], "eval/any_order_loss": ev["random"]})
+        scalars = {"eval/l2r_loss": ev["l2r"], "eval/any_order_loss": ev["random"]}
+        writer.write_scalars(done, scalars)
+        if jax.process_index() == 0:
+          with open(metrics_path, "a") as f:
+            f.write(json.dumps({"step": done, **scalars}) + "\n")
         _log(f"step {done} eval (EMA): validation l2r={ev['l2r']:.4f} random={ev['random']:.4f}")
       stop = preemption.requested or mgr.reached_preemption(done)
       if stop or done % t.checkpoint_every == 0 or done == t.num_steps:

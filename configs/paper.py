@@ -15,8 +15,10 @@ import ml_collections
 
 from ao_mdm.config import base_config
 
-SIZES = {"small": dict(n_layer=12, n_embd=768, n_head=12, learning_rate=6e-4),
-         "medium": dict(n_layer=24, n_embd=1024, n_head=16, learning_rate=3e-4)}
+# microbatches: gradient accumulation that fits 512 x 1024 tokens per step on a v5e:4x4 slice
+# (16 GiB per chip), measured with `ao-mdm compile` (docs/launching.md).
+SIZES = {"small": dict(n_layer=12, n_embd=768, n_head=12, learning_rate=6e-4, microbatches=8),
+         "medium": dict(n_layer=24, n_embd=1024, n_head=16, learning_rate=3e-4, microbatches=16)}
 FIXED_ORDER_SEEDS = (0, 1, 2)  # Fig. 2a: three permutations drawn from these seeds
 
 
@@ -41,7 +43,8 @@ def get_config(name: str = "ao_small") -> ml_collections.ConfigDict:
   elif order:
     raise ValueError(f"unknown paper config {name!r}; see the docstring of configs/paper.py")
   c.data.update(dataset="openwebtext", tokenizer="gpt2")
-  c.train.update(batch_size=512, num_steps=1_000_000, learning_rate=s["learning_rate"],
+  c.train.update(batch_size=512, microbatches=s["microbatches"], num_steps=1_000_000,
+                 learning_rate=s["learning_rate"],
                  min_lr=6e-5, warmup_steps=2000, weight_decay=0.05, b1=0.9, b2=0.95,
                  grad_clip=1.0, ema_decay=0.9999, log_every=100, checkpoint_every=5000, eval_every=5000,
                  eval_batches=16)

@@ -1,6 +1,12 @@
 """Session fixtures for the data tests: one TFDS dir and one small SentencePiece model."""
+import os
+
 import ml_collections
 import pytest
+
+# libtpu (the [tpu] extra, for the ahead-of-time compile tests) must not grab the TPU backend
+# in test processes; topology compiles work with the CPU platform.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from ao_mdm.data import tokenizer as tokenizer_lib
 

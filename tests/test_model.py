@@ -150,3 +150,20 @@ def test_info_command_on_paper_configs(name, expected):
                         f"--config={root}/configs/paper.py:{name}"],
                        capture_output=True, text=True, check=True, cwd=root).stdout
   assert f"parameters: {expected}\n" in out
+
+
+def test_remat_policies_give_the_same_gradients():
+  from ao_mdm import train
+  cfg = small_cfg()
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.block_size)),
+                       jnp.int32)
+  order = orders.random_orders(jax.random.key(0), 2, cfg.block_size)
+  params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
+  grads = {}
+  for remat in model_lib.REMAT:
+    cfg.remat = remat
+    m = model_lib.make_model(cfg)
+    grads[remat] = jax.grad(lambda p: train.sequence_nll(m, p, tokens, order).mean())(params)
+  for remat in ("full", "dots"):
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+                 grads["none"], grads[remat])

@@ -34,7 +34,8 @@ def _losses(workdir):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     for line in f:
       r = json.loads(line)
-      out[r["step"]] = r["loss"]
+      if "loss" in r:
+        out[r["step"]] = r["loss"]
   return out
 
 

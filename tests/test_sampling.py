@@ -22,9 +22,13 @@ def tiny_model(variant="ao", vocab=64):
   return cfg, params
 
 
-@pytest.fixture(scope="module", params=["ao", "sigma"])
-def model(request):
-  return tiny_model(request.param)
+MODELS = {}
+
+
+def cached_model(variant):
+  if variant not in MODELS:
+    MODELS[variant] = tiny_model(variant)
+  return MODELS[variant]
 
 
 def naive_greedy(cfg, params, known_tokens, order, counts):
@@ -51,11 +55,15 @@ CASES = {  # name: (order mode, known positions)
 }
 
 
-@pytest.mark.parametrize("schedule", sampling.SCHEDULES)
-@pytest.mark.parametrize("steps_div", [1, 4, 16])
-@pytest.mark.parametrize("case", list(CASES))
-def test_cached_equals_naive(model, case, steps_div, schedule):
-  cfg, params = model
+# Every case, S in {T, T/4, T/16} and both schedules for AO-GPT; sigma-GPT at S = T/4.
+EQUALITY = [("ao", case, div, sched) for case in CASES for div in (1, 4, 16)
+            for sched in sampling.SCHEDULES] + [
+                ("sigma", case, 4, sched) for case in CASES for sched in sampling.SCHEDULES]
+
+
+@pytest.mark.parametrize("variant,case,steps_div,schedule", EQUALITY)
+def test_cached_equals_naive(variant, case, steps_div, schedule):
+  cfg, params = cached_model(variant)
   mode, positions = CASES[case]
   rng = np.random.default_rng(0)
   ids = rng.integers(0, cfg.vocab_size, len(positions))
@@ -77,7 +85,7 @@ def test_cached_equals_naive(model, case, steps_div, schedule):
 
 
 def test_l2r_full_steps_is_autoregressive_decoding():
-  cfg, params = tiny_model()
+  cfg, params = cached_model("ao")
   out = sampling.sample(params, cfg, batch_size=2, steps=T - 1, temperature=0, order="l2r",
                         known_positions=[0], known_tokens=[5])
   np.testing.assert_array_equal(out.order, np.broadcast_to(np.arange(T), (2, T)))
@@ -94,7 +102,7 @@ def test_l2r_full_steps_is_autoregressive_decoding():
 @pytest.mark.parametrize("schedule", sampling.SCHEDULES)
 @pytest.mark.parametrize("known", [0, 5])
 def test_schedule_counts_and_fill(schedule, known):
-  cfg, params = tiny_model()
+  cfg, params = cached_model("ao")
   for steps in (1, 3, 9, T - known):
     counts = sampling.schedule_counts(T, known, steps, schedule)
     time = np.linspace(1, 0, steps + 1)
@@ -148,7 +156,7 @@ def test_temperature_one_draws_from_model_distribution():
 
 
 def test_new_seed_does_not_recompile():
-  cfg, params = tiny_model()
+  cfg, params = cached_model("ao")
   kwargs = dict(batch_size=2, steps=8, known_positions=[0, 1], known_tokens=[1, 2])
   sampling.sample(params, cfg, seed=0, **kwargs)
   decoder = sampling._decoder(cfg.to_json(), sampling.Plan.make(
@@ -173,6 +181,6 @@ def test_new_seed_does_not_recompile():
     (dict(steps=4, schedule="exp"), "schedule='exp'"),
 ])
 def test_bad_sampling_args(kwargs, message):
-  cfg, params = tiny_model()
+  cfg, params = cached_model("ao")
   with pytest.raises(ValueError, match=message):
     sampling.sample(params, cfg, batch_size=1, **kwargs)

@@ -1,0 +1,75 @@
+"""One process of tests/test_multiprocess.py: 3 train steps of a tiny config on a global batch.
+
+Each process feeds only its rows of the same fixed global batches; process 0 writes the final
+params (gathered from all processes) and the losses to --out as an .npz.
+"""
+import argparse
+
+import numpy as np
+
+STEPS = 3
+
+
+def tiny_config():
+  from ao_mdm.config import base_config  # pylint: disable=g-import-not-at-top
+  c = base_config()
+  c.model.update(vocab_size=256, block_size=32, n_layer=2, n_embd=32, n_head=2, cond_dim=32)
+  c.train.update(batch_size=8, warmup_steps=1, learning_rate=1e-2)
+  c.mesh.ici = (2, 2, 2)
+  return c
+
+
+def global_batches(config) -> list:
+  rng = np.random.default_rng(0)
+  shape = (config.train.batch_size, config.model.block_size)
+  return [rng.integers(0, config.model.vocab_size, shape, dtype=np.int32) for _ in range(STEPS)]
+
+
+def flat_arrays(tree) -> dict:
+  import jax  # pylint: disable=g-import-not-at-top
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
+
+
+def main() -> None:
+  p = argparse.ArgumentParser()
+  p.add_argument("--process_id", type=int, default=0)
+  p.add_argument("--num_processes", type=int, default=1)
+  p.add_argument("--port", type=int, default=0)
+  p.add_argument("--devices", type=int, required=True, help="CPU devices in this process")
+  p.add_argument("--out", required=True)
+  args = p.parse_args()
+
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update("jax_num_cpu_devices", args.devices)
+  if args.num_processes > 1:
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
+                               num_processes=args.num_processes, process_id=args.process_id)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  from ao_mdm import sharding, train  # pylint: disable=g-import-not-at-top
+
+  config = tiny_config()
+  mesh = sharding.make_mesh(config.mesh)
+  rules = sharding.rules(config.mesh)
+  shardings = train.state_shardings(config, mesh, rules)
+  state = train.create_state(config, mesh, rules)
+  step = train.jit_train_step(config, mesh, rules, shardings)
+  batch_sharding = sharding.batch_sharding(mesh, rules)
+  rows = config.train.batch_size // jax.process_count()
+  first = jax.process_index() * rows
+  losses = []
+  for tokens in global_batches(config):
+    local = tokens[first:first + rows]  # what this process's data loader would produce
+    tokens_BT = sharding.global_batch(local, batch_sharding)
+    for shard in tokens_BT.addressable_shards:  # each device holds its part of the global batch
+      np.testing.assert_array_equal(np.asarray(shard.data), tokens[shard.index])
+    state, metrics = step(state, tokens_BT)
+    losses.append(float(metrics["loss"]))
+  params = multihost_utils.process_allgather(state.params, tiled=True)
+  if jax.process_index() == 0:
+    np.savez(args.out, loss=np.asarray(losses), **flat_arrays(params))
+  print(f"process {jax.process_index()}/{jax.process_count()}: losses {losses}", flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,60 @@
+"""Ahead-of-time compile of the train step for TPU topologies on this CPU host (needs libtpu)."""
+import importlib.util
+import pathlib
+
+import pytest
+
+from ao_mdm import aot
+from ao_mdm.config import base_config
+
+PAPER = pathlib.Path(__file__).resolve().parents[1] / "configs" / "paper.py"
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                reason="libtpu not installed: pip install -e '.[tpu]'")
+
+
+def paper_config(name):
+  spec = importlib.util.spec_from_file_location("paper_configs", PAPER)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(name)
+
+
+def tiny_config():
+  c = base_config()
+  c.model.update(vocab_size=256, block_size=32, n_layer=2, n_embd=32, n_head=2)
+  c.train.batch_size = 8
+  return c
+
+
+def test_tiny_compiles_for_v5e_2x2(capsys):
+  r = aot.compile_for_topology(tiny_config(), "v5e:2x2")
+  assert (r["num_devices"], r["device_kind"], r["hbm_gib"]) == (4, "TPU v5 lite", 16.0)
+  for key in ("arguments", "outputs", "temps", "generated_code", "total"):
+    assert r[key] > 0, key
+  assert r["total"] < r["hbm_gib"] and r["compile_seconds"] > 0
+  assert "per-device memory (GiB)" in capsys.readouterr().out
+
+
+def test_unknown_topology():
+  with pytest.raises(ValueError, match="invalid TPU topology 'v9z:2x2'"):
+    aot.compile_for_topology(tiny_config(), "v9z:2x2")
+  with pytest.raises(ValueError, match="invalid TPU topology 'v5e-16'"):
+    aot.compile_for_topology(tiny_config(), "v5e-16")
+
+
+def test_too_big_for_hbm():
+  c = paper_config("ao_small")
+  c.train.batch_size = 64  # compiles in seconds: XLA rejects the temporaries before codegen
+  with pytest.raises(ValueError, match="does not fit on v5e:2x2.*raise train.microbatches"):
+    aot.compile_for_topology(c, "v5e:2x2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,microbatches", [("ao_small", 8), ("ao_medium", 16)])
+def test_paper_configs_fit_v5e_4x4(name, microbatches):
+  """The paper's 512 x 1024 batch fits 16 GiB v5e chips with gradient accumulation."""
+  c = paper_config(name)
+  c.train.microbatches = microbatches
+  r = aot.compile_for_topology(c, "v5e:4x4")
+  assert c.train.batch_size == 512 and r["total"] < r["hbm_gib"]
