@@ -56,8 +56,23 @@ def read_config(path: str, step: Optional[int] = None) -> ml_collections.ConfigD
   """The config stored with a checkpoint (training work dir or export)."""
   mgr = _reader(path)
   step = mgr.latest_step() if step is None else step
-  cfg = mgr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
-  return ml_collections.ConfigDict(cfg)
+  saved = mgr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+  return with_defaults(saved)
+
+
+def with_defaults(saved: dict) -> ml_collections.ConfigDict:
+  """A saved config on top of base_config(), so keys added since it was written get defaults."""
+  from ao_mdm.config import base_config  # pylint: disable=g-import-not-at-top
+
+  def merge(base, values):
+    for key, value in values.items():
+      if isinstance(value, dict) and isinstance(base.get(key), ml_collections.ConfigDict):
+        merge(base[key], value)
+      else:
+        base[key] = value
+  config = base_config()
+  merge(config, saved)
+  return config
 
 
 def _reader(path: str) -> ocp.CheckpointManager:
