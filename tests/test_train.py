@@ -24,7 +24,7 @@ def test_train_reduces_loss_and_resumes(data_dir, tmp_path, capsys):
     for kind in ("l2r", "random"):
       assert first["final_ema"][split][kind] < first["initial"][split][kind] - 0.5
   out = capsys.readouterr().out
-  assert "step 10:" in out and "tokens/s=" in out and "final eval" in out
+  assert "step 10:" in out and "tokens_per_s=" in out and "final eval" in out
   # A longer run in the same work dir continues from the saved step.
   cfg.train.num_steps = 30
   second = train.train_and_evaluate(cfg, workdir)
