@@ -90,7 +90,10 @@ def matmul_peak(size: int, dtype: Any, repeats: int = 5) -> float:
 
 
 def bench_train(config: ml_collections.ConfigDict) -> dict:
-  """Steady-state step time, tokens/s and MFU of the sharded train step; prints JSON."""
+  """Steady-state step time, tokens/s and MFU of the sharded train step; prints JSON.
+
+  Any training config works; `config.bench` (repeats, matmul_size) is optional.
+  """
   from ao_mdm import sharding, train  # pylint: disable=g-import-not-at-top
   train.validate_train_config(config)
   mesh = sharding.make_mesh(config.mesh)
@@ -107,8 +110,9 @@ def bench_train(config: ml_collections.ConfigDict) -> dict:
     state, metrics = step(state, tokens)
   jax.block_until_ready(metrics)
   warmup_s = time.perf_counter() - start
+  bench = config.get("bench") or ml_collections.ConfigDict({"repeats": 10, "matmul_size": 2048})
   times = []
-  for _ in range(int(config.bench.repeats)):
+  for _ in range(int(bench.repeats)):
     start = time.perf_counter()
     state, metrics = step(state, tokens)
     jax.block_until_ready(metrics)
@@ -116,7 +120,7 @@ def bench_train(config: ml_collections.ConfigDict) -> dict:
   step_s = statistics.median(times)
   n_params = model_lib.count_params(state.params)
   flops_per_token = model_lib.flops_per_token(config.model, n_params)
-  peak = matmul_peak(int(config.bench.matmul_size), model_lib.DTYPES[config.model.dtype])
+  peak = matmul_peak(int(bench.matmul_size), model_lib.DTYPES[config.model.dtype])
   tokens_per_s = b * t / step_s
   result = {"tokens_per_s": tokens_per_s,
             "mfu": flops_per_token * tokens_per_s / (peak * jax.device_count()),
