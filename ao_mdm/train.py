@@ -210,8 +210,11 @@ def evaluate_blocks(eval_fn: Callable, params: Any, blocks_NT: np.ndarray, batch
     raise ValueError(f"{len(blocks_NT)} evaluation blocks are fewer than one batch of "
                      f"{batch_size}")
   totals = {"l2r": 0.0, "random": 0.0}
+  procs = jax.process_count()
   for i in range(0, n, batch_size):
-    tokens = sharding.global_batch(blocks_NT[i:i + batch_size], batch_sharding)
+    rows = blocks_NT[i:i + batch_size]  # every process holds them all; each feeds its share
+    tokens = sharding.global_batch(rows.reshape(procs, -1, rows.shape[1])[jax.process_index()],
+                                   batch_sharding)
     out = eval_fn(params, tokens, jax.random.fold_in(jax.random.key(seed), i))
     totals = {k: totals[k] + float(out[k]) for k in totals}
   return {k: v / (n // batch_size) for k, v in totals.items()}

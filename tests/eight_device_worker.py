@@ -1,0 +1,39 @@
+"""Run by tests/test_eval_cli.py with 8 simulated CPU devices: mesh errors and sharded eval."""
+import json
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+
+from ao_mdm import checkpoints, evaluation, sharding, train  # pylint: disable=g-import-not-at-top
+
+
+def error_of(fn):
+  try:
+    fn()
+  except ValueError as e:
+    return str(e)
+  return None
+
+
+def main(checkpoint: str, blocks_path: str, out: str) -> None:
+  config, params = checkpoints.load_params(checkpoint)
+  mesh_cfg = config.mesh.copy_and_resolve_references()
+  mesh_cfg.ici = (3, 1, 1)
+  errors = {"mesh": error_of(lambda: sharding.make_mesh(mesh_cfg))}
+  bad = config.copy_and_resolve_references()
+  bad.mesh.ici, bad.train.batch_size, bad.train.microbatches = (8, 1, 1), 4, 1
+  errors["batch"] = error_of(lambda: train.train_and_evaluate(bad, os.path.dirname(out)))
+  mesh_cfg.ici = (2, 2, 2)
+  scorer = evaluation.Scorer(params, config.model, mesh_cfg)
+  result = evaluation.evaluate_blocks(scorer, np.load(blocks_path), orders=2, ensemble=(2,),
+                                      batch_size=4, seed=3)
+  with open(out, "w") as f:
+    json.dump({"errors": errors, "result": result}, f)
+
+
+if __name__ == "__main__":
+  main(*sys.argv[1:])

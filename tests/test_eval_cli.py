@@ -1,0 +1,64 @@
+"""`ao-mdm eval` end to end: text files, 8 simulated devices vs one, and mesh/batch errors."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ao_mdm import checkpoints, evaluation, train
+from ao_mdm.config import base_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(data_dir, tmp_path_factory):
+  c = base_config()
+  c.model.update(vocab_size=512, block_size=32, n_layer=2, n_embd=32, n_head=2)
+  c.train.update(batch_size=8, num_steps=2, warmup_steps=1, eval_batches=1, eval_every=0)
+  c.data.tfds_dir = data_dir
+  workdir = str(tmp_path_factory.mktemp("eval_run"))
+  train.train_and_evaluate(c, workdir)
+  return workdir
+
+
+def _eval(*args):
+  return subprocess.run([sys.executable, "-m", "ao_mdm.main", "eval", *args], capture_output=True,
+                        text=True, timeout=300, cwd=ROOT,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+
+def test_text_file_eval_and_too_short_file(checkpoint, tmp_path):
+  text = tmp_path / "doc.txt"
+  text.write_text("Ünïcode is fine here.\n" + "We hold these truths to be self-evident. " * 20 + "\n")
+  out = _eval(f"--checkpoint={checkpoint}", f"--text_file={text}", "--orders=2", "--ensemble=2")
+  assert out.returncode == 0, out.stderr
+  result = json.loads(out.stdout.strip().splitlines()[-1])[str(text)]
+  assert result["tokens"] >= 32 and result["tokens"] % 32 == 0 and result["l2r_ppl"] > 1
+  short = tmp_path / "short.txt"
+  short.write_text("Too short.\n")
+  out = _eval(f"--checkpoint={checkpoint}", f"--text_file={short}")
+  assert out.returncode != 0
+  assert "tokens (EOS included); at least block_size=32 are needed for one block" in out.stderr
+
+
+def test_eight_devices_equal_one_and_mesh_errors(checkpoint, tmp_path):
+  config, params = checkpoints.load_params(checkpoint)
+  blocks = np.random.default_rng(0).integers(0, 512, (6, 32)).astype(np.int32)
+  np.save(tmp_path / "blocks.npy", blocks)
+  single = evaluation.evaluate_blocks(evaluation.Scorer(params, config.model), blocks, orders=2,
+                                      ensemble=(2,), batch_size=4, seed=3)
+  out = tmp_path / "eight.json"
+  run = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "eight_device_worker.py"),
+                        checkpoint, str(tmp_path / "blocks.npy"), str(out)],
+                       capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stderr[-3000:]
+  got = json.loads(out.read_text())
+  for key in ("l2r_ppl", "any_order_ppl", "any_order_se"):
+    np.testing.assert_allclose(got["result"][key], single[key], rtol=1e-5)
+  np.testing.assert_allclose(got["result"]["ensemble_ppl"]["2"], single["ensemble_ppl"]["2"],
+                             rtol=1e-5)
+  assert "mesh.ici=(3, 1, 1) has 3 devices but 8 are available" in got["errors"]["mesh"]
+  assert "train.batch_size=4 must be divisible by the data-parallel size 8" in got["errors"]["batch"]
