@@ -11,7 +11,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from ao_mdm import model as model_lib
 from ao_mdm import orders as orders_lib
@@ -35,11 +34,7 @@ class Scorer:
 
   @functools.cached_property
   def _nll(self) -> Callable:
-    def nll(params, tokens_BT, order_BL):
-      logits = self.model.apply({"params": params}, tokens_BT, order_BL)
-      return optax.softmax_cross_entropy_with_integer_labels(
-          logits, model_lib.slot_labels(tokens_BT, order_BL))
-    return jax.jit(nll)
+    return jax.jit(functools.partial(model_lib.slot_nll, self.model))
 
   def slot_nll(self, tokens_BT: np.ndarray, order_BL: np.ndarray) -> np.ndarray:
     """[B, L] NLL of slot s (target order[s]) given the tokens at order[:s]; L <= T slots."""

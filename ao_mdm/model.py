@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import optax
 
 VARIANTS = ("ao", "sigma")
 REMAT = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
@@ -260,6 +261,13 @@ def slot_inputs(tokens_BT: jax.Array, order_BT: jax.Array) -> tuple[jax.Array, j
 def slot_labels(tokens_BT: jax.Array, order_BT: jax.Array) -> jax.Array:
   """The label of slot s is the token at position order[s]."""
   return jnp.take_along_axis(tokens_BT, order_BT, axis=1)
+
+
+def slot_nll(model: AOGPT, params: Any, tokens_BT: jax.Array, order_BL: jax.Array) -> jax.Array:
+  """[B, L] float32 NLL of each slot's target, from integer labels (no one-hot over V)."""
+  logits_BLV = model.apply({"params": params}, tokens_BT, order_BL)
+  return optax.softmax_cross_entropy_with_integer_labels(
+      logits_BLV, slot_labels(tokens_BT, order_BL))
 
 
 def count_params(params: Any) -> int:

@@ -83,10 +83,7 @@ def create_state(config: ml_collections.ConfigDict, mesh, axis_rules) -> TrainSt
 def sequence_nll(model: nn.Module, params: Any, tokens_BT: jax.Array,
                  order_BT: jax.Array) -> jax.Array:
   """Mean NLL per sequence under the given order, float32, from integer labels."""
-  logits_BTV = model.apply({"params": params}, tokens_BT, order_BT)
-  labels_BT = model_lib.slot_labels(tokens_BT, order_BT)
-  nll_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, labels_BT)
-  return jnp.mean(nll_BT, axis=1)
+  return jnp.mean(model_lib.slot_nll(model, params, tokens_BT, order_BT), axis=1)
 
 
 SHARE_KEYS = ("loss_sum", "count", "l2r_sum", "l2r_count", "ao_sum", "ao_count")
