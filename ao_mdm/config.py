@@ -24,7 +24,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.order = ml_collections.ConfigDict()
   c.order.kind = "mixed"  # random | l2r | mixed | fixed | blockwise
   c.order.random_ratio = 0.9  # mixed: probability of a random order per sequence
-  c.order.fixed_seed = 0  # fixed: the permutation is drawn from this seed
+  # fixed: "seed:N" draws the permutation from seed N; "order1".."order3" are the authors'
+  # literal permutations of the order study (ao_mdm/data/paper_orders.json, T=1024)
+  c.order.fixed = "seed:0"
   c.order.block = 4  # blockwise: block length b
   c.order.pattern = (0, 2, 3, 1)  # blockwise: order within each block
 
@@ -40,6 +42,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.learning_rate = 3e-3
   c.train.min_lr = 3e-4
   c.train.warmup_steps = 40
+  c.train.lr_decay_steps = 0  # end of the cosine (reaches min_lr); 0: num_steps
   c.train.weight_decay = 0.05
   c.train.b1 = 0.9
   c.train.b2 = 0.95

@@ -270,6 +270,21 @@ def slot_nll(model: AOGPT, params: Any, tokens_BT: jax.Array, order_BL: jax.Arra
       logits_BLV, slot_labels(tokens_BT, order_BL))
 
 
+EMBEDDINGS = ("token_embed", "pos_embed", "none_embed", "target_embed")
+
+
+def weight_decay_mask(params: Any) -> Any:
+  """True for the leaves the authors decay (their >= 2-D tensors): dense kernels and embeddings.
+
+  Decided by name, not rank: nn.scan stacks every block's biases and norm scales along a layer
+  axis, and `none_embed` ([D] here, [1, D] in the reference) is decayed.
+  """
+  def decays(path, _):
+    name = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)][-1]
+    return name == "kernel" or name in EMBEDDINGS
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
 def count_params(params: Any) -> int:
   return sum(int(x.size) for x in jax.tree.leaves(params))
 

@@ -36,6 +36,8 @@ def validate_train_config(config: ml_collections.ConfigDict) -> None:
   for key in ("batch_size", "num_steps", "microbatches", "log_every"):
     if int(t[key]) < 1:
       raise ValueError(f"train.{key}={t[key]} must be >= 1")
+  if int(t.lr_decay_steps) < 0:
+    raise ValueError(f"train.lr_decay_steps={t.lr_decay_steps} must be >= 0 (0: num_steps)")
   if t.batch_size % t.microbatches:
     raise ValueError(f"train.batch_size={t.batch_size} is not divisible by "
                      f"train.microbatches={t.microbatches}")
@@ -44,18 +46,21 @@ def validate_train_config(config: ml_collections.ConfigDict) -> None:
 
 
 def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warmup to learning_rate, then cosine decay to min_lr at num_steps."""
+  """Linear warmup to learning_rate, then cosine to min_lr at lr_decay_steps (0: num_steps).
+
+  The horizon may lie past num_steps (the paper's order study stops at 20k of a 500k cosine).
+  """
+  horizon = int(t.lr_decay_steps) or int(t.num_steps)
   return optax.warmup_cosine_decay_schedule(
-      0.0, t.learning_rate, t.warmup_steps, max(t.num_steps, t.warmup_steps + 1), t.min_lr)
+      0.0, t.learning_rate, t.warmup_steps, max(horizon, t.warmup_steps + 1), t.min_lr)
 
 
 def make_optimizer(t: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """Global-norm clip, then AdamW with weight decay only on >= 2-D params."""
-  decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
+  """Global-norm clip, then AdamW; weight decay on dense kernels and embeddings only."""
   return optax.chain(
       optax.clip_by_global_norm(t.grad_clip),
       optax.adamw(learning_rate_schedule(t), b1=t.b1, b2=t.b2, eps=1e-8,
-                  weight_decay=t.weight_decay, mask=decay_mask))
+                  weight_decay=t.weight_decay, mask=model_lib.weight_decay_mask))
 
 
 def _init_state(config: ml_collections.ConfigDict, key: jax.Array) -> TrainState:
