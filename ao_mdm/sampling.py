@@ -70,28 +70,47 @@ class Plan:
     return Plan(counts, starts, int(real), int(k.max()) - 1, tuple(segments))
 
 
-def filter_logits(logits_NV: jax.Array, top_p: jax.Array, top_k: jax.Array) -> jax.Array:
-  """Keep the top_k largest (0: all) and the smallest set whose probability reaches top_p."""
+TOP_P_RULES = ("authors", "nucleus")
+
+
+def filter_logits(logits_NV: jax.Array, top_p: jax.Array, top_k: jax.Array,
+                  rule: str = "authors") -> jax.Array:
+  """Keep the top_k largest (0: all), then apply top-p by `rule`; top_p >= 1 keeps everything.
+
+  "authors" (their catsample.py, the default): drop every token whose inclusive cumulative
+  probability exceeds top_p, the one that crosses it included, but always keep the most likely.
+  "nucleus": keep the smallest set of most likely tokens whose probability reaches top_p.
+  """
   v = logits_NV.shape[-1]
   sorted_NV = jnp.sort(logits_NV, axis=-1)[:, ::-1]
   kth = jnp.take(sorted_NV, jnp.clip(top_k - 1, 0, v - 1), axis=-1)[:, None]
   logits_NV = jnp.where((top_k > 0) & (logits_NV < kth), -jnp.inf, logits_NV)
   sorted_NV = jnp.where((top_k > 0) & (sorted_NV < kth), -jnp.inf, sorted_NV)
   probs_NV = jax.nn.softmax(sorted_NV, axis=-1)
-  before_NV = jnp.cumsum(probs_NV, axis=-1) - probs_NV  # mass of strictly larger tokens
-  kept = jnp.sum(before_NV < top_p, axis=-1, keepdims=True)  # always >= 1
+  cum_NV = jnp.cumsum(probs_NV, axis=-1)
+  if rule == "authors":
+    keep_NV = (cum_NV <= top_p) | (jnp.arange(v) == 0)
+  else:
+    keep_NV = cum_NV - probs_NV < top_p  # the mass of strictly more likely tokens
+  kept = jnp.sum(keep_NV | (top_p >= 1), axis=-1, keepdims=True)  # a prefix, always >= 1
   cutoff = jnp.take_along_axis(sorted_NV, kept - 1, axis=-1)
   return jnp.where(logits_NV < cutoff, -jnp.inf, logits_NV)
 
 
 def sample_tokens(key: jax.Array, logits_NV: jax.Array, temperature: jax.Array, top_p: jax.Array,
-                  top_k: jax.Array, use_filter: bool) -> jax.Array:
-  """Argmax when temperature == 0, else a draw from softmax(logits / temperature), filtered."""
+                  top_k: jax.Array, use_filter: bool, rule: str = "authors",
+                  vocab_limit: Optional[int] = None) -> jax.Array:
+  """Argmax when temperature == 0, else a draw from softmax(logits / temperature), filtered.
+
+  Ids >= vocab_limit (e.g. the padding rows 50257..50303 of GPT-2's padded vocab) are never picked.
+  """
   logits_NV = logits_NV.astype(jnp.float32)
+  if vocab_limit is not None and vocab_limit < logits_NV.shape[-1]:
+    logits_NV = jnp.where(jnp.arange(logits_NV.shape[-1]) < vocab_limit, logits_NV, -jnp.inf)
   greedy = jnp.argmax(logits_NV, axis=-1)
   scaled = logits_NV / jnp.maximum(temperature, 1e-6)
   if use_filter:
-    scaled = filter_logits(scaled, top_p, top_k)
+    scaled = filter_logits(scaled, top_p, top_k, rule)
   drawn = jax.random.categorical(key, scaled, axis=-1)
   return jnp.where(temperature > 0, drawn, greedy).astype(jnp.int32)
 
@@ -134,7 +153,7 @@ def _chunk_masks(plan: Plan, n: jax.Array, c: jax.Array, cache_len: int) -> dict
 
 @functools.lru_cache(maxsize=32)
 def _decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_cache: bool,
-             return_logits: bool):
+             return_logits: bool, top_p_rule: str = "authors", vocab_limit: Optional[int] = None):
   """The jitted decode loop for one (model, plan): compiled once per batch shape."""
   cfg = ml_collections.ConfigDict(json.loads(cfg_json))
   model = model_lib.make_model(cfg, decode=True)
@@ -185,7 +204,8 @@ def _decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_c
       c_BQC = None if cond is None else jnp.take(cond, rows_Q, axis=1)
       logits_BQV = model.apply({"params": params}, h_BQD, c_BQC, method="logits")
       picked_BQ = sample_tokens(jax.random.fold_in(k_steps, i), logits_BQV.reshape(-1, v),
-                                temperature, top_p, top_k, use_filter).reshape(b, 1 + w_p)
+                                temperature, top_p, top_k, use_filter, top_p_rule,
+                                vocab_limit).reshape(b, 1 + w_p)
       q_slots = n + jnp.arange(1 + w_p)
       pos_BQ = jnp.take(order_BT, jnp.minimum(q_slots, t - 1), axis=1)
       pos_BQ = jnp.where(q_slots < n_next, pos_BQ, t)  # padding queries write nothing
@@ -214,7 +234,7 @@ class SampleOutput:
 
 
 def validate_sampling_args(steps: int, temperature: float, top_p: float, top_k: int,
-                           order: str) -> None:
+                           order: str, top_p_rule: str = "authors") -> None:
   """One clear ValueError per bad sampling argument."""
   if int(steps) < 1:
     raise ValueError(f"steps={steps} must be >= 1")
@@ -226,6 +246,8 @@ def validate_sampling_args(steps: int, temperature: float, top_p: float, top_k: 
     raise ValueError(f"top_k={top_k} must be >= 0 (0 is off)")
   if order not in ORDER_MODES:
     raise ValueError(f"order={order!r}; accepted: {', '.join(ORDER_MODES)}")
+  if top_p_rule not in TOP_P_RULES:
+    raise ValueError(f"top_p_rule={top_p_rule!r}; accepted: {', '.join(TOP_P_RULES)}")
 
 
 def known_arrays(t: int, batch: int, positions: Any = (), token_ids: Any = ()) -> tuple:
@@ -253,21 +275,27 @@ def known_arrays(t: int, batch: int, positions: Any = (), token_ids: Any = ()) -
 def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, steps: int,
            schedule: str = "linear", temperature: float = 1.0, top_p: float = 1.0,
            top_k: int = 0, seed: int = 0, known_positions: Any = (), known_tokens: Any = (),
-           order: str = "random", use_cache: bool = True,
-           return_logits: bool = False) -> SampleOutput:
+           order: str = "random", use_cache: bool = True, return_logits: bool = False,
+           top_p_rule: str = "authors", vocab_limit: Optional[int] = None) -> SampleOutput:
   """Generate [batch_size, T] token ids in `steps` parallel steps (model config `cfg`).
 
   Known tokens (a prompt or infill context, shared by the batch) come first in the order and are
   never changed; the rest are decoded at random or left to right. temperature=0 is greedy.
   use_cache=False recomputes every real slot at every step (the encoder-only cost model).
+  vocab_limit: the tokenizer's vocab size when the model's is padded; larger ids are never drawn.
   """
-  validate_sampling_args(steps, temperature, top_p, top_k, order)
+  validate_sampling_args(steps, temperature, top_p, top_k, order, top_p_rule)
   t = cfg.block_size
   tokens, mask = known_arrays(t, batch_size, known_positions, known_tokens)
   if np.any((tokens < 0) | (tokens >= cfg.vocab_size)):
     raise ValueError(f"known token ids must be in [0, {cfg.vocab_size})")
   plan = Plan.make(schedule_counts(t, int(mask[0].sum()), int(steps), schedule), use_cache)
-  decode = _decoder(cfg.to_json(), plan, order, top_p < 1 or top_k > 0, use_cache, return_logits)
+  if vocab_limit is not None and not 0 < vocab_limit <= cfg.vocab_size:
+    raise ValueError(f"vocab_limit={vocab_limit} must be in [1, {cfg.vocab_size}]")
+  if vocab_limit is not None and np.any(tokens[mask] >= vocab_limit):
+    raise ValueError(f"known token ids must be below vocab_limit={vocab_limit}")
+  decode = _decoder(cfg.to_json(), plan, order, top_p < 1 or top_k > 0, use_cache, return_logits,
+                    top_p_rule, vocab_limit)
   out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
   tokens_BT, order_BT, logits_BTV = jax.device_get(out)

@@ -132,15 +132,44 @@ def test_every_unknown_position_filled_once():
   np.testing.assert_array_equal(out.tokens[:, unknown], out.logits[:, unknown].argmax(-1))
 
 
-def test_top_p_never_draws_outside_nucleus():
-  logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.1, 0.06, 0.04]] * 4000))
-  for p, allowed in ((0.5, {0}), (0.75, {0, 1}), (0.85, {0, 1, 2}), (0.95, {0, 1, 2, 3})):
-    drawn = np.asarray(sampling.sample_tokens(jax.random.key(0), logits, jnp.float32(1),
-                                              jnp.float32(p), jnp.int32(0), True))
-    assert set(np.unique(drawn)) == allowed, (p, np.unique(drawn))
-  drawn = np.asarray(sampling.sample_tokens(jax.random.key(1), logits, jnp.float32(1),
-                                            jnp.float32(1), jnp.int32(2), True))
-  assert set(np.unique(drawn)) == {0, 1}  # top-k
+# Hand-computed: probabilities 0.4, 0.3, 0.15, 0.1, 0.05 sit at ids 1, 3, 4, 0, 2; their inclusive
+# cumulative sums are 0.4, 0.7, 0.85, 0.95, 1.0.
+TOP_P_CASES = [  # (p, ids kept by the authors' rule, ids kept by the nucleus rule)
+    (0.3, {1}, {1}),  # the most likely token is always kept
+    (0.5, {1}, {1, 3}),  # authors: 0.7 exceeds 0.5, so the crossing token goes too
+    (0.75, {1, 3}, {1, 3, 4}),
+    (0.9, {1, 3, 4}, {0, 1, 3, 4}),
+    (0.97, {0, 1, 3, 4}, {0, 1, 2, 3, 4}),
+    (1.0, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}),  # p = 1 filters nothing
+]
+
+
+@pytest.mark.parametrize("p, authors, nucleus", TOP_P_CASES)
+def test_top_p_rules_on_a_hand_computed_example(p, authors, nucleus):
+  logits = jnp.log(jnp.asarray([[0.1, 0.4, 0.05, 0.3, 0.15]]))
+  for rule, expected in (("authors", authors), ("nucleus", nucleus)):
+    kept = np.asarray(sampling.filter_logits(logits, jnp.float32(p), jnp.int32(0), rule))[0]
+    assert set(np.flatnonzero(np.isfinite(kept))) == expected, rule
+    drawn = np.asarray(sampling.sample_tokens(
+        jax.random.key(0), jnp.repeat(logits, 4000, 0), jnp.float32(1), jnp.float32(p),
+        jnp.int32(0), True, rule))
+    assert set(np.unique(drawn)) == expected, rule
+  drawn = np.asarray(sampling.sample_tokens(jax.random.key(1), jnp.repeat(logits, 4000, 0),
+                                            jnp.float32(1), jnp.float32(1), jnp.int32(2), True))
+  assert set(np.unique(drawn)) == {1, 3}  # top-k
+
+
+def test_padded_vocab_ids_are_never_sampled():
+  """ids >= vocab_limit (GPT-2's padding rows 50257..50303 in the paper) are never drawn."""
+  cfg, params = tiny_model(vocab=64)
+  kwargs = dict(batch_size=64, steps=4, temperature=3.0, seed=0)
+  free = sampling.sample(params, cfg, **kwargs).tokens
+  assert free.max() >= 40  # without the limit these ids do come up
+  for temperature in (3.0, 0.0):
+    out = sampling.sample(params, cfg, **{**kwargs, "temperature": temperature}, vocab_limit=40)
+    assert out.tokens.max() < 40
+  with pytest.raises(ValueError, match="vocab_limit=65 must be in"):
+    sampling.sample(params, cfg, **kwargs, vocab_limit=65)
 
 
 def test_temperature_one_draws_from_model_distribution():
@@ -160,7 +189,7 @@ def test_new_seed_does_not_recompile():
   kwargs = dict(batch_size=2, steps=8, known_positions=[0, 1], known_tokens=[1, 2])
   sampling.sample(params, cfg, seed=0, **kwargs)
   decoder = sampling._decoder(cfg.to_json(), sampling.Plan.make(
-      sampling.schedule_counts(T, 2, 8, "linear")), "random", False, True, False)
+      sampling.schedule_counts(T, 2, 8, "linear")), "random", False, True, False, "authors", None)
   before = decoder._cache_size()
   sampling.sample(params, cfg, seed=1, **kwargs)
   sampling.sample(params, cfg, seed=2, known_positions=[0, 1], known_tokens=[9, 9],
