@@ -29,7 +29,7 @@ setup(
     version="0.1.0",
     description="AO-GPT: any-order GPT as a masked diffusion model, in JAX/Flax",
     packages=find_packages(include=["ao_mdm", "ao_mdm.*"]),
-    package_data={"ao_mdm.data": ["*.xz", "*.md", "gpt2_bpe/*"]},
+    package_data={"ao_mdm.data": ["*.xz", "*.md", "*.json", "gpt2_bpe/*"]},
     python_requires=">=3.11,<3.12",
     install_requires=INSTALL_REQUIRES,
     extras_require={

@@ -130,7 +130,6 @@ def export(path: str, out: str, weights: str = "ema") -> str:
 # `optimizer`, `iter_num` and `config`. `import_torch` maps it onto our parameter tree and writes
 # an export (`<out>/0/{params, config}`); `to_torch_state_dict` is the inverse (reference layout).
 # -------------------------------------------------------------------------------------------------
-import importlib.util  # pylint: disable=g-import-not-at-top,wrong-import-position
 import re  # pylint: disable=g-import-not-at-top,wrong-import-position
 import zipfile  # pylint: disable=g-import-not-at-top,wrong-import-position
 from typing import NamedTuple  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -297,19 +296,9 @@ def _strip_prefix(state: dict, path: str) -> dict:
 
 
 def _default_import_config(variant: str) -> ml_collections.ConfigDict:
-  """configs/paper.py `<variant>_small` when the repository is at hand, else base_config + GPT-2."""
-  paper = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
-                       "paper.py")
-  if os.path.isfile(paper):
-    spec = importlib.util.spec_from_file_location("_ao_mdm_paper_config", paper)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(f"{variant}_small")
-  from ao_mdm.config import base_config  # pylint: disable=g-import-not-at-top
-  config = base_config()
-  config.model.variant = variant
-  config.data.update(dataset="openwebtext", tokenizer="gpt2")
-  return config
+  """The paper's `<variant>_small` run (ao_mdm/paper.py): the authors' recipe around the model."""
+  from ao_mdm import paper  # pylint: disable=g-import-not-at-top
+  return paper.paper_config(f"{variant}_small")
 
 
 def _config_from_checkpoint(config: ml_collections.ConfigDict, model_args: dict, variant: str,
@@ -400,7 +389,7 @@ def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optio
                  ) -> tuple[ml_collections.ConfigDict, dict]:
   """Convert a reference PyTorch checkpoint to an export at `out`; returns (config, params).
 
-  The model fields of `config` (default: configs/paper.py `ao_small` / `sigma_small`) follow the
+  The model fields of `config` (default: ao_mdm/paper.py `ao_small` / `sigma_small`) follow the
   checkpoint's model_args; every change is printed. Missing, unused or misshaped keys are refused.
   """
   if weights not in TORCH_WEIGHTS:

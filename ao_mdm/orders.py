@@ -1,4 +1,7 @@
 """Generation orders (DESIGN.md section 3), sampled on device from a jax.random key."""
+import functools
+import json
+import os
 from typing import Callable
 
 import jax
@@ -19,9 +22,28 @@ def random_orders(key: jax.Array, batch: int, t: int) -> jax.Array:
   return jnp.argsort(jax.random.uniform(key, (batch, t)), axis=1).astype(jnp.int32)
 
 
-def fixed_permutation(seed: int, t: int) -> np.ndarray:
-  """The one permutation a `fixed` order uses, reproducible from its seed."""
-  return np.random.default_rng(seed).permutation(t).astype(np.int32)
+PAPER_ORDERS_FILE = os.path.join(os.path.dirname(__file__), "data", "paper_orders.json")
+
+
+@functools.cache
+def paper_orders() -> dict:
+  """The authors' literal fixed permutations of the order study (Fig. 2a), by name."""
+  with open(PAPER_ORDERS_FILE) as f:
+    return {k: tuple(v) for k, v in json.load(f)["orders"].items()}
+
+
+def fixed_permutation(spec: str, t: int) -> np.ndarray:
+  """The one permutation of a `fixed` order: "seed:N" (drawn from seed N) or a shipped name."""
+  if spec.startswith("seed:") and spec[5:].isdigit():
+    return np.random.default_rng(int(spec[5:])).permutation(t).astype(np.int32)
+  shipped = paper_orders()
+  if spec not in shipped:
+    raise ValueError(f"order.fixed={spec!r}; accepted: seed:N or one of {', '.join(shipped)}")
+  perm = np.asarray(shipped[spec], np.int32)
+  if len(perm) != t:
+    raise ValueError(f"order.fixed={spec!r} is a permutation of {len(perm)} positions; "
+                     f"model.block_size={t}")
+  return perm
 
 
 def blockwise_permutation(block: int, pattern: tuple, t: int) -> np.ndarray:
@@ -35,6 +57,8 @@ def validate_order_config(cfg: ml_collections.ConfigDict, t: int) -> None:
     raise ValueError(f"order.kind={cfg.kind!r}; accepted: {', '.join(ORDER_KINDS)}")
   if cfg.kind == "mixed" and not 0.0 <= cfg.random_ratio <= 1.0:
     raise ValueError(f"order.random_ratio={cfg.random_ratio} must be in [0, 1]")
+  if cfg.kind == "fixed":
+    fixed_permutation(cfg.fixed, t)
   if cfg.kind == "blockwise":
     if cfg.block < 1 or t % cfg.block:
       raise ValueError(f"order.block={cfg.block} must be >= 1 and divide block_size={t}")
@@ -59,7 +83,7 @@ def make_order_fn(cfg: ml_collections.ConfigDict, t: int) -> OrderFn:
       return jnp.where(use_random_B1, random_orders(k_perm, batch, t), identity(batch, t))
     return mixed
   if cfg.kind == "fixed":
-    perm = fixed_permutation(int(cfg.fixed_seed), t)
+    perm = fixed_permutation(cfg.fixed, t)
   else:
     perm = blockwise_permutation(int(cfg.block), tuple(cfg.pattern), t)
   return lambda key, batch: jnp.broadcast_to(jnp.asarray(perm), (batch, t))

@@ -32,10 +32,10 @@ def test_mixed_ratios():
 
 
 def test_fixed_and_blockwise():
-  fixed = np.asarray(orders.make_order_fn(order_cfg(kind="fixed", fixed_seed=3), 32)(
+  fixed = np.asarray(orders.make_order_fn(order_cfg(kind="fixed", fixed="seed:3"), 32)(
       jax.random.key(0), 4))
   assert np.all(fixed == fixed[0]) and not np.all(fixed[0] == np.arange(32))
-  np.testing.assert_array_equal(fixed[0], orders.fixed_permutation(3, 32))
+  np.testing.assert_array_equal(fixed[0], orders.fixed_permutation("seed:3", 32))
   block = np.asarray(orders.make_order_fn(
       order_cfg(kind="blockwise", block=4, pattern=(0, 2, 3, 1)), 32)(jax.random.key(0), 2))
   for b in range(8):
@@ -56,3 +56,37 @@ def test_bad_order_configs():
     orders.make_order_fn(order_cfg(kind="blockwise", block=5, pattern=(0, 1, 2, 3, 4)), 16)
   with pytest.raises(ValueError, match="pattern"):
     orders.make_order_fn(order_cfg(kind="blockwise", block=4, pattern=(0, 1, 1, 3)), 16)
+
+
+def test_shipped_paper_orders_are_the_authors_literal_permutations():
+  """order1..3 come from config_order/train_AOGPT_order{1,2,3}.py, not from a seed."""
+  shipped = orders.paper_orders()
+  assert set(shipped) == {"order1", "order2", "order3"}
+  for perm in shipped.values():
+    assert sorted(perm) == list(range(1024))
+  # Entries read off the authors' files by hand.
+  assert shipped["order1"][:5] == (846, 277, 451, 87, 776)
+  assert shipped["order1"][-3:] == (98, 334, 471)
+  assert shipped["order2"][:3] == (201, 296, 500) and shipped["order3"][:3] == (740, 764, 750)
+  fn = orders.make_order_fn(order_cfg(kind="fixed", fixed="order2"), 1024)
+  np.testing.assert_array_equal(np.asarray(fn(jax.random.key(0), 2)),
+                                np.asarray([shipped["order2"]] * 2))
+  with pytest.raises(ValueError, match="order.fixed='order2' is a permutation of 1024 positions"):
+    orders.make_order_fn(order_cfg(kind="fixed", fixed="order2"), 128)
+  with pytest.raises(ValueError, match="order.fixed='order9'; accepted: seed:N or one of order1"):
+    orders.make_order_fn(order_cfg(kind="fixed", fixed="order9"), 1024)
+
+
+def test_paper_configs_build_and_validate():
+  from ao_mdm import paper, train
+  for name in paper.NAMES:
+    c = paper.paper_config(name)
+    train.validate_train_config(c)
+    assert c.train.batch_size % c.train.microbatches == 0, name
+  study = paper.paper_config("order_small_order3")
+  assert (study.order.kind, study.order.fixed) == ("fixed", "order3")
+  # The order study stops at 20k steps of a 500k cosine: the lr has barely decayed at its end.
+  lr = train.learning_rate_schedule(study.train)(study.train.num_steps)
+  assert 0.99 * study.train.learning_rate < float(lr) < study.train.learning_rate
+  with pytest.raises(ValueError, match="unknown paper config 'ao_large'"):
+    paper.paper_config("ao_large")
