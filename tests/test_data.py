@@ -175,20 +175,21 @@ def test_catalog_dataset_not_prepared(tmp_path):
 
 
 def test_registry_wiring():
-  assert datasets.get_spec("wikitext2").detokenizer is datasets.wt_detokenizer
+  assert datasets.get_spec("wikitext2").detokenizer == "wikitext"
   assert datasets.get_spec("ptb").text_key == "sentence"
-  assert datasets.get_spec("lambada").text_key == "passage"
-  assert datasets.get_spec("lm1b").detokenizer is datasets.lm1b_detokenizer
+  assert datasets.get_spec("lm1b").detokenizer == "lm1b"
   assert datasets.get_spec("openwebtext").splits["validation"] == "train[-100000:]"
 
 
-def test_detokenizers():
-  assert datasets.wt_detokenizer(
-      " = Valkyria = \n The game 's 1 @,@ 000 @-@ odd units ( in 2011 ) . \n") == (
-          " = Valkyria =\nThe game's 1,000-odd units (in 2011).\n")
-  assert datasets.ptb_detokenizer("it 's not a <unk> , they do n't pay $ N") == (
-      "it's not a ? , they don't pay $ N")
-  assert datasets.ptb_detokenizer("paid $ N million") == "paid $1 million"
-  assert datasets.lm1b_detokenizer('He said , " it is ( really ) fine . "') == (
-      'He said, "it is (really) fine."')
-  assert datasets.lambada_detokenizer("  “Hi,” she said.  ") == '\n"Hi," she said.'
+def test_lambada_from_a_local_openai_jsonl(tmp_path):
+  """LAMBADA is read as the authors read it: OpenAI's jsonl, field `text`, detokenized."""
+  path = tmp_path / "lambada_test.jsonl"
+  path.write_text('{"text": "\u201cHi,\u201d she said to her friend"}\n\n'
+                  '{"text": "  the last word  "}\n', encoding="utf-8")
+  config = ml_collections.ConfigDict({"dataset": "lambada", "text_file": str(path)})
+  docs = datasets.load_documents(config, "test", str(tmp_path / "tfds"))
+  assert list(docs) == ['\n"Hi," she said to her friend', "\nthe last word"]
+  path.write_text('{"text": "ok"}\n{"passage": "wrong field"}\n', encoding="utf-8")
+  config.text_file = str(path)
+  with pytest.raises(ValueError, match=r"lambada_test.jsonl:2 is not a JSON object with a 'text'"):
+    datasets.load_documents(config, "test", str(tmp_path / "tfds"))

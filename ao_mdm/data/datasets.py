@@ -1,4 +1,4 @@
-"""TFDS datasets: builders over the embedded corpus and local text, a catalog registry, detokenizers.
+"""TFDS datasets: builders over the embedded corpus and local files, and a catalog registry.
 
 Everything is read back as ArrayRecord through `as_data_source()` (random access, no TensorFlow).
 """
@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import glob
 import hashlib
+import json
 import math
 import os
 import re
@@ -18,91 +19,10 @@ from etils import epath
 from tensorflow_datasets.core import utils as tfds_utils
 
 from ao_mdm.data import corpus
+from ao_mdm.data.detokenize import detokenize
 
 VALIDATION_FRACTION = 0.05
 TEXT_KEY = "text"
-
-
-# Detokenizers, verbatim from SEDD `data.py` / MDLM `dataloader.py` (the evaluation convention).
-
-def wt_detokenizer(string: str) -> str:
-  """Undoes WikiText tokenization (SEDD/MDLM `wt_detokenizer`)."""
-  # contractions
-  string = string.replace("s '", "s'")
-  string = re.sub(r"/' [0-9]/", r"/'[0-9]/", string)
-  # number separators
-  string = string.replace(" @-@ ", "-")
-  string = string.replace(" @,@ ", ",")
-  string = string.replace(" @.@ ", ".")
-  # punctuation
-  string = string.replace(" : ", ": ")
-  string = string.replace(" ; ", "; ")
-  string = string.replace(" . ", ". ")
-  string = string.replace(" ! ", "! ")
-  string = string.replace(" ? ", "? ")
-  string = string.replace(" , ", ", ")
-  # double brackets
-  string = re.sub(r"\(\s*([^\)]*?)\s*\)", r"(\1)", string)
-  string = re.sub(r"\[\s*([^\]]*?)\s*\]", r"[\1]", string)
-  string = re.sub(r"{\s*([^}]*?)\s*}", r"{\1}", string)
-  string = re.sub(r"\"\s*([^\"]*?)\s*\"", r'"\1"', string)
-  string = re.sub(r"'\s*([^']*?)\s*'", r"'\1'", string)
-  # miscellaneous
-  string = string.replace("= = = =", "====")
-  string = string.replace("= = =", "===")
-  string = string.replace("= =", "==")
-  string = string.replace(" " + chr(176) + " ", chr(176))
-  string = string.replace(" \n", "\n")
-  string = string.replace("\n ", "\n")
-  string = string.replace(" N ", " 1 ")
-  string = string.replace(" 's", "'s")
-  return string
-
-
-def ptb_detokenizer(x: str) -> str:
-  """Undoes Penn Treebank tokenization (SEDD/MDLM `ptb_detokenizer`)."""
-  x = x.replace(" 's", "'s")
-  x = x.replace("s ' ", "s' ")
-  x = x.replace(" n't", "n't")
-  x = x.replace(" \n ", "\n")
-  x = x.replace("\\/", "/")
-  for _ in range(10):
-    x = x.replace(" N ", " 1 ")
-  x = x.replace("$ 1", "$1")
-  x = x.replace("# 1", "#1")
-  x = x.replace("<unk>", "?")
-  return x
-
-
-def lm1b_detokenizer(x: str) -> str:
-  """Undoes One Billion Word tokenization (SEDD/MDLM `lm1b_detokenizer`)."""
-  x = x.replace("http : / / ", "http://")
-  x = x.replace("https : / / ", "https://")
-  x = re.sub(r" \'(\w+)", r"'\1", x)
-  x = re.sub(r" (\w+) \. ", r" \1. ", x)
-  x = re.sub(r" (\w+) \.$", r" \1.", x)
-  x = x.replace(" ? ", "? ")
-  x = re.sub(r" \?$", "?", x)
-  x = x.replace(" ! ", "! ")
-  x = re.sub(r" \!$", "!", x)
-  x = x.replace(" , ", ", ")
-  x = x.replace(" : ", ": ")
-  x = x.replace(" ; ", "; ")
-  x = x.replace(" / ", "/")
-  x = re.sub(r"\" ([^\"]+) \"", r'"\1"', x)
-  x = re.sub(r"\' ([^\']+) \'", r"'\1'", x)
-  x = re.sub(r"\( ([^\(\)]+) \)", r"(\1)", x)
-  x = re.sub(r"\[ ([^\[\]]+) \]", r"[\1]", x)
-  x = x.replace("$ ", "$")
-  x = x.replace("£ ", "£")
-  return x
-
-
-def lambada_detokenizer(text: str) -> str:
-  """Normalises LAMBADA quotes and prefixes a newline (SEDD/MDLM `lambada_detokenizer`)."""
-  text = text.replace("“", '"')
-  text = text.replace("”", '"')
-  return "\n" + text.strip()
 
 
 # Builders defined by the project. skip_registration: they are built directly, never by name,
@@ -219,10 +139,46 @@ class TextFile(_LocalBuilder, skip_registration=True):
     return {s: self._generate_examples(docs) for s, docs in splits.items()}
 
 
+def _file_config(path: str) -> TextFileConfig:
+  """A builder config for a local source, named by the source's content hash."""
+  return TextFileConfig(name=f"h{text_source_hash(path)}", path=os.path.abspath(path))
+
+
 def text_file_builder(path: str, tfds_dir: str) -> TextFile:
-  """The TextFile builder for a local source, its config named by the source's content hash."""
-  config = TextFileConfig(name=f"h{text_source_hash(path)}", path=os.path.abspath(path))
-  return TextFile(config=config, data_dir=tfds_dir)
+  return TextFile(config=_file_config(path), data_dir=tfds_dir)
+
+
+class LambadaJsonl(_LocalBuilder, skip_registration=True):
+  """OpenAI's LAMBADA test file (lambada_test.jsonl: one JSON object a line, field `text`), local."""
+
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return _text_info(self, f"LAMBADA (OpenAI's jsonl) from {self.builder_config.path}.")
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {"test": self._generate_examples(read_jsonl_texts(self.builder_config.path))}
+
+
+def read_jsonl_texts(path: str, field: str = "text") -> list[str]:
+  """The `field` of every line of a local JSONL file, with a clear error for a bad line."""
+  if not path or not os.path.isfile(path):
+    raise FileNotFoundError(f"JSONL file not found: {path!r} (LAMBADA: OpenAI's "
+                            f"lambada_test.jsonl, given with data.text_file)")
+  texts = []
+  with open(path, encoding="utf-8") as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        texts.append(str(json.loads(line)[field]))
+      except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}:{n} is not a JSON object with a {field!r} field "
+                         f"({type(e).__name__})") from None
+  if not texts:
+    raise ValueError(f"JSONL file {path!r} holds no record")
+  return texts
 
 
 # Registry.
@@ -234,7 +190,7 @@ class DatasetSpec:
   name: str
   splits: Mapping[str, str]  # our split name -> TFDS split (slicing allowed, e.g. "train[-100:]")
   text_key: str = TEXT_KEY
-  detokenizer: Callable[[str], str] | None = None
+  detokenizer: str = ""  # a table of ao_mdm.data.detokenize.RULES
   make_builder: Callable[[Any, str], tfds.core.DatasetBuilder] | None = None  # (config, dir)
   tfds_name: str = ""  # catalog datasets: the name for `tfds build`
   tfds_path: str = ""  # catalog datasets: where they lie under the TFDS data dir
@@ -251,20 +207,21 @@ DATASETS: dict[str, DatasetSpec] = {
     # Catalog datasets: prepared elsewhere (e.g. `tfds build`), read from the TFDS data dir.
     # As in SEDD/MDLM, every example (a WikiText line, a PTB sentence, ...) is one document.
     "wikitext2": DatasetSpec(
-        "wikitext2", _TRAIN_VAL_TEST, detokenizer=wt_detokenizer,
+        "wikitext2", _TRAIN_VAL_TEST, detokenizer="wikitext",
         tfds_name="huggingface:wikitext/wikitext-2-raw-v1", tfds_path="wikitext/wikitext_2_raw_v1"),
     "wikitext103": DatasetSpec(
-        "wikitext103", _TRAIN_VAL_TEST, detokenizer=wt_detokenizer,
+        "wikitext103", _TRAIN_VAL_TEST, detokenizer="wikitext",
         tfds_name="huggingface:wikitext/wikitext-103-raw-v1",
         tfds_path="wikitext/wikitext_103_raw_v1"),
     "ptb": DatasetSpec(
-        "ptb", _TRAIN_VAL_TEST, text_key="sentence", detokenizer=ptb_detokenizer,
+        "ptb", _TRAIN_VAL_TEST, text_key="sentence", detokenizer="ptb",
         tfds_name="huggingface:ptb_text_only", tfds_path="ptb_text_only"),
+    # The authors evaluate on OpenAI's lambada_test.jsonl (not TFDS's LAMBADA): data.text_file.
     "lambada": DatasetSpec(
-        "lambada", {"train": "train", "test": "test"}, text_key="passage",
-        detokenizer=lambada_detokenizer, tfds_name="lambada", tfds_path="lambada"),
+        "lambada", {"test": "test"}, detokenizer="lambada",
+        make_builder=lambda cfg, d: LambadaJsonl(config=_file_config(cfg.text_file), data_dir=d)),
     "lm1b": DatasetSpec(
-        "lm1b", {"train": "train", "test": "test"}, detokenizer=lm1b_detokenizer,
+        "lm1b", {"train": "train", "test": "test"}, detokenizer="lm1b",
         tfds_name="lm1b", tfds_path="lm1b"),
     # MDLM: the last 100k documents of OpenWebText's only split are the validation set.
     "openwebtext": DatasetSpec(
@@ -325,7 +282,7 @@ def _catalog_builder(spec: DatasetSpec, tfds_dir: str) -> tfds.core.DatasetBuild
 class Documents(Sequence[str]):
   """Random-access, detokenized document strings of one split of a TFDS data source."""
 
-  def __init__(self, source: Sequence[Any], text_key: str, detokenizer=None):
+  def __init__(self, source: Sequence[Any], text_key: str, detokenizer: str = ""):
     self._source = source
     self._text_key = text_key
     self._detokenizer = detokenizer
@@ -342,7 +299,7 @@ class Documents(Sequence[str]):
     text = self._source[index % n][self._text_key]
     if isinstance(text, bytes):
       text = text.decode("utf-8")
-    return self._detokenizer(text) if self._detokenizer else text
+    return detokenize(self._detokenizer, text) if self._detokenizer else text
 
 
 def load_documents(data_config: Any, split: str, tfds_dir: str) -> Documents:
