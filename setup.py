@@ -33,7 +33,8 @@ setup(
     python_requires=">=3.11,<3.12",
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": ["pytest==9.2.0", "scipy==1.17.1", "torch==2.13.0"],
+        "test": ["pytest==9.2.0", "scipy==1.17.1", "torch==2.13.0", "transformers==5.24.0",
+                 "safetensors==0.8.0"],  # transformers: a tiny GPT-2 to test import-gpt2
         "tpu": ["libtpu==0.0.42.1"],
         "torch": ["torch==2.13.0"],
         "repro": ["matplotlib==3.11.2"],  # plots of scripts/reproduce.py

@@ -1,0 +1,232 @@
+"""GPT-2 in Flax (the Hugging Face architecture), imported from a local HF directory, to score
+samples by generative perplexity. Names carry shapes: B batch, T tokens, D width, F MLP width,
+H heads, K head dim, V vocab.
+"""
+import dataclasses
+import json
+import os
+import shutil
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+
+CONFIG_FILE = "gpt2_config.json"
+PARAMS_DIR = "params"
+# Hugging Face options that change the architecture, with the HF default, the only value accepted.
+HF_FIXED = {"activation_function": "gelu_new", "n_inner": None, "scale_attn_weights": True,
+            "scale_attn_by_inverse_layer_idx": False}
+# Our flat param path -> the HF key (without "transformer."); "{}" is the layer index.
+HF_NAMES = {
+    "wte/embedding": "wte.weight", "wpe/embedding": "wpe.weight",
+    "ln_f/scale": "ln_f.weight", "ln_f/bias": "ln_f.bias",
+    "h/ln_1/scale": "h.{}.ln_1.weight", "h/ln_1/bias": "h.{}.ln_1.bias",
+    "h/c_attn/kernel": "h.{}.attn.c_attn.weight", "h/c_attn/bias": "h.{}.attn.c_attn.bias",
+    "h/attn_proj/kernel": "h.{}.attn.c_proj.weight", "h/attn_proj/bias": "h.{}.attn.c_proj.bias",
+    "h/ln_2/scale": "h.{}.ln_2.weight", "h/ln_2/bias": "h.{}.ln_2.bias",
+    "h/c_fc/kernel": "h.{}.mlp.c_fc.weight", "h/c_fc/bias": "h.{}.mlp.c_fc.bias",
+    "h/mlp_proj/kernel": "h.{}.mlp.c_proj.weight", "h/mlp_proj/bias": "h.{}.mlp.c_proj.bias",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class GPT2Config:
+  """The hyperparameters of a GPT-2, as `gpt2_config.json` stores them."""
+  n_layer: int
+  n_head: int
+  n_embd: int
+  n_positions: int
+  vocab_size: int
+  layer_norm_epsilon: float
+
+  @classmethod
+  def from_dict(cls, d: dict, source: str) -> "GPT2Config":
+    """Read the fields from a JSON dict, naming `source` in the error if some are missing."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    missing = [n for n in names if n not in d]
+    if missing:
+      raise ValueError(f"{source}: missing GPT-2 config key(s) {', '.join(missing)}")
+    cfg = cls(*[int(d[n]) for n in names[:-1]], float(d["layer_norm_epsilon"]))
+    if min(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.vocab_size) < 1 or cfg.n_embd % cfg.n_head:
+      raise ValueError(f"{source}: invalid GPT-2 config {cfg}")
+    return cfg
+
+
+def _layer_norm(cfg: GPT2Config, name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, use_fast_variance=False, name=name)
+
+
+class Block(nn.Module):
+  """One pre-LayerNorm block: causal self-attention, then a GELU (tanh) MLP, both residual."""
+  cfg: GPT2Config
+
+  @nn.compact
+  def __call__(self, x_BTD: jax.Array, _: Any) -> tuple[jax.Array, None]:
+    b, t, d = x_BTD.shape
+    h = self.cfg.n_head
+    qkv_BT3D = nn.Dense(3 * d, name="c_attn")(_layer_norm(self.cfg, "ln_1")(x_BTD))
+    q_BTHK, k_BTHK, v_BTHK = [y.reshape(b, t, h, d // h) for y in jnp.split(qkv_BT3D, 3, -1)]
+    a_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True)  # 1/sqrt(K)
+    x_BTD = x_BTD + nn.Dense(d, name="attn_proj")(a_BTHK.reshape(b, t, d))
+    y_BTF = nn.gelu(nn.Dense(4 * d, name="c_fc")(_layer_norm(self.cfg, "ln_2")(x_BTD)),
+                    approximate=True)
+    return x_BTD + nn.Dense(d, name="mlp_proj")(y_BTF), None
+
+
+class GPT2LM(nn.Module):
+  """GPT-2: token + learned position embeddings, scanned blocks, final LayerNorm, tied head."""
+  cfg: GPT2Config
+
+  @nn.compact
+  def __call__(self, ids_BT: jax.Array) -> jax.Array:
+    cfg = self.cfg
+    wte = nn.Embed(cfg.vocab_size, cfg.n_embd, name="wte")
+    wpe_TD = nn.Embed(cfg.n_positions, cfg.n_embd, name="wpe")(jnp.arange(ids_BT.shape[1]))
+    blocks = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
+                     length=cfg.n_layer)(cfg, name="h")
+    x_BTD, _ = blocks(wte(ids_BT) + wpe_TD, None)
+    return wte.attend(_layer_norm(cfg, "ln_f")(x_BTD))  # [B, T, V]
+
+
+def _param_shapes(cfg: GPT2Config) -> dict:
+  """The params tree of GPT2LM(cfg) as ShapeDtypeStructs (layers stacked on axis 0)."""
+  ids = jnp.zeros((1, 1), jnp.int32)
+  return jax.eval_shape(GPT2LM(cfg).init, jax.random.key(0), ids)["params"]
+
+
+def _read_hf_weights(hf_dir: str) -> dict:
+  """The state dict of `model.safetensors` or else `pytorch_model.bin`, as float32 numpy."""
+  st, pt = os.path.join(hf_dir, "model.safetensors"), os.path.join(hf_dir, "pytorch_model.bin")
+  if os.path.isfile(st):
+    from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+    sd = load_file(st)
+  elif os.path.isfile(pt):
+    import torch  # pylint: disable=import-outside-toplevel
+    sd = {k: v.float().numpy() for k, v in
+          torch.load(pt, map_location="cpu", weights_only=True).items()}
+  else:
+    raise FileNotFoundError(f"{hf_dir!r} has neither model.safetensors nor pytorch_model.bin")
+  return {k.removeprefix("transformer."): np.asarray(v, np.float32) for k, v in sd.items()}
+
+
+def _hf_params(sd: dict, cfg: GPT2Config, source: str) -> dict:
+  """Map an HF GPT-2 state dict to our params; refuse missing, misshaped or unknown keys."""
+  lm_head = sd.pop("lm_head.weight", None)
+  if lm_head is not None and "wte.weight" in sd and not np.array_equal(lm_head, sd["wte.weight"]):
+    raise ValueError(f"{source}: lm_head.weight differs from wte.weight (untied head)")
+  sd = {k: v for k, v in sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+  flat, missing, bad = {}, [], []
+  for path, want in flax.traverse_util.flatten_dict(_param_shapes(cfg), sep="/").items():
+    layered = "{}" in HF_NAMES[path]
+    keys = [HF_NAMES[path].format(i) for i in range(cfg.n_layer)] if layered else [HF_NAMES[path]]
+    shape = want.shape[1:] if layered else want.shape  # Conv1D weights are [in, out] like ours
+    missing += [k for k in keys if k not in sd]
+    bad += [f"{k} {sd[k].shape} (expected {shape})" for k in keys
+            if k in sd and sd[k].shape != shape]
+    if all(k in sd for k in keys):
+      flat[path] = np.stack([sd.pop(k) for k in keys]) if layered else sd.pop(keys[0])
+  errors = [f"missing key(s) {', '.join(missing)}"] if missing else []
+  errors += [f"wrong shape(s) {'; '.join(bad)}"] if bad else []
+  errors += [f"unexpected key(s) {', '.join(sorted(sd))}"] if sd else []
+  if errors:
+    raise ValueError(f"{source}: " + "; ".join(errors))
+  return flax.traverse_util.unflatten_dict(flat, sep="/")
+
+
+def import_hf_gpt2(hf_dir: str, out: str) -> str:
+  """Convert a local HF GPT-2 directory into `<out>/{gpt2_config.json, params}`; return `out`."""
+  if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+    raise FileExistsError(f"{out!r} exists and is not an empty directory")
+  config_path = os.path.join(hf_dir, "config.json")
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"{config_path!r} not found (expected a Hugging Face GPT-2 directory)")
+  with open(config_path) as f:
+    hf_config = json.load(f)
+  cfg = GPT2Config.from_dict(hf_config, config_path)
+  unsupported = {k: hf_config[k] for k, v in HF_FIXED.items() if hf_config.get(k, v) != v}
+  if unsupported:
+    raise ValueError(f"{config_path}: unsupported GPT-2 option(s) {unsupported}")
+  params = _hf_params(_read_hf_weights(hf_dir), cfg, hf_dir)
+  out = os.path.abspath(out)
+  tmp = f"{out}.tmp{os.getpid()}"
+  shutil.rmtree(tmp, ignore_errors=True)
+  os.makedirs(tmp)
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(os.path.join(tmp, PARAMS_DIR), params)
+    ckptr.wait_until_finished()
+  with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
+    json.dump({"kind": "gpt2", **dataclasses.asdict(cfg)}, f, indent=2)
+  os.replace(tmp, out)
+  return out
+
+
+def _export_config(path: str) -> dict | None:
+  """The `gpt2_config.json` dict of an export at `path`, or None if there is none."""
+  try:
+    with open(os.path.join(path, CONFIG_FILE)) as f:
+      d = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return d if isinstance(d, dict) and d.get("kind") == "gpt2" else None
+
+
+def is_gpt2_export(path: str) -> bool:
+  """Whether `path` holds a GPT-2 export (a `gpt2_config.json` of kind "gpt2")."""
+  return _export_config(path) is not None
+
+
+class GPT2Scorer:
+  """A GPT-2 with params on device: per-token NLL of token ids, for generative perplexity."""
+
+  def __init__(self, cfg: GPT2Config, params: Any):
+    self.cfg, self.vocab_size, self.block_size = cfg, cfg.vocab_size, cfg.n_positions
+    self._params = jax.device_put(params)
+    model = GPT2LM(cfg)
+    self._logits = jax.jit(lambda p, ids_BT: model.apply({"params": p}, ids_BT))
+    self._nll = jax.jit(lambda p, ids_BT: optax.softmax_cross_entropy_with_integer_labels(
+        model.apply({"params": p}, ids_BT)[:, :-1], ids_BT[:, 1:]))
+
+  def _check(self, ids_BT: np.ndarray) -> np.ndarray:
+    """Refuse ids that the model cannot score: not [B, T] integers, too long, or off-vocab."""
+    ids_BT = np.asarray(ids_BT)
+    if ids_BT.ndim != 2 or ids_BT.shape[1] < 1 or not np.issubdtype(ids_BT.dtype, np.integer):
+      raise ValueError(f"ids must be integers [B, T >= 1], got {ids_BT.dtype} {ids_BT.shape}")
+    if ids_BT.shape[1] > self.block_size:
+      raise ValueError(f"length {ids_BT.shape[1]} > GPT-2 block_size {self.block_size}")
+    if ids_BT.size and (ids_BT.min() < 0 or ids_BT.max() >= self.vocab_size):
+      raise ValueError(f"ids in [{ids_BT.min()}, {ids_BT.max()}] outside the GPT-2 vocabulary "
+                       f"[0, {self.vocab_size})")
+    return ids_BT.astype(np.int32)
+
+  def _run(self, fn: Any, ids_BT: np.ndarray) -> np.ndarray:
+    with jax.default_matmul_precision("highest"):  # float32 matmuls, no TF32 on GPUs
+      return np.asarray(fn(self._params, self._check(ids_BT)))
+
+  def logits(self, ids_BT: np.ndarray) -> np.ndarray:
+    """float32 [B, T, V] next-token logits (for tests)."""
+    return self._run(self._logits, ids_BT)
+
+  def token_nll(self, ids_BT: np.ndarray) -> np.ndarray:
+    """float64 [B, T-1] NLL of tokens 1..T-1 given their prefix (token 0 is not scored)."""
+    return self._run(self._nll, ids_BT).astype(np.float64)
+
+
+def load_gpt2_scorer(path: str) -> GPT2Scorer:
+  """Load a GPT-2 export written by `import_hf_gpt2`."""
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"GPT-2 export {path!r} not found")
+  d = _export_config(path)
+  if d is None:
+    raise ValueError(f"{path!r} is not a GPT-2 export (no {CONFIG_FILE} of kind 'gpt2')")
+  cfg = GPT2Config.from_dict(d, os.path.join(path, CONFIG_FILE))
+  try:
+    with ocp.StandardCheckpointer() as ckptr:
+      params = ckptr.restore(os.path.join(os.path.abspath(path), PARAMS_DIR), _param_shapes(cfg))
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"{path!r}: cannot restore the GPT-2 params: {e}") from e
+  return GPT2Scorer(cfg, params)
