@@ -36,6 +36,18 @@ class Scorer:
   def _nll(self) -> Callable:
     return jax.jit(functools.partial(model_lib.slot_nll, self.model))
 
+  @property
+  def vocab_size(self) -> int:
+    return int(self.cfg.vocab_size)
+
+  @property
+  def block_size(self) -> int:
+    return int(self.cfg.block_size)
+
+  def token_nll(self, ids_BT: np.ndarray) -> np.ndarray:
+    """[B, T-1] L2R NLL of tokens 1..T-1 (the generative-perplexity interface)."""
+    return l2r_nll(self, ids_BT)[:, 1:]
+
   def slot_nll(self, tokens_BT: np.ndarray, order_BL: np.ndarray) -> np.ndarray:
     """[B, L] NLL of slot s (target order[s]) given the tokens at order[:s]; L <= T slots."""
     b = len(tokens_BT)
@@ -103,45 +115,72 @@ def ensemble_nll(scorer: Scorer, tokens_BT: np.ndarray, order_BT: np.ndarray, m:
 
 
 def evaluate_blocks(scorer: Scorer, blocks_NT: np.ndarray, *, orders: int = 1,
-                    ensemble: Sequence[int] = (), batch_size: int = 8, seed: int = 0,
+                    any_order_blocks: Optional[int] = None, ensemble: Sequence[int] = (),
+                    batch_size: int = 8, seed: int = 0,
                     progress: Optional[Callable] = None) -> dict:
-  """L2R, any-order (K random orders, with standard error) and ensemble perplexities."""
+  """L2R and ensemble perplexities over every block; any-order over `any_order_blocks` of them.
+
+  The any-order estimate (K random orders per block, with its standard error) uses a seeded
+  shuffle of the blocks cut to `any_order_blocks` (None: all), as the authors' loaders do. The
+  ensemble draws one random order per block and reshuffles its contexts (paper eq. 7).
+  `progress(n)` is called as blocks are done; the total is `evaluation_units(...)`.
+  """
   if orders < 1:
     raise ValueError(f"orders={orders} must be >= 1")
   if batch_size < 1:
     raise ValueError(f"batch_size={batch_size} must be >= 1")
   n, t = blocks_NT.shape
-  l2r, any_order, ens = [], [], {m: [] for m in ensemble}
+  ao_rows = _any_order_rows(n, any_order_blocks, seed)
+  l2r, ens = [], {m: [] for m in ensemble}
   cost = {m: 0.0 for m in ensemble}
   for start in range(0, n, batch_size):
     tokens = blocks_NT[start:start + batch_size]
     b = len(tokens)
     l2r.append(l2r_nll(scorer, tokens).mean(1))
-    per_order = []
-    for k in range(orders):
-      order = random_orders(seed * 1_000_003 + start * orders + k, b, t)
-      per_order.append(scorer.slot_nll(tokens, order).mean(1))
-      if k == 0:
-        for m in ensemble:
-          e, c = ensemble_nll(scorer, tokens, order, m, seed + start)
-          ens[m].append(e.mean(1))
-          cost[m] += c["full_forward_equivalents_per_target"] * b
+    if ensemble:
+      order = random_orders(seed * 1_000_003 + start + 1, b, t)
+      for m in ensemble:
+        e, c = ensemble_nll(scorer, tokens, order, m, seed + start)
+        ens[m].append(e.mean(1))
+        cost[m] += c["full_forward_equivalents_per_target"] * b
+    if progress:
+      progress(b)
+  any_order = []
+  for start in range(0, len(ao_rows), batch_size):
+    tokens = blocks_NT[ao_rows[start:start + batch_size]]
+    b = len(tokens)
+    per_order = [scorer.slot_nll(tokens, random_orders(
+        seed * 1_000_003 + n + start * orders + k, b, t)).mean(1) for k in range(orders)]
     any_order.append(np.stack(per_order, 1))
     if progress:
       progress(b)
   l2r = np.concatenate(l2r)
-  ao = np.concatenate(any_order)  # [N, K]
+  ao = np.concatenate(any_order)  # [N_ao, K]
+  m_ao = len(ao)
   # Standard error of the any-order mean NLL over sequences (each averaged over its K orders).
-  se_nll = ao.mean(1).std(ddof=1) / math.sqrt(n) if n > 1 else float("nan")
+  se_nll = ao.mean(1).std(ddof=1) / math.sqrt(m_ao) if m_ao > 1 else float("nan")
   out = {"l2r_ppl": math.exp(l2r.mean()), "l2r_nll": float(l2r.mean()),
          "any_order_ppl": math.exp(ao.mean()), "any_order_nll": float(ao.mean()),
          "any_order_se": math.exp(ao.mean()) * se_nll,  # delta method, in perplexity units
-         "any_order_nll_se": float(se_nll), "orders": orders, "tokens": int(n * t),
-         "sequences": int(n)}
+         "any_order_nll_se": float(se_nll), "orders": orders, "any_order_sequences": m_ao,
+         "tokens": int(n * t), "sequences": int(n)}
   if ensemble:
     out["ensemble_ppl"] = {str(m): math.exp(np.concatenate(ens[m]).mean()) for m in ensemble}
     out["ensemble_cost_full_forwards_per_target"] = {str(m): cost[m] / n for m in ensemble}
   return out
+
+
+def _any_order_rows(n: int, limit: Optional[int], seed: int) -> np.ndarray:
+  if limit is None or limit >= n:
+    return np.arange(n)
+  if limit < 1:
+    raise ValueError(f"any_order_blocks={limit} must be >= 1 (or None for all)")
+  return np.sort(np.random.default_rng(seed).permutation(n)[:limit])
+
+
+def evaluation_units(n: int, any_order_blocks: Optional[int]) -> int:
+  """Progress units of evaluate_blocks over n blocks."""
+  return n + (n if any_order_blocks is None else min(n, any_order_blocks))
 
 
 def unigram_entropy(ids: Sequence[int]) -> float:
@@ -151,22 +190,33 @@ def unigram_entropy(ids: Sequence[int]) -> float:
   return float(-(p * np.log(p)).sum())
 
 
-def generative_perplexity(scorer: Scorer, samples: Sequence[Sequence[int]],
+def generative_perplexity(scorer: Any, samples: Sequence[Sequence[int]],
                           batch_size: int = 8) -> dict:
-  """Per-sample L2R perplexity exp(mean NLL) under the scorer, averaged over samples."""
-  t = scorer.cfg.block_size
-  lengths = {len(s) for s in samples}
-  if not samples or len(lengths) != 1 or lengths.pop() > t:
-    raise ValueError(f"samples must be non-empty, of equal length and at most the scorer's "
-                     f"block_size={t} tokens")
-  ids = np.asarray(samples, np.int32)
-  if ids.max() >= scorer.cfg.vocab_size:
-    raise ValueError(f"sample token id {ids.max()} is outside the scorer's vocab "
-                     f"{scorer.cfg.vocab_size}")
-  ppl = []
-  for start in range(0, len(ids), batch_size):
-    ppl.append(np.exp(l2r_nll(scorer, ids[start:start + batch_size]).mean(1)))
-  ppl = np.concatenate(ppl)
-  entropy = np.asarray([unigram_entropy(s) for s in ids])
+  """Mean over samples of exp(mean NLL of tokens 1..n-1) under an L2R scorer, and unigram entropy.
+
+  As the authors score with GPT-2 Large: the first token is not scored, and the reported figure
+  is the mean of per-sample perplexities. `scorer` is a Scorer or a gpt2_scorer.GPT2Scorer;
+  samples may differ in length (re-tokenized text) and are batched by length.
+  """
+  if not samples or min(len(s) for s in samples) < 2:
+    raise ValueError("samples must be non-empty and hold at least 2 tokens each")
+  longest = max(len(s) for s in samples)
+  if longest > scorer.block_size:
+    raise ValueError(f"a sample has {longest} tokens; the scorer reads at most "
+                     f"{scorer.block_size}")
+  top = max(max(s) for s in samples)
+  if top >= scorer.vocab_size or min(min(s) for s in samples) < 0:
+    raise ValueError(f"sample token id {top} is outside the scorer's vocab [0, "
+                     f"{scorer.vocab_size})")
+  ppl = np.empty(len(samples))
+  by_length = {}
+  for i, s in enumerate(samples):
+    by_length.setdefault(len(s), []).append(i)
+  for rows in by_length.values():
+    for start in range(0, len(rows), batch_size):
+      chunk = rows[start:start + batch_size]
+      ids = np.asarray([samples[i] for i in chunk], np.int32)
+      ppl[chunk] = np.exp(scorer.token_nll(ids).mean(1))
+  entropy = np.asarray([unigram_entropy(s) for s in samples])
   return {"gen_ppl": float(ppl.mean()), "gen_ppl_median": float(np.median(ppl)),
-          "unigram_entropy": float(entropy.mean()), "samples": len(ids)}
+          "unigram_entropy": float(entropy.mean()), "samples": len(samples)}

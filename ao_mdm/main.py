@@ -12,9 +12,11 @@ COMMANDS = {
     "export": "write the EMA params alone: --workdir=DIR --out=DIR [--weights=ema|params]",
     "sample": "sample texts: --checkpoint=DIR [--prompt=TEXT | --infill='a [MASK] b'] [--steps=64 ...]",
     "eval": "perplexities: --checkpoint=DIR [--datasets=sotu,wikitext2 | --text_file=PATH] "
-            "[--orders=K --ensemble=8,64]; or --generated=FILE.jsonl --scorer=DIR",
+            "[--protocol=paper|custom --ensemble=8,64]; or --generated=FILE.jsonl --scorer=DIR",
     "import-torch": "convert a reference PyTorch checkpoint: --checkpoint=ckpt.pt --out=DIR "
                     "[--weights=ema|model] [--variant=ao|sigma]",
+    "import-gpt2": "convert a local Hugging Face GPT-2 (e.g. gpt2-large) into a scorer for "
+                   "eval --generated: --hf_dir=DIR --out=DIR",
     "compile": "ahead-of-time compile of the train step for a TPU topology: --config=... "
                "--topology=v5e:4x4",
     "bench": "benchmarks: `bench sample --config=configs/bench_sampler.py`, "
@@ -42,7 +44,11 @@ def _define_flags() -> None:
   flags.DEFINE_integer("steps", 64, "sample: decoding steps S.")
   flags.DEFINE_enum("schedule", "linear", ["linear", "cosine"], "sample: unmasking schedule.")
   flags.DEFINE_float("temperature", 1.0, "sample: softmax temperature; 0 is greedy.")
-  flags.DEFINE_float("top_p", 1.0, "sample: nucleus mass in (0, 1].")
+  flags.DEFINE_float("top_p", 1.0, "sample: top-p mass in (0, 1]; 1 filters nothing.")
+  flags.DEFINE_enum("top_p_rule", "authors", ["authors", "nucleus"],
+                    "sample: authors = drop every token whose inclusive cumulative probability "
+                    "exceeds top_p, keeping the most likely (the authors' catsample.py); nucleus = "
+                    "keep the smallest set whose probability reaches top_p.")
   flags.DEFINE_integer("top_k", 0, "sample: keep the k most likely tokens; 0 is off.")
   flags.DEFINE_enum("order", "random", ["random", "l2r"], "sample: order of the unknown tokens.")
   flags.DEFINE_integer("num_samples", 4, "sample: how many samples.")
@@ -50,12 +56,24 @@ def _define_flags() -> None:
   flags.DEFINE_integer("seed", 0, "Random seed.")
   flags.DEFINE_string("datasets", "sotu", "eval: comma-separated dataset registry names.")
   flags.DEFINE_string("text_file", None, "eval: a local UTF-8 text file (one document per line).")
-  flags.DEFINE_string("split", "validation", "eval: dataset split.")
-  flags.DEFINE_integer("orders", 4, "eval: random orders per sequence for any-order perplexity.")
-  flags.DEFINE_string("ensemble", "", "eval: context-order ensemble sizes M, e.g. 8,64.")
-  flags.DEFINE_integer("max_blocks", 64, "eval: at most this many blocks per dataset (0: all).")
+  flags.DEFINE_enum("protocol", "paper", ["paper", "custom"],
+                    "eval: paper = the authors' protocol (split per dataset: wikitext2 train, "
+                    "others test; any-order on 128 shuffled blocks, all of PTB, one order each; "
+                    "L2R and ensemble on the whole split); custom = --split, --max_blocks, "
+                    "--orders.")
+  flags.DEFINE_string("split", "validation", "eval (custom protocol): dataset split.")
+  flags.DEFINE_integer("orders", 4, "eval (custom protocol): random orders per sequence for the "
+                       "any-order perplexity.")
+  flags.DEFINE_string("ensemble", "", "eval: context-order ensemble sizes M, e.g. 8,64; costs "
+                      "about M/2 full forwards per target token.")
+  flags.DEFINE_integer("max_blocks", 64, "eval (custom protocol): at most this many blocks per "
+                       "dataset (0: all).")
+  flags.DEFINE_string("lambada_file", None, "eval: OpenAI's lambada_test.jsonl (local) for "
+                      "--datasets=lambada.")
+  flags.DEFINE_string("hf_dir", None, "import-gpt2: a local Hugging Face GPT-2 directory.")
   flags.DEFINE_string("generated", None, "eval: samples (ao-mdm sample --out) to score.")
-  flags.DEFINE_string("scorer", None, "eval: checkpoint that scores --generated samples (L2R).")
+  flags.DEFINE_string("scorer", None, "eval: scores --generated samples left to right: an "
+                      "import-gpt2 export (the paper: GPT-2 Large) or an ao_mdm checkpoint.")
   flags.DEFINE_string("topology", None, "compile: a TPU topology such as v5e:4x4.")
   flags.DEFINE_string("init_from", None, "train: start from the params of an export or import.")
   flags.DEFINE_string("coordinator", None, "Multi-process: coordinator HOST:PORT (process 0).")
@@ -132,16 +150,18 @@ def _sample() -> None:
         params, config.model, batch_size=batch_size, steps=FLAGS.steps,
         schedule=FLAGS.schedule, temperature=FLAGS.temperature, top_p=FLAGS.top_p,
         top_k=FLAGS.top_k, seed=FLAGS.seed + start, known_positions=positions, known_tokens=ids,
-        order=FLAGS.order)
+        order=FLAGS.order, top_p_rule=FLAGS.top_p_rule,
+        vocab_limit=min(tokenizer.vocab_size, config.model.vocab_size))
     for row in out.tokens[:FLAGS.num_samples - start]:
       records.append({"text": sampling.decode_text(tokenizer.decode, row, tokenizer.eos_id,
                                                    tokenizer.vocab_size),
-                      "tokens": row.tolist()})
+                      "tokens": row.tolist(), "tokenizer": config.data.tokenizer})
   for i, r in enumerate(records):
     print(f"--- sample {i} (steps={FLAGS.steps}, {FLAGS.order} order) ---\n{r['text']}\n")
   if FLAGS.out:
     settings = {k: FLAGS[k].value for k in ("checkpoint", "prompt", "infill", "steps", "schedule",
-                                            "temperature", "top_p", "top_k", "order", "seed")}
+                                            "temperature", "top_p", "top_p_rule", "top_k", "order",
+                                            "seed")}
     tmp = FLAGS.out + ".tmp"
     with open(tmp, "w") as f:
       for r in records:
@@ -159,6 +179,28 @@ def _import_torch() -> None:
   print(f"wrote {FLAGS.out}")
 
 
+def _import_gpt2() -> None:
+  from ao_mdm import gpt2_scorer
+  _require(hf_dir=FLAGS.hf_dir, out=FLAGS.out)
+  print(f"wrote {gpt2_scorer.import_hf_gpt2(FLAGS.hf_dir, FLAGS.out)}")
+
+
+def _generated_samples(path: str, scorer) -> list:
+  """Token ids to score: the samples' own ids, or their text re-tokenized for a GPT-2 scorer."""
+  import json
+  from ao_mdm import gpt2_scorer
+  from ao_mdm.data import gpt2
+  with open(path, encoding="utf-8") as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  if not isinstance(scorer, gpt2_scorer.GPT2Scorer):
+    return [r["tokens"] for r in records]
+  own = [r for r in records if r.get("tokenizer") == "gpt2"]
+  if len(own) == len(records):
+    return [r["tokens"] for r in records]
+  encode = gpt2.GPT2Tokenizer().encode  # other tokenizers: score the text as GPT-2 reads it
+  return [encode(r["text"])[:scorer.block_size] for r in records]
+
+
 def _eval() -> None:
   import json
   import time
@@ -166,11 +208,14 @@ def _eval() -> None:
   from ao_mdm import checkpoints, evaluation
   from ao_mdm.data import datasets, pipeline, tokenizer as tok_lib
   if FLAGS.generated:
+    from ao_mdm import gpt2_scorer
     _require(scorer=FLAGS.scorer)
-    config, params = checkpoints.load_params(FLAGS.scorer, FLAGS.weights)
-    scorer = evaluation.Scorer(params, config.model, config.mesh)
-    with open(FLAGS.generated) as f:
-      samples = [json.loads(line)["tokens"] for line in f if line.strip()]
+    if gpt2_scorer.is_gpt2_export(FLAGS.scorer):
+      scorer = gpt2_scorer.load_gpt2_scorer(FLAGS.scorer)
+    else:
+      config, params = checkpoints.load_params(FLAGS.scorer, FLAGS.weights)
+      scorer = evaluation.Scorer(params, config.model, config.mesh)
+    samples = _generated_samples(FLAGS.generated, scorer)
     start = time.perf_counter()
     result = evaluation.generative_perplexity(scorer, samples, FLAGS.batch_size)
     result["seconds"] = time.perf_counter() - start
@@ -179,9 +224,15 @@ def _eval() -> None:
     print(json.dumps(result))
     return
   _require(checkpoint=FLAGS.checkpoint)
+  from ao_mdm import paper
+  custom = [f"--{k}" for k in ("split", "max_blocks", "orders") if FLAGS[k].present]
+  if FLAGS.protocol == "paper" and custom:
+    raise app.UsageError(f"{', '.join(custom)} apply with --protocol=custom; --protocol=paper "
+                         "fixes the split, block count and orders per dataset")
   config, params = checkpoints.load_params(FLAGS.checkpoint, FLAGS.weights)
   tokenizer = tok_lib.get_tokenizer(config.data, config.model.vocab_size, FLAGS.checkpoint)
   tok_lib.check_vocab(tokenizer, config.model.vocab_size)
+  config.model.dtype = "float32"  # the authors evaluate any-order and ensemble in fp32
   scorer = evaluation.Scorer(params, config.model, config.mesh)
   ensemble = [int(m) for m in FLAGS.ensemble.split(",") if m.strip()]
   t = config.model.block_size
@@ -199,15 +250,25 @@ def _eval() -> None:
     for name in [d.strip() for d in FLAGS.datasets.split(",") if d.strip()]:
       data_cfg = config.data.copy_and_resolve_references()
       data_cfg.dataset = name
-      named[name] = pipeline.eval_blocks(data_cfg, tokenizer, block_size=t, split=FLAGS.split,
-                                         tfds_dir=tfds_dir, max_blocks=FLAGS.max_blocks or None)
+      if name == "lambada":
+        _require(lambada_file=FLAGS.lambada_file)
+        data_cfg.text_file = FLAGS.lambada_file
+      split = paper.eval_split(name) if FLAGS.protocol == "paper" else FLAGS.split
+      max_blocks = None if FLAGS.protocol == "paper" else FLAGS.max_blocks or None
+      named[name] = pipeline.eval_blocks(data_cfg, tokenizer, block_size=t, split=split,
+                                         tfds_dir=tfds_dir, max_blocks=max_blocks)
   results = {}
   for name, blocks in named.items():
     start = time.perf_counter()
-    with tqdm.tqdm(total=len(blocks), desc=f"eval {name}", unit="block") as bar:
-      r = evaluation.evaluate_blocks(scorer, blocks, orders=FLAGS.orders, ensemble=ensemble,
-                                     batch_size=FLAGS.batch_size, seed=FLAGS.seed,
-                                     progress=bar.update)
+    if FLAGS.protocol == "paper":
+      n_orders, ao_blocks = 1, paper.eval_any_order_blocks(name)
+    else:
+      n_orders, ao_blocks = FLAGS.orders, None
+    units = evaluation.evaluation_units(len(blocks), ao_blocks)
+    with tqdm.tqdm(total=units, desc=f"eval {name}", unit="block") as bar:
+      r = evaluation.evaluate_blocks(scorer, blocks, orders=n_orders, any_order_blocks=ao_blocks,
+                                     ensemble=ensemble, batch_size=FLAGS.batch_size,
+                                     seed=FLAGS.seed, progress=bar.update)
     r["seconds"] = time.perf_counter() - start
     results[name] = r
   print(f"{'dataset':<24} {'tokens':>8} {'L2R ppl':>9} {'any-order ppl':>16} "
@@ -244,6 +305,7 @@ def run() -> None:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (TensorBoard writer) start-up noise
   handler = {"train": _train, "info": _info, "tokenizer": _tokenizer, "export": _export,
              "sample": _sample, "import-torch": _import_torch, "eval": _eval,
+             "import-gpt2": _import_gpt2,
              "compile": _compile}.get(command)
   if command == "bench":
     if not rest or rest[0] not in BENCHES:

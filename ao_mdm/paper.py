@@ -5,6 +5,8 @@ Every value cites the authors' file it mirrors (config_larger_model_v3/*.py, con
 train_AOGPT_CL.py defaults); "no authors' source" marks a value chosen here, with the reason.
 docs/reproducing.md has the same table with every difference explained.
 """
+from typing import Optional
+
 import ml_collections
 
 from ao_mdm.config import base_config
@@ -83,3 +85,23 @@ def paper_config(name: str = "ao_small") -> ml_collections.ConfigDict:
       c.order.update(kind="fixed", fixed=variant)
   c.mesh.ici = (1, -1, 1)  # FSDP over the slice; DCN data parallelism across slices
   return c
+
+
+# The authors' evaluation protocol (data.py get_valid_dataloaders, eval_ppl_AOGPT*.py): wikitext2
+# is scored on its train split, every other dataset on test (LAMBADA: OpenAI's whole jsonl); the
+# any-order perplexity stops at 16 batches of 8 = 128 shuffled blocks, except PTB (all of it);
+# L2R and ensemble perplexities cover the whole split.
+EVAL_SPLITS = {"wikitext2": "train", "wikitext103": "test", "ptb": "test", "lambada": "test",
+               "lm1b": "test"}
+EVAL_ANY_ORDER_BLOCKS = 128
+EVAL_ALL_BLOCKS = ("ptb",)
+
+
+def eval_split(dataset: str) -> str:
+  """The split the authors evaluate `dataset` on; datasets they do not use: validation."""
+  return EVAL_SPLITS.get(dataset, "validation")
+
+
+def eval_any_order_blocks(dataset: str) -> Optional[int]:
+  """Blocks of the any-order estimate (None: all of them)."""
+  return None if dataset in EVAL_ALL_BLOCKS else EVAL_ANY_ORDER_BLOCKS

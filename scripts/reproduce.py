@@ -43,7 +43,7 @@ def main() -> None:
       ao_mdm("train", f"--config=configs/repro.py:{run}", f"--workdir={workdir}")
     train_s = time.perf_counter() - start
     start = time.perf_counter()
-    ev = last_json(ao_mdm("eval", f"--checkpoint={workdir}", "--datasets=sotu", "--orders=4",
+    ev = last_json(ao_mdm("eval", f"--checkpoint={workdir}", "--datasets=sotu", "--protocol=custom", "--orders=4",
                           "--ensemble=4,16", f"--max_blocks={args.eval_blocks}"))["sotu"]
     ev["eval_wall_s"] = time.perf_counter() - start
     with open(os.path.join(workdir, "metrics.jsonl")) as f:

@@ -33,7 +33,8 @@ def _eval(*args):
 def test_text_file_eval_and_too_short_file(checkpoint, tmp_path):
   text = tmp_path / "doc.txt"
   text.write_text("Ünïcode is fine here.\n" + "We hold these truths to be self-evident. " * 20 + "\n")
-  out = _eval(f"--checkpoint={checkpoint}", f"--text_file={text}", "--orders=2", "--ensemble=2")
+  out = _eval(f"--checkpoint={checkpoint}", f"--text_file={text}", "--protocol=custom",
+              "--orders=2", "--ensemble=2")
   assert out.returncode == 0, out.stderr
   result = json.loads(out.stdout.strip().splitlines()[-1])[str(text)]
   assert result["tokens"] >= 32 and result["tokens"] % 32 == 0 and result["l2r_ppl"] > 1
@@ -62,3 +63,13 @@ def test_eight_devices_equal_one_and_mesh_errors(checkpoint, tmp_path):
                              rtol=1e-5)
   assert "mesh.ici=(3, 1, 1) has 3 devices but 8 are available" in got["errors"]["mesh"]
   assert "train.batch_size=4 must be divisible by the data-parallel size 8" in got["errors"]["batch"]
+
+
+def test_paper_protocol_splits_and_custom_flags(checkpoint):
+  """--protocol=paper (the default) scores any-order on 128 shuffled blocks, L2R on the split."""
+  out = _eval(f"--checkpoint={checkpoint}", "--datasets=sotu", "--batch_size=64")
+  assert out.returncode == 0, out.stderr
+  r = json.loads(out.stdout.strip().splitlines()[-1])["sotu"]
+  assert r["sequences"] > 128 and r["any_order_sequences"] == 128 and r["orders"] == 1
+  out = _eval(f"--checkpoint={checkpoint}", "--datasets=sotu", "--orders=2")
+  assert out.returncode != 0 and "--orders apply with --protocol=custom" in out.stderr

@@ -75,16 +75,26 @@ def test_evaluate_blocks_deterministic_and_consistent(scorer):
   b = evaluation.evaluate_blocks(scorer, blocks, orders=2, ensemble=(1, 3), batch_size=2, seed=4)
   assert a == b
   assert a["tokens"] == 5 * T and a["any_order_se"] > 0
-  c = evaluation.evaluate_blocks(scorer, blocks, orders=1, ensemble=(1,), batch_size=2, seed=4)
-  np.testing.assert_allclose(c["ensemble_ppl"]["1"], c["any_order_ppl"], rtol=1e-10)
+  assert a["any_order_sequences"] == 5
+  # The paper protocol: any-order on a seeded subset of the blocks, L2R and ensemble on all.
+  d = evaluation.evaluate_blocks(scorer, blocks, orders=2, any_order_blocks=2, ensemble=(3,),
+                                 batch_size=2, seed=4)
+  assert d["any_order_sequences"] == 2 and d["sequences"] == 5
+  assert d["l2r_ppl"] == a["l2r_ppl"] and d["ensemble_ppl"]["3"] == a["ensemble_ppl"]["3"]
+  assert d["any_order_ppl"] != a["any_order_ppl"]
 
 
 def test_generative_perplexity_and_entropy(scorer):
   samples = tokens(3, seed=3).tolist()
   out = evaluation.generative_perplexity(scorer, samples)
-  per = np.exp(evaluation.l2r_nll(scorer, np.asarray(samples)).mean(1))
+  # The first token is not scored (as the authors score with GPT-2 Large).
+  per = np.exp(evaluation.l2r_nll(scorer, np.asarray(samples))[:, 1:].mean(1))
   np.testing.assert_allclose(out["gen_ppl"], per.mean(), rtol=1e-10)
+  mixed = [samples[0][:5], samples[1], samples[2][:7]]  # re-tokenized text differs in length
+  expected = [np.exp(evaluation.l2r_nll(scorer, np.asarray([x]))[0, 1:].mean()) for x in mixed]
+  np.testing.assert_allclose(evaluation.generative_perplexity(scorer, mixed)["gen_ppl"],
+                             np.mean(expected), rtol=1e-10)
   assert evaluation.unigram_entropy([5] * 10) == 0.0
   np.testing.assert_allclose(evaluation.unigram_entropy([1, 2, 3, 4]), np.log(4))
-  with pytest.raises(ValueError, match="equal length"):
-    evaluation.generative_perplexity(scorer, [[1, 2], [1, 2, 3]])
+  with pytest.raises(ValueError, match="outside the scorer's vocab"):
+    evaluation.generative_perplexity(scorer, [[1, 2], [1, 2, 10_000]])
