@@ -18,6 +18,7 @@ import ml_collections
 
 from ao_mdm import sharding
 from ao_mdm import train
+from ao_mdm import train_state
 
 GIB = 1024 ** 3
 # HBM per chip, by the `device_kind` JAX reports.
@@ -83,8 +84,8 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
   if t.batch_size % (dp * t.microbatches):
     raise ValueError(f"train.batch_size={t.batch_size} must be divisible by the data-parallel "
                      f"size {dp} times train.microbatches={t.microbatches}")
-  shardings = train.state_shardings(config, mesh, axis_rules)
-  init = functools.partial(train._init_state, config)  # pylint: disable=protected-access
+  shardings = train_state.state_shardings(config, mesh, axis_rules)
+  init = functools.partial(train_state.init_state, config)
   boxed = jax.eval_shape(init, jax.random.key(0))
   state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                        nn.unbox(boxed), shardings)

@@ -94,12 +94,12 @@ def bench_train(config: ml_collections.ConfigDict) -> dict:
 
   Any training config works; `config.bench` (repeats, matmul_size) is optional.
   """
-  from ao_mdm import sharding, train  # pylint: disable=g-import-not-at-top
+  from ao_mdm import sharding, train, train_state  # pylint: disable=g-import-not-at-top
   train.validate_train_config(config)
   mesh = sharding.make_mesh(config.mesh)
   axis_rules = sharding.rules(config.mesh)
-  shardings = train.state_shardings(config, mesh, axis_rules)
-  state = train.create_state(config, mesh, axis_rules)
+  shardings = train_state.state_shardings(config, mesh, axis_rules)
+  state = train_state.create_state(config, mesh, axis_rules)
   step = train.jit_train_step(config, mesh, axis_rules, shardings)
   b, t = config.train.batch_size, config.model.block_size
   tokens = sharding.global_batch(

@@ -171,11 +171,11 @@ def _sample() -> None:
 
 
 def _import_torch() -> None:
-  from ao_mdm import checkpoints
+  from ao_mdm import torch_import
   _require(checkpoint=FLAGS.checkpoint, out=FLAGS.out)
   if FLAGS.weights not in ("ema", "model"):
     raise app.UsageError(f"--weights={FLAGS.weights}; import-torch accepts ema or model")
-  checkpoints.import_torch(FLAGS.checkpoint, FLAGS.out, FLAGS.weights, FLAGS.variant)
+  torch_import.import_torch(FLAGS.checkpoint, FLAGS.out, FLAGS.weights, FLAGS.variant)
   print(f"wrote {FLAGS.out}")
 
 

@@ -1,12 +1,10 @@
-"""Train state, the jitted train and eval steps, and the training loop (DESIGN.md section 5)."""
-import functools
+"""The jitted train and eval steps and the training loop (DESIGN.md section 5)."""
 import json
 import os
 import signal
 import time
 from typing import Any, Callable, Optional
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -14,18 +12,12 @@ import ml_collections
 import numpy as np
 import optax
 
+from ao_mdm import checkpoints
 from ao_mdm import model as model_lib
 from ao_mdm import orders
 from ao_mdm import sharding
-
-
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array
-  rng: jax.Array  # raw uint32 key data; orders for step n come from fold_in(rng, n)
-  params: Any
-  opt_state: Any
-  ema_params: Any
+from ao_mdm import train_state
+from ao_mdm.train_state import TrainState
 
 
 def validate_train_config(config: ml_collections.ConfigDict) -> None:
@@ -43,46 +35,6 @@ def validate_train_config(config: ml_collections.ConfigDict) -> None:
                      f"train.microbatches={t.microbatches}")
   if not 0.0 <= t.ema_decay < 1.0:
     raise ValueError(f"train.ema_decay={t.ema_decay} must be in [0, 1)")
-
-
-def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warmup to learning_rate, then cosine to min_lr at lr_decay_steps (0: num_steps).
-
-  The horizon may lie past num_steps (the paper's order study stops at 20k of a 500k cosine).
-  """
-  horizon = int(t.lr_decay_steps) or int(t.num_steps)
-  return optax.warmup_cosine_decay_schedule(
-      0.0, t.learning_rate, t.warmup_steps, max(horizon, t.warmup_steps + 1), t.min_lr)
-
-
-def make_optimizer(t: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """Global-norm clip, then AdamW; weight decay on dense kernels and embeddings only."""
-  return optax.chain(
-      optax.clip_by_global_norm(t.grad_clip),
-      optax.adamw(learning_rate_schedule(t), b1=t.b1, b2=t.b2, eps=1e-8,
-                  weight_decay=t.weight_decay, mask=model_lib.weight_decay_mask))
-
-
-def _init_state(config: ml_collections.ConfigDict, key: jax.Array) -> TrainState:
-  """Boxed initial state: parameters keep their logical axis names for sharding."""
-  k_params, k_rng = jax.random.split(key)
-  params = model_lib.init_params(config.model, k_params)
-  opt_state = make_optimizer(config.train).init(params)
-  return TrainState(step=jnp.zeros((), jnp.int32), rng=jax.random.key_data(k_rng),
-                    params=params, opt_state=opt_state, ema_params=params)
-
-
-def state_shardings(config: ml_collections.ConfigDict, mesh, axis_rules) -> Any:
-  abstract = jax.eval_shape(functools.partial(_init_state, config), jax.random.key(0))
-  return sharding.logical_shardings(abstract, mesh, axis_rules)
-
-
-def create_state(config: ml_collections.ConfigDict, mesh, axis_rules) -> TrainState:
-  """Initialise the train state directly sharded over the mesh."""
-  shardings = state_shardings(config, mesh, axis_rules)
-  init = jax.jit(lambda key: nn.unbox(_init_state(config, key)), out_shardings=shardings)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(axis_rules):
-    return init(jax.random.key(config.seed))
 
 
 def sequence_nll(model: nn.Module, params: Any, tokens_BT: jax.Array,
@@ -105,11 +57,11 @@ def _split_shares(nll_B: jax.Array, l2r_B: jax.Array) -> dict:
 def make_train_step(config: ml_collections.ConfigDict) -> Callable:
   """(state, tokens_BT) -> (state, metrics); gradient accumulation inside via lax.scan."""
   model = model_lib.make_model(config.model)
-  tx = make_optimizer(config.train)
+  tx = train_state.make_optimizer(config.train)
   order_fn = orders.make_order_fn(config.order, config.model.block_size)
   n_micro = int(config.train.microbatches)
   ema_decay = float(config.train.ema_decay)
-  schedule = learning_rate_schedule(config.train)
+  schedule = train_state.learning_rate_schedule(config.train)
 
   def micro_loss(params, tokens_bT, key):
     order_bT = order_fn(key, tokens_bT.shape[0])
@@ -192,18 +144,6 @@ def format_metrics(m: dict) -> str:
   return " ".join(f"{k}={float(v):.4g}" for k, v in m.items())
 
 
-def abstract_state(config: ml_collections.ConfigDict) -> TrainState:
-  """Unboxed ShapeDtypeStructs of the train state on one device, for restoring."""
-  boxed = jax.eval_shape(functools.partial(_init_state, config), jax.random.key(0))
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
-                      nn.unbox(boxed))
-
-
-def abstract_params(config: ml_collections.ConfigDict) -> Any:
-  return abstract_state(config).params
-
-
 def evaluate_blocks(eval_fn: Callable, params: Any, blocks_NT: np.ndarray, batch_size: int,
                     seed: int, batch_sharding) -> dict:
   """Mean L2R and random-order NLL over whole batches of `blocks_NT`."""
@@ -230,7 +170,6 @@ def _model_differences(saved: ml_collections.ConfigDict, current: ml_collections
 
 def _restore_latest(mgr, config, target, data_iter, workdir: str):
   """Restore the newest checkpoint that loads; report and skip broken ones. None if none."""
-  from ao_mdm import checkpoints  # pylint: disable=g-import-not-at-top
   for step in sorted(mgr.all_steps(), reverse=True):
     try:
       saved = checkpoints.read_config(workdir, step)
@@ -284,7 +223,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   with init_from, from the params of an export or imported checkpoint (a warm start).
   """
   from clu import periodic_actions  # pylint: disable=g-import-not-at-top
-  from ao_mdm import checkpoints  # pylint: disable=g-import-not-at-top
   from ao_mdm.data import datasets, pipeline, tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
 
   validate_train_config(config)
@@ -307,8 +245,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                   max_blocks=t.eval_batches * t.batch_size)
       for split in ("train", "validation")}
 
-  shardings = state_shardings(config, mesh, axis_rules)
-  state = create_state(config, mesh, axis_rules)
+  shardings = train_state.state_shardings(config, mesh, axis_rules)
+  state = train_state.create_state(config, mesh, axis_rules)
   mgr = checkpoints.train_manager(workdir, t.keep_checkpoints)
   target = checkpoints.abstract_like(jax.eval_shape(lambda: state), shardings)
   start, restored = _restore_latest(mgr, config, target, data_iter, workdir)
@@ -409,7 +347,6 @@ def _maybe_log(pending: tuple, window: Optional[tuple], t, log_metrics: Callable
 
 def _warm_start(state: TrainState, config, init_from: str, shardings) -> TrainState:
   """Replace params and EMA params with those of an export (same model shape required)."""
-  from ao_mdm import checkpoints  # pylint: disable=g-import-not-at-top
   saved, params = checkpoints.load_params(init_from)
   diffs = _model_differences(saved.model, config.model)
   if diffs:

@@ -46,13 +46,13 @@ def main() -> None:
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
                                num_processes=args.num_processes, process_id=args.process_id)
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  from ao_mdm import sharding, train  # pylint: disable=g-import-not-at-top
+  from ao_mdm import sharding, train, train_state  # pylint: disable=g-import-not-at-top
 
   config = tiny_config()
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.rules(config.mesh)
-  shardings = train.state_shardings(config, mesh, rules)
-  state = train.create_state(config, mesh, rules)
+  shardings = train_state.state_shardings(config, mesh, rules)
+  state = train_state.create_state(config, mesh, rules)
   step = train.jit_train_step(config, mesh, rules, shardings)
   batch_sharding = sharding.batch_sharding(mesh, rules)
   rows = config.train.batch_size // jax.process_count()

@@ -28,11 +28,11 @@ def run(config, devices, out_path):
   """STEPS train steps on a mesh over `devices`; save losses and params; return the state."""
   import time  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  from ao_mdm import sharding, train  # pylint: disable=g-import-not-at-top
+  from ao_mdm import sharding, train, train_state  # pylint: disable=g-import-not-at-top
   mesh = sharding.make_mesh(config.mesh, devices=devices)
   rules = sharding.rules(config.mesh)
-  state = train.create_state(config, mesh, rules)
-  step = train.jit_train_step(config, mesh, rules, train.state_shardings(config, mesh, rules))
+  state = train_state.create_state(config, mesh, rules)
+  step = train.jit_train_step(config, mesh, rules, train_state.state_shardings(config, mesh, rules))
   start = time.perf_counter()
   rng = np.random.default_rng(0)
   batch = sharding.batch_sharding(mesh, rules)

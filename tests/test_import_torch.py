@@ -1,4 +1,4 @@
-"""Tests for the import of reference PyTorch checkpoints (ao_mdm.checkpoints.import_torch).
+"""Tests for the import of reference PyTorch checkpoints (ao_mdm.torch_import.import_torch).
 
 The reference forward below is written from scxue/AO-GPT-MDM (model_AOGPT_..._qknorm.py and
 model_sigmaGPT.py `forward_fn`) in functional form, so the key mapping is checked against the
@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from ao_mdm import checkpoints
+from ao_mdm import checkpoints, torch_import
 from ao_mdm import model as model_lib
 from ao_mdm.config import base_config
 
@@ -37,11 +37,11 @@ def _params(config, seed: int) -> dict:
 
 def _reference_checkpoint(config, params, ema_params, bias: bool = True) -> dict:
   """A full reference checkpoint dict as train_AOGPT_CL.py saves it."""
-  sd = {k: torch.from_numpy(v) for k, v in checkpoints.to_torch_state_dict(params, config).items()}
+  sd = {k: torch.from_numpy(v) for k, v in torch_import.to_torch_state_dict(params, config).items()}
   if config.model.variant == "sigma":
     sd["lm_head.weight"] = sd["transformer.wte.weight"]  # tied: one tensor, two keys
   model = {(f"_orig_mod.{k}" if i % 2 else k): v for i, (k, v) in enumerate(sd.items())}
-  ema_sd = checkpoints.to_torch_state_dict(ema_params, config)
+  ema_sd = torch_import.to_torch_state_dict(ema_params, config)
   shadow = [torch.from_numpy(v) for k, v in ema_sd.items()
             if not (config.model.variant == "sigma" and k == "lm_head.weight")]
   m = config.model
@@ -127,7 +127,7 @@ def test_import_matches_params_and_reference_forward(tmp_path, variant, weights)
   params, ema = _params(config, 1), _params(config, 2)
   path = _save(tmp_path, _reference_checkpoint(config, params, ema))
   out = str(tmp_path / "export")
-  got_config, got = checkpoints.import_torch(path, out, weights=weights, config=config)
+  got_config, got = torch_import.import_torch(path, out, weights=weights, config=config)
   want = params if weights == "model" else ema
   _assert_params_equal(got, want)
   assert got_config.model.to_dict() == config.model.to_dict()
@@ -139,7 +139,7 @@ def test_import_matches_params_and_reference_forward(tmp_path, variant, weights)
 
   tokens, order = _batch(config)
   logits = model_lib.make_model(config.model).apply({"params": loaded}, tokens, order)
-  sd = checkpoints.to_torch_state_dict(want, config)
+  sd = torch_import.to_torch_state_dict(want, config)
   reference = _reference_forward(sd, tokens, order, variant, config.model.n_head)
   np.testing.assert_allclose(np.asarray(logits), reference, rtol=1e-4, atol=1e-4)
 
@@ -153,7 +153,7 @@ def test_model_args_bias_false(tmp_path):
   ckpt["model"] = {k: v for k, v in ckpt["model"].items()
                    if not k.endswith(("c_attn.bias", "c_proj.bias", "c_fc.bias"))}
   ckpt["ema_model"]["shadow_params"] = list(ckpt["model"].values())
-  _, got = checkpoints.import_torch(_save(tmp_path, ckpt), str(tmp_path / "out"), "ema",
+  _, got = torch_import.import_torch(_save(tmp_path, ckpt), str(tmp_path / "out"), "ema",
                                     config=config)
   _assert_params_equal(got, params)
 
@@ -163,7 +163,7 @@ def test_config_follows_model_args(tmp_path, capsys):
   params = _params(ckpt_config, 4)
   path = _save(tmp_path, _reference_checkpoint(ckpt_config, params, params))
   given = _config("sigma", block_size=8, vocab_size=64)
-  got_config, got = checkpoints.import_torch(path, str(tmp_path / "out"), config=given)
+  got_config, got = torch_import.import_torch(path, str(tmp_path / "out"), config=given)
   printed = capsys.readouterr().out
   assert "model.block_size 8 -> 12 from the checkpoint's model_args" in printed
   assert "model.vocab_size 64 -> 96 from the checkpoint's model_args" in printed
@@ -181,7 +181,7 @@ def ao_checkpoint():
 def _refused(tmp_path, ckpt, config, match, weights="ema", variant=None, error=ValueError):
   out = tmp_path / "out"
   with pytest.raises(error, match=match):
-    checkpoints.import_torch(_save(tmp_path, ckpt), str(out), weights, variant, config)
+    torch_import.import_torch(_save(tmp_path, ckpt), str(out), weights, variant, config)
   assert not out.exists()
 
 
@@ -226,16 +226,16 @@ def test_not_a_checkpoint_refused(tmp_path, ao_checkpoint):
   text = tmp_path / "notes.txt"
   text.write_text("not a checkpoint")
   with pytest.raises(ValueError, match="not a PyTorch checkpoint"):
-    checkpoints.import_torch(str(text), str(tmp_path / "out"), config=config)
+    torch_import.import_torch(str(text), str(tmp_path / "out"), config=config)
   with pytest.raises(FileNotFoundError, match="no reference checkpoint file"):
-    checkpoints.import_torch(str(tmp_path / "absent.pt"), str(tmp_path / "out"), config=config)
+    torch_import.import_torch(str(tmp_path / "absent.pt"), str(tmp_path / "out"), config=config)
 
 
 def test_variant_mismatch_and_bad_arguments_refused(tmp_path, ao_checkpoint):
   config, ckpt = ao_checkpoint
   _refused(tmp_path, ckpt, config, "variant='sigma' but .* has AdaLN keys", variant="sigma")
   with pytest.raises(ValueError, match="weights='params'; accepted: ema, model"):
-    checkpoints.import_torch("x.pt", str(tmp_path / "out"), "params")
+    torch_import.import_torch("x.pt", str(tmp_path / "out"), "params")
 
 
 def test_non_empty_out_refused(tmp_path, ao_checkpoint):
@@ -243,7 +243,7 @@ def test_non_empty_out_refused(tmp_path, ao_checkpoint):
   (tmp_path / "out").mkdir()
   (tmp_path / "out" / "file").write_text("x")
   with pytest.raises(FileExistsError, match="exists and is not an empty directory"):
-    checkpoints.import_torch(_save(tmp_path, ckpt), str(tmp_path / "out"), config=config)
+    torch_import.import_torch(_save(tmp_path, ckpt), str(tmp_path / "out"), config=config)
 
 
 def test_untied_sigma_head_refused(tmp_path):

@@ -78,7 +78,7 @@ def test_shipped_paper_orders_are_the_authors_literal_permutations():
 
 
 def test_paper_configs_build_and_validate():
-  from ao_mdm import paper, train
+  from ao_mdm import paper, train, train_state
   for name in paper.NAMES:
     c = paper.paper_config(name)
     train.validate_train_config(c)
@@ -86,7 +86,7 @@ def test_paper_configs_build_and_validate():
   study = paper.paper_config("order_small_order3")
   assert (study.order.kind, study.order.fixed) == ("fixed", "order3")
   # The order study stops at 20k steps of a 500k cosine: the lr has barely decayed at its end.
-  lr = train.learning_rate_schedule(study.train)(study.train.num_steps)
+  lr = train_state.learning_rate_schedule(study.train)(study.train.num_steps)
   assert 0.99 * study.train.learning_rate < float(lr) < study.train.learning_rate
   with pytest.raises(ValueError, match="unknown paper config 'ao_large'"):
     paper.paper_config("ao_large")

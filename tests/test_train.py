@@ -3,7 +3,7 @@ import jax
 import numpy as np
 import pytest
 
-from ao_mdm import checkpoints, train
+from ao_mdm import checkpoints, train, train_state
 from ao_mdm.config import base_config
 
 
@@ -32,7 +32,7 @@ def test_train_reduces_loss_and_resumes(data_dir, tmp_path, capsys):
   assert "resumed from step 20" in capsys.readouterr().out
   config, ema = checkpoints.load_params(workdir)
   assert config.train.num_steps == 30
-  assert jax.tree.structure(ema) == jax.tree.structure(train.abstract_params(cfg))
+  assert jax.tree.structure(ema) == jax.tree.structure(train_state.abstract_params(cfg))
 
 
 def test_export_roundtrip(data_dir, tmp_path):
@@ -85,7 +85,7 @@ def test_weight_decay_hits_exactly_the_authors_tensors(variant):
   flat = traverse_util.flatten_dict(params, sep="/")
   mask = traverse_util.flatten_dict(model.weight_decay_mask(params), sep="/")
   assert {k for k, v in mask.items() if v} == DECAYED[variant]
-  tx = train.make_optimizer(c.train)
+  tx = train_state.make_optimizer(c.train)
   updates, _ = tx.update(jax.tree.map(np.zeros_like, params), tx.init(params), params)
   new = traverse_util.flatten_dict(jax.tree.map(lambda p, u: p + u, params, updates), sep="/")
   shrunk = {k for k in flat if np.all(np.abs(new[k]) < np.abs(flat[k]))}
@@ -99,10 +99,10 @@ def test_cosine_horizon_past_num_steps():
   """lr_decay_steps sets the cosine's end, independent of num_steps (the order study's 20k/500k)."""
   c = base_config().train
   c.update(num_steps=100, warmup_steps=10, learning_rate=1.0, min_lr=0.0, lr_decay_steps=1010)
-  lr = train.learning_rate_schedule(c)
+  lr = train_state.learning_rate_schedule(c)
   # Hand-computed: warmup is linear to 1.0 at step 10; halfway through the cosine (step 510) it is 0.5.
   assert float(lr(5)) == pytest.approx(0.5) and float(lr(10)) == pytest.approx(1.0)
   assert float(lr(510)) == pytest.approx(0.5, abs=1e-6)
   assert float(lr(100)) == pytest.approx(0.5 * (1 + np.cos(np.pi * 90 / 1000)), rel=1e-5)
   c.lr_decay_steps = 0
-  assert float(train.learning_rate_schedule(c)(100)) == pytest.approx(0.0, abs=1e-6)
+  assert float(train_state.learning_rate_schedule(c)(100)) == pytest.approx(0.0, abs=1e-6)

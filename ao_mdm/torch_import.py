@@ -1,0 +1,304 @@
+"""Import of reference PyTorch checkpoints (scxue/AO-GPT-MDM, a nanoGPT fork; DESIGN.md section 7).
+
+A reference checkpoint is a `torch.save` dict with `model` (state dict), `ema_model`
+({decay, num_updates, shadow_params}: a list in `model.parameters()` order), `model_args`,
+`optimizer`, `iter_num` and `config`. `import_torch` maps it onto our parameter tree and writes
+an export (`<out>/0/{params, config}`); `to_torch_state_dict` is the inverse (reference layout).
+"""
+import os
+import re
+import zipfile
+from typing import Any, NamedTuple, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import traverse_util
+
+from ao_mdm import checkpoints
+from ao_mdm import model as model_lib
+
+TORCH_WEIGHTS = ("ema", "model")
+_ORIG_MOD = "_orig_mod."
+_MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+# A causal-mask buffer the reference registers only when PyTorch lacks scaled_dot_product_attention.
+_MASK_BUFFER = re.compile(r"transformer\.h\.\d+\.attn\.bias")
+
+
+class _Row(NamedTuple):
+  """One reference tensor: state-dict key, torch shape, our param path, conversion, layer."""
+  key: str
+  shape: tuple
+  path: tuple
+  conv: str
+  layer: Optional[int] = None
+
+
+def _reference_layout(cfg: ml_collections.ConfigDict, bias: bool = True) -> list[_Row]:
+  """The reference state dict of a model config, in state-dict (= parameters()) order.
+
+  `bias` is the reference's model_args.bias: without it the attention/MLP Linears (and the
+  sigma-GPT LayerNorms) have no bias; AdaLN layers and the AO-GPT head always have one.
+  sigma-GPT's `lm_head.weight` is tied to `transformer.wte.weight` (conv "tied"): it is in the
+  state dict but not in parameters().
+  """
+  d, h, v, t, c = cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.block_size, cfg.cond_dim
+  ao = cfg.variant == "ao"
+  rows = [_Row("transformer.wte.weight", (v, d), ("token_embed",), "same"),
+          _Row("transformer.wpe.weight", (t + 1, d), ("pos_embed",), "same"),
+          _Row("transformer.wtpe.weight", (t, c if ao else d), ("target_embed",), "same"),
+          _Row("transformer.wnonee.weight", (1, d), ("none_embed",), "row")]
+  block = [("ln_1.weight", (d,), "ln_1/scale", "same", True)]
+  block += [("ln_1.bias", (d,), "ln_1/bias", "same", not ao and bias),
+            ("attn.c_attn.weight", (3 * d, d), "qkv/kernel", "qkv", True),
+            ("attn.c_attn.bias", (3 * d,), "qkv/bias", "qkv_bias", bias),
+            ("attn.c_proj.weight", (d, d), "attn_out/kernel", "attn_out", True),
+            ("attn.c_proj.bias", (d,), "attn_out/bias", "same", bias),
+            ("attn.q_norm.weight", (d // h,), "q_norm/scale", "same", ao),
+            ("attn.k_norm.weight", (d // h,), "k_norm/scale", "same", ao),
+            ("ln_2.weight", (d,), "ln_2/scale", "same", True),
+            ("ln_2.bias", (d,), "ln_2/bias", "same", not ao and bias),
+            ("mlp.c_fc.weight", (4 * d, d), "mlp_in/kernel", "linear", True),
+            ("mlp.c_fc.bias", (4 * d,), "mlp_in/bias", "same", bias),
+            ("mlp.c_proj.weight", (d, 4 * d), "mlp_out/kernel", "linear", True),
+            ("mlp.c_proj.bias", (d,), "mlp_out/bias", "same", bias),
+            ("adaLN.1.weight", (6 * d, c), "adaln/kernel", "mod", ao),
+            ("adaLN.1.bias", (6 * d,), "adaln/bias", "mod_bias", ao)]
+  for i in range(cfg.n_layer):
+    rows += [_Row(f"transformer.h.{i}.{key}", shape, ("blocks",) + tuple(path.split("/")), conv, i)
+             for key, shape, path, conv, present in block if present]
+  if ao:
+    final = "transformer.final_layer."
+    rows += [_Row(final + "ln_f.weight", (d,), ("ln_f", "scale"), "same"),
+             _Row(final + "adaLN_final.1.weight", (2 * d, c), ("final_adaln", "kernel"), "mod"),
+             _Row(final + "adaLN_final.1.bias", (2 * d,), ("final_adaln", "bias"), "mod_bias"),
+             _Row("lm_head.weight", (v, d), ("head", "kernel"), "linear"),
+             _Row("lm_head.bias", (v,), ("head", "bias"), "same")]
+  else:
+    rows.append(_Row("transformer.ln_f.weight", (d,), ("ln_f", "scale"), "same"))
+    if bias:
+      rows.append(_Row("transformer.ln_f.bias", (d,), ("ln_f", "bias"), "same"))
+    rows.append(_Row("lm_head.weight", (v, d), ("token_embed",), "tied"))
+  return rows
+
+
+def _to_ours(row: _Row, w: np.ndarray, cfg: ml_collections.ConfigDict) -> np.ndarray:
+  """A reference tensor (PyTorch Linear weights are [out, in]) in our layout."""
+  d, h = cfg.n_embd, cfg.n_head
+  if row.conv in ("same", "tied"):
+    return w
+  if row.conv == "row":  # [1, D] embedding table of the [None] token -> [D]
+    return w.reshape(d)
+  if row.conv == "linear":
+    return w.T
+  if row.conv == "qkv":  # [3D, D], rows (q|k|v, head, head dim) -> [D, 3, H, K]
+    return w.reshape(3, h, d // h, d).transpose(3, 0, 1, 2)
+  if row.conv == "qkv_bias":
+    return w.reshape(3, h, d // h)
+  if row.conv == "attn_out":  # [D, D] with input (head, head dim) -> [H, K, D]
+    return w.T.reshape(h, d // h, d)
+  if row.conv == "mod":  # [n D, C], chunks along the output -> [C, n, D]
+    return w.reshape(-1, d, w.shape[-1]).transpose(2, 0, 1)
+  if row.conv == "mod_bias":
+    return w.reshape(-1, d)
+  raise ValueError(f"unknown conversion {row.conv!r} for {row.key}")
+
+
+def _to_reference(row: _Row, x: np.ndarray) -> np.ndarray:
+  """Our array of one reference tensor (per-layer slice already taken) in the reference layout."""
+  if row.conv in ("same", "tied"):
+    return x
+  if row.conv == "row":
+    return x.reshape(row.shape)
+  if row.conv == "linear":
+    return x.T
+  if row.conv == "qkv":
+    return x.transpose(1, 2, 3, 0).reshape(row.shape)
+  if row.conv == "attn_out":
+    return x.reshape(-1, x.shape[-1]).T
+  if row.conv == "mod":
+    return x.transpose(1, 2, 0).reshape(row.shape)
+  if row.conv in ("qkv_bias", "mod_bias"):
+    return x.reshape(row.shape)
+  raise ValueError(f"unknown conversion {row.conv!r} for {row.key}")
+
+
+def to_torch_state_dict(params: Any, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+  """Our params (boxed or not) as a reference state dict (float32 numpy, reference key order)."""
+  cfg = config.model if "model" in config else config
+  flat = traverse_util.flatten_dict(jax.device_get(nn.unbox(params)))
+  out = {}
+  for row in _reference_layout(cfg):
+    x = np.asarray(flat[row.path], np.float32)
+    x = x if row.layer is None else x[row.layer]
+    out[row.key] = np.ascontiguousarray(_to_reference(row, x))
+  return out
+
+
+def _names(keys: list, limit: int = 8) -> str:
+  """A short listing of key names for an error message."""
+  keys = sorted(keys)
+  more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
+  return ", ".join(keys[:limit]) + more
+
+
+def _load_torch_checkpoint(path: str) -> dict:
+  """The reference checkpoint dict, loaded on CPU; refuses anything else."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError("import-torch needs PyTorch: pip install -e '.[torch]'") from e
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"no reference checkpoint file at {path!r}")
+  try:
+    # mmap (zip-format files): only the tensors used are read, not the optimizer state.
+    ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=zipfile.is_zipfile(path))
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"{path!r} is not a PyTorch checkpoint torch.load can read: {e}") from e
+  if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict) or not isinstance(
+      ckpt.get("model_args"), dict):
+    found = sorted(map(str, ckpt)) if isinstance(ckpt, dict) else type(ckpt).__name__
+    raise ValueError(f"{path!r} is not a reference AO-GPT checkpoint: expected a dict with "
+                     f"'model' (state dict) and 'model_args'; found {found}")
+  return ckpt
+
+
+def _strip_prefix(state: dict, path: str) -> dict:
+  """The state dict with torch.compile's `_orig_mod.` prefixes removed."""
+  out = {}
+  for key, value in state.items():
+    name = key[len(_ORIG_MOD):] if key.startswith(_ORIG_MOD) else key
+    if name in out:
+      raise ValueError(f"{path!r}: key {name!r} appears both with and without {_ORIG_MOD!r}")
+    out[name] = value
+  return out
+
+
+def _default_import_config(variant: str) -> ml_collections.ConfigDict:
+  """The paper's `<variant>_small` run (ao_mdm/paper.py): the authors' recipe around the model."""
+  from ao_mdm import paper  # pylint: disable=g-import-not-at-top
+  return paper.paper_config(f"{variant}_small")
+
+
+def _config_from_checkpoint(config: ml_collections.ConfigDict, model_args: dict, variant: str,
+                            cond_dim: int, path: str) -> ml_collections.ConfigDict:
+  """`config` with the model fields set from the checkpoint; prints every field it changed."""
+  missing = [k for k in _MODEL_ARGS if k not in model_args]
+  if missing:
+    raise ValueError(f"{path!r}: model_args lacks {', '.join(missing)}; found "
+                     f"{_names(list(model_args))}")
+  config = config.copy_and_resolve_references()
+  wanted = {k: int(model_args[k]) for k in _MODEL_ARGS}
+  wanted.update(variant=variant, cond_dim=cond_dim)
+  for key, value in wanted.items():
+    if config.model[key] != value:
+      source = "keys" if key in ("variant", "cond_dim") else "model_args"
+      print(f"model.{key} {config.model[key]} -> {value} from the checkpoint's {source}")
+      config.model[key] = value
+  return config
+
+
+def _detect_variant(state: dict, variant: Optional[str], path: str) -> str:
+  """The variant: "ao" when AdaLN keys are present, else "sigma"; refuses a contradicting one."""
+  detected = "ao" if any(".adaLN." in k or k.startswith("transformer.final_layer.")
+                         for k in state) else "sigma"
+  if variant is not None and variant != detected:
+    why = "has AdaLN keys" if detected == "ao" else "has no AdaLN keys"
+    raise ValueError(f"variant={variant!r} but {path!r} {why}: it is a {detected!r} checkpoint")
+  return detected
+
+
+def _tensors(ckpt: dict, rows: list[_Row], weights: str, path: str) -> dict[str, Any]:
+  """key -> tensor of the chosen weights, after checking keys and shapes against `rows`."""
+  state = _strip_prefix(ckpt["model"], path)
+  expected = {r.key for r in rows}
+  ignored = {k for k in state if _MASK_BUFFER.fullmatch(k) and getattr(state[k], "ndim", 0) == 4}
+  missing = expected - set(state)
+  extra = set(state) - expected - ignored
+  if missing:
+    raise ValueError(f"{path!r}: missing key(s) {_names(missing)}")
+  if extra:
+    raise ValueError(f"{path!r}: unexpected key(s) {_names(extra)} (not used by the "
+                     f"{'AO-GPT' if rows[-1].conv != 'tied' else 'sigma-GPT'} model)")
+  bad = [f"{r.key} has shape {tuple(state[r.key].shape)}, expected {r.shape}" for r in rows
+         if tuple(state[r.key].shape) != r.shape]
+  if bad:
+    raise ValueError(f"{path!r}: wrong shape(s): " + "; ".join(bad))
+  if weights == "model":
+    return {r.key: state[r.key] for r in rows}
+  ema = ckpt.get("ema_model")
+  if not isinstance(ema, dict) or "shadow_params" not in ema:
+    raise ValueError(f"{path!r} has no ema_model with shadow_params; use weights='model'")
+  params = [r for r in rows if r.conv != "tied"]  # parameters() lists a tied tensor once
+  shadow = list(ema["shadow_params"])
+  if len(shadow) != len(params):
+    raise ValueError(f"{path!r}: ema_model.shadow_params has {len(shadow)} tensors, expected "
+                     f"{len(params)} (one per parameter, first {params[0].key}, last "
+                     f"{params[-1].key})")
+  bad = [f"{r.key} (shadow_params[{i}]) has shape {tuple(s.shape)}, expected {r.shape}"
+         for i, (r, s) in enumerate(zip(params, shadow)) if tuple(s.shape) != r.shape]
+  if bad:
+    raise ValueError(f"{path!r}: wrong EMA shape(s): " + "; ".join(bad))
+  return {r.key: s for r, s in zip(params, shadow)}
+
+
+def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optional[str] = None,
+                 config: Optional[ml_collections.ConfigDict] = None
+                 ) -> tuple[ml_collections.ConfigDict, dict]:
+  """Convert a reference PyTorch checkpoint to an export at `out`; returns (config, params).
+
+  The model fields of `config` (default: ao_mdm/paper.py `ao_small` / `sigma_small`) follow the
+  checkpoint's model_args; every change is printed. Missing, unused or misshaped keys are refused.
+  """
+  if weights not in TORCH_WEIGHTS:
+    raise ValueError(f"weights={weights!r}; accepted: {', '.join(TORCH_WEIGHTS)}")
+  if variant not in (None, "ao", "sigma"):
+    raise ValueError(f"variant={variant!r}; accepted: ao, sigma (or None to detect it)")
+  checkpoints.check_out(out)
+  ckpt = _load_torch_checkpoint(checkpoint)
+  state = _strip_prefix(ckpt["model"], checkpoint)
+  variant = _detect_variant(state, variant, checkpoint)
+  config = _default_import_config(variant) if config is None else config
+  wtpe = state.get("transformer.wtpe.weight")
+  cond_dim = int(wtpe.shape[1]) if variant == "ao" and wtpe is not None else config.model.cond_dim
+  config = _config_from_checkpoint(config, ckpt["model_args"], variant, cond_dim, checkpoint)
+  model_lib.validate_model_config(config.model)
+  bias = bool(ckpt["model_args"].get("bias", True))
+  rows = _reference_layout(config.model, bias)
+  tensors = _tensors(ckpt, rows, weights, checkpoint)
+  del ckpt, state
+
+  import torch  # pylint: disable=g-import-not-at-top
+  tied = tensors.pop("lm_head.weight") if variant == "sigma" and weights == "model" else None
+  if tied is not None and not torch.equal(tied, tensors["transformer.wte.weight"]):
+    raise ValueError(f"{checkpoint!r}: lm_head.weight differs from transformer.wte.weight; "
+                     "sigma-GPT ties them")
+  as_np = lambda x: x.detach().to(torch.float32).cpu().numpy()
+  flat, layers = {}, {}
+  for row in rows:
+    if row.conv == "tied":  # checked above; the token embedding is the head
+      continue
+    x = _to_ours(row, as_np(tensors.pop(row.key)), config.model)
+    if row.layer is None:
+      flat[row.path] = x
+    else:
+      layers.setdefault(row.path, []).append(x)
+  flat.update({p: np.stack(xs) for p, xs in layers.items()})
+  del tensors, layers
+
+  abstract = traverse_util.flatten_dict(nn.unbox(jax.eval_shape(
+      lambda: model_lib.init_params(config.model, jax.random.key(0)))))
+  for path, a in abstract.items():  # model_args.bias=False: the absent biases are zero
+    if path not in flat and not bias and path[-1] == "bias":
+      flat[path] = np.zeros(a.shape, np.float32)
+  wrong = [f"{'/'.join(p)}: {flat[p].shape if p in flat else 'absent'} != {a.shape}"
+           for p, a in abstract.items() if p not in flat or flat[p].shape != a.shape]
+  if wrong or set(flat) - set(abstract):
+    raise AssertionError(f"import mapping does not fit the model: {wrong}")
+  params = traverse_util.unflatten_dict(
+      {p: jnp.asarray(np.ascontiguousarray(x, np.float32)) for p, x in flat.items()})
+  del flat
+  checkpoints.write_params_export(out, config, params)
+  return config, params
