@@ -290,6 +290,20 @@ def _compile() -> None:
     sys.exit(1)
 
 
+def _quiet_environment() -> None:
+  """Before JAX loads: no TensorFlow start-up lines, and no TPU start-up on a host without one.
+
+  With libtpu installed (the [tpu] extra) JAX probes for a TPU and prints errors where there is
+  none. A host with a TPU (/dev/accel*, /dev/vfio/N) or an NVIDIA GPU keeps JAX's own choice;
+  `compile` targets TPU topologies through the CPU platform either way.
+  """
+  import glob
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+  if not any(glob.glob(p) for p in ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")):
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
 def _usage() -> str:
   lines = ["usage: ao-mdm COMMAND [--flags]", "", "commands:"]
   lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
@@ -302,7 +316,7 @@ def run() -> None:
     print(_usage(), file=sys.stderr)
     sys.exit(0 if len(sys.argv) >= 2 and sys.argv[1] in ("help", "-h", "--help") else 2)
   command, rest = sys.argv[1], sys.argv[2:]
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (TensorBoard writer) start-up noise
+  _quiet_environment()
   handler = {"train": _train, "info": _info, "tokenizer": _tokenizer, "export": _export,
              "sample": _sample, "import-torch": _import_torch, "eval": _eval,
              "import-gpt2": _import_gpt2,
@@ -317,7 +331,7 @@ def run() -> None:
 
   def main(argv):
     del argv
-    logging.set_verbosity(logging.WARNING)
+    logging.set_verbosity(logging.ERROR)  # Orbax/TFDS warnings are not the user's business
     handler()
   app.run(main, argv=[f"ao-mdm {command}"] + rest)
 

@@ -1,5 +1,6 @@
 """The jitted train and eval steps and the training loop (DESIGN.md section 5)."""
 import json
+import math
 import os
 import signal
 import time
@@ -94,7 +95,7 @@ def make_train_step(config: ml_collections.ConfigDict) -> Callable:
     ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state.ema_params, params)
     metrics = {
         "loss": shares["loss_sum"] / shares["count"],
-        # NaN when the batch holds no sequence of that kind.
+        # NaN when the batch holds no sequence of that kind (left out of the log).
         "loss_l2r": shares["l2r_sum"] / jnp.where(shares["l2r_count"] > 0, shares["l2r_count"], jnp.nan),
         "loss_any_order": shares["ao_sum"] / jnp.where(shares["ao_count"] > 0, shares["ao_count"], jnp.nan),
         "l2r_fraction": shares["l2r_count"] / shares["count"],
@@ -275,6 +276,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   def log_metrics(step: int, values: dict, seconds: Optional[float]) -> None:
     values = {k: float(v) for k, v in values.items()}
+    for share in ("loss_l2r", "loss_any_order"):  # NaN: the batch held no sequence of that kind
+      if math.isnan(values[share]):
+        del values[share]
     if seconds:
       values["tokens_per_s"] = tokens_per_step / seconds
       if peak > 0:
@@ -282,7 +286,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     writer.write_scalars(step, values)
     if jax.process_index() == 0:
       with open(metrics_path, "a") as f:
-        f.write(json.dumps({"step": step, **values}) + "\n")
+        strict = {k: v if math.isfinite(v) else None for k, v in values.items()}  # JSON: no NaN
+        f.write(json.dumps({"step": step, **strict}) + "\n")
     _log(f"step {step}: {format_metrics(values)}")
 
   results = {}

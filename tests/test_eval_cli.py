@@ -73,3 +73,16 @@ def test_paper_protocol_splits_and_custom_flags(checkpoint):
   assert r["sequences"] > 128 and r["any_order_sequences"] == 128 and r["orders"] == 1
   out = _eval(f"--checkpoint={checkpoint}", "--datasets=sotu", "--orders=2")
   assert out.returncode != 0 and "--orders apply with --protocol=custom" in out.stderr
+
+
+def test_commands_are_quiet_on_a_host_without_accelerators(checkpoint, tmp_path):
+  """No Orbax/absl warnings and no libtpu start-up errors: only what the user asked for."""
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}  # detection, not forcing
+  out = subprocess.run([sys.executable, "-m", "ao_mdm.main", "sample", f"--checkpoint={checkpoint}",
+                        "--num_samples=1", "--steps=4", "--seed=3"], capture_output=True,
+                       text=True, timeout=300, cwd=ROOT, env=env)
+  assert out.returncode == 0, out.stderr
+  assert "--- sample 0" in out.stdout
+  noise = [line for line in out.stderr.splitlines()
+           if line[:1] in "WEI" and line[1:5].isdigit() or "libtpu" in line or "TPU" in line]
+  assert noise == [], noise[:5]

@@ -1,4 +1,6 @@
 """The training loop end to end on the embedded corpus, at a very small size."""
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -25,6 +27,11 @@ def test_train_reduces_loss_and_resumes(data_dir, tmp_path, capsys):
       assert first["final_ema"][split][kind] < first["initial"][split][kind] - 0.5
   out = capsys.readouterr().out
   assert "step 10:" in out and "tokens_per_s=" in out and "final eval" in out
+  def no_nan(name):
+    raise ValueError(f"metrics.jsonl holds {name}, which is not JSON")
+  with open(f"{workdir}/metrics.jsonl") as f:
+    rows = [json.loads(line, parse_constant=no_nan) for line in f]
+  assert [r["step"] for r in rows if "loss" in r] == [10, 20]
   # A longer run in the same work dir continues from the saved step.
   cfg.train.num_steps = 30
   second = train.train_and_evaluate(cfg, workdir)
