@@ -80,15 +80,6 @@ def bench_sample(config: ml_collections.ConfigDict) -> dict:
   return results
 
 
-def matmul_peak(size: int, dtype: Any, repeats: int = 5) -> float:
-  """Measured FLOP/s of one device on an N x N x N matmul (best of `repeats`)."""
-  a = jax.random.normal(jax.random.key(0), (size, size), dtype)
-  dot = jax.jit(lambda x: x @ x)
-  jax.block_until_ready(dot(a))
-  best = min(_timed(lambda: dot(a), 1) for _ in range(repeats))
-  return 2.0 * size**3 / best
-
-
 def bench_train(config: ml_collections.ConfigDict) -> dict:
   """Steady-state step time, tokens/s and MFU of the sharded train step; prints JSON.
 
@@ -120,7 +111,7 @@ def bench_train(config: ml_collections.ConfigDict) -> dict:
   step_s = statistics.median(times)
   n_params = model_lib.count_params(state.params)
   flops_per_token = model_lib.flops_per_token(config.model, n_params)
-  peak = matmul_peak(int(bench.matmul_size), model_lib.DTYPES[config.model.dtype])
+  peak = sharding.matmul_peak(int(bench.matmul_size), model_lib.DTYPES[config.model.dtype])
   tokens_per_s = b * t / step_s
   result = {"tokens_per_s": tokens_per_s,
             "mfu": flops_per_token * tokens_per_s / (peak * jax.device_count()),

@@ -54,7 +54,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 3
   c.train.eval_every = 200  # validation loss with the EMA params every N steps (0: at the end only)
   c.train.eval_batches = 8  # validation batches for the L2R / random-order loss
-  c.train.peak_flops_per_device = 0.0  # FLOP/s of one device, for MFU (0: MFU not reported)
+  c.train.peak_flops_per_device = 0.0  # FLOP/s of one device, for MFU (0: measured on CPU,
+                                       # MFU not reported on other platforms)
 
   # Mesh ('data', 'fsdp', 'tensor'): ICI sizes within a slice/host group, DCN sizes across them.
   # -1 fills the remaining devices. Rules map logical axis names to mesh axes.

@@ -1,4 +1,5 @@
-"""Device mesh, logical axis rules, and host-local <-> global arrays (DESIGN.md section 5)."""
+"""Device mesh, logical axis rules, host-local <-> global arrays, a device's matmul peak (DESIGN 5)."""
+import time
 from typing import Any, Optional, Sequence
 
 import flax.linen as nn
@@ -97,3 +98,16 @@ def initialize_distributed(coordinator: Optional[str] = None, num_processes: Opt
   multi_slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
   if multi_tpu or multi_slurm:
     jax.distributed.initialize()  # auto-detects the coordinator on TPU VMs and under SLURM
+
+
+def matmul_peak(size: int, dtype: Any, repeats: int = 5) -> float:
+  """Measured FLOP/s of one device on an N x N x N matmul (best of `repeats`), for MFU."""
+  a = jax.random.normal(jax.random.key(0), (size, size), dtype)
+  dot = jax.jit(lambda x: x @ x)
+  jax.block_until_ready(dot(a))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(dot(a))
+    times.append(time.perf_counter() - start)
+  return 2.0 * size**3 / min(times)

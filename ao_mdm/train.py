@@ -273,6 +273,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   flops_per_step = tokens_per_step * model_lib.flops_per_token(
       config.model, model_lib.count_params(state.params))
   peak = t.peak_flops_per_device * jax.device_count()
+  if peak <= 0 and jax.default_backend() == "cpu":  # CPU devices share one host's cores
+    peak = sharding.matmul_peak(1024, model_lib.DTYPES[config.model.dtype]) * jax.process_count()
+    _log(f"measured matmul peak {peak / 1e9:.1f} GFLOP/s (for MFU; set "
+         "train.peak_flops_per_device to skip)")
 
   def log_metrics(step: int, values: dict, seconds: Optional[float]) -> None:
     values = {k: float(v) for k, v in values.items()}

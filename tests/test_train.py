@@ -27,6 +27,7 @@ def test_train_reduces_loss_and_resumes(data_dir, tmp_path, capsys):
       assert first["final_ema"][split][kind] < first["initial"][split][kind] - 0.5
   out = capsys.readouterr().out
   assert "step 10:" in out and "tokens_per_s=" in out and "final eval" in out
+  assert "measured matmul peak" in out and " mfu=" in out  # MFU on CPU too
   def no_nan(name):
     raise ValueError(f"metrics.jsonl holds {name}, which is not JSON")
   with open(f"{workdir}/metrics.jsonl") as f:
