@@ -1,4 +1,8 @@
-"""The `ao-mdm` command: `ao-mdm COMMAND [--flags]`; `ao-mdm help` lists the commands."""
+"""The `ao-mdm` command: `ao-mdm COMMAND [--flags]`; `ao-mdm help` lists the commands.
+
+A user error (bad flag, value, file or checkpoint) prints one `error:` line and exits 2;
+AO_MDM_TRACEBACK=1 shows the traceback instead.
+"""
 import os
 import sys
 
@@ -23,6 +27,22 @@ COMMANDS = {
              "`bench train --config=configs/bench_train.py`",
 }
 BENCHES = ("sample", "train")
+# The flags each command reads; any other flag of ours given to it is an error.
+_SAMPLING = ("prompt", "infill", "infill_span", "steps", "schedule", "temperature", "top_p",
+             "top_p_rule", "top_k", "order", "num_samples")
+COMMAND_FLAGS = {
+    "train": ("config", "workdir", "init_from", "coordinator", "num_processes", "process_id"),
+    "info": ("config",),
+    "tokenizer": ("corpus", "vocab_size", "out"),
+    "export": ("workdir", "out", "weights"),
+    "sample": ("checkpoint", "weights", *_SAMPLING, "batch_size", "seed", "out"),
+    "eval": ("checkpoint", "weights", "datasets", "text_file", "lambada_file", "protocol", "split",
+             "orders", "ensemble", "max_blocks", "batch_size", "seed", "generated", "scorer"),
+    "import-torch": ("checkpoint", "out", "weights", "variant"),
+    "import-gpt2": ("hf_dir", "out"),
+    "compile": ("config", "topology"),
+    "bench": ("config",),
+}
 FLAGS = flags.FLAGS
 
 
@@ -310,11 +330,41 @@ def _usage() -> str:
   return "\n".join(lines)
 
 
+def _command_help(command: str) -> str:
+  """`ao-mdm COMMAND --help`: what the command does and its flags with their defaults."""
+  lines = [f"usage: ao-mdm {command} [--flags]", f"  {COMMANDS[command]}", "", "flags:"]
+  for name in COMMAND_FLAGS[command]:
+    flag = FLAGS[name]
+    default = "" if flag.default in (None, "") else f" (default: {flag.default})"
+    lines.append(f"  --{name}: {flag.help}{default}")
+  if "config" in COMMAND_FLAGS[command]:
+    lines.append("  --config.KEY=VALUE: override any config field, e.g. --config.train.num_steps=100")
+  return "\n".join(lines)
+
+
+def _check_command_flags(command: str, argv: list) -> None:
+  """Stray positional arguments and flags of other commands are errors."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected argument(s) {' '.join(argv[1:])!r}; flags are --name=value")
+  allowed = set(COMMAND_FLAGS[command.split()[0]])
+  foreign = [f"--{name}" for name in _OUR_FLAGS if FLAGS[name].present and name not in allowed]
+  if foreign:
+    raise app.UsageError(f"{', '.join(foreign)} not accepted by `ao-mdm {command}`; "
+                         f"`ao-mdm {command.split()[0]} --help` lists its flags")
+
+
+_OUR_FLAGS: list = []
+
+
 def run() -> None:
   """Console-script entry point: `ao-mdm COMMAND [SUBCOMMAND] --flags`."""
-  if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
-    print(_usage(), file=sys.stderr)
-    sys.exit(0 if len(sys.argv) >= 2 and sys.argv[1] in ("help", "-h", "--help") else 2)
+  if len(sys.argv) < 2 or sys.argv[1] in ("help", "-h", "--help"):
+    print(_usage())
+    sys.exit(0 if len(sys.argv) >= 2 else 2)
+  if sys.argv[1] not in COMMANDS:
+    print(f"error: unknown command {sys.argv[1]!r}; accepted: {', '.join(COMMANDS)} "
+          "(`ao-mdm help` describes them)", file=sys.stderr)
+    sys.exit(2)
   command, rest = sys.argv[1], sys.argv[2:]
   _quiet_environment()
   handler = {"train": _train, "info": _info, "tokenizer": _tokenizer, "export": _export,
@@ -327,12 +377,24 @@ def run() -> None:
       sys.exit(2)
     what, rest = rest[0], rest[1:]
     handler, command = (lambda: _bench(what)), f"bench {what}"
+  before = set(FLAGS)
   _define_flags()
+  _OUR_FLAGS[:] = sorted(set(FLAGS) - before)
+  if any(a in ("--help", "-h", "--helpshort") for a in rest):
+    print(_command_help(command.split()[0]))
+    sys.exit(0)
 
   def main(argv):
-    del argv
     logging.set_verbosity(logging.ERROR)  # Orbax/TFDS warnings are not the user's business
-    handler()
+    try:
+      _check_command_flags(command, argv)
+      handler()
+    except (app.UsageError, ValueError, FileNotFoundError, FileExistsError) as e:
+      if os.environ.get("AO_MDM_TRACEBACK"):
+        raise
+      message = " ".join(str(e).split("\n"))  # one line
+      print(f"error: {message}", file=sys.stderr)
+      sys.exit(2)
   app.run(main, argv=[f"ao-mdm {command}"] + rest)
 
 
