@@ -112,7 +112,7 @@ def load_params(path: str, weights: str = "ema") -> tuple[ml_collections.ConfigD
 
 def export(path: str, out: str, weights: str = "ema") -> str:
   """Write the EMA (or raw) params alone, with the config and tokenizer, as an Orbax checkpoint."""
-  check_out(out)
+  check_out(out)  # before the restore, which may take minutes
   config, params = load_params(path, weights)
   return write_params_export(out, config, params, os.path.join(path, "tokenizer"))
 
@@ -120,8 +120,7 @@ def export(path: str, out: str, weights: str = "ema") -> str:
 def check_out(out: str) -> None:
   """Refuse an output path that holds something already."""
   if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-    raise FileExistsError(f"--out {out!r} exists and is not an empty directory (not empty: "
-                          "give a new path)")
+    raise FileExistsError(f"--out {out!r} exists and is not an empty directory; give a new path")
 
 
 def write_params_export(out: str, config: ml_collections.ConfigDict, params: Any,

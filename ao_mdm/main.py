@@ -212,10 +212,8 @@ def _generated_samples(path: str, scorer) -> list:
   from ao_mdm.data import gpt2
   with open(path, encoding="utf-8") as f:
     records = [json.loads(line) for line in f if line.strip()]
-  if not isinstance(scorer, gpt2_scorer.GPT2Scorer):
-    return [r["tokens"] for r in records]
-  own = [r for r in records if r.get("tokenizer") == "gpt2"]
-  if len(own) == len(records):
+  if (not isinstance(scorer, gpt2_scorer.GPT2Scorer)
+      or all(r.get("tokenizer") == "gpt2" for r in records)):
     return [r["tokens"] for r in records]
   encode = gpt2.GPT2Tokenizer().encode  # other tokenizers: score the text as GPT-2 reads it
   return [encode(r["text"])[:scorer.block_size] for r in records]

@@ -52,7 +52,7 @@ def test_export_roundtrip(data_dir, tmp_path):
   config, exported = checkpoints.load_params(out)
   assert (config.model.n_embd, config.model.vocab_size) == (32, 512)
   jax.tree.map(np.testing.assert_array_equal, ema, exported)
-  with pytest.raises(FileExistsError, match="not empty"):
+  with pytest.raises(FileExistsError, match="exists and is not an empty directory"):
     checkpoints.export(workdir, out)
 
 
