@@ -5,7 +5,6 @@ devices without having any; the train step is lowered and compiled for them, and
 analysis says whether one step fits per-chip HBM (DESIGN.md section 5).
 """
 import collections
-import functools
 import importlib.util
 import os
 import re
@@ -16,9 +15,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from ao_mdm import sharding
 from ao_mdm import train
-from ao_mdm import train_state
 
 GIB = 1024 ** 3
 # HBM per chip, by the `device_kind` JAX reports.
@@ -75,23 +72,11 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
 
   Raises ValueError (naming `name`) if the step needs more than the chip's HBM.
   """
-  train.validate_train_config(config)
   devices = tpu_devices(topology)
+  program = train.make_program(config, devices)
   t = config.train
-  mesh = sharding.make_mesh(config.mesh, devices=devices)
-  axis_rules = sharding.rules(config.mesh)
-  dp = sharding.data_parallel_size(mesh, axis_rules)
-  if t.batch_size % (dp * t.microbatches):
-    raise ValueError(f"train.batch_size={t.batch_size} must be divisible by the data-parallel "
-                     f"size {dp} times train.microbatches={t.microbatches}")
-  shardings = train_state.state_shardings(config, mesh, axis_rules)
-  init = functools.partial(train_state.init_state, config)
-  boxed = jax.eval_shape(init, jax.random.key(0))
-  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                       nn.unbox(boxed), shardings)
   tokens = jax.ShapeDtypeStruct((t.batch_size, config.model.block_size), jnp.int32,
-                                sharding=sharding.batch_sharding(mesh, axis_rules))
-  jitted = train.jit_train_step(config, mesh, axis_rules, shardings).jitted
+                                sharding=program.batch_sharding)
   hbm = hbm_per_device_gib(devices)
   what = (f"the train step of {name} (L={config.model.n_layer} D={config.model.n_embd}, "
           f"batch {t.batch_size}x{config.model.block_size}, "
@@ -99,8 +84,8 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
   advice = "raise train.microbatches or shard more (mesh.ici fsdp/tensor)"
   start = time.perf_counter()
   try:
-    with jax.set_mesh(mesh), nn.logical_axis_rules(axis_rules):
-      compiled = jitted.lower(state, tokens).compile()
+    with jax.set_mesh(program.mesh), nn.logical_axis_rules(program.axis_rules):
+      compiled = program.step.jitted.lower(program.abstract_state(), tokens).compile()
   except jax.errors.JaxRuntimeError as e:
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
@@ -110,7 +95,7 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
                      f"temporaries per device but {have} GiB of HBM are usable; {advice}") from e
   seconds = time.perf_counter() - start
   result = {"topology": topology, "device_kind": devices[0].device_kind,
-            "num_devices": len(devices), "mesh": dict(mesh.shape),
+            "num_devices": len(devices), "mesh": dict(program.mesh.shape),
             "microbatches": int(t.microbatches), "hbm_gib": hbm, "compile_seconds": seconds,
             **memory_gib(compiled)}
   print(format_result(result), flush=True)

@@ -85,17 +85,12 @@ def bench_train(config: ml_collections.ConfigDict) -> dict:
 
   Any training config works; `config.bench` (repeats, matmul_size) is optional.
   """
-  from ao_mdm import sharding, train, train_state  # pylint: disable=g-import-not-at-top
-  train.validate_train_config(config)
-  mesh = sharding.make_mesh(config.mesh)
-  axis_rules = sharding.rules(config.mesh)
-  shardings = train_state.state_shardings(config, mesh, axis_rules)
-  state = train_state.create_state(config, mesh, axis_rules)
-  step = train.jit_train_step(config, mesh, axis_rules, shardings)
+  from ao_mdm import sharding, train  # pylint: disable=g-import-not-at-top
+  program = train.make_program(config)
+  state, step = program.init_state(), program.step
   b, t = config.train.batch_size, config.model.block_size
-  tokens = sharding.global_batch(
-      np.random.default_rng(0).integers(0, config.model.vocab_size, (b, t)).astype(np.int32)[
-          :b // jax.process_count()], sharding.batch_sharding(mesh, axis_rules))
+  tokens = program.global_batch(np.random.default_rng(0).integers(
+      0, config.model.vocab_size, (b // jax.process_count(), t)).astype(np.int32))
   start = time.perf_counter()
   for _ in range(2):
     state, metrics = step(state, tokens)

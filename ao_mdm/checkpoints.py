@@ -8,13 +8,14 @@ A training work dir holds `checkpoints/<step>/{state, data, config}`; an export 
 import json
 import os
 import shutil
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import grain
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
+from ao_mdm import checks
 from ao_mdm import train_state
 
 CHECKPOINT_SUBDIR = "checkpoints"
@@ -42,12 +43,6 @@ def save(mgr: ocp.CheckpointManager, step: int, state: Any, data_iter: Any,
       config=ocp.args.JsonSave(json.loads(config.to_json()))))
 
 
-def abstract_like(abstract: Any, shardings: Any) -> Any:
-  """ShapeDtypeStructs that carry the target shardings, for restoring onto a mesh."""
-  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                      abstract, shardings)
-
-
 def restore(mgr: ocp.CheckpointManager, step: int, target: Any, data_iter: Any = None) -> Any:
   """Restore the train state at `step` into `target` (and the data iterator in place)."""
   items = {"state": ocp.args.StandardRestore(target)}
@@ -56,12 +51,37 @@ def restore(mgr: ocp.CheckpointManager, step: int, target: Any, data_iter: Any =
   return mgr.restore(step, args=ocp.args.Composite(**items)).state
 
 
-def read_config(path: str, step: Optional[int] = None) -> ml_collections.ConfigDict:
-  """The config stored with a checkpoint (training work dir or export)."""
-  mgr = _reader(path)
-  step = mgr.latest_step() if step is None else step
+def read_config(mgr: ocp.CheckpointManager, step: int) -> ml_collections.ConfigDict:
+  """The config stored with checkpoint `step` (training work dir or export)."""
   saved = mgr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
   return with_defaults(saved)
+
+
+def restore_newest(mgr: ocp.CheckpointManager, load: Callable[[int, Any], Any],
+                   check: Optional[Callable] = None, log: Callable[[str], None] = print):
+  """(step, config, load(step, config)) of the newest checkpoint that reads; None if none does.
+
+  A checkpoint that fails to read is skipped with one line saying which and why. `check(config)`
+  may raise to refuse a readable checkpoint (e.g. of another model); that is not skipped.
+  """
+  for step in sorted(mgr.all_steps(), reverse=True):
+    where = f"checkpoint step {step} in {mgr.directory}"
+    try:
+      config = read_config(mgr, step)
+    except Exception as e:  # pylint: disable=broad-except  (any corruption: skip it)
+      log(f"skipped {where}: its config cannot be read ({_first_line(e)})")
+      continue
+    if check:
+      check(config)
+    try:
+      return step, config, load(step, config)
+    except Exception as e:  # pylint: disable=broad-except
+      log(f"skipped {where}: it cannot be restored ({_first_line(e)})")
+  return None
+
+
+def _first_line(e: Exception) -> str:
+  return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 
 
 def with_defaults(saved: dict) -> ml_collections.ConfigDict:
@@ -92,41 +112,44 @@ def _reader(path: str) -> ocp.CheckpointManager:
   return mgr
 
 
-def load_params(path: str, weights: str = "ema") -> tuple[ml_collections.ConfigDict, Any]:
-  """(config, params) from a training work dir (`ema` or `params`) or an export."""
+def load_params(path: str, weights: str = "ema",
+                log: Callable[[str], None] = print) -> tuple[ml_collections.ConfigDict, Any]:
+  """(config, params) of the newest readable checkpoint of a work dir (`ema` or `params`) or export."""
   if weights not in ("ema", "params"):
-    raise ValueError(f"weights={weights!r}; accepted: ema, params")
+    raise ValueError(f"--weights={weights}; accepted: ema, params")
   mgr = _reader(path)
-  step = mgr.latest_step()
-  config = read_config(path, step)
-  item_names = set(mgr.item_metadata(step).keys())
-  if "params" in item_names:
-    abstract = jax.eval_shape(lambda: train_state.abstract_params(config))
-    return config, mgr.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract))).params
-  abstract = train_state.abstract_state(config)
-  state = mgr.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(abstract))).state
-  return config, state.ema_params if weights == "ema" else state.params
+  is_export = "params" in mgr.item_metadata(mgr.latest_step()).keys()
+  if is_export and weights != "ema":
+    raise ValueError(f"--weights={weights}: {path} is an export, which holds one set of params "
+                     "(the EMA unless made from raw params); use --weights=ema")
+
+  def load(step, config):
+    if is_export:
+      abstract = jax.eval_shape(lambda: train_state.abstract_params(config))
+      return mgr.restore(step, args=ocp.args.Composite(
+          params=ocp.args.StandardRestore(abstract))).params
+    state = mgr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(train_state.abstract_state(config)))).state
+    return state.ema_params if weights == "ema" else state.params
+
+  found = restore_newest(mgr, load, log=log)
+  if found is None:
+    raise FileNotFoundError(f"no checkpoint under {path} can be read (each is listed above)")
+  _, config, params = found
+  return config, params
 
 
 def export(path: str, out: str, weights: str = "ema") -> str:
   """Write the EMA (or raw) params alone, with the config and tokenizer, as an Orbax checkpoint."""
-  check_out(out)  # before the restore, which may take minutes
+  checks.new_output_dir(out)  # before the restore, which may take minutes
   config, params = load_params(path, weights)
   return write_params_export(out, config, params, os.path.join(path, "tokenizer"))
-
-
-def check_out(out: str) -> None:
-  """Refuse an output path that holds something already."""
-  if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-    raise FileExistsError(f"--out {out!r} exists and is not an empty directory; give a new path")
 
 
 def write_params_export(out: str, config: ml_collections.ConfigDict, params: Any,
                         tokenizer_dir: Optional[str] = None) -> str:
   """Write `<out>/0/{params, config}` (+ `tokenizer/`) via a temporary directory, then rename."""
-  check_out(out)
+  checks.new_output_dir(out)
   out = os.path.abspath(out)
   tmp = f"{out}.tmp{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)

@@ -4,6 +4,7 @@ All NLLs are in nats per token; a perplexity is exp(mean NLL) over every scored 
 """
 import functools
 import math
+import time
 from typing import Any, Callable, Optional, Sequence
 
 import flax.linen as nn
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from ao_mdm import checks
 from ao_mdm import model as model_lib
 from ao_mdm import orders as orders_lib
 from ao_mdm import sharding
@@ -20,7 +22,10 @@ ENSEMBLE_BUCKETS = 8  # slot-count buckets for the truncated ensemble forwards
 
 
 class Scorer:
-  """Jitted per-slot NLLs of a model on a mesh: params replicated or sharded by the rules."""
+  """Jitted per-slot NLLs of a model on a mesh: params replicated or sharded by the rules.
+
+  `ao-mdm eval` and the validation during training both score through this class.
+  """
 
   def __init__(self, params: Any, cfg: ml_collections.ConfigDict, mesh_cfg=None):
     self.cfg = cfg
@@ -29,12 +34,19 @@ class Scorer:
     self.mesh = sharding.make_mesh(mesh_cfg)
     self.rules = sharding.rules(mesh_cfg)
     boxed = jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.key(0)))
-    self.params = jax.device_put(params, sharding.logical_shardings(boxed, self.mesh, self.rules))
+    self._param_shardings = sharding.logical_shardings(boxed, self.mesh, self.rules)
     self.dp = sharding.data_parallel_size(self.mesh, self.rules)
+    self.set_params(params)
+
+  def set_params(self, params: Any) -> None:
+    """Score with `params` from now on (no recompilation; already-placed params stay put)."""
+    self.params = jax.device_put(params, self._param_shardings)
 
   @functools.cached_property
   def _nll(self) -> Callable:
-    return jax.jit(functools.partial(model_lib.slot_nll, self.model))
+    # Replicated output: every process of a multi-host run reads all the NLLs.
+    return jax.jit(functools.partial(model_lib.slot_nll, self.model),
+                   out_shardings=sharding.replicated(self.mesh))
 
   @property
   def vocab_size(self) -> int:
@@ -49,16 +61,21 @@ class Scorer:
     return l2r_nll(self, ids_BT)[:, 1:]
 
   def slot_nll(self, tokens_BT: np.ndarray, order_BL: np.ndarray) -> np.ndarray:
-    """[B, L] NLL of slot s (target order[s]) given the tokens at order[:s]; L <= T slots."""
+    """[B, L] NLL of slot s (target order[s]) given the tokens at order[:s]; L <= T slots.
+
+    Every process passes the same whole batch; each places its own part on the mesh.
+    """
     b = len(tokens_BT)
     pad = -b % self.dp  # the batch is split over the data axes: pad it to a multiple
     if pad:
       tokens_BT = np.concatenate([tokens_BT, np.repeat(tokens_BT[:1], pad, 0)])
       order_BL = np.concatenate([order_BL, np.repeat(order_BL[:1], pad, 0)])
     batch = sharding.batch_sharding(self.mesh, self.rules)
+    place = lambda x: jax.make_array_from_callback(
+        x.shape, batch, lambda index: x[index])
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      out = self._nll(self.params, jax.device_put(jnp.asarray(tokens_BT, jnp.int32), batch),
-                      jax.device_put(jnp.asarray(order_BL, jnp.int32), batch))
+      out = self._nll(self.params, place(np.asarray(tokens_BT, np.int32)),
+                      place(np.asarray(order_BL, np.int32)))
     return np.asarray(jax.device_get(out), np.float64)[:b]
 
 
@@ -220,3 +237,88 @@ def generative_perplexity(scorer: Any, samples: Sequence[Sequence[int]],
   entropy = np.asarray([unigram_entropy(s) for s in samples])
   return {"gen_ppl": float(ppl.mean()), "gen_ppl_median": float(np.median(ppl)),
           "unigram_entropy": float(entropy.mean()), "samples": len(samples)}
+
+
+PROTOCOLS = ("paper", "custom")
+
+
+def eval_sets(data_cfg: ml_collections.ConfigDict, tokenizer: Any, block_size: int, *,
+              names: Sequence[str] = (), text_file: Optional[str] = None,
+              lambada_file: Optional[str] = None, protocol: str = "paper",
+              split: str = "validation", max_blocks: Optional[int] = None) -> dict:
+  """{name: int32 [N, T] blocks} of registry datasets, or of one local text file.
+
+  The paper protocol takes each dataset's split from paper.eval_split and every block; the
+  custom one takes `split` and at most `max_blocks`.
+  """
+  from ao_mdm import paper  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import datasets, pipeline  # pylint: disable=g-import-not-at-top
+  if text_file:
+    token_lists = [tokenizer.encode(d) for d in datasets.read_text_documents(text_file)]
+    blocks = pipeline.pack_documents(token_lists, tokenizer.eos_id, block_size)
+    if len(blocks) == 0:
+      raise ValueError(f"{text_file} has {sum(len(x) + 1 for x in token_lists)} tokens (EOS "
+                       f"included); at least block_size={block_size} are needed for one block")
+    return {text_file: blocks}
+  tfds_dir = datasets.resolve_tfds_dir(data_cfg.tfds_dir)
+  sets = {}
+  for name in names:
+    cfg = data_cfg.copy_and_resolve_references()
+    cfg.dataset = name
+    if name == "lambada":
+      if not lambada_file:
+        raise ValueError("--datasets=lambada needs --lambada_file=lambada_test.jsonl (OpenAI's "
+                         "LAMBADA test file, one JSON object with a 'text' field per line)")
+      cfg.text_file = lambada_file
+    sets[name] = pipeline.eval_blocks(
+        cfg, tokenizer, block_size=block_size, tfds_dir=tfds_dir,
+        split=paper.eval_split(name) if protocol == "paper" else split,
+        max_blocks=None if protocol == "paper" else max_blocks)
+  return sets
+
+
+def evaluate_sets(scorer: Scorer, sets: dict, *, protocol: str = "paper", orders: int = 4,
+                  ensemble: Sequence[int] = (), batch_size: int = 8, seed: int = 0,
+                  progress: Optional[Callable[[str, int], Callable]] = None) -> dict:
+  """evaluate_blocks per set, under the paper protocol (one order, the authors' block counts)
+  or a custom one (`orders` per block, every block); adds the wall time of each.
+
+  `progress(name, total)` may return a callback that is given the blocks done.
+  """
+  from ao_mdm import paper  # pylint: disable=g-import-not-at-top
+  results = {}
+  for name, blocks in sets.items():
+    if protocol == "paper":
+      n_orders, ao_blocks = 1, paper.eval_any_order_blocks(name)
+    else:
+      n_orders, ao_blocks = orders, None
+    update = progress(name, evaluation_units(len(blocks), ao_blocks)) if progress else None
+    start = time.perf_counter()
+    r = evaluate_blocks(scorer, blocks, orders=n_orders, any_order_blocks=ao_blocks,
+                        ensemble=ensemble, batch_size=batch_size, seed=seed, progress=update)
+    r["seconds"] = time.perf_counter() - start
+    results[name] = r
+  return results
+
+
+def read_generated(path: str) -> list[dict]:
+  """Records of `ao-mdm sample --out` (JSON lines with 'tokens' and 'text'), checked."""
+  records = checks.jsonl_records(path, "--generated")
+  for number, r in enumerate(records, 1):
+    tokens = r.get("tokens")
+    if not (isinstance(tokens, list) and all(isinstance(i, int) for i in tokens)
+            and isinstance(r.get("text"), str)):
+      raise ValueError(f"--generated {path} record {number} lacks a 'tokens' list of integers "
+                       "or a 'text' string (expected what `ao-mdm sample --out` writes)")
+  return records
+
+
+def generated_ids(records: list[dict], scorer: Any) -> list[list[int]]:
+  """Token ids to score: the samples' own ids, or their text re-tokenized for a GPT-2 scorer."""
+  from ao_mdm import gpt2_scorer  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import gpt2  # pylint: disable=g-import-not-at-top
+  if (not isinstance(scorer, gpt2_scorer.GPT2Scorer)
+      or all(r.get("tokenizer") == "gpt2" for r in records)):
+    return [r["tokens"] for r in records]
+  encode = gpt2.GPT2Tokenizer().encode  # other tokenizers: score the text as GPT-2 reads it
+  return [encode(r["text"])[:scorer.block_size] for r in records]

@@ -16,6 +16,8 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
+from ao_mdm import checks
+
 CONFIG_FILE = "gpt2_config.json"
 PARAMS_DIR = "params"
 # Hugging Face options that change the architecture, with the HF default, the only value accepted.
@@ -140,8 +142,7 @@ def _hf_params(sd: dict, cfg: GPT2Config, source: str) -> dict:
 
 def import_hf_gpt2(hf_dir: str, out: str) -> str:
   """Convert a local HF GPT-2 directory into `<out>/{gpt2_config.json, params}`; return `out`."""
-  if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-    raise FileExistsError(f"{out!r} exists and is not an empty directory")
+  checks.new_output_dir(out)
   config_path = os.path.join(hf_dir, "config.json")
   if not os.path.isfile(config_path):
     raise FileNotFoundError(f"{config_path!r} not found (expected a Hugging Face GPT-2 directory)")

@@ -107,9 +107,82 @@ def _require(**named) -> None:
     raise app.UsageError(f"missing {', '.join(missing)}")
 
 
+def _int_list(name: str) -> list:
+  """A comma-separated flag of positive integers, e.g. --ensemble=8,64."""
+  items = [x.strip() for x in FLAGS[name].value.split(",") if x.strip()]
+  if not all(x.isdigit() and int(x) > 0 for x in items):
+    raise app.UsageError(f"--{name}={FLAGS[name].value}: expected positive integers separated "
+                         "by commas, e.g. 8,64")
+  return [int(x) for x in items]
+
+
+def _preflight(command: str) -> None:
+  """Path and value checks that need no JAX: a bad one fails in well under a second."""
+  from ao_mdm import checks
+  if command == "train":
+    _require(config=FLAGS.config, workdir=FLAGS.workdir)
+    if os.path.exists(FLAGS.workdir) and not os.path.isdir(FLAGS.workdir):
+      raise app.UsageError(f"--workdir {FLAGS.workdir!r} is a file; give a directory")
+    checks.output_file(os.path.join(FLAGS.workdir, "metrics.jsonl"), "--workdir")
+    if FLAGS.init_from:
+      checks.checkpoint(FLAGS.init_from, "--init_from")
+  elif command in ("info", "compile", "bench"):
+    _require(config=FLAGS.config)
+    if command == "compile":
+      _require(topology=FLAGS.topology)
+  elif command == "tokenizer":
+    _require(out=FLAGS.out)
+    if os.path.sep in FLAGS.corpus or os.path.isfile(FLAGS.corpus):
+      checks.text_file(FLAGS.corpus, "--corpus")
+    checks.output_file(os.path.join(FLAGS.out, "tokenizer.model"), "--out")
+  elif command == "export":
+    _require(workdir=FLAGS.workdir, out=FLAGS.out)
+    if FLAGS.weights not in ("ema", "params"):
+      raise app.UsageError(f"--weights={FLAGS.weights}; export accepts ema or params")
+    checks.checkpoint(FLAGS.workdir, "--workdir")
+    checks.new_output_dir(FLAGS.out)
+  elif command == "sample":
+    _require(checkpoint=FLAGS.checkpoint)
+    checks.checkpoint(FLAGS.checkpoint)
+    if FLAGS.out:
+      checks.output_file(FLAGS.out)
+    if FLAGS.prompt and FLAGS.infill:
+      raise app.UsageError("give --prompt or --infill, not both")
+  elif command == "eval":
+    if FLAGS.generated:
+      _require(scorer=FLAGS.scorer)
+      checks.text_file(FLAGS.generated, "--generated")
+      if not os.path.isfile(os.path.join(FLAGS.scorer, "gpt2_config.json")):  # not import-gpt2's
+        checks.checkpoint(FLAGS.scorer, "--scorer")
+      return
+    _require(checkpoint=FLAGS.checkpoint)
+    checks.checkpoint(FLAGS.checkpoint)
+    for name in ("text_file", "lambada_file"):
+      if FLAGS[name].value:
+        checks.text_file(FLAGS[name].value, f"--{name}")
+    custom = [f"--{k}" for k in ("split", "max_blocks", "orders") if FLAGS[k].present]
+    if FLAGS.protocol == "paper" and custom:
+      raise app.UsageError(f"{', '.join(custom)} apply with --protocol=custom; --protocol=paper "
+                           "fixes the split, block count and orders per dataset")
+    if FLAGS.orders < 1 or FLAGS.batch_size < 1 or FLAGS.max_blocks < 0:
+      raise app.UsageError(f"--orders={FLAGS.orders} and --batch_size={FLAGS.batch_size} must be "
+                           f">= 1, --max_blocks={FLAGS.max_blocks} >= 0 (0: all)")
+    _int_list("ensemble")
+  elif command == "import-torch":
+    _require(checkpoint=FLAGS.checkpoint, out=FLAGS.out)
+    if FLAGS.weights not in ("ema", "model"):
+      raise app.UsageError(f"--weights={FLAGS.weights}; import-torch accepts ema or model")
+    if not os.path.isfile(FLAGS.checkpoint):
+      raise FileNotFoundError(f"--checkpoint {FLAGS.checkpoint!r}: no such file (a PyTorch "
+                              "ckpt.pt of the authors' code)")
+    checks.new_output_dir(FLAGS.out)
+  elif command == "import-gpt2":
+    _require(hf_dir=FLAGS.hf_dir, out=FLAGS.out)
+    checks.new_output_dir(FLAGS.out)
+
+
 def _train() -> None:
   from ao_mdm import sharding, train
-  _require(config=FLAGS.config, workdir=FLAGS.workdir)
   sharding.initialize_distributed(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id)
   train.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.init_from)
 
@@ -118,8 +191,8 @@ def _info() -> None:
   import flax.linen as nn
   import jax
   from ao_mdm import model
-  _require(config=FLAGS.config)
   cfg = FLAGS.config.model
+  model.validate_model_config(cfg)
   shapes = nn.unbox(jax.eval_shape(lambda k: model.init_params(cfg, k), jax.random.key(0)))
   n = model.count_params(shapes)
   fpt = model.flops_per_token(cfg, n)
@@ -131,164 +204,115 @@ def _info() -> None:
 
 def _tokenizer() -> None:
   from ao_mdm.data import tokenizer
-  _require(out=FLAGS.out)
   print(tokenizer.train_tokenizer_cli(FLAGS.corpus, FLAGS.vocab_size, FLAGS.out))
 
 
 def _export() -> None:
   from ao_mdm import checkpoints
-  _require(workdir=FLAGS.workdir, out=FLAGS.out)
   print(checkpoints.export(FLAGS.workdir, FLAGS.out, FLAGS.weights))
 
 
 def _bench(what: str) -> None:
   from ao_mdm import bench
-  _require(config=FLAGS.config)
   {"sample": bench.bench_sample, "train": bench.bench_train}[what](FLAGS.config)
+
+
+def _load_run(path: str) -> tuple:
+  """(config, params, tokenizer) of a training work dir or export."""
+  from ao_mdm import checkpoints
+  from ao_mdm.data import tokenizer as tok_lib
+  config, params = checkpoints.load_params(path, FLAGS.weights)
+  tokenizer = tok_lib.load_saved_tokenizer(config.data, config.model.vocab_size, path)
+  tok_lib.check_vocab(tokenizer, config.model.vocab_size)
+  return config, params, tokenizer
+
+
+_SETTINGS = ("steps", "schedule", "temperature", "top_p", "top_p_rule", "top_k", "order")
 
 
 def _sample() -> None:
   import json
-  import os
   import tqdm
-  from ao_mdm import checkpoints, sampling
-  from ao_mdm.data import tokenizer as tok_lib
-  _require(checkpoint=FLAGS.checkpoint)
+  from ao_mdm import sampling
+  options = {k: FLAGS[k].value for k in _SETTINGS}
+  sampling.validate_sampling_args(**options)
   if FLAGS.num_samples < 1 or FLAGS.batch_size < 1:
     raise app.UsageError(f"--num_samples={FLAGS.num_samples} and --batch_size={FLAGS.batch_size} "
                          "must be >= 1")
-  config, params = checkpoints.load_params(FLAGS.checkpoint, FLAGS.weights)
-  tokenizer = tok_lib.get_tokenizer(config.data, config.model.vocab_size, FLAGS.checkpoint)
-  tok_lib.check_vocab(tokenizer, config.model.vocab_size)
-  positions, ids = sampling.layout_known(tokenizer.encode, config.model.block_size, FLAGS.prompt,
-                                         FLAGS.infill, FLAGS.infill_span)
-  records = []
-  batch_size = min(FLAGS.batch_size, FLAGS.num_samples)
-  batches = range(0, FLAGS.num_samples, batch_size)
-  for start in tqdm.tqdm(batches, desc="sampling", unit="batch", disable=len(batches) < 2):
-    out = sampling.sample(
-        params, config.model, batch_size=batch_size, steps=FLAGS.steps,
-        schedule=FLAGS.schedule, temperature=FLAGS.temperature, top_p=FLAGS.top_p,
-        top_k=FLAGS.top_k, seed=FLAGS.seed + start, known_positions=positions, known_tokens=ids,
-        order=FLAGS.order, top_p_rule=FLAGS.top_p_rule,
-        vocab_limit=min(tokenizer.vocab_size, config.model.vocab_size))
-    for row in out.tokens[:FLAGS.num_samples - start]:
-      records.append({"text": sampling.decode_text(tokenizer.decode, row, tokenizer.eos_id,
-                                                   tokenizer.vocab_size),
-                      "tokens": row.tolist(), "tokenizer": config.data.tokenizer})
+  config, params, tokenizer = _load_run(FLAGS.checkpoint)
+  batches = -(-FLAGS.num_samples // min(FLAGS.batch_size, FLAGS.num_samples))
+  with tqdm.tqdm(total=batches, desc="sampling", unit="batch", disable=batches < 2) as bar:
+    records = sampling.sample_texts(
+        params, config.model, tokenizer, num_samples=FLAGS.num_samples,
+        batch_size=FLAGS.batch_size, prompt=FLAGS.prompt, infill=FLAGS.infill,
+        infill_span=FLAGS.infill_span, seed=FLAGS.seed, progress=bar.update, **options)
   for i, r in enumerate(records):
     print(f"--- sample {i} (steps={FLAGS.steps}, {FLAGS.order} order) ---\n{r['text']}\n")
   if FLAGS.out:
-    settings = {k: FLAGS[k].value for k in ("checkpoint", "prompt", "infill", "steps", "schedule",
-                                            "temperature", "top_p", "top_p_rule", "top_k", "order",
-                                            "seed")}
-    tmp = FLAGS.out + ".tmp"
+    settings = {k: FLAGS[k].value for k in ("checkpoint", "prompt", "infill", "seed", *_SETTINGS)}
+    tmp = f"{FLAGS.out}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
       for r in records:
-        f.write(json.dumps({**r, **settings}) + "\n")
+        f.write(json.dumps({**r, "tokenizer": config.data.tokenizer, **settings}) + "\n")
     os.replace(tmp, FLAGS.out)
     print(f"wrote {len(records)} samples to {FLAGS.out}")
 
 
 def _import_torch() -> None:
   from ao_mdm import torch_import
-  _require(checkpoint=FLAGS.checkpoint, out=FLAGS.out)
-  if FLAGS.weights not in ("ema", "model"):
-    raise app.UsageError(f"--weights={FLAGS.weights}; import-torch accepts ema or model")
   torch_import.import_torch(FLAGS.checkpoint, FLAGS.out, FLAGS.weights, FLAGS.variant)
   print(f"wrote {FLAGS.out}")
 
 
 def _import_gpt2() -> None:
   from ao_mdm import gpt2_scorer
-  _require(hf_dir=FLAGS.hf_dir, out=FLAGS.out)
   print(f"wrote {gpt2_scorer.import_hf_gpt2(FLAGS.hf_dir, FLAGS.out)}")
 
 
-def _generated_samples(path: str, scorer) -> list:
-  """Token ids to score: the samples' own ids, or their text re-tokenized for a GPT-2 scorer."""
+def _eval_generated() -> None:
   import json
-  from ao_mdm import gpt2_scorer
-  from ao_mdm.data import gpt2
-  with open(path, encoding="utf-8") as f:
-    records = [json.loads(line) for line in f if line.strip()]
-  if (not isinstance(scorer, gpt2_scorer.GPT2Scorer)
-      or all(r.get("tokenizer") == "gpt2" for r in records)):
-    return [r["tokens"] for r in records]
-  encode = gpt2.GPT2Tokenizer().encode  # other tokenizers: score the text as GPT-2 reads it
-  return [encode(r["text"])[:scorer.block_size] for r in records]
+  import time
+  from ao_mdm import checkpoints, evaluation, gpt2_scorer
+  records = evaluation.read_generated(FLAGS.generated)
+  if gpt2_scorer.is_gpt2_export(FLAGS.scorer):
+    scorer = gpt2_scorer.load_gpt2_scorer(FLAGS.scorer)
+  else:
+    config, params = checkpoints.load_params(FLAGS.scorer, FLAGS.weights)
+    scorer = evaluation.Scorer(params, config.model, config.mesh)
+  start = time.perf_counter()
+  result = evaluation.generative_perplexity(
+      scorer, evaluation.generated_ids(records, scorer), FLAGS.batch_size)
+  result["seconds"] = time.perf_counter() - start
+  print(f"generative perplexity {result['gen_ppl']:.2f} (median {result['gen_ppl_median']:.2f}), "
+        f"unigram entropy {result['unigram_entropy']:.3f} nats, {result['samples']} samples")
+  print(json.dumps(result))
 
 
 def _eval() -> None:
-  import json
-  import time
-  import tqdm
-  from ao_mdm import checkpoints, evaluation
-  from ao_mdm.data import datasets, pipeline, tokenizer as tok_lib
   if FLAGS.generated:
-    from ao_mdm import gpt2_scorer
-    _require(scorer=FLAGS.scorer)
-    if gpt2_scorer.is_gpt2_export(FLAGS.scorer):
-      scorer = gpt2_scorer.load_gpt2_scorer(FLAGS.scorer)
-    else:
-      config, params = checkpoints.load_params(FLAGS.scorer, FLAGS.weights)
-      scorer = evaluation.Scorer(params, config.model, config.mesh)
-    samples = _generated_samples(FLAGS.generated, scorer)
-    start = time.perf_counter()
-    result = evaluation.generative_perplexity(scorer, samples, FLAGS.batch_size)
-    result["seconds"] = time.perf_counter() - start
-    print(f"generative perplexity {result['gen_ppl']:.2f} (median {result['gen_ppl_median']:.2f}), "
-          f"unigram entropy {result['unigram_entropy']:.3f} nats, {result['samples']} samples")
-    print(json.dumps(result))
-    return
-  _require(checkpoint=FLAGS.checkpoint)
-  from ao_mdm import paper
-  custom = [f"--{k}" for k in ("split", "max_blocks", "orders") if FLAGS[k].present]
-  if FLAGS.protocol == "paper" and custom:
-    raise app.UsageError(f"{', '.join(custom)} apply with --protocol=custom; --protocol=paper "
-                         "fixes the split, block count and orders per dataset")
-  config, params = checkpoints.load_params(FLAGS.checkpoint, FLAGS.weights)
-  tokenizer = tok_lib.get_tokenizer(config.data, config.model.vocab_size, FLAGS.checkpoint)
-  tok_lib.check_vocab(tokenizer, config.model.vocab_size)
+    return _eval_generated()
+  import json
+  import tqdm
+  from ao_mdm import evaluation
+  ensemble = _int_list("ensemble")
+  names = [d.strip() for d in FLAGS.datasets.split(",") if d.strip()]
+  config, params, tokenizer = _load_run(FLAGS.checkpoint)
   config.model.dtype = "float32"  # the authors evaluate any-order and ensemble in fp32
+  sets = evaluation.eval_sets(
+      config.data, tokenizer, config.model.block_size, names=names, text_file=FLAGS.text_file,
+      lambada_file=FLAGS.lambada_file, protocol=FLAGS.protocol, split=FLAGS.split,
+      max_blocks=FLAGS.max_blocks or None)
   scorer = evaluation.Scorer(params, config.model, config.mesh)
-  ensemble = [int(m) for m in FLAGS.ensemble.split(",") if m.strip()]
-  t = config.model.block_size
-  named = {}
-  if FLAGS.text_file:
-    docs = datasets.read_text_documents(FLAGS.text_file)
-    token_lists = [tokenizer.encode(d) for d in docs]
-    blocks = pipeline.pack_documents(token_lists, tokenizer.eos_id, t)
-    if len(blocks) == 0:
-      raise app.UsageError(f"{FLAGS.text_file} has {sum(len(x) + 1 for x in token_lists)} tokens "
-                           f"(EOS included); at least block_size={t} are needed for one block")
-    named[FLAGS.text_file] = blocks
-  else:
-    tfds_dir = datasets.resolve_tfds_dir(config.data.tfds_dir)
-    for name in [d.strip() for d in FLAGS.datasets.split(",") if d.strip()]:
-      data_cfg = config.data.copy_and_resolve_references()
-      data_cfg.dataset = name
-      if name == "lambada":
-        _require(lambada_file=FLAGS.lambada_file)
-        data_cfg.text_file = FLAGS.lambada_file
-      split = paper.eval_split(name) if FLAGS.protocol == "paper" else FLAGS.split
-      max_blocks = None if FLAGS.protocol == "paper" else FLAGS.max_blocks or None
-      named[name] = pipeline.eval_blocks(data_cfg, tokenizer, block_size=t, split=split,
-                                         tfds_dir=tfds_dir, max_blocks=max_blocks)
-  results = {}
-  for name, blocks in named.items():
-    start = time.perf_counter()
-    if FLAGS.protocol == "paper":
-      n_orders, ao_blocks = 1, paper.eval_any_order_blocks(name)
-    else:
-      n_orders, ao_blocks = FLAGS.orders, None
-    units = evaluation.evaluation_units(len(blocks), ao_blocks)
-    with tqdm.tqdm(total=units, desc=f"eval {name}", unit="block") as bar:
-      r = evaluation.evaluate_blocks(scorer, blocks, orders=n_orders, any_order_blocks=ao_blocks,
+  bars = []
+
+  def progress(name, total):
+    bars.append(tqdm.tqdm(total=total, desc=f"eval {name}", unit="block"))
+    return bars[-1].update
+  results = evaluation.evaluate_sets(scorer, sets, protocol=FLAGS.protocol, orders=FLAGS.orders,
                                      ensemble=ensemble, batch_size=FLAGS.batch_size,
-                                     seed=FLAGS.seed, progress=bar.update)
-    r["seconds"] = time.perf_counter() - start
-    results[name] = r
+                                     seed=FLAGS.seed, progress=progress)
+  for bar in bars:
+    bar.close()
   print(f"{'dataset':<24} {'tokens':>8} {'L2R ppl':>9} {'any-order ppl':>16} "
         + " ".join(f"{'ens M=' + str(m):>10}" for m in ensemble))
   for name, r in results.items():
@@ -300,12 +324,10 @@ def _eval() -> None:
 
 def _compile() -> None:
   from ao_mdm import aot
-  _require(config=FLAGS.config, topology=FLAGS.topology)
   try:
     aot.compile_for_topology(FLAGS.config, FLAGS.topology, name=FLAGS["config"].config_filename)
-  except (ValueError, RuntimeError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+  except RuntimeError as e:  # libtpu missing or locked
+    raise app.UsageError(str(e)) from e
 
 
 def _quiet_environment() -> None:
@@ -371,7 +393,9 @@ def run() -> None:
              "compile": _compile}.get(command)
   if command == "bench":
     if not rest or rest[0] not in BENCHES:
-      print(f"usage: ao-mdm bench {{{'|'.join(BENCHES)}}} --config=...", file=sys.stderr)
+      got = repr(rest[0]) if rest else "nothing"
+      print(f"error: ao-mdm bench takes one of {', '.join(BENCHES)} first, got {got}; e.g. "
+            "`ao-mdm bench train --config=configs/bench_train.py`", file=sys.stderr)
       sys.exit(2)
     what, rest = rest[0], rest[1:]
     handler, command = (lambda: _bench(what)), f"bench {what}"
@@ -386,14 +410,63 @@ def run() -> None:
     logging.set_verbosity(logging.ERROR)  # Orbax/TFDS warnings are not the user's business
     try:
       _check_command_flags(command, argv)
+      _preflight(command.split()[0])
       handler()
-    except (app.UsageError, ValueError, FileNotFoundError, FileExistsError) as e:
-      if os.environ.get("AO_MDM_TRACEBACK"):
-        raise
-      message = " ".join(str(e).split("\n"))  # one line
-      print(f"error: {message}", file=sys.stderr)
-      sys.exit(2)
-  app.run(main, argv=[f"ao-mdm {command}"] + rest)
+    except (app.UsageError, ValueError, OSError, ImportError) as e:
+      _fail(str(e))
+  app.run(main, argv=[f"ao-mdm {command}"] + rest, flags_parser=_parse_flags)
+
+
+def _fail(message: str) -> None:
+  """One `error:` line and exit 2; AO_MDM_TRACEBACK=1 re-raises for the traceback."""
+  if os.environ.get("AO_MDM_TRACEBACK"):
+    raise
+  print(f"error: {' '.join(message.split())}", file=sys.stderr)
+  sys.exit(2)
+
+
+def _parse_flags(argv: list) -> list:
+  """absl's parsing, with a bad config file, key or value reported as one error line."""
+  try:
+    rest = FLAGS(argv)
+    if FLAGS["config"].present:
+      FLAGS.config.keys()  # a config file that failed to load raises here
+    return rest
+  except Exception as e:  # pylint: disable=broad-except  (flag and config-file errors)
+    _fail(_flag_error(argv, e))
+
+
+def _flag_error(argv: list, e: Exception) -> str:
+  """The clearest line for a flag error: missing or broken config file, unknown config key."""
+  path = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), None)
+  if path is not None:
+    if not os.path.isfile(path):
+      return f"--config {path!r}: no such file (e.g. configs/tiny.py)"
+    try:
+      config = _load_config_file(path)
+    except Exception as load_error:  # pylint: disable=broad-except
+      return (f"--config {path!r} cannot be loaded ({type(load_error).__name__}: {load_error}); "
+              "a config file defines get_config() returning a ConfigDict")
+    for arg in argv[1:]:
+      name = arg.lstrip("-").split("=", 1)[0]
+      if not name.startswith("config."):
+        continue
+      node, keys = config, name.split(".")[1:]
+      for i, key in enumerate(keys):
+        if not hasattr(node, "keys") or key not in node:
+          where = "config." + ".".join(keys[:i]) if i else "the config"
+          known = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "none (a value)"
+          return f"--{name}: {where} has no key {key!r}; its keys: {known}"
+        node = node[key]
+  return str(e)
+
+
+def _load_config_file(path: str):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("ao_mdm_user_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import numpy as np
 from flax import traverse_util
 
 from ao_mdm import checkpoints
+from ao_mdm import checks
 from ao_mdm import model as model_lib
 
 TORCH_WEIGHTS = ("ema", "model")
@@ -256,7 +257,7 @@ def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optio
     raise ValueError(f"weights={weights!r}; accepted: {', '.join(TORCH_WEIGHTS)}")
   if variant not in (None, "ao", "sigma"):
     raise ValueError(f"variant={variant!r}; accepted: ao, sigma (or None to detect it)")
-  checkpoints.check_out(out)
+  checks.new_output_dir(out)
   ckpt = _load_torch_checkpoint(checkpoint)
   state = _strip_prefix(ckpt["model"], checkpoint)
   variant = _detect_variant(state, variant, checkpoint)

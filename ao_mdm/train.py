@@ -1,4 +1,5 @@
 """The jitted train and eval steps and the training loop (DESIGN.md section 5)."""
+import dataclasses
 import json
 import math
 import os
@@ -14,6 +15,8 @@ import numpy as np
 import optax
 
 from ao_mdm import checkpoints
+from ao_mdm import checks
+from ao_mdm import evaluation
 from ao_mdm import model as model_lib
 from ao_mdm import orders
 from ao_mdm import sharding
@@ -36,6 +39,18 @@ def validate_train_config(config: ml_collections.ConfigDict) -> None:
                      f"train.microbatches={t.microbatches}")
   if not 0.0 <= t.ema_decay < 1.0:
     raise ValueError(f"train.ema_decay={t.ema_decay} must be in [0, 1)")
+  for key in ("learning_rate", "grad_clip"):
+    if not t[key] > 0:
+      raise ValueError(f"train.{key}={t[key]} must be > 0")
+  for key in ("min_lr", "weight_decay", "warmup_steps", "eval_every", "peak_flops_per_device"):
+    if not t[key] >= 0:
+      raise ValueError(f"train.{key}={t[key]} must be >= 0")
+  for key in ("b1", "b2"):
+    if not 0 <= t[key] < 1:
+      raise ValueError(f"train.{key}={t[key]} must be in [0, 1)")
+  for key in ("checkpoint_every", "keep_checkpoints", "eval_batches"):
+    if int(t[key]) < 1:
+      raise ValueError(f"train.{key}={t[key]} must be >= 1")
 
 
 def sequence_nll(model: nn.Module, params: Any, tokens_BT: jax.Array,
@@ -109,85 +124,65 @@ def make_train_step(config: ml_collections.ConfigDict) -> Callable:
   return step
 
 
-def jit_train_step(config, mesh, axis_rules, shardings) -> Callable:
-  """The train step jitted with explicit shardings and the state donated."""
-  step = make_train_step(config)
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """The sharded training program of a config: one constructor for train, bench, compile, tests.
+
+  `step(state, tokens_BT)` runs the jitted train step on `mesh` with the state donated;
+  `step.jitted` is the jax.jit object (for lowering ahead of time).
+  """
+  config: ml_collections.ConfigDict
+  mesh: jax.sharding.Mesh
+  axis_rules: tuple
+  shardings: TrainState  # NamedSharding per leaf
+  batch_sharding: jax.sharding.NamedSharding
+  step: Callable
+
+  def init_state(self) -> TrainState:
+    return train_state.create_state(self.config, self.mesh, self.axis_rules)
+
+  def abstract_state(self) -> TrainState:
+    """ShapeDtypeStructs of the state carrying its shardings (restore and AOT targets)."""
+    abstract = jax.eval_shape(lambda: nn.unbox(train_state.init_state(
+        self.config, jax.random.key(0))))
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        abstract, self.shardings)
+
+  def global_batch(self, local_bT: np.ndarray) -> jax.Array:
+    """This process's rows of the global batch -> the global array on the mesh."""
+    return sharding.global_batch(local_bT, self.batch_sharding)
+
+
+def make_program(config: ml_collections.ConfigDict, devices: Optional[list] = None) -> Program:
+  """Validate the config, build the mesh over `devices` (default: all) and jit the step."""
+  validate_train_config(config)
+  t = config.train
+  mesh = sharding.make_mesh(config.mesh, devices=devices)
+  axis_rules = sharding.rules(config.mesh)
+  dp = sharding.data_parallel_size(mesh, axis_rules)
+  if t.batch_size % (dp * t.microbatches):
+    raise ValueError(f"train.batch_size={t.batch_size} must be divisible by the data-parallel "
+                     f"size {dp} times train.microbatches={t.microbatches}")
+  shardings = train_state.state_shardings(config, mesh, axis_rules)
   batch = sharding.batch_sharding(mesh, axis_rules)
-  jitted = jax.jit(step, in_shardings=(shardings, batch),
+  jitted = jax.jit(make_train_step(config), in_shardings=(shardings, batch),
                    out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
 
-  def run(state, tokens_BT):
+  def step(state, tokens_BT):
     with jax.set_mesh(mesh), nn.logical_axis_rules(axis_rules):
       return jitted(state, tokens_BT)
-  run.jitted = jitted
-  return run
-
-
-def make_eval_fn(config: ml_collections.ConfigDict, mesh, axis_rules) -> Callable:
-  """(params, tokens_BT, key) -> {l2r, random} mean NLL of the batch, jitted."""
-  model = model_lib.make_model(config.model)
-  t = config.model.block_size
-
-  @jax.jit
-  def evaluate(params, tokens_BT, key):
-    b = tokens_BT.shape[0]
-    l2r = sequence_nll(model, params, tokens_BT, orders.identity(b, t))
-    rnd = sequence_nll(model, params, tokens_BT, orders.random_orders(key, b, t))
-    return {"l2r": jnp.mean(l2r), "random": jnp.mean(rnd)}
-
-  def run(params, tokens_BT, key):
-    with jax.set_mesh(mesh), nn.logical_axis_rules(axis_rules):
-      return evaluate(params, tokens_BT, key)
-  return run
+  step.jitted = jitted
+  return Program(config, mesh, axis_rules, shardings, batch, step)
 
 
 def format_metrics(m: dict) -> str:
   return " ".join(f"{k}={float(v):.4g}" for k, v in m.items())
 
 
-def evaluate_blocks(eval_fn: Callable, params: Any, blocks_NT: np.ndarray, batch_size: int,
-                    seed: int, batch_sharding) -> dict:
-  """Mean L2R and random-order NLL over whole batches of `blocks_NT`."""
-  n = (len(blocks_NT) // batch_size) * batch_size
-  if n == 0:
-    raise ValueError(f"{len(blocks_NT)} evaluation blocks are fewer than one batch of "
-                     f"{batch_size}")
-  totals = {"l2r": 0.0, "random": 0.0}
-  procs = jax.process_count()
-  for i in range(0, n, batch_size):
-    rows = blocks_NT[i:i + batch_size]  # every process holds them all; each feeds its share
-    tokens = sharding.global_batch(rows.reshape(procs, -1, rows.shape[1])[jax.process_index()],
-                                   batch_sharding)
-    out = eval_fn(params, tokens, jax.random.fold_in(jax.random.key(seed), i))
-    totals = {k: totals[k] + float(out[k]) for k in totals}
-  return {k: v / (n // batch_size) for k, v in totals.items()}
-
-
 def _model_differences(saved: ml_collections.ConfigDict, current: ml_collections.ConfigDict) -> list:
   keys = ("variant", "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "cond_dim")
   return [f"model.{k}: checkpoint {saved[k]} vs config {current[k]}" for k in keys
           if saved.get(k) != current.get(k)]
-
-
-def _restore_latest(mgr, config, target, data_iter, workdir: str):
-  """Restore the newest checkpoint that loads; report and skip broken ones. None if none."""
-  for step in sorted(mgr.all_steps(), reverse=True):
-    try:
-      saved = checkpoints.read_config(workdir, step)
-    except Exception as e:  # pylint: disable=broad-except
-      _log(f"checkpoint {mgr.directory / str(step)} cannot be read ({type(e).__name__}: {e}); "
-           "trying the previous one")
-      continue
-    diffs = _model_differences(saved.model, config.model)
-    if diffs:
-      raise ValueError(f"--workdir {workdir} holds a checkpoint of a different model: "
-                       + "; ".join(diffs) + ". Use a new work dir or the matching config.")
-    try:
-      return step, checkpoints.restore(mgr, step, target, data_iter)
-    except Exception as e:  # pylint: disable=broad-except
-      _log(f"checkpoint {mgr.directory / str(step)} failed to restore ({type(e).__name__}: "
-           f"{e}); trying the previous one")
-  return None, None
 
 
 def _log(message: str) -> None:
@@ -225,15 +220,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   """
   from clu import periodic_actions  # pylint: disable=g-import-not-at-top
   from ao_mdm.data import datasets, pipeline, tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
-
-  validate_train_config(config)
+  if init_from and checks.has_checkpoints(workdir):
+    raise ValueError(f"--init_from {init_from} given, but --workdir {workdir} already holds "
+                     "checkpoints; to resume that run, drop --init_from; to warm-start, give a "
+                     "new --workdir")
+  program = make_program(config)
   t = config.train
-  mesh = sharding.make_mesh(config.mesh)
-  axis_rules = sharding.rules(config.mesh)
-  dp = sharding.data_parallel_size(mesh, axis_rules)
-  if t.batch_size % (dp * t.microbatches):
-    raise ValueError(f"train.batch_size={t.batch_size} must be divisible by the data-parallel "
-                     f"size {dp} times train.microbatches={t.microbatches}")
+  init_params = _init_params(config, init_from) if init_from else None
+  mgr = checkpoints.train_manager(workdir, t.keep_checkpoints)
   tfds_dir = datasets.resolve_tfds_dir(config.data.tfds_dir)
   tokenizer = tok_lib.get_tokenizer(config.data, config.model.vocab_size, workdir)
   tok_lib.check_vocab(tokenizer, config.model.vocab_size)
@@ -246,23 +240,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                   max_blocks=t.eval_batches * t.batch_size)
       for split in ("train", "validation")}
 
-  shardings = train_state.state_shardings(config, mesh, axis_rules)
-  state = train_state.create_state(config, mesh, axis_rules)
-  mgr = checkpoints.train_manager(workdir, t.keep_checkpoints)
-  target = checkpoints.abstract_like(jax.eval_shape(lambda: state), shardings)
-  start, restored = _restore_latest(mgr, config, target, data_iter, workdir)
-  if restored is not None:
-    state = restored
+  def check(saved):
+    diffs = _model_differences(saved.model, config.model)
+    if diffs:
+      raise ValueError(f"--workdir {workdir} holds a checkpoint of a different model: "
+                       + "; ".join(diffs) + ". Use a new work dir or the matching config.")
+  found = checkpoints.restore_newest(
+      mgr, lambda step, _: checkpoints.restore(mgr, step, program.abstract_state(), data_iter),
+      check, log=_log)
+  start = None
+  if found is not None:
+    start, _, state = found
     _log(f"resumed from step {start} in {workdir}")
-  elif init_from:
-    state = _warm_start(state, config, init_from, shardings)
-    _log(f"initialised params from {init_from}")
-  train_step = jit_train_step(config, mesh, axis_rules, shardings)
-  eval_fn = make_eval_fn(config, mesh, axis_rules)
-  batch = sharding.batch_sharding(mesh, axis_rules)
-  run_eval = lambda params, splits=("train", "validation"): {
-      split: evaluate_blocks(eval_fn, params, eval_sets[split], t.batch_size, config.seed, batch)
-      for split in splits}
+  else:
+    state = program.init_state()
+    if init_params is not None:
+      params = jax.device_put(init_params, program.shardings.params)
+      state = state.replace(params=params, ema_params=jax.tree.map(jnp.copy, params))
+      _log(f"initialised params from {init_from}")
+  # Validation goes through the scorer of `ao-mdm eval`, on the training mesh.
+  scorer = evaluation.Scorer(state.ema_params, config.model, config.mesh)
+
+  def run_eval(params, splits=("train", "validation")):
+    scorer.set_params(params)
+    out = {}
+    for split in splits:
+      r = evaluation.evaluate_blocks(scorer, eval_sets[split], seed=config.seed,
+                                     batch_size=t.batch_size // t.microbatches)
+      out[split] = {"l2r": r["l2r_nll"], "random": r["any_order_nll"]}
+    return out
 
   writer = _metric_writer(workdir)
   if jax.process_index() == 0:
@@ -303,8 +309,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   pending, window = None, None  # (step, metrics) of the previous step; (time, step) of a read
   try:
     for step in range(first, t.num_steps):
-      tokens = sharding.global_batch(next(data_iter), batch)
-      state, metrics = train_step(state, tokens)
+      tokens = program.global_batch(next(data_iter))
+      state, metrics = program.step(state, tokens)
       if pending is not None:  # the previous step's metrics, read while this step runs
         window = _maybe_log(pending, window, t, log_metrics)
         report(pending[0])
@@ -354,14 +360,13 @@ def _maybe_log(pending: tuple, window: Optional[tuple], t, log_metrics: Callable
   return now, done
 
 
-def _warm_start(state: TrainState, config, init_from: str, shardings) -> TrainState:
-  """Replace params and EMA params with those of an export (same model shape required)."""
-  saved, params = checkpoints.load_params(init_from)
+def _init_params(config: ml_collections.ConfigDict, init_from: str) -> Any:
+  """The params of an export or import, refused unless the model shape matches the config."""
+  saved, params = checkpoints.load_params(init_from, log=_log)
   diffs = _model_differences(saved.model, config.model)
   if diffs:
     raise ValueError(f"--init_from {init_from} holds a different model: " + "; ".join(diffs))
-  params = jax.device_put(params, shardings.params)
-  return state.replace(params=params, ema_params=jax.tree.map(jnp.copy, params))
+  return params
 
 
 def _format_eval(r: dict) -> str:

@@ -46,24 +46,20 @@ def main() -> None:
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
                                num_processes=args.num_processes, process_id=args.process_id)
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  from ao_mdm import sharding, train, train_state  # pylint: disable=g-import-not-at-top
+  from ao_mdm import train  # pylint: disable=g-import-not-at-top
 
   config = tiny_config()
-  mesh = sharding.make_mesh(config.mesh)
-  rules = sharding.rules(config.mesh)
-  shardings = train_state.state_shardings(config, mesh, rules)
-  state = train_state.create_state(config, mesh, rules)
-  step = train.jit_train_step(config, mesh, rules, shardings)
-  batch_sharding = sharding.batch_sharding(mesh, rules)
+  program = train.make_program(config)
+  state = program.init_state()
   rows = config.train.batch_size // jax.process_count()
   first = jax.process_index() * rows
   losses = []
   for tokens in global_batches(config):
     local = tokens[first:first + rows]  # what this process's data loader would produce
-    tokens_BT = sharding.global_batch(local, batch_sharding)
+    tokens_BT = program.global_batch(local)
     for shard in tokens_BT.addressable_shards:  # each device holds its part of the global batch
       np.testing.assert_array_equal(np.asarray(shard.data), tokens[shard.index])
-    state, metrics = step(state, tokens_BT)
+    state, metrics = program.step(state, tokens_BT)
     losses.append(float(metrics["loss"]))
   params = multihost_utils.process_allgather(state.params, tiled=True)
   if jax.process_index() == 0:

@@ -28,18 +28,15 @@ def run(config, devices, out_path):
   """STEPS train steps on a mesh over `devices`; save losses and params; return the state."""
   import time  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  from ao_mdm import sharding, train, train_state  # pylint: disable=g-import-not-at-top
-  mesh = sharding.make_mesh(config.mesh, devices=devices)
-  rules = sharding.rules(config.mesh)
-  state = train_state.create_state(config, mesh, rules)
-  step = train.jit_train_step(config, mesh, rules, train_state.state_shardings(config, mesh, rules))
+  from ao_mdm import train  # pylint: disable=g-import-not-at-top
+  program = train.make_program(config, devices)
+  state = program.init_state()
   start = time.perf_counter()
   rng = np.random.default_rng(0)
-  batch = sharding.batch_sharding(mesh, rules)
   losses = []
   for _ in range(STEPS):
     tokens = rng.integers(0, config.model.vocab_size, (8, config.model.block_size), np.int32)
-    state, metrics = step(state, sharding.global_batch(tokens, batch))
+    state, metrics = program.step(state, program.global_batch(tokens))
     losses.append(float(metrics["loss"]))
   print(f"{out_path}: {time.perf_counter() - start:.1f} s", flush=True)
   leaves = jax.tree_util.tree_flatten_with_path(jax.device_get(state.params))[0]

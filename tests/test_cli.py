@@ -1,16 +1,27 @@
-"""The CLI contract: per-command --help, and one `error:` line (no traceback) per bad input."""
+"""The CLI contract: per-command --help; one `error:` line, no traceback and no file changed per
+bad input; the newest readable checkpoint when the latest is corrupt."""
+import concurrent.futures
+import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
+
+from ao_mdm import checkpoints, train
+from ao_mdm.config import base_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def ao_mdm(*args):
+def ao_mdm(*args, timeout=300):
   return subprocess.run([sys.executable, "-m", "ao_mdm.main", *args], capture_output=True,
-                        text=True, timeout=120, cwd=ROOT)
+                        text=True, timeout=timeout, cwd=ROOT,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
 
 
 @pytest.mark.parametrize("command", ["train", "sample", "eval", "import-gpt2", "compile"])
@@ -23,18 +34,195 @@ def test_command_help_lists_its_own_flags(command):
   assert ("--protocol" in listed) == (command == "eval")
 
 
-@pytest.mark.parametrize("args, message", [
+def _tiny_config(data_dir):
+  c = base_config()
+  c.model.update(vocab_size=512, block_size=32, n_layer=2, n_embd=32, n_head=2, cond_dim=32)
+  c.train.update(batch_size=8, num_steps=2, warmup_steps=1, eval_batches=1, eval_every=0,
+                 checkpoint_every=1)
+  c.data.tfds_dir = data_dir
+  return c
+
+
+@pytest.fixture(scope="module")
+def files(data_dir, tmp_path_factory):
+  """A run with checkpoints at steps 1 and 2, its export, and assorted bad inputs."""
+  root = tmp_path_factory.mktemp("cli")
+  run = str(root / "run")
+  train.train_and_evaluate(_tiny_config(data_dir), run)
+  export = checkpoints.export(run, str(root / "export"))
+  no_tokenizer = str(root / "no_tokenizer")
+  shutil.copytree(export, no_tokenizer)
+  shutil.rmtree(os.path.join(no_tokenizer, "tokenizer"))
+  (root / "empty").mkdir()
+  (root / "full").mkdir()
+  (root / "full" / "keep.txt").write_text("do not touch\n")
+  (root / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+  (root / "a_file").write_text("not a directory\n")
+  (root / "not_json.jsonl").write_text('{"tokens": [1, 2]\n')
+  (root / "no_tokens.jsonl").write_text('{"text": "hello"}\n')
+  (root / "blank.jsonl").write_text("\n")
+  (root / "big_ids.jsonl").write_text(json.dumps({"text": "x", "tokens": [1, 99999, 3]}) + "\n")
+  (root / "bad_syntax.py").write_text("def get_config(:\n")
+  (root / "no_get_config.py").write_text("x = 1\n")
+  return {"root": str(root), "run": run, "export": export, "no_tokenizer": no_tokenizer}
+
+
+TINY = "--config=configs/tiny.py"
+# (arguments, a part of the expected error line); {name} is a path from the `files` fixture.
+BAD_INPUTS = [
+    # commands and flags
     (["no-such-command"], "unknown command 'no-such-command'; accepted: train, info"),
-    (["info", "--config=configs/tiny.py", "stray"], "unexpected argument(s) 'stray'"),
-    (["info", "--config=configs/tiny.py", "--steps=3"], "--steps not accepted by `ao-mdm info`"),
-    (["sample", "--checkpoint=/nonexistent/run"], "no checkpoint directory at '/nonexistent/run'"),
-    (["export", "--workdir=/nonexistent/run"], "missing --out"),
-    (["import-gpt2", "--hf_dir=/nonexistent/hf", "--out=/tmp/x"], "/nonexistent/hf"),
-    (["eval", "--checkpoint=/nonexistent/run", "--orders=2"], "--orders apply with --protocol=custom"),
-])
-def test_bad_input_gives_one_error_line(args, message):
-  out = ao_mdm(*args)
-  assert out.returncode != 0
-  assert "Traceback" not in out.stderr
-  errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
-  assert len(errors) == 1 and message in errors[0], out.stderr
+    (["info", TINY, "stray"], "unexpected argument(s) 'stray'"),
+    (["info", TINY, "--steps=3"], "--steps not accepted by `ao-mdm info`"),
+    (["info", TINY, "--bogus=1"], "Unknown command line flag 'bogus'"),
+    (["sample", "--checkpoint={run}", "--steps=abc"], "--steps=abc"),
+    (["sample", "--checkpoint={run}", "--schedule=square"], "--schedule=square"),
+    (["bench"], "ao-mdm bench takes one of sample, train first, got nothing"),
+    (["bench", "fast", TINY], "got 'fast'"),
+    (["info"], "missing --config"),
+    # configs
+    (["info", "--config=configs/nope.py"], "--config 'configs/nope.py': no such file"),
+    (["info", "--config={root}/bad_syntax.py"], "cannot be loaded (SyntaxError"),
+    (["info", "--config={root}/no_get_config.py"], "defines get_config()"),
+    (["info", TINY, "--config.train.bogus=1"], "config.train has no key 'bogus'; its keys: b1"),
+    (["info", TINY, "--config.trian.steps=1"], "the config has no key 'trian'"),
+    (["info", TINY, "--config.train.num_steps=abc"], "--config.train.num_steps=abc"),
+    (["info", TINY, "--config.model.n_layer=0"], "model.n_layer=0 must be >= 1"),
+    (["info", TINY, "--config.model.n_embd=130"], "model.n_embd=130 is not divisible"),
+    (["info", TINY, "--config.model.dtype=fp8"], "model.dtype='fp8'; accepted"),
+    # train
+    (["train", TINY], "missing --workdir"),
+    (["train", TINY, "--workdir={root}/a_file"], "is a file; give a directory"),
+    (["train", TINY, "--workdir={root}/w", "--config.train.learning_rate=0"],
+     "train.learning_rate=0.0 must be > 0"),
+    (["train", TINY, "--workdir={root}/w", "--config.train.microbatches=3"],
+     "train.batch_size=16 is not divisible by train.microbatches=3"),
+    (["train", TINY, "--workdir={root}/w", "--config.order.kind=zigzag"], "order.kind='zigzag'"),
+    (["train", TINY, "--workdir={root}/w", "--config.order.random_ratio=2"],
+     "order.random_ratio=2.0 must be in [0, 1]"),
+    (["train", TINY, "--workdir={root}/w", "--config.train.ema_decay=1"],
+     "train.ema_decay=1.0 must be in [0, 1)"),
+    (["train", TINY, "--workdir={root}/w", "--init_from={root}/nowhere"],
+     "--init_from '{root}/nowhere' is not a directory"),
+    (["train", TINY, "--workdir={run}", "--init_from={export}"], "already holds checkpoints"),
+    (["train", TINY, "--workdir={root}/w", "--init_from={export}"],
+     "holds a different model: model.vocab_size"),
+    # sample
+    (["sample", "--checkpoint={root}/nowhere"], "--checkpoint '{root}/nowhere' is not a directory"),
+    (["sample", "--checkpoint={root}/empty"], "holds no checkpoint"),
+    (["sample", "--checkpoint={run}", "--steps=0"], "steps=0 must be >= 1"),
+    (["sample", "--checkpoint={run}", "--temperature=-1"], "temperature=-1.0 must be >= 0"),
+    (["sample", "--checkpoint={run}", "--top_p=0"], "top_p=0.0 must be in (0, 1]"),
+    (["sample", "--checkpoint={run}", "--num_samples=0"], "--num_samples=0"),
+    (["sample", "--checkpoint={run}", "--prompt=a", "--infill=b [MASK]"], "not both"),
+    (["sample", "--checkpoint={run}", "--out={root}/full"], "is a directory; give a file name"),
+    (["sample", "--checkpoint={run}", "--out={root}/a_file/s.jsonl"], "cannot be written"),
+    (["sample", "--checkpoint={run}", "--weights=model"], "--weights=model; accepted: ema, params"),
+    (["sample", "--checkpoint={export}", "--weights=params"], "is an export"),
+    (["sample", "--checkpoint={no_tokenizer}"], "needs exactly one SentencePiece tokenizer"),
+    (["sample", "--checkpoint={run}", "--prompt=" + "many words here " * 40], "too long"),
+    # eval
+    (["eval", "--checkpoint={run}", "--text_file={root}/nowhere.txt"], "no such file"),
+    (["eval", "--checkpoint={run}", "--text_file={root}/latin1.txt"], "is not UTF-8 text"),
+    (["eval", "--checkpoint={run}", "--ensemble=8,x"], "--ensemble=8,x: expected positive"),
+    (["eval", "--checkpoint={run}", "--orders=2"], "--orders apply with --protocol=custom"),
+    (["eval", "--checkpoint={run}", "--protocol=custom", "--orders=0"], "--orders=0"),
+    (["eval", "--checkpoint={run}", "--datasets=imagenet"], "unknown dataset 'imagenet'"),
+    (["eval", "--checkpoint={run}", "--datasets=lambada"], "needs --lambada_file"),
+    (["eval", "--generated={root}/not_json.jsonl"], "missing --scorer"),
+    (["eval", "--generated={root}/not_json.jsonl", "--scorer={run}"], "line 1 is not JSON"),
+    (["eval", "--generated={root}/no_tokens.jsonl", "--scorer={run}"], "lacks a 'tokens' list"),
+    (["eval", "--generated={root}/blank.jsonl", "--scorer={run}"], "holds no records"),
+    (["eval", "--generated={root}/big_ids.jsonl", "--scorer={run}"],
+     "sample token id 99999 is outside the scorer's vocab [0, 512)"),
+    # export, imports, tokenizer, compile
+    (["export", "--workdir={run}"], "missing --out"),
+    (["export", "--workdir={run}", "--out={root}/full"], "exists and is not an empty directory"),
+    (["export", "--workdir={run}", "--out={root}/e", "--weights=model"], "accepts ema or params"),
+    (["export", "--workdir={root}/empty", "--out={root}/e"], "holds no checkpoint"),
+    (["import-torch", "--checkpoint={root}/nowhere.pt", "--out={root}/t"], "no such file"),
+    (["import-torch", "--checkpoint={root}/a_file", "--out={root}/t", "--weights=params"],
+     "import-torch accepts ema or model"),
+    (["import-torch", "--checkpoint={root}/a_file", "--out={root}/t"], "is not a PyTorch checkpoint"),
+    (["import-gpt2", "--hf_dir={root}/empty", "--out={root}/g"], "config.json' not found"),
+    (["tokenizer", "--out={root}/tok", "--vocab_size=100"], "multiple of 128"),
+    (["tokenizer", "--out={root}/tok", "--corpus={root}/nowhere.txt"], "no such file"),
+    (["tokenizer", "--out={root}/tok", "--corpus=nocorpus"], "neither a dataset name"),
+    (["compile", TINY], "missing --topology"),
+]
+
+
+def _snapshot(root: str) -> dict:
+  """Every directory and file under root, with the hash of each file (what a refused command must not change)."""
+  out = {}
+  for d, dirs, names in os.walk(root):
+    out.update({os.path.join(d, name): "dir" for name in dirs})
+    for name in names:
+      path = os.path.join(d, name)
+      with open(path, "rb") as f:
+        out[path] = hashlib.sha1(f.read()).hexdigest()
+  return out
+
+
+def test_every_bad_input_gives_one_error_line_and_changes_nothing(files):
+  assert len(BAD_INPUTS) >= 40
+  before = _snapshot(files["root"])
+  cases = [([a.format(**files) for a in args], message.format(**files))
+           for args, message in BAD_INPUTS]
+  with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    outs = list(pool.map(lambda case: ao_mdm(*case[0]), cases))
+  failures = []
+  for (args, message), out in zip(cases, outs):
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    if out.returncode == 0 or "Traceback" in out.stderr or len(errors) != 1 or \
+        message not in errors[0]:
+      failures.append(f"{' '.join(args)}\n  rc={out.returncode} stderr={out.stderr[-600:]!r}")
+  assert not failures, "\n".join(failures)
+  after = _snapshot(files["root"])
+  assert after == before, sorted(set(after.items()) ^ set(before.items()))
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_step(files, tmp_path):
+  run = str(tmp_path / "run")
+  shutil.copytree(files["run"], run)
+  for d, _, names in os.walk(os.path.join(run, "checkpoints", "2", "state")):
+    for name in names:
+      with open(os.path.join(d, name), "wb") as f:
+        f.write(b"garbage")
+  out = ao_mdm("export", f"--workdir={run}", f"--out={tmp_path / 'export'}")
+  assert out.returncode == 0, out.stderr
+  assert "skipped checkpoint step 2" in out.stdout and "cannot be restored" in out.stdout
+  _, exported = checkpoints.load_params(str(tmp_path / "export"))
+  shutil.rmtree(os.path.join(run, "checkpoints", "2"))
+  _, step1 = checkpoints.load_params(run)
+  for a, b in zip(jax.tree.leaves(exported), jax.tree.leaves(step1), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_sample_reads_the_run_quietly_and_writes_nothing_into_it(files, tmp_path):
+  before = _snapshot(files["run"])
+  path = tmp_path / "samples.jsonl"
+  out = ao_mdm("sample", f"--checkpoint={files['run']}", "--steps=8", "--num_samples=2",
+               "--batch_size=1", "--prompt=The Congress", f"--out={path}")
+  assert out.returncode == 0, out.stderr
+  assert _snapshot(files["run"]) == before
+  assert "WARNING" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+  records = [json.loads(line) for line in path.read_text().splitlines()]
+  assert len(records) == 2 and all(r["text"].startswith("The Congress") for r in records)
+  assert not [n for n in os.listdir(tmp_path) if ".tmp" in n]
+
+
+def test_sample_texts_library_call(files):
+  """The library function behind `ao-mdm sample`: batches, prompt kept, ids within the vocab."""
+  from ao_mdm import sampling  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  config, params = checkpoints.load_params(files["export"])
+  tokenizer = tok_lib.load_saved_tokenizer(config.data, config.model.vocab_size, files["export"])
+  prompt_ids = tokenizer.encode("We the people")
+  calls = []
+  records = sampling.sample_texts(params, config.model, tokenizer, num_samples=3, batch_size=2,
+                                  prompt="We the people", steps=4, progress=calls.append)
+  assert len(records) == 3 and calls == [1, 1]
+  for r in records:
+    assert r["tokens"][:len(prompt_ids)] == prompt_ids
+    assert len(r["tokens"]) == config.model.block_size and max(r["tokens"]) < tokenizer.vocab_size

@@ -191,5 +191,5 @@ def test_lambada_from_a_local_openai_jsonl(tmp_path):
   assert list(docs) == ['\n"Hi," she said to her friend', "\nthe last word"]
   path.write_text('{"text": "ok"}\n{"passage": "wrong field"}\n', encoding="utf-8")
   config.text_file = str(path)
-  with pytest.raises(ValueError, match=r"lambada_test.jsonl:2 is not a JSON object with a 'text'"):
+  with pytest.raises(ValueError, match=r"lambada_test.jsonl: record 2 has no 'text' string"):
     datasets.load_documents(config, "test", str(tmp_path / "tfds"))

@@ -1,5 +1,6 @@
 """Tests for ao_mdm.data.tokenizer."""
 import os
+import shutil
 
 import ml_collections
 import pytest
@@ -35,7 +36,6 @@ def test_round_trip_whole_speech_and_odd_text(sp_tokenizer):
 
 
 def test_interface(sp_tokenizer):
-  assert isinstance(sp_tokenizer, tokenizer_lib.Tokenizer)
   assert sp_tokenizer.vocab_size == VOCAB
   assert 0 <= sp_tokenizer.eos_id < VOCAB
   assert sp_tokenizer.eos_id not in sp_tokenizer.encode("Hello. World.")
@@ -86,3 +86,23 @@ def test_cli_trains_deterministically_on_a_text_file(tmp_path):
   assert not [n for n in os.listdir(tmp_path / "a") if ".tmp" in n]
   with pytest.raises(ValueError, match="neither a dataset name"):
     tokenizer_lib.train_tokenizer_cli(str(tmp_path / "missing.txt"), 384, str(tmp_path))
+
+
+def test_saved_tokenizer_is_loaded_without_the_corpus(sp_tokenizer, tmp_path, monkeypatch):
+  """sample/eval read the run's own file: a moved corpus changes nothing, nothing is trained."""
+  run = tmp_path / "run"
+  (run / "tokenizer").mkdir(parents=True)
+  shutil.copy(sp_tokenizer.model_path, run / "tokenizer" / f"sp_text_file-h0123_{VOCAB}.model")
+  config = ml_collections.ConfigDict({"dataset": "text_file", "text_file": str(tmp_path / "gone"),
+                                      "tokenizer": "sentencepiece", "tfds_dir": ""})
+  monkeypatch.setattr(tokenizer_lib, "train_sentencepiece", None)  # any training would fail
+  before = sorted(os.listdir(run / "tokenizer"))
+  loaded = tokenizer_lib.load_saved_tokenizer(config, VOCAB, str(run))
+  text = "Fellow-citizens of the Senate"
+  assert loaded.encode(text) == sp_tokenizer.encode(text)
+  assert sorted(os.listdir(run / "tokenizer")) == before
+  with pytest.raises(FileNotFoundError, match=f"tokenizer/sp_\\*_384.model.*found none"):
+    tokenizer_lib.load_saved_tokenizer(config, 384, str(run))
+  shutil.copy(sp_tokenizer.model_path, run / "tokenizer" / f"sp_sotu_{VOCAB}.model")
+  with pytest.raises(FileNotFoundError, match="found sp_sotu_512.model, sp_text_file-h0123"):
+    tokenizer_lib.load_saved_tokenizer(config, VOCAB, str(run))

@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import glob
 import hashlib
-import json
 import math
 import os
 import re
@@ -18,6 +17,7 @@ import tensorflow_datasets as tfds
 from etils import epath
 from tensorflow_datasets.core import utils as tfds_utils
 
+from ao_mdm import checks
 from ao_mdm.data import corpus
 from ao_mdm.data.detokenize import detokenize
 
@@ -162,23 +162,12 @@ class LambadaJsonl(_LocalBuilder, skip_registration=True):
 
 
 def read_jsonl_texts(path: str, field: str = "text") -> list[str]:
-  """The `field` of every line of a local JSONL file, with a clear error for a bad line."""
-  if not path or not os.path.isfile(path):
-    raise FileNotFoundError(f"JSONL file not found: {path!r} (LAMBADA: OpenAI's "
-                            f"lambada_test.jsonl, given with data.text_file)")
-  texts = []
-  with open(path, encoding="utf-8") as f:
-    for n, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        texts.append(str(json.loads(line)[field]))
-      except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}:{n} is not a JSON object with a {field!r} field "
-                         f"({type(e).__name__})") from None
-  if not texts:
-    raise ValueError(f"JSONL file {path!r} holds no record")
-  return texts
+  """The `field` of every record of a local JSONL file (LAMBADA: OpenAI's lambada_test.jsonl)."""
+  records = checks.jsonl_records(path, "JSONL file (LAMBADA: lambada_test.jsonl)")
+  for number, r in enumerate(records, 1):
+    if not isinstance(r.get(field), str):
+      raise ValueError(f"{path}: record {number} has no {field!r} string")
+  return [r[field] for r in records]
 
 
 # Registry.

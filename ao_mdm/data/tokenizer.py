@@ -1,4 +1,5 @@
 """Tokenizers: the `Tokenizer` interface, SentencePiece (trained on the project's corpus), caching."""
+import glob
 import io
 import os
 import re
@@ -141,6 +142,24 @@ def get_tokenizer(data_config: Any, vocab_size: int, cache_dir: str) -> Tokenize
     tfds_dir = datasets.resolve_tfds_dir(data_config.get("tfds_dir", ""))
     train_sentencepiece(datasets.load_documents(data_config, "train", tfds_dir), vocab_size, path)
   return SentencePieceTokenizer(path)
+
+
+def load_saved_tokenizer(data_config: Any, vocab_size: int, checkpoint: str) -> Tokenizer:
+  """The tokenizer saved with a training work dir or export; never trains one, never writes.
+
+  A SentencePiece run keeps `<checkpoint>/tokenizer/sp_<dataset>_<V>.model`; GPT-2 uses the
+  files shipped in the package.
+  """
+  if data_config.tokenizer != "sentencepiece":
+    return get_tokenizer(data_config, vocab_size, checkpoint)
+  found = sorted(glob.glob(os.path.join(checkpoint, "tokenizer", f"sp_*_{vocab_size}.model")))
+  if len(found) != 1:
+    what = "none" if not found else ", ".join(os.path.basename(f) for f in found)
+    raise FileNotFoundError(
+        f"{checkpoint} needs exactly one SentencePiece tokenizer "
+        f"tokenizer/sp_*_{vocab_size}.model (saved by `ao-mdm train` and copied by `ao-mdm "
+        f"export`); found {what}")
+  return SentencePieceTokenizer(found[0])
 
 
 def train_tokenizer_cli(corpus: str, vocab_size: int, out: str) -> str:
