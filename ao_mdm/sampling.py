@@ -8,7 +8,7 @@ target. Each query sees the cached slots, the earlier real slots of the chunk, a
 import dataclasses
 import functools
 import json
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +34,9 @@ def schedule_counts(t: int, known: int, steps: int, schedule: str) -> np.ndarray
   frac = time if schedule == "linear" else np.cos((1.0 - time) * np.pi / 2)
   counts = [known]
   for i in range(1, steps + 1):
-    counts.append(max(known + int(np.floor((t - known) * (1.0 - frac[i]))), counts[-1] + 1))
+    # + 1e-9: the floor of the exact value (float64 makes 27 * (1 - 2/3) 8.999...).
+    exact = known + int(np.floor((t - known) * (1.0 - frac[i]) + 1e-9))
+    counts.append(max(exact, counts[-1] + 1))
   counts[-1] = t
   return np.asarray(counts, np.int32)
 
@@ -234,10 +236,13 @@ class SampleOutput:
 
 
 def validate_sampling_args(steps: int, temperature: float, top_p: float, top_k: int,
-                           order: str, top_p_rule: str = "authors") -> None:
+                           order: str, top_p_rule: str = "authors",
+                           schedule: str = "linear") -> None:
   """One clear ValueError per bad sampling argument."""
   if int(steps) < 1:
     raise ValueError(f"steps={steps} must be >= 1")
+  if schedule not in SCHEDULES:
+    raise ValueError(f"schedule={schedule!r}; accepted: {', '.join(SCHEDULES)}")
   if not temperature >= 0:
     raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
   if not 0 < top_p <= 1:
@@ -284,7 +289,7 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
   use_cache=False recomputes every real slot at every step (the encoder-only cost model).
   vocab_limit: the tokenizer's vocab size when the model's is padded; larger ids are never drawn.
   """
-  validate_sampling_args(steps, temperature, top_p, top_k, order, top_p_rule)
+  validate_sampling_args(steps, temperature, top_p, top_k, order, top_p_rule, schedule)
   t = cfg.block_size
   tokens, mask = known_arrays(t, batch_size, known_positions, known_tokens)
   if np.any((tokens < 0) | (tokens >= cfg.vocab_size)):
@@ -339,3 +344,28 @@ def decode_text(decode: Any, ids: Any, eos_id: int, vocab_size: int) -> str:
       current.append(int(i))
   docs.append(current)
   return "\n\n".join(decode(d) for d in docs)
+
+
+def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
+                 num_samples: int, batch_size: int, prompt: str = "", infill: str = "",
+                 infill_span: int = 8, seed: int = 0, progress: Optional[Callable] = None,
+                 **options) -> list[dict]:
+  """`num_samples` texts ({text, tokens}) in batches; `options` go to `sample` (steps, ...).
+
+  Batch i uses seed + i * batch_size; ids beyond the tokenizer's vocab are never drawn.
+  """
+  if num_samples < 1 or batch_size < 1:
+    raise ValueError(f"--num_samples={num_samples} and --batch_size={batch_size} must be >= 1")
+  positions, ids = layout_known(tokenizer.encode, cfg.block_size, prompt, infill, infill_span)
+  batch_size = min(batch_size, num_samples)
+  records = []
+  for start in range(0, num_samples, batch_size):
+    out = sample(params, cfg, batch_size=batch_size, seed=seed + start, known_positions=positions,
+                 known_tokens=ids, vocab_limit=min(tokenizer.vocab_size, cfg.vocab_size),
+                 **options)
+    for row in out.tokens[:num_samples - start]:
+      records.append({"text": decode_text(tokenizer.decode, row, tokenizer.eos_id,
+                                          tokenizer.vocab_size), "tokens": row.tolist()})
+    if progress:
+      progress(1)
+  return records

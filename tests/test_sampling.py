@@ -103,16 +103,19 @@ def test_l2r_full_steps_is_autoregressive_decoding():
 @pytest.mark.parametrize("known", [0, 5])
 def test_schedule_counts_and_fill(schedule, known):
   cfg, params = cached_model("ao")
+  # Hand-computed for 32 positions in 3 steps: linear floor(n/3), floor(2n/3); cosine
+  # floor(n (1 - cos(pi/6))), floor(n (1 - cos(pi/3))) of the n unknown positions, in exact
+  # arithmetic (float64 alone would floor 32 * 0.5 to 15 and 27 / 3 to 8).
+  by_hand = {("linear", 0): [0, 10, 21, 32], ("cosine", 0): [0, 4, 16, 32],
+             ("linear", 5): [5, 14, 23, 32], ("cosine", 5): [5, 8, 18, 32]}
+  np.testing.assert_array_equal(sampling.schedule_counts(32, known, 3, schedule),
+                                by_hand[schedule, known])
   for steps in (1, 3, 9, T - known):
     counts = sampling.schedule_counts(T, known, steps, schedule)
-    time = np.linspace(1, 0, steps + 1)
-    s = time if schedule == "linear" else np.cos((1 - time) * np.pi / 2)
-    expected = [known]
-    for i in range(1, steps + 1):
-      expected.append(max(known + int(np.floor((T - known) * (1 - s[i]))), expected[-1] + 1))
-    expected[-1] = T
-    np.testing.assert_array_equal(counts, expected)
+    assert counts[0] == known and counts[-1] == T and len(counts) == steps + 1
     assert np.all(np.diff(counts) >= 1)
+  np.testing.assert_array_equal(sampling.schedule_counts(T, known, T - known, schedule),
+                                np.arange(known, T + 1))
   positions = list(range(0, 2 * known, 2))
   out = sampling.sample(params, cfg, batch_size=4, steps=5, schedule=schedule, seed=3,
                         known_positions=positions, known_tokens=[7] * known)
