@@ -7,15 +7,15 @@ TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: demo test test-slow install clean
 
-$(STAMP): setup.py
+$(STAMP): setup.py constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip==25.3
-	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -q -c constraints.txt -e .
 	touch $(STAMP)
 
 # Tests also need pytest, scipy, torch (import-torch) and libtpu (TPU ahead-of-time compiles).
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e ".[test,tpu]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,tpu]"
 	touch $(TEST_STAMP)
 
 install: $(STAMP)

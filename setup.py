@@ -1,27 +1,29 @@
 """ao_mdm: AO-GPT (any-order GPT as a masked diffusion model) in JAX/Flax."""
 from setuptools import find_packages, setup
 
-# Every dependency is pinned to a version that installs on Python 3.11 (see docs/ and NOTES).
+# Compatible ranges; `make` installs the exact tested versions of constraints.txt on top.
+# Tested: Python 3.11 with jax 0.10.2 (the newest jax on the registry here). jax >= 0.10 needs
+# Python >= 3.11; jax 0.11 is allowed for GPU hosts that ship it (docs/launching.md).
 INSTALL_REQUIRES = [
-    "jax==0.10.2",
-    "jaxlib==0.10.2",
-    "flax==0.12.8",
-    "optax==0.2.8",
-    "orbax-checkpoint==0.12.8",
-    "tensorflow-datasets==4.9.10",
-    "grain==0.2.18",
-    "array-record==0.8.6",
-    "sentencepiece==0.2.3",
-    "tiktoken==0.14.0",
-    "ml-collections==1.1.0",
-    "clu==0.0.12",
-    "numpy==2.4.6",
-    "absl-py==2.5.1",
-    "tqdm==4.70.1",
+    "jax>=0.10.2,<0.12",
+    "jaxlib>=0.10.2,<0.12",
+    "flax>=0.12.8,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12.8,<0.13",
+    "tensorflow-datasets>=4.9.10,<5",
+    "grain>=0.2.18,<0.3",
+    "array-record>=0.8.6,<0.9",
+    "sentencepiece>=0.2.3,<0.3",
+    "tiktoken>=0.14.0,<1",
+    "ml-collections>=1.1.0,<2",
+    "clu>=0.0.12,<0.1",
+    "numpy>=2.4,<3",
+    "absl-py>=2.5.1,<3",
+    "tqdm>=4.70.1,<5",
     # clu's metric writers (TensorBoard event files) import TensorFlow; only the training loop
     # imports them, never ao_mdm.model or ao_mdm.sampling.
-    "tensorflow-cpu==2.21.0",
-    "tensorboard==2.21.0",
+    "tensorflow-cpu>=2.21.0,<2.22",
+    "tensorboard>=2.21.0,<2.22",
 ]
 
 setup(
@@ -30,14 +32,15 @@ setup(
     description="AO-GPT: any-order GPT as a masked diffusion model, in JAX/Flax",
     packages=find_packages(include=["ao_mdm", "ao_mdm.*"]),
     package_data={"ao_mdm.data": ["*.xz", "*.md", "*.json", "gpt2_bpe/*"]},
-    python_requires=">=3.11,<3.12",
+    python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": ["pytest==9.2.0", "scipy==1.17.1", "torch==2.13.0", "transformers==5.24.0",
-                 "safetensors==0.8.0"],  # transformers: a tiny GPT-2 to test import-gpt2
-        "tpu": ["libtpu==0.0.42.1"],
-        "torch": ["torch==2.13.0"],
-        "repro": ["matplotlib==3.11.2"],  # plots of scripts/reproduce.py
+        "test": ["pytest>=9.2,<10", "scipy>=1.17.1,<2", "torch>=2.13,<3",
+                 "transformers>=5.24,<6", "safetensors>=0.8,<1"],  # transformers: import-gpt2
+        "tpu": ["libtpu>=0.0.42.1"],  # the TPU runtime; also lets `ao-mdm compile` run on a CPU
+        "cuda": ["jax[cuda12]>=0.10.2,<0.12"],  # NVIDIA GPUs: the CUDA 12 plugin of the same jax
+        "torch": ["torch>=2.13,<3"],
+        "repro": ["matplotlib>=3.11.2,<4"],  # plots of scripts/reproduce.py
     },
     entry_points={"console_scripts": ["ao-mdm=ao_mdm.main:run"]},
 )

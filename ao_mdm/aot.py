@@ -21,6 +21,15 @@ GIB = 1024 ** 3
 # HBM per chip, by the `device_kind` JAX reports.
 HBM_GIB = {"TPU v4": 32.0, "TPU v5 lite": 16.0, "TPU v5e": 16.0, "TPU v5": 95.0,
            "TPU v5p": 95.0, "TPU v6 lite": 32.0, "TPU v6e": 32.0}
+# Per chip: peak bf16 FLOP/s, HBM bytes/s, bidirectional ICI bytes/s. Sources: Google Cloud TPU
+# docs, cloud.google.com/tpu/docs/v5e (197 TFLOPs, 819 GBps, 400 GBps), /v5p (459 TFLOPs,
+# 2765 GBps, 1200 GBps), /v6e (918 TFLOPs, 1638 GBps, 800 GBps).
+CHIP_SPECS = {"TPU v5 lite": (197e12, 819e9, 400e9), "TPU v5e": (197e12, 819e9, 400e9),
+              "TPU v5": (459e12, 2765e9, 1200e9), "TPU v5p": (459e12, 2765e9, 1200e9),
+              "TPU v6 lite": (918e12, 1638e9, 800e9), "TPU v6e": (918e12, 1638e9, 800e9)}
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
+                "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
 TOPOLOGY_EXAMPLES = "v5e:2x2, v5e:4x4, v4:2x2x2, v5p:2x2x1, v6e:4x4"
 
 
@@ -98,11 +107,105 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
             "num_devices": len(devices), "mesh": dict(program.mesh.shape),
             "microbatches": int(t.microbatches), "hbm_gib": hbm, "compile_seconds": seconds,
             **memory_gib(compiled)}
+  result["projection"] = roofline(compiled, config, devices)
   print(format_result(result), flush=True)
   if result["total"] > hbm:
     raise ValueError(f"{what} does not fit on {topology}: it needs {result['total']:.2f} GiB "
                      f"per device but {hbm:.1f} GiB of HBM are available; {advice}")
   return result
+
+
+def collective_bytes(hlo_text: str) -> float:
+  """Bytes of the results of every collective a device runs per step, from the compiled HLO.
+
+  A collective inside a while loop (the layer scan, the micro-batch scan) counts once per
+  iteration, by the loop's known trip count.
+  """
+  body_of, trips, calls, comp = {}, {}, {}, None
+  computations = {}
+  for line in hlo_text.splitlines():
+    head = re.match(r"\s*(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$", line)
+    if head:
+      comp = head.group(2)
+      computations[comp] = {"entry": bool(head.group(1)), "lines": []}
+      continue
+    if comp is not None:
+      computations[comp]["lines"].append(line)
+  multiplier = {}
+  for name, c in computations.items():  # which computation each while loop runs, how often
+    for line in c["lines"]:
+      for callee in re.findall(r"(?:body|condition|to_apply|calls|branch_computations)=\{?%?([\w.\-]+)", line):
+        calls.setdefault(name, []).append(callee)
+      m = re.search(r"body=%?([\w.\-]+)", line)
+      if m:
+        n = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
+        trips[(name, m.group(1))] = int(n.group(1)) if n else 1
+
+  def visit(name, factor):
+    if multiplier.get(name, 0) >= factor:
+      return
+    multiplier[name] = factor
+    for callee in calls.get(name, []):
+      visit(callee, factor * trips.get((name, callee), 1))
+  for name, c in computations.items():
+    if c["entry"]:
+      visit(name, 1)
+  total = 0.0
+  for name, c in computations.items():
+    for line in c["lines"]:
+      m = re.match(r"\s*%?[\w.\-]+\s*=\s*(.+?)\s+(" + "|".join(_COLLECTIVES) +
+                   r")(-start)?\(", line)
+      if m:
+        total += multiplier.get(name, 1) * _shape_bytes(m.group(1))
+  return total
+
+
+def _shape_bytes(shape: str) -> float:
+  """Bytes of an HLO result shape such as `f32[8,128]{1,0}` or a tuple of them."""
+  total = 0
+  for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", shape):
+    n = 1
+    for d in filter(None, dims.split(",")):
+      n *= int(d)
+    total += n * _DTYPE_BYTES.get(dtype, 4)
+  return total
+
+
+def roofline(compiled, config: ml_collections.ConfigDict, devices: list) -> dict:
+  """A projection (not a measurement): lower bound on step time, upper bound on MFU.
+
+  Per device: time >= max(FLOPs / peak, HBM bytes / HBM bandwidth, collective bytes / ICI
+  bandwidth). FLOPs are the model's (6N + attention, as MFU counts them) and XLA's cost
+  analysis beside them; XLA may count a loop body once, so the larger is used.
+  """
+  from ao_mdm import model as model_lib  # pylint: disable=g-import-not-at-top
+  kind = devices[0].device_kind
+  if kind not in CHIP_SPECS:
+    return {}
+  peak, hbm_bw, ici_bw = CHIP_SPECS[kind]
+  per_chip = collections.Counter(tuple(getattr(d, "coords", (d.id,))) for d in devices)
+  cores = max(per_chip.values())  # devices per chip share its figures
+  peak, hbm_bw, ici_bw = peak / cores, hbm_bw / cores, ici_bw / cores
+  n = len(devices)
+  cost = compiled.cost_analysis()
+  cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+  abstract = jax.eval_shape(lambda: model_lib.init_params(config.model, jax.random.key(0)))
+  tokens = config.train.batch_size * config.model.block_size
+  model_flops = tokens * model_lib.flops_per_token(
+      config.model, model_lib.count_params(nn.unbox(abstract))) / n
+  xla_flops = float(cost.get("flops", 0.0))
+  hbm_bytes = float(cost.get("bytes accessed", 0.0))
+  ici_bytes = collective_bytes(compiled.as_text())
+  times = {"compute": max(model_flops, xla_flops) / peak, "hbm": hbm_bytes / hbm_bw,
+           "ici": ici_bytes / ici_bw}
+  step = max(times.values())
+  return {"model_flops_per_device": model_flops, "xla_flops_per_device": xla_flops,
+          "xla_over_model_flops": xla_flops / model_flops,
+          "hbm_bytes_per_device": hbm_bytes, "collective_bytes_per_device": ici_bytes,
+          "peak_flops": peak, "hbm_bandwidth": hbm_bw, "ici_bandwidth": ici_bw,
+          "step_s_lower_bound": step, "bound_by": max(times, key=times.get),
+          "mfu_upper_bound": model_flops / peak / step,
+          "tokens_per_s_upper_bound": tokens / step}
 
 
 def format_result(r: dict) -> str:
@@ -114,4 +217,14 @@ def format_result(r: dict) -> str:
   for key in ("arguments", "outputs", "aliased", "temps", "generated_code", "total"):
     lines.append(f"  {key:<15}{r[key]:9.3f}")
   lines.append(f"  {'HBM':<15}{r['hbm_gib']:9.3f}  ({100 * r['total'] / r['hbm_gib']:.0f}% used)")
+  p = r.get("projection")
+  if p:
+    lines += [
+        "roofline projection per device (a bound from published chip figures, not a measurement):",
+        f"  FLOPs (6N + attention) {p['model_flops_per_device']:.3e}, XLA cost analysis "
+        f"{p['xla_flops_per_device']:.3e} ({p['xla_over_model_flops']:.2f}x)",
+        f"  HBM bytes (XLA) {p['hbm_bytes_per_device']:.3e}, collective bytes (HLO) "
+        f"{p['collective_bytes_per_device']:.3e}",
+        f"  step >= {p['step_s_lower_bound'] * 1e3:.1f} ms ({p['bound_by']}-bound), MFU <= "
+        f"{p['mfu_upper_bound']:.0%}, tokens/s <= {p['tokens_per_s_upper_bound']:,.0f}"]
   return "\n".join(lines)

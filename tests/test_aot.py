@@ -24,7 +24,33 @@ def test_tiny_compiles_for_v5e_2x2(capsys):
   for key in ("arguments", "outputs", "temps", "generated_code", "total"):
     assert r[key] > 0, key
   assert r["total"] < r["hbm_gib"] and r["compile_seconds"] > 0
-  assert "per-device memory (GiB)" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "per-device memory (GiB)" in out and "roofline projection" in out
+  p = r["projection"]
+  # Data parallel over 4 chips: the gradients (f32, all parameters) are all-reduced each step.
+  n_params = 2 * 256 * 32 + 2 * 12 * 32 * 32  # lower bound: embeddings/head + block kernels
+  assert p["collective_bytes_per_device"] >= 4 * n_params
+  assert 0.5 < p["xla_over_model_flops"] < 3 and 0 < p["mfu_upper_bound"] <= 1
+  assert p["step_s_lower_bound"] >= p["model_flops_per_device"] / 197e12
+
+
+def test_collective_bytes_count_loop_iterations():
+  hlo = """HloModule m
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %ar = f32[256,4]{1,0} all-reduce(f32[256,4]{1,0} %x), replica_groups={}, to_apply=%add
+  %ag-start = (bf16[8], bf16[32]) all-gather-start(bf16[8] %y), dimensions={0}
+}
+%cond (p: (s32[], f32[4])) -> pred[] {
+  %lt = pred[] compare(s32[] %i, s32[] %n), direction=LT
+}
+ENTRY %main (a: f32[4]) -> f32[4] {
+  %w = (s32[], f32[4]) while((s32[], f32[4]) %t), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"12"}}
+  %rs = f32[16]{0} reduce-scatter(f32[64]{0} %z), dimensions={0}
+  %ag-done = bf16[32] all-gather-done((bf16[8], bf16[32]) %ag-start)
+}
+"""
+  per_iteration = 256 * 4 * 4 + (8 + 32) * 2
+  assert aot.collective_bytes(hlo) == 12 * per_iteration + 16 * 4
 
 
 def test_unknown_topology():

@@ -162,3 +162,19 @@ def test_remat_policies_give_the_same_gradients():
   for remat in ("full", "dots"):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
                  grads["none"], grads[remat])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs an NVIDIA GPU")
+def test_cudnn_attention_matches_xla_on_gpu():
+  """model.attention=cudnn (training path) gives the XLA attention's logits, in bf16."""
+  cfg = small_cfg()
+  cfg.update(dtype="bfloat16", n_embd=128, n_head=2, cond_dim=128)  # cuDNN: head dim 64
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.block_size)),
+                       jnp.int32)
+  order = orders.random_orders(jax.random.key(0), 2, cfg.block_size)
+  params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
+  xla = np.asarray(_forward(cfg, params, tokens, order), np.float32)
+  cfg.attention = "cudnn"
+  cudnn = np.asarray(_forward(cfg, params, tokens, order), np.float32)
+  np.testing.assert_allclose(cudnn, xla, atol=0.05, rtol=0.05)
