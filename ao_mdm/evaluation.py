@@ -4,6 +4,7 @@ All NLLs are in nats per token; a perplexity is exp(mean NLL) over every scored 
 """
 import functools
 import math
+import os
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -200,6 +201,22 @@ def evaluation_units(n: int, any_order_blocks: Optional[int]) -> int:
   return n + (n if any_order_blocks is None else min(n, any_order_blocks))
 
 
+UNIGRAM_FILE = "tokenizer/train_token_counts.npy"  # saved with each run and its export
+
+
+def unigram_nll(counts_V: np.ndarray, blocks_NT: np.ndarray) -> float:
+  """Mean NLL (nats) of the blocks' tokens under the training split's unigram distribution,
+  add-one smoothed: the baseline a model must beat to have used any context."""
+  logp_V = np.log((counts_V + 1.0) / (counts_V.sum() + len(counts_V)))
+  return float(-logp_V[np.asarray(blocks_NT)].mean())
+
+
+def load_unigram_counts(checkpoint: str) -> Optional[np.ndarray]:
+  """The training token counts saved with a run or export (None for runs made before them)."""
+  path = os.path.join(checkpoint, UNIGRAM_FILE)
+  return np.load(path) if os.path.isfile(path) else None
+
+
 def unigram_entropy(ids: Sequence[int]) -> float:
   """Entropy (nats) of a sample's token frequencies: low values expose repetition."""
   _, counts = np.unique(np.asarray(ids), return_counts=True)
@@ -279,11 +296,13 @@ def eval_sets(data_cfg: ml_collections.ConfigDict, tokenizer: Any, block_size: i
 
 def evaluate_sets(scorer: Scorer, sets: dict, *, protocol: str = "paper", orders: int = 4,
                   ensemble: Sequence[int] = (), batch_size: int = 8, seed: int = 0,
-                  progress: Optional[Callable[[str, int], Callable]] = None) -> dict:
+                  progress: Optional[Callable[[str, int], Callable]] = None,
+                  unigram_counts: Optional[np.ndarray] = None) -> dict:
   """evaluate_blocks per set, under the paper protocol (one order, the authors' block counts)
   or a custom one (`orders` per block, every block); adds the wall time of each.
 
-  `progress(name, total)` may return a callback that is given the blocks done.
+  `progress(name, total)` may return a callback that is given the blocks done; with
+  `unigram_counts` each result also holds the unigram perplexity of the same tokens.
   """
   from ao_mdm import paper  # pylint: disable=g-import-not-at-top
   results = {}
@@ -297,6 +316,8 @@ def evaluate_sets(scorer: Scorer, sets: dict, *, protocol: str = "paper", orders
     r = evaluate_blocks(scorer, blocks, orders=n_orders, any_order_blocks=ao_blocks,
                         ensemble=ensemble, batch_size=batch_size, seed=seed, progress=update)
     r["seconds"] = time.perf_counter() - start
+    if unigram_counts is not None:  # the baseline on the same tokens
+      r["unigram_ppl"] = math.exp(unigram_nll(unigram_counts, blocks))
     results[name] = r
   return results
 

@@ -261,13 +261,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # Validation goes through the scorer of `ao-mdm eval`, on the training mesh.
   scorer = evaluation.Scorer(state.ema_params, config.model, config.mesh)
 
+  counts = _unigram_counts(config, tokenizer, tfds_dir, workdir)
+  unigram = {split: evaluation.unigram_nll(counts, blocks) for split, blocks in eval_sets.items()}
+
   def run_eval(params, splits=("train", "validation")):
     scorer.set_params(params)
     out = {}
     for split in splits:
       r = evaluation.evaluate_blocks(scorer, eval_sets[split], seed=config.seed,
                                      batch_size=t.batch_size // t.microbatches)
-      out[split] = {"l2r": r["l2r_nll"], "random": r["any_order_nll"]}
+      out[split] = {"l2r": r["l2r_nll"], "random": r["any_order_nll"], "unigram": unigram[split]}
     return out
 
   writer = _metric_writer(workdir)
@@ -339,6 +342,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     writer.flush()
   results["final_ema"] = run_eval(state.ema_params)
   _log(f"final eval (EMA params): {_format_eval(results['final_ema'])}")
+  v = results["final_ema"]["validation"]
+  _log(f"validation perplexity: any-order {math.exp(v['random']):.1f}, L2R "
+       f"{math.exp(v['l2r']):.1f}, unigram {math.exp(v['unigram']):.1f} (any-order / unigram = "
+       f"{math.exp(v['random'] - v['unigram']):.2f})")
   return results
 
 
@@ -370,4 +377,20 @@ def _init_params(config: ml_collections.ConfigDict, init_from: str) -> Any:
 
 
 def _format_eval(r: dict) -> str:
-  return "  ".join(f"{split}: l2r={v['l2r']:.4f} random={v['random']:.4f}" for split, v in r.items())
+  return "  ".join(f"{split}: l2r={v['l2r']:.4f} random={v['random']:.4f} "
+                   f"(unigram {v['unigram']:.4f})" for split, v in r.items())
+
+
+def _unigram_counts(config, tokenizer, tfds_dir: str, workdir: str) -> np.ndarray:
+  """Token counts of the training split, saved with the run (and so with its export)."""
+  from ao_mdm.data import pipeline  # pylint: disable=g-import-not-at-top
+  path = os.path.join(workdir, evaluation.UNIGRAM_FILE)
+  if os.path.isfile(path):
+    return np.load(path)
+  counts = pipeline.token_counts(config.data, tokenizer, tfds_dir=tfds_dir)
+  if jax.process_index() == 0:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}.npy"
+    np.save(tmp, counts)
+    os.replace(tmp, path)
+  return counts

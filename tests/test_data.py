@@ -193,3 +193,15 @@ def test_lambada_from_a_local_openai_jsonl(tmp_path):
   config.text_file = str(path)
   with pytest.raises(ValueError, match=r"lambada_test.jsonl: record 2 has no 'text' string"):
     datasets.load_documents(config, "test", str(tmp_path / "tfds"))
+
+
+def test_token_counts_count_every_token_and_one_eos_per_document(text_config, sp_tokenizer,
+                                                                data_dir):
+  counts = pipeline.token_counts(text_config, sp_tokenizer, tfds_dir=data_dir)
+  docs = list(datasets.load_documents(text_config, "train", data_dir))
+  naive = np.zeros(sp_tokenizer.vocab_size, np.int64)
+  for doc in docs:
+    for i in sp_tokenizer.encode(doc) + [sp_tokenizer.eos_id]:
+      naive[i] += 1
+  np.testing.assert_array_equal(counts, naive)
+  assert counts[sp_tokenizer.eos_id] >= len(docs)

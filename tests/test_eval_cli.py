@@ -38,6 +38,16 @@ def test_text_file_eval_and_too_short_file(checkpoint, tmp_path):
   assert out.returncode == 0, out.stderr
   result = json.loads(out.stdout.strip().splitlines()[-1])[str(text)]
   assert result["tokens"] >= 32 and result["tokens"] % 32 == 0 and result["l2r_ppl"] > 1
+  # The run saved its training token counts: the unigram baseline of the same tokens is printed.
+  assert "unigram ppl" in out.stdout and result["unigram_ppl"] > 1
+  from ao_mdm.data import datasets, pipeline, tokenizer  # pylint: disable=g-import-not-at-top
+  config, _ = checkpoints.load_params(checkpoint)
+  tok = tokenizer.load_saved_tokenizer(config.data, 512, checkpoint)
+  blocks = pipeline.pack_documents([tok.encode(d) for d in datasets.read_text_documents(str(text))],
+                                   tok.eos_id, 32)
+  counts = np.load(os.path.join(checkpoint, evaluation.UNIGRAM_FILE))
+  assert counts.sum() > 10_000  # the SOTU train split, not the evaluated file
+  assert result["unigram_ppl"] == pytest.approx(np.exp(evaluation.unigram_nll(counts, blocks)))
   short = tmp_path / "short.txt"
   short.write_text("Too short.\n")
   out = _eval(f"--checkpoint={checkpoint}", f"--text_file={short}")

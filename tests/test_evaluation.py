@@ -104,3 +104,10 @@ def test_generative_perplexity_and_entropy(scorer):
   np.testing.assert_allclose(evaluation.unigram_entropy([1, 2, 3, 4]), np.log(4))
   with pytest.raises(ValueError, match="outside the scorer's vocab"):
     evaluation.generative_perplexity(scorer, [[1, 2], [1, 2, 10_000]])
+
+
+def test_unigram_nll_is_add_one_smoothed():
+  counts = np.array([3, 1, 0, 0])  # N = 4, V = 4: p = 4/8, 2/8, 1/8, 1/8
+  blocks = np.array([[0, 1], [2, 0]])
+  expected = -(2 * np.log(0.5) + np.log(0.25) + np.log(0.125)) / 4
+  assert evaluation.unigram_nll(counts, blocks) == pytest.approx(expected, rel=1e-12)

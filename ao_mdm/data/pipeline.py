@@ -41,6 +41,16 @@ def pack_documents(token_lists: list[list[int]], eos_id: int, block_size: int) -
   return stream[:n_blocks * block_size].reshape(n_blocks, block_size)
 
 
+def token_counts(data_config: Any, tokenizer: Tokenizer, *, tfds_dir: str,
+                 split: str = "train") -> np.ndarray:
+  """int64 [vocab] counts of every token of the split, one EOS per document counted."""
+  counts = np.zeros(tokenizer.vocab_size, np.int64)
+  for ids in _encode_all(tokenizer, datasets.load_documents(data_config, split, tfds_dir)):
+    counts += np.bincount(ids, minlength=tokenizer.vocab_size)[:tokenizer.vocab_size]
+    counts[tokenizer.eos_id] += 1
+  return counts
+
+
 def split_blocks(data_config: Any, tokenizer: Tokenizer, *, block_size: int, split: str,
                  tfds_dir: str) -> np.ndarray:
   """The split's documents, in order, packed into [N, block_size] blocks (N may be 0)."""
