@@ -7,6 +7,7 @@ target. Each query sees the cached slots, the earlier real slots of the chunk, a
 """
 import dataclasses
 import functools
+import itertools
 import json
 from typing import Any, Callable, Optional
 
@@ -346,11 +347,22 @@ def decode_text(decode: Any, ids: Any, eos_id: int, vocab_size: int) -> str:
   return "\n\n".join(decode(d) for d in docs)
 
 
+def mark_generated(decode: Any, ids: Any, known: Any, eos_id: int, vocab_size: int) -> str:
+  """The text with every run of generated tokens in [[ ]]; known tokens (prompt, infill
+  context) as they are: shows what the model filled in."""
+  pieces = []
+  for generated, run in itertools.groupby(range(len(ids)), key=lambda i: not known[i]):
+    text = decode_text(decode, [ids[i] for i in run], eos_id, vocab_size)
+    pieces.append(f"[[{text}]]" if generated else text)
+  return "".join(pieces)
+
+
 def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
                  num_samples: int, batch_size: int, prompt: str = "", infill: str = "",
                  infill_span: int = 8, seed: int = 0, progress: Optional[Callable] = None,
                  **options) -> list[dict]:
-  """`num_samples` texts ({text, tokens}) in batches; `options` go to `sample` (steps, ...).
+  """`num_samples` texts ({text, tokens}, and `marked` with a prompt or infill) in batches;
+  `options` go to `sample` (steps, ...).
 
   Batch i uses seed + i * batch_size; ids beyond the tokenizer's vocab are never drawn.
   """
@@ -358,6 +370,8 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
     raise ValueError(f"--num_samples={num_samples} and --batch_size={batch_size} must be >= 1")
   positions, ids = layout_known(tokenizer.encode, cfg.block_size, prompt, infill, infill_span)
   batch_size = min(batch_size, num_samples)
+  known = np.zeros(cfg.block_size, bool)
+  known[positions] = True
   records = []
   for start in range(0, num_samples, batch_size):
     out = sample(params, cfg, batch_size=batch_size, seed=seed + start, known_positions=positions,
@@ -366,6 +380,9 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
     for row in out.tokens[:num_samples - start]:
       records.append({"text": decode_text(tokenizer.decode, row, tokenizer.eos_id,
                                           tokenizer.vocab_size), "tokens": row.tolist()})
+      if positions:
+        records[-1]["marked"] = mark_generated(tokenizer.decode, row, known, tokenizer.eos_id,
+                                               tokenizer.vocab_size)
     if progress:
       progress(1)
   return records

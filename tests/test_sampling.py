@@ -216,3 +216,12 @@ def test_bad_sampling_args(kwargs, message):
   cfg, params = cached_model("ao")
   with pytest.raises(ValueError, match=message):
     sampling.sample(params, cfg, batch_size=1, **kwargs)
+
+
+def test_mark_generated_brackets_each_generated_run():
+  decode = lambda ids: "".join(chr(ord("a") + i) for i in ids)
+  known = [True, True, False, False, True, False]
+  assert sampling.mark_generated(decode, [0, 1, 2, 3, 4, 5], known, 99, 26) == "ab[[cd]]e[[f]]"
+  # EOS inside a generated run splits documents there; ids past the tokenizer's vocab are dropped.
+  assert sampling.mark_generated(decode, [0, 99, 30, 2], [True, False, False, False], 99, 26) \
+      == "a[[\n\nc]]"
