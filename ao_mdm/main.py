@@ -41,7 +41,7 @@ COMMAND_FLAGS = {
     "import-torch": ("checkpoint", "out", "weights", "variant"),
     "import-gpt2": ("hf_dir", "out"),
     "compile": ("config", "topology"),
-    "bench": ("config",),
+    "bench": ("config", "baseline"),
 }
 FLAGS = flags.FLAGS
 
@@ -95,6 +95,10 @@ def _define_flags() -> None:
   flags.DEFINE_string("scorer", None, "eval: scores --generated samples left to right: an "
                       "import-gpt2 export (the paper: GPT-2 Large) or an ao_mdm checkpoint.")
   flags.DEFINE_string("topology", None, "compile: a TPU topology such as v5e:4x4.")
+  flags.DEFINE_enum("baseline", "none", ["none", "torch"],
+                    "bench train: torch = also train the same model, step and batch in plain "
+                    "PyTorch (eager, float32, all cores; needs the [torch] extra) and print its "
+                    "tokens/s and ours over it.")
   flags.DEFINE_string("init_from", None, "train: start from the params of an export or import.")
   flags.DEFINE_string("coordinator", None, "Multi-process: coordinator HOST:PORT (process 0).")
   flags.DEFINE_integer("num_processes", None, "Multi-process: number of processes.")
@@ -213,8 +217,14 @@ def _export() -> None:
 
 
 def _bench(what: str) -> None:
+  baseline = None if FLAGS.baseline == "none" else FLAGS.baseline
+  if baseline and what != "train":
+    raise app.UsageError(f"--baseline={baseline} applies to `ao-mdm bench train` only")
   from ao_mdm import bench
-  {"sample": bench.bench_sample, "train": bench.bench_train}[what](FLAGS.config)
+  if what == "train":
+    bench.bench_train(FLAGS.config, baseline)
+  else:
+    bench.bench_sample(FLAGS.config)
 
 
 def _load_run(path: str) -> tuple:
@@ -247,7 +257,8 @@ def _sample() -> None:
         batch_size=FLAGS.batch_size, prompt=FLAGS.prompt, infill=FLAGS.infill,
         infill_span=FLAGS.infill_span, seed=FLAGS.seed, progress=bar.update, **options)
   for i, r in enumerate(records):
-    print(f"--- sample {i} (steps={FLAGS.steps}, {FLAGS.order} order) ---\n{r['text']}\n")
+    shown = r.get("marked", r["text"])  # with a prompt or infill: generated runs in [[ ]]
+    print(f"--- sample {i} (steps={FLAGS.steps}, {FLAGS.order} order) ---\n{shown}\n")
   if FLAGS.out:
     settings = {k: FLAGS[k].value for k in ("checkpoint", "prompt", "infill", "seed", *_SETTINGS)}
     tmp = f"{FLAGS.out}.tmp{os.getpid()}"
@@ -308,16 +319,20 @@ def _eval() -> None:
   def progress(name, total):
     bars.append(tqdm.tqdm(total=total, desc=f"eval {name}", unit="block"))
     return bars[-1].update
+  counts = evaluation.load_unigram_counts(FLAGS.checkpoint)
   results = evaluation.evaluate_sets(scorer, sets, protocol=FLAGS.protocol, orders=FLAGS.orders,
                                      ensemble=ensemble, batch_size=FLAGS.batch_size,
-                                     seed=FLAGS.seed, progress=progress)
+                                     seed=FLAGS.seed, progress=progress, unigram_counts=counts)
   for bar in bars:
     bar.close()
+  unigram = counts is not None  # runs saved before the counts existed have no baseline
   print(f"{'dataset':<24} {'tokens':>8} {'L2R ppl':>9} {'any-order ppl':>16} "
+        + (f"{'unigram ppl':>12} " if unigram else "")
         + " ".join(f"{'ens M=' + str(m):>10}" for m in ensemble))
   for name, r in results.items():
     print(f"{name[-24:]:<24} {r['tokens']:>8} {r['l2r_ppl']:>9.2f} "
           f"{r['any_order_ppl']:>9.2f} +-{r['any_order_se']:<5.2f}"
+          + (f"{r['unigram_ppl']:>12.2f} " if unigram else "")
           + " ".join(f"{r['ensemble_ppl'][str(m)]:>10.2f}" for m in ensemble))
   print(json.dumps(results))
 

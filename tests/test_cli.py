@@ -79,6 +79,12 @@ BAD_INPUTS = [
     (["sample", "--checkpoint={run}", "--schedule=square"], "--schedule=square"),
     (["bench"], "ao-mdm bench takes one of sample, train first, got nothing"),
     (["bench", "fast", TINY], "got 'fast'"),
+    (["bench", "sample", TINY, "--baseline=torch"], "--baseline=torch applies to `ao-mdm bench "
+     "train` only"),
+    (["bench", "train", TINY, "--baseline=tf"],
+     "--baseline=tf: value should be one of <none|torch>"),
+    (["bench", "train", TINY, "--baseline=torch", "--config.model.variant=sigma"],
+     "model.variant='sigma': the PyTorch training step is written for AO-GPT (ao) only"),
     (["info"], "missing --config"),
     # configs
     (["info", "--config=configs/nope.py"], "--config 'configs/nope.py': no such file"),
@@ -209,6 +215,8 @@ def test_sample_reads_the_run_quietly_and_writes_nothing_into_it(files, tmp_path
   assert "WARNING" not in out.stderr and "Traceback" not in out.stderr, out.stderr
   records = [json.loads(line) for line in path.read_text().splitlines()]
   assert len(records) == 2 and all(r["text"].startswith("The Congress") for r in records)
+  assert all(r["marked"].startswith("The Congress[[") for r in records)
+  assert "--- sample 1" in out.stdout and "The Congress[[" in out.stdout
   assert not [n for n in os.listdir(tmp_path) if ".tmp" in n]
 
 

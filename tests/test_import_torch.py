@@ -1,8 +1,8 @@
 """Tests for the import of reference PyTorch checkpoints (ao_mdm.torch_import.import_torch).
 
-The reference forward below is written from scxue/AO-GPT-MDM (model_AOGPT_..._qknorm.py and
-model_sigmaGPT.py `forward_fn`) in functional form, so the key mapping is checked against the
-reference computation, not only against its own inverse.
+Imported params are run through our model and compared with the PyTorch model of
+ao_mdm/torch_reference.py (the authors' module tree and computation), so the key mapping is
+checked against the reference computation, not only against its own inverse.
 """
 import flax
 import jax
@@ -14,7 +14,7 @@ from ao_mdm import model as model_lib
 from ao_mdm.config import base_config
 
 torch = pytest.importorskip("torch")
-F = torch.nn.functional
+from ao_mdm import torch_reference  # pylint: disable=g-import-not-at-top  (needs torch)
 
 
 def _config(variant: str, block_size: int = 12, vocab_size: int = 96):
@@ -50,52 +50,6 @@ def _reference_checkpoint(config, params, ema_params, bias: bool = True) -> dict
   return {"model": model, "ema_model": {"decay": 0.9999, "num_updates": 7, "shadow_params": shadow},
           "ema_rate": 0.9999, "model_args": model_args, "optimizer": {}, "iter_num": 7,
           "config": {"learning_rate": 6e-4}}
-
-
-def _reference_forward(sd: dict, tokens, order, variant: str, n_head: int) -> np.ndarray:
-  """The reference model's logits over its T+1 slots with the last one dropped: [B, T, V]."""
-  w = {k: torch.as_tensor(np.asarray(v)) for k, v in sd.items()}
-  idx, orders = torch.as_tensor(tokens), torch.as_tensor(order)
-  b, t = idx.shape
-  ao = variant == "ao"
-  tok = torch.cat([w["transformer.wnonee.weight"][0].expand(b, 1, -1),
-                   w["transformer.wte.weight"][torch.gather(idx, 1, orders)]], 1)
-  wpe = w["transformer.wpe.weight"]
-  pos = torch.cat([wpe[:1].expand(b, 1, -1), wpe[1:][orders]], 1)
-  tgt = w["transformer.wtpe.weight"][orders]
-  tgt = torch.cat([tgt, torch.zeros_like(tgt[:, :1])], 1)
-  x = tok + pos + (0 if ao else tgt)
-  d = x.shape[-1]
-  k_dim = d // n_head
-
-  def norm(y, name, dim):
-    if ao:
-      return F.rms_norm(y, (dim,), w[name + ".weight"], 1e-5)
-    return F.layer_norm(y, (dim,), w[name + ".weight"], w[name + ".bias"], 1e-5)
-
-  def linear(y, name):
-    return F.linear(y, w[name + ".weight"], w.get(name + ".bias"))
-
-  n_layer = len({k.split(".")[2] for k in w if k.startswith("transformer.h.")})
-  for i in range(n_layer):
-    p = f"transformer.h.{i}."
-    mods = linear(F.silu(tgt), p + "adaLN.1").chunk(6, -1) if ao else (0, 0, 1, 0, 0, 1)
-    shift1, scale1, gate1, shift2, scale2, gate2 = mods
-    y = norm(x, p + "ln_1", d) * (1 + scale1) + shift1
-    q, k, v = [z.view(b, t + 1, n_head, k_dim).transpose(1, 2)
-               for z in linear(y, p + "attn.c_attn").split(d, dim=2)]
-    if ao:
-      q, k = norm(q, p + "attn.q_norm", k_dim), norm(k, p + "attn.k_norm", k_dim)
-    a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
-    x = x + gate1 * linear(a.reshape(b, t + 1, d), p + "attn.c_proj")
-    y = norm(x, p + "ln_2", d) * (1 + scale2) + shift2
-    x = x + gate2 * linear(F.gelu(linear(y, p + "mlp.c_fc")), p + "mlp.c_proj")
-  if ao:
-    shift, scale = linear(F.silu(tgt), "transformer.final_layer.adaLN_final.1").chunk(2, -1)
-    x = norm(x, "transformer.final_layer.ln_f", d) * (1 + scale) + shift
-  else:
-    x = norm(x, "transformer.ln_f", d)
-  return linear(x, "lm_head")[:, :-1].numpy()
 
 
 def _batch(config, seed: int = 0):
@@ -138,8 +92,7 @@ def test_import_matches_params_and_reference_forward(tmp_path, variant, weights)
 
   tokens, order = _batch(config)
   logits = model_lib.make_model(config.model).apply({"params": loaded}, tokens, order)
-  sd = torch_import.to_torch_state_dict(want, config)
-  reference = _reference_forward(sd, tokens, order, variant, config.model.n_head)
+  reference = torch_reference.logits(torch_reference.from_params(want, config), tokens, order)
   np.testing.assert_allclose(np.asarray(logits), reference, rtol=1e-4, atol=1e-4)
 
 
