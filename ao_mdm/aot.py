@@ -115,49 +115,68 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
   return result
 
 
-def collective_bytes(hlo_text: str) -> float:
-  """Bytes of the results of every collective a device runs per step, from the compiled HLO.
-
-  A collective inside a while loop (the layer scan, the micro-batch scan) counts once per
-  iteration, by the loop's known trip count.
+def hlo_traffic(hlo_text: str) -> dict:
+  """Bytes one device moves per step, read from the compiled HLO: `collective` (results of
+  all-reduce, all-gather, ...) and `hbm` (operands and results of every top-level instruction,
+  fusions counted at their boundary). An instruction inside a while loop (the layer scan, the
+  micro-batch scan) counts once per iteration, by the loop's known trip count.
   """
-  body_of, trips, calls, comp = {}, {}, {}, None
-  computations = {}
+  computations, comp = {}, None
   for line in hlo_text.splitlines():
     head = re.match(r"\s*(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$", line)
     if head:
       comp = head.group(2)
       computations[comp] = {"entry": bool(head.group(1)), "lines": []}
-      continue
-    if comp is not None:
+    elif comp is not None:
       computations[comp]["lines"].append(line)
-  multiplier = {}
-  for name, c in computations.items():  # which computation each while loop runs, how often
+  loops = {}  # computation -> [(called computation, times per call)] for while bodies and calls
+  for name, c in computations.items():
     for line in c["lines"]:
-      for callee in re.findall(r"(?:body|condition|to_apply|calls|branch_computations)=\{?%?([\w.\-]+)", line):
-        calls.setdefault(name, []).append(callee)
-      m = re.search(r"body=%?([\w.\-]+)", line)
-      if m:
+      body = re.search(r"\bbody=%?([\w.\-]+)", line)
+      if body:
         n = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
-        trips[(name, m.group(1))] = int(n.group(1)) if n else 1
+        condition = re.search(r"\bcondition=%?([\w.\-]+)", line)
+        trips = int(n.group(1)) if n else _loop_bound(computations, condition)
+        loops.setdefault(name, []).append((body.group(1), trips))
+      call = re.search(r"\scall\(.*\bto_apply=%?([\w.\-]+)", line)
+      if call:
+        loops.setdefault(name, []).append((call.group(1), 1))
+  multiplier = {}
 
   def visit(name, factor):
-    if multiplier.get(name, 0) >= factor:
-      return
-    multiplier[name] = factor
-    for callee in calls.get(name, []):
-      visit(callee, factor * trips.get((name, callee), 1))
+    multiplier[name] = multiplier.get(name, 0) + factor
+    for callee, times in loops.get(name, []):
+      visit(callee, factor * times)
   for name, c in computations.items():
     if c["entry"]:
       visit(name, 1)
-  total = 0.0
-  for name, c in computations.items():
-    for line in c["lines"]:
-      m = re.match(r"\s*%?[\w.\-]+\s*=\s*(.+?)\s+(" + "|".join(_COLLECTIVES) +
-                   r")(-start)?\(", line)
-      if m:
-        total += multiplier.get(name, 1) * _shape_bytes(m.group(1))
-  return total
+  out = {"collective": 0.0, "hbm": 0.0}
+  for name, factor in multiplier.items():
+    for line in computations.get(name, {"lines": []})["lines"]:
+      m = re.match(r"\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.+?)\s+([a-z][\w\-]*)\((.*)", line)
+      if not m or m.group(2) in _NO_TRAFFIC:
+        continue
+      result, op, rest = m.group(1), m.group(2), m.group(3)
+      if op.endswith("-done"):
+        continue  # its -start counted the transfer
+      if op.replace("-start", "") in _COLLECTIVES:
+        out["collective"] += factor * _shape_bytes(result)
+      operands = rest.split("), ")[0]  # the operand list, before attributes
+      out["hbm"] += factor * (_shape_bytes(result) + _shape_bytes(operands))
+  return out
+
+
+def _loop_bound(computations: dict, condition) -> int:
+  """Iterations of a `while i < N` loop (a scan) from its condition's s32 constant N; 1 if unsure."""
+  lines = computations.get(condition.group(1), {"lines": []})["lines"] if condition else []
+  if not any("direction=LT" in line for line in lines):
+    return 1
+  bounds = [int(n) for line in lines for n in re.findall(r"= s32\[\][^ ]* constant\((\d+)\)", line)]
+  return max(bounds, default=1)
+
+
+_NO_TRAFFIC = ("parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call",
+               "conditional", "after-all", "partition-id", "replica-id", "iota")
 
 
 def _shape_bytes(shape: str) -> float:
@@ -176,7 +195,10 @@ def roofline(compiled, config: ml_collections.ConfigDict, devices: list) -> dict
 
   Per device: time >= max(FLOPs / peak, HBM bytes / HBM bandwidth, collective bytes / ICI
   bandwidth). FLOPs are the model's (6N + attention, as MFU counts them) and XLA's cost
-  analysis beside them; XLA may count a loop body once, so the larger is used.
+  analysis beside them; XLA counts a loop body once, so the larger is used. HBM bytes are
+  XLA's (loop bodies once: a lower bound); the HLO operand sum with trip counts (hlo_traffic,
+  which also counts whole loop buffers that are only sliced) is an upper estimate, printed
+  beside it. Collective bytes come from the HLO with trip counts.
   """
   from ao_mdm import model as model_lib  # pylint: disable=g-import-not-at-top
   kind = devices[0].device_kind
@@ -195,13 +217,16 @@ def roofline(compiled, config: ml_collections.ConfigDict, devices: list) -> dict
       config.model, model_lib.count_params(nn.unbox(abstract))) / n
   xla_flops = float(cost.get("flops", 0.0))
   hbm_bytes = float(cost.get("bytes accessed", 0.0))
-  ici_bytes = collective_bytes(compiled.as_text())
+  traffic = hlo_traffic(compiled.as_text())
+  ici_bytes = traffic["collective"]
   times = {"compute": max(model_flops, xla_flops) / peak, "hbm": hbm_bytes / hbm_bw,
            "ici": ici_bytes / ici_bw}
   step = max(times.values())
   return {"model_flops_per_device": model_flops, "xla_flops_per_device": xla_flops,
           "xla_over_model_flops": xla_flops / model_flops,
           "hbm_bytes_per_device": hbm_bytes, "collective_bytes_per_device": ici_bytes,
+          "hbm_bytes_upper_estimate": traffic["hbm"],
+          "hbm_s_at_upper_estimate": traffic["hbm"] / hbm_bw,
           "peak_flops": peak, "hbm_bandwidth": hbm_bw, "ici_bandwidth": ici_bw,
           "step_s_lower_bound": step, "bound_by": max(times, key=times.get),
           "mfu_upper_bound": model_flops / peak / step,
@@ -223,8 +248,9 @@ def format_result(r: dict) -> str:
         "roofline projection per device (a bound from published chip figures, not a measurement):",
         f"  FLOPs (6N + attention) {p['model_flops_per_device']:.3e}, XLA cost analysis "
         f"{p['xla_flops_per_device']:.3e} ({p['xla_over_model_flops']:.2f}x)",
-        f"  HBM bytes (XLA) {p['hbm_bytes_per_device']:.3e}, collective bytes (HLO) "
-        f"{p['collective_bytes_per_device']:.3e}",
+        f"  HBM bytes {p['hbm_bytes_per_device']:.3e} (XLA, lower bound; HLO upper estimate "
+        f"{p['hbm_bytes_upper_estimate']:.3e} = {p['hbm_s_at_upper_estimate'] * 1e3:.0f} ms), "
+        f"collective bytes (HLO) {p['collective_bytes_per_device']:.3e}",
         f"  step >= {p['step_s_lower_bound'] * 1e3:.1f} ms ({p['bound_by']}-bound), MFU <= "
         f"{p['mfu_upper_bound']:.0%}, tokens/s <= {p['tokens_per_s_upper_bound']:,.0f}"]
   return "\n".join(lines)

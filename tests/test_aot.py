@@ -34,7 +34,7 @@ def test_tiny_compiles_for_v5e_2x2(capsys):
   assert p["step_s_lower_bound"] >= p["model_flops_per_device"] / 197e12
 
 
-def test_collective_bytes_count_loop_iterations():
+def test_hlo_traffic_counts_loop_iterations():
   hlo = """HloModule m
 %body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
   %ar = f32[256,4]{1,0} all-reduce(f32[256,4]{1,0} %x), replica_groups={}, to_apply=%add
@@ -50,7 +50,15 @@ ENTRY %main (a: f32[4]) -> f32[4] {
 }
 """
   per_iteration = 256 * 4 * 4 + (8 + 32) * 2
-  assert aot.collective_bytes(hlo) == 12 * per_iteration + 16 * 4
+  traffic = aot.hlo_traffic(hlo)
+  assert traffic["collective"] == 12 * per_iteration + 16 * 4
+  # HBM: each instruction's result and operands; the compare in the loop condition is not a
+  # body instruction, the -done of an async collective adds nothing.
+  assert traffic["hbm"] == 12 * (2 * 256 * 4 * 4 + (8 + 32) * 2 + 8 * 2) + (16 + 64) * 4
+  # The TPU compiler leaves out known_trip_count: the bound comes from the condition `i < 5`.
+  tpu = hlo.replace(', backend_config={"known_trip_count":{"n":"12"}}', "").replace(
+      "  %lt = pred[]", "  %c = s32[]{:T(128)} constant(5)\n  %lt = pred[]")
+  assert aot.hlo_traffic(tpu)["collective"] == 5 * per_iteration + 16 * 4
 
 
 def test_unknown_topology():
