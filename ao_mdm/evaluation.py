@@ -135,13 +135,15 @@ def ensemble_nll(scorer: Scorer, tokens_BT: np.ndarray, order_BT: np.ndarray, m:
 def evaluate_blocks(scorer: Scorer, blocks_NT: np.ndarray, *, orders: int = 1,
                     any_order_blocks: Optional[int] = None, ensemble: Sequence[int] = (),
                     batch_size: int = 8, seed: int = 0,
-                    progress: Optional[Callable] = None) -> dict:
+                    progress: Optional[Callable] = None, per_sequence: bool = False) -> dict:
   """L2R and ensemble perplexities over every block; any-order over `any_order_blocks` of them.
 
   The any-order estimate (K random orders per block, with its standard error) uses a seeded
   shuffle of the blocks cut to `any_order_blocks` (None: all), as the authors' loaders do. The
   ensemble draws one random order per block and reshuffles its contexts (paper eq. 7).
-  `progress(n)` is called as blocks are done; the total is `evaluation_units(...)`.
+  `progress(n)` is called as blocks are done; the total is `evaluation_units(...)`. The orders
+  depend only on `seed` and the block count, so two models evaluated alike are paired; with
+  `per_sequence` the result also lists each sequence's mean NLL (for paired differences).
   """
   if orders < 1:
     raise ValueError(f"orders={orders} must be >= 1")
@@ -182,6 +184,10 @@ def evaluate_blocks(scorer: Scorer, blocks_NT: np.ndarray, *, orders: int = 1,
          "any_order_se": math.exp(ao.mean()) * se_nll,  # delta method, in perplexity units
          "any_order_nll_se": float(se_nll), "orders": orders, "any_order_sequences": m_ao,
          "tokens": int(n * t), "sequences": int(n)}
+  if per_sequence:
+    out["l2r_nll_seq"] = l2r.tolist()
+    out["any_order_nll_seq"] = ao.mean(1).tolist()
+    out["any_order_rows"] = ao_rows.tolist()
   if ensemble:
     out["ensemble_ppl"] = {str(m): math.exp(np.concatenate(ens[m]).mean()) for m in ensemble}
     out["ensemble_cost_full_forwards_per_target"] = {str(m): cost[m] / n for m in ensemble}

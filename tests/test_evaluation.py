@@ -83,6 +83,27 @@ def test_evaluate_blocks_deterministic_and_consistent(scorer):
   assert d["any_order_sequences"] == 2 and d["sequences"] == 5
   assert d["l2r_ppl"] == a["l2r_ppl"] and d["ensemble_ppl"]["3"] == a["ensemble_ppl"]["3"]
   assert d["any_order_ppl"] != a["any_order_ppl"]
+  # Per-sequence NLLs: they average to the totals, and a second model is scored on the same
+  # orders (the orders depend on the seed only), so differences are paired.
+  e = evaluation.evaluate_blocks(scorer, blocks, orders=2, batch_size=2, seed=4,
+                                 per_sequence=True)
+  assert np.mean(e["l2r_nll_seq"]) == pytest.approx(e["l2r_nll"], rel=1e-12)
+  assert np.mean(e["any_order_nll_seq"]) == pytest.approx(e["any_order_nll"], rel=1e-12)
+  assert len(e["any_order_nll_seq"]) == 5 and e["any_order_rows"] == list(range(5))
+
+
+  class Recorder:  # another "model" (NLLs shifted by 1) that records the orders it is given
+    block_size, vocab_size, seen = T, 64, []
+
+    def slot_nll(self, tokens_BT, order_BL):
+      self.seen.append(np.array(order_BL))
+      return scorer.slot_nll(tokens_BT, order_BL) + 1.0
+  first, second = Recorder(), Recorder()
+  first.seen, second.seen = [], []
+  f = evaluation.evaluate_blocks(first, blocks, orders=2, batch_size=2, seed=4, per_sequence=True)
+  evaluation.evaluate_blocks(second, blocks, orders=2, batch_size=2, seed=4)
+  assert len(first.seen) > 2 and all(np.array_equal(a, b) for a, b in zip(first.seen, second.seen))
+  np.testing.assert_allclose(np.subtract(f["any_order_nll_seq"], e["any_order_nll_seq"]), 1.0)
 
 
 def test_generative_perplexity_and_entropy(scorer):
