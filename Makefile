@@ -21,10 +21,12 @@ $(TEST_STAMP): $(STAMP)
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/ao-mdm train --config=configs/tiny.py --workdir=runs/demo
+	$(BIN)/ao-mdm train --config=configs/demo.py --workdir=runs/demo
 	$(BIN)/ao-mdm sample --checkpoint=runs/demo --num_samples=1 --steps=32 --top_p=0.9 --seed=1
 	$(BIN)/ao-mdm sample --checkpoint=runs/demo --num_samples=1 --steps=32 --top_p=0.9 --seed=2 \
 	  --prompt="Fellow citizens of the Senate and House of Representatives:"
+	$(BIN)/ao-mdm sample --checkpoint=runs/demo --num_samples=1 --steps=32 --top_p=0.9 --seed=3 \
+	  --infill="Another important acquisition of [MASK] has also been made since the last [MASK] of Congress."
 
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q tests
