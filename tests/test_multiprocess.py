@@ -6,6 +6,10 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+
+# Two processes, about a minute on 2 cores: in CI's slow stage (make test-slow).
+pytestmark = pytest.mark.slow
 
 WORKER = pathlib.Path(__file__).resolve().parent / "multiprocess_worker.py"
 TIMEOUT_S = 240

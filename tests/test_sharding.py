@@ -14,6 +14,9 @@ import pytest
 WORKER = pathlib.Path(__file__).resolve().parent / "sharding_worker.py"
 TIMEOUT_S = 240
 
+# An 8-device worker that trains on several meshes (about 1.5 min): in CI's slow stage.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
