@@ -3,7 +3,6 @@
 PyTorch is the independent oracle here: its autograd, torch.optim.AdamW, clip_grad_norm_ and
 cross_entropy against our jax.grad, optax chain and integer-label loss, from the same weights.
 """
-import flax
 import jax
 import ml_collections
 import numpy as np
@@ -15,6 +14,7 @@ from ao_mdm.config import base_config
 
 torch = pytest.importorskip("torch")
 from ao_mdm import torch_reference  # pylint: disable=g-import-not-at-top  (needs torch)
+from test_import_torch import _params as _random_params  # pylint: disable=g-import-not-at-top
 
 
 def _config(microbatches: int = 1) -> ml_collections.ConfigDict:
@@ -28,16 +28,6 @@ def _config(microbatches: int = 1) -> ml_collections.ConfigDict:
   c.train.update(batch_size=4, num_steps=10, warmup_steps=1, learning_rate=1e-2, min_lr=1e-3,
                  weight_decay=0.5, grad_clip=0.05, ema_decay=0.2, microbatches=microbatches)
   return c
-
-
-def _random_params(config, seed: int) -> dict:
-  """Every leaf random: norm scales near 1, biases and AdaLN outputs clearly non-zero."""
-  shapes = flax.linen.unbox(jax.eval_shape(
-      lambda: model_lib.init_params(config.model, jax.random.key(0))))
-  rng = np.random.default_rng(seed)
-  flat = {path: (path[-1] == "scale") + rng.normal(0, 0.1, a.shape).astype(np.float32)
-          for path, a in flax.traverse_util.flatten_dict(shapes).items()}
-  return flax.traverse_util.unflatten_dict(flat)
 
 
 def _tokens(config, seed: int = 0) -> np.ndarray:
