@@ -35,15 +35,18 @@ def checkpoint(path: str, flag: str = "--checkpoint") -> None:
                             "an `ao-mdm export` / `import-torch` output")
   steps_dir = os.path.join(path, "checkpoints")
   root = steps_dir if os.path.isdir(steps_dir) else path
-  if not any(name.isdigit() for name in os.listdir(root)):
+  if not _has_steps(root):
     raise FileNotFoundError(f"{flag} {path!r} holds no checkpoint (no step directory in "
                             f"{root!r})")
 
 
 def has_checkpoints(workdir: str) -> bool:
   """Whether a training work dir already holds checkpoint steps."""
-  steps_dir = os.path.join(workdir, "checkpoints")
-  return os.path.isdir(steps_dir) and any(n.isdigit() for n in os.listdir(steps_dir))
+  return _has_steps(os.path.join(workdir, "checkpoints"))
+
+
+def _has_steps(directory: str) -> bool:
+  return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
 
 
 def text_file(path: str, flag: str) -> None:
