@@ -3,7 +3,12 @@
 Slots: slot 0 is the learned [None] token, slot s >= 1 holds the token at position order[s-1], and
 slot s predicts the token at position order[s]. Array names carry their shapes: B batch, T slots,
 W slots of a decode chunk, D width, C conditioning width, H heads, K head dim, V vocab, L layers.
+
+AO-GPT's conditioning `cond` is a pair (c_TC, target_BW): silu of the target-position embedding
+table and each slot's target position. An AdaLN layer's output depends on the target position
+only, so it is computed on the T table rows and gathered whenever that is fewer rows than B x W.
 """
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -111,11 +116,21 @@ class Dense(nn.Module):
     dtype = DTYPES[self.cfg.dtype]
     shape = x.shape[-self.n_in:] + tuple(self.features)
     kernel = self.param("kernel", _init(self.cfg, self.std, self.names), shape, jnp.float32)
-    y = jnp.tensordot(x.astype(dtype), kernel.astype(dtype), axes=self.n_in)
+    # One 2-D matmul: XLA:CPU transposes a 3-D operand for the kernel gradient (2x slower).
+    x_NI = x.reshape(-1, math.prod(shape[:self.n_in])).astype(dtype)
+    y_NO = x_NI @ kernel.reshape(x_NI.shape[1], -1).astype(dtype)
     if self.use_bias:
       bias = self.param("bias", _zeros(self.names[self.n_in:]), tuple(self.features), jnp.float32)
-      y = y + bias.astype(dtype)
-    return y
+      y_NO = y_NO + bias.reshape(-1).astype(dtype)
+    return y_NO.reshape(x.shape[:-self.n_in] + tuple(self.features))
+
+
+def per_slot(dense: nn.Module, cond: tuple) -> jax.Array:
+  """dense(c) for each slot's target position: [B, W, ...] from the table or per slot."""
+  c_TC, target_BW = cond
+  if target_BW.size > c_TC.shape[0]:
+    return jnp.take(dense(c_TC), target_BW, axis=0)
+  return dense(jnp.take(c_TC, target_BW, axis=0))
 
 
 class Block(nn.Module):
@@ -124,15 +139,15 @@ class Block(nn.Module):
   return_kv: bool = False
 
   @nn.compact
-  def __call__(self, x_BWD, c_BWC, cache, mask):
+  def __call__(self, x_BWD, cond, cache, mask):
     cfg = self.cfg
     d, h = cfg.n_embd, cfg.n_head
     k_dim = d // h
     resid_std = 0.02 / (2 * cfg.n_layer) ** 0.5
 
     if cfg.variant == "ao":
-      mod = Dense(cfg, (6, d), ("cond", None, "embed"), name="adaln")(nn.silu(c_BWC))
-      shift1, scale1, gate1, shift2, scale2, gate2 = [mod[:, :, i] for i in range(6)]
+      mod_BW6D = per_slot(Dense(cfg, (6, d), ("cond", None, "embed"), name="adaln"), cond)
+      shift1, scale1, gate1, shift2, scale2, gate2 = [mod_BW6D[:, :, i] for i in range(6)]
       modulate = lambda y, shift, scale: y * (1 + scale) + shift
     else:
       modulate = lambda y, shift, scale: y
@@ -194,6 +209,7 @@ class AOGPT(nn.Module):
     blocks = nn.scan(
         block, variable_axes={"params": 0}, split_rngs={"params": True},
         in_axes=(nn.broadcast, 0, nn.broadcast), length=cfg.n_layer,
+        unroll=cfg.n_layer if cfg.unroll_layers else 1,
         metadata_params={nn.PARTITION_NAME: "layers"})
     self.blocks = blocks(cfg, return_kv=self.decode, name="blocks")
     self.ln_f = Norm(cfg)
@@ -204,29 +220,28 @@ class AOGPT(nn.Module):
   def embed(self, prev_tok_BW, prev_pos_BW, target_pos_BW):
     """Slot inputs (token + position of the previous order entry, -1 for [None]) and targets.
 
-    Returns x_BWD in the compute dtype and the conditioning c_BWC (None for sigma-GPT, whose
+    Returns x_BWD in the compute dtype and the conditioning `cond` (None for sigma-GPT, whose
     target embedding is added to the input instead).
     """
     dtype = DTYPES[self.cfg.dtype]
     tok_BWD = jnp.take(self.token_embed, prev_tok_BW, axis=0)
     tok_BWD = jnp.where((prev_pos_BW < 0)[..., None], self.none_embed, tok_BWD)
     x_BWD = tok_BWD + jnp.take(self.pos_embed, prev_pos_BW + 1, axis=0)
-    t_BWC = jnp.take(self.target_embed, target_pos_BW, axis=0)
     if self.cfg.variant == "sigma":
-      return (x_BWD + t_BWC).astype(dtype), None
-    return x_BWD.astype(dtype), t_BWC.astype(dtype)
+      return (x_BWD + jnp.take(self.target_embed, target_pos_BW, axis=0)).astype(dtype), None
+    return x_BWD.astype(dtype), (nn.silu(self.target_embed.astype(dtype)), target_pos_BW)
 
-  def stack(self, x_BWD, c_BWC, cache=None, mask=None):
+  def stack(self, x_BWD, cond, cache=None, mask=None):
     """The layer stack; returns hidden states and (decode=True) the chunk's per-layer K/V."""
     x_BWD = nn.with_logical_constraint(x_BWD, ("batch", "length", "embed"))
-    return self.blocks(x_BWD, c_BWC, cache, mask)
+    return self.blocks(x_BWD, cond, cache, mask)
 
-  def logits(self, h_BWD, c_BWC):
+  def logits(self, h_BWD, cond):
     """Final (modulated) norm and the output head; float32 logits."""
     y = self.ln_f(h_BWD)
     if self.cfg.variant == "ao":
-      mod = self.final_adaln(nn.silu(c_BWC))
-      y = y * (1 + mod[:, :, 1]) + mod[:, :, 0]
+      mod_BW2D = per_slot(self.final_adaln, cond)
+      y = y * (1 + mod_BW2D[:, :, 1]) + mod_BW2D[:, :, 0]
       out = self.head(y)
     else:
       out = jnp.einsum("bwd,vd->bwv", y, self.token_embed.astype(y.dtype))
@@ -244,9 +259,9 @@ class AOGPT(nn.Module):
       raise ValueError(f"order shape {tuple(order_BT.shape)} does not fit tokens shape "
                        f"{tuple(tokens_BT.shape)}: an order may cover fewer slots, not more")
     prev_tok_BT, prev_pos_BT = slot_inputs(tokens_BT, order_BT)
-    x_BTD, c_BTC = self.embed(prev_tok_BT, prev_pos_BT, order_BT)
-    h_BTD, kv = self.stack(x_BTD, c_BTC)
-    logits_BTV = self.logits(h_BTD, c_BTC)
+    x_BTD, cond = self.embed(prev_tok_BT, prev_pos_BT, order_BT)
+    h_BTD, kv = self.stack(x_BTD, cond)
+    logits_BTV = self.logits(h_BTD, cond)
     return (logits_BTV, kv) if self.decode else logits_BTV
 
 

@@ -204,8 +204,8 @@ def _decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_c
                  for name in cache}
       rows_Q = jnp.concatenate([(n - c)[None], w_r + jnp.arange(w_p)])  # slot n, then phantoms
       h_BQD = jnp.take(hidden, rows_Q, axis=1)
-      c_BQC = None if cond is None else jnp.take(cond, rows_Q, axis=1)
-      logits_BQV = model.apply({"params": params}, h_BQD, c_BQC, method="logits")
+      cond_Q = None if cond is None else (cond[0], jnp.take(cond[1], rows_Q, axis=1))
+      logits_BQV = model.apply({"params": params}, h_BQD, cond_Q, method="logits")
       picked_BQ = sample_tokens(jax.random.fold_in(k_steps, i), logits_BQV.reshape(-1, v),
                                 temperature, top_p, top_k, use_filter, top_p_rule,
                                 vocab_limit).reshape(b, 1 + w_p)

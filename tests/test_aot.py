@@ -21,8 +21,9 @@ def tiny_config():
 def test_tiny_compiles_for_v5e_2x2(capsys):
   r = aot.compile_for_topology(tiny_config(), "v5e:2x2")
   assert (r["num_devices"], r["device_kind"], r["hbm_gib"]) == (4, "TPU v5 lite", 16.0)
-  for key in ("arguments", "outputs", "temps", "generated_code", "total"):
+  for key in ("arguments", "outputs", "generated_code", "total"):
     assert r[key] > 0, key
+  assert r["temps"] >= 0  # the unrolled step of a model this small may need none
   assert r["total"] < r["hbm_gib"] and r["compile_seconds"] > 0
   out = capsys.readouterr().out
   assert "per-device memory (GiB)" in out and "roofline projection" in out

@@ -164,6 +164,44 @@ def test_remat_policies_give_the_same_gradients():
                  grads["none"], grads[remat])
 
 
+def test_unrolled_and_looped_layer_scan_agree():
+  """model.unroll_layers changes the schedule of the layer scan, not its gradients."""
+  from ao_mdm import train
+  cfg = small_cfg()
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.block_size)),
+                       jnp.int32)
+  order = orders.random_orders(jax.random.key(0), 2, cfg.block_size)
+  params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
+  grads = []
+  for unroll in (True, False):
+    cfg.unroll_layers = unroll
+    m = model_lib.make_model(cfg)
+    grads.append(jax.grad(lambda p: train.sequence_nll(m, p, tokens, order).mean())(params))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), *grads)
+
+
+def test_adaln_from_the_target_table_equals_per_slot():
+  """B x W > T slots take AdaLN from the T-row table (then gather); one row alone computes it
+  per slot. Both must give the same logits."""
+  cfg = small_cfg()
+  params = nn.unbox(model_lib.init_params(cfg, jax.random.key(2)))
+  params = jax.tree.map(lambda p: p * 4.0 if p.ndim >= 2 else p, params)
+  b, t = 3, cfg.block_size
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (b, t)), jnp.int32)
+  order = orders.random_orders(jax.random.key(3), b, t)
+  together = _forward(cfg, params, tokens, order)  # 3T rows > T: the table path
+  for i in range(b):  # T rows: the per-slot path
+    alone = _forward(cfg, params, tokens[i:i + 1], order[i:i + 1])
+    np.testing.assert_allclose(alone[0], together[i], rtol=1e-5, atol=1e-5)
+  probe = nn.Dense(4)
+  c_TC = jax.random.normal(jax.random.key(4), (t, 8))
+  target_BW = order[:, :6]  # 18 slots > T = 16: the table path
+  p = probe.init(jax.random.key(5), c_TC)
+  rows = probe.apply(p, jnp.take(c_TC, target_BW, axis=0))
+  table = probe.apply(p, (c_TC, target_BW), method=lambda m, cond: model_lib.per_slot(m, cond))
+  np.testing.assert_allclose(table, rows, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs an NVIDIA GPU")
 def test_cudnn_attention_matches_xla_on_gpu():
