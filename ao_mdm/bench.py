@@ -34,8 +34,38 @@ def _compile(jitted, *args) -> tuple[Any, float]:
   return compiled, time.perf_counter() - start
 
 
+def step_floors(cfg: ml_collections.ConfigDict, params: Any, plan: sampling.Plan, b: int,
+                bandwidth: float, peak: float) -> np.ndarray:
+  """Seconds each cached decode step must take at least: max(bytes / bandwidth, FLOPs / peak).
+
+  Bytes: the weights a step multiplies by (blocks, final AdaLN and head; embedding rows are
+  gathered, not read whole) plus the K/V cache prefix it attends to. FLOPs: 2 per weight per
+  slot (every slot runs the blocks, only the 1 + W_p queries the head) plus attention
+  (4 L D per query-key pair).
+  """
+  itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
+  n_blocks = model_lib.count_params(params["blocks"])
+  n_head = model_lib.count_params({k: params[k] for k in ("final_adaln", "head") if k in params})
+  if cfg.variant == "sigma":  # the tied token embedding is the head
+    n_head = cfg.vocab_size * cfg.n_embd
+  w = plan.real_width + plan.phantom_width
+  floors = []
+  for first, end, cache_len in plan.segments:
+    cache_bytes = 2 * cfg.n_layer * b * cache_len * cfg.n_embd * itemsize
+    flops = 2 * b * (w * n_blocks + (1 + plan.phantom_width) * n_head) \
+        + 4 * cfg.n_layer * cfg.n_embd * b * w * (cache_len + w)
+    seconds = max((4 * (n_blocks + n_head) + cache_bytes) / bandwidth, flops / peak)
+    floors += [seconds] * (end - first)
+  return np.asarray(floors)
+
+
 def bench_sample(config: ml_collections.ConfigDict) -> dict:
-  """Full forward, cached sampler and no-cache sampler at each S, in one run; prints JSON."""
+  """Full forward, cached sampler and no-cache sampler at each S, in one run; prints JSON.
+
+  Per S also the cached step time and its floor (see step_floors), from the matmul peak and
+  read bandwidth measured in the same run.
+  """
+  from ao_mdm import sharding  # pylint: disable=g-import-not-at-top
   cfg, b = config.model, int(config.bench.batch_size)
   t, repeats = cfg.block_size, int(config.bench.repeats)
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
@@ -46,9 +76,14 @@ def bench_sample(config: ml_collections.ConfigDict) -> dict:
   full_forward_s = _timed(lambda: fwd(params, tokens, order), repeats)
   print(f"full forward B={b} T={t}: {full_forward_s:.4f} s (compile {fwd_compile:.1f} s)",
         flush=True)
+  peak = sharding.matmul_peak(2048, model_lib.DTYPES[cfg.dtype])
+  bandwidth = sharding.read_bandwidth()
+  print(f"measured matmul peak {peak / 1e9:.1f} GFLOP/s, read bandwidth {bandwidth / 1e9:.1f} GB/s",
+        flush=True)
   zeros, known = jnp.zeros((b, t), jnp.int32), jnp.zeros((b, t), bool)
   scalars = (jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
   results = {"full_forward_s": full_forward_s, "full_forward_compile_s": fwd_compile,
+             "matmul_peak_flops": peak, "read_bytes_per_s": bandwidth,
              "batch_size": b, "block_size": t, "schedule": config.bench.schedule, "steps": {}}
   for steps in config.bench.steps:
     counts = sampling.schedule_counts(t, 0, int(steps), config.bench.schedule)
@@ -66,7 +101,9 @@ def bench_sample(config: ml_collections.ConfigDict) -> dict:
       elapsed = _timed(lambda: compiled(*args), repeats if use_cache else 1)
       scale = (len(counts) - 1) / (len(run_counts) - 1)
       if use_cache:
-        row.update(sampler_s=elapsed, compile_s=compile_s)
+        floor_ms = 1e3 * float(np.mean(step_floors(cfg, params, plan, b, bandwidth, peak)))
+        row.update(sampler_s=elapsed, compile_s=compile_s, step_ms=1e3 * elapsed / steps,
+                   step_floor_ms=floor_ms)
       else:
         row.update(no_cache_s=elapsed * scale, no_cache_compile_s=compile_s,
                    no_cache_extrapolated=scale != 1)
@@ -75,7 +112,8 @@ def bench_sample(config: ml_collections.ConfigDict) -> dict:
     results["steps"][str(steps)] = row
     print(f"S={steps}: sampler {row['sampler_s']:.4f} s "
           f"({row['sampler_over_full_forward']:.2f}x full forward, compile "
-          f"{row['compile_s']:.1f} s); no-cache {row['no_cache_s']:.3f} s"
+          f"{row['compile_s']:.1f} s; step {row['step_ms']:.2f} ms, floor "
+          f"{row['step_floor_ms']:.2f} ms); no-cache {row['no_cache_s']:.3f} s"
           f"{' (extrapolated)' if row['no_cache_extrapolated'] else ''} "
           f"= {row['no_cache_over_sampler']:.1f}x the sampler", flush=True)
   print(json.dumps(results), flush=True)

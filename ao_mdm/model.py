@@ -80,11 +80,13 @@ class Norm(nn.Module):
 
 
 def attention(q_BWHK, k_BWHK, v_BWHK, mask_WW, cache_k_BHTK=None, cache_v_BHTK=None,
-              cache_mask_WT=None):
-  """Softmax attention of W queries over W new keys and, when decoding, T cached keys.
+              cache_mask_WS=None):
+  """Softmax attention of W queries over W new keys and, when decoding, the first S cached keys.
 
-  The cache is heads-major ([B, H, T, K]) so that scoring it is a plain batched matmul, and the
-  scores are split into the cache part and the new part so the cache is read but never copied.
+  The cache is heads-major ([B, H, T, K]) so that scoring it is a plain batched matmul; S is the
+  cache mask's length (cache_mask_WS), and reading the prefix here, inside the layer, lets XLA
+  take it from the whole cache in one slice. The scores are split into the cache part and the
+  new part so the cache is never concatenated.
   """
   dtype = q_BWHK.dtype
   scale = q_BWHK.shape[-1] ** -0.5
@@ -93,13 +95,14 @@ def attention(q_BWHK, k_BWHK, v_BWHK, mask_WW, cache_k_BHTK=None, cache_v_BHTK=N
   if cache_k_BHTK is None:
     p_BHWW = jax.nn.softmax(s_BHWW, axis=-1)
     return jnp.einsum("bhqs,bshk->bqhk", p_BHWW.astype(dtype), v_BWHK)
+  s = cache_mask_WS.shape[-1]
+  k_BHSK, v_BHSK = cache_k_BHTK[:, :, :s], cache_v_BHTK[:, :, :s]
   q_BHWK = q_BWHK.transpose(0, 2, 1, 3)
-  s_BHWT = jnp.einsum("bhqk,bhsk->bhqs", q_BHWK, cache_k_BHTK.astype(dtype)).astype(jnp.float32)
-  s_BHWT = jnp.where(cache_mask_WT, s_BHWT * scale, -jnp.inf)
-  p = jax.nn.softmax(jnp.concatenate([s_BHWT, s_BHWW], axis=-1), axis=-1).astype(dtype)
-  t = s_BHWT.shape[-1]
-  out_BHWK = jnp.einsum("bhqs,bhsk->bhqk", p[..., :t], cache_v_BHTK.astype(dtype))
-  return out_BHWK.transpose(0, 2, 1, 3) + jnp.einsum("bhqs,bshk->bqhk", p[..., t:], v_BWHK)
+  s_BHWS = jnp.einsum("bhqk,bhsk->bhqs", q_BHWK, k_BHSK.astype(dtype)).astype(jnp.float32)
+  s_BHWS = jnp.where(cache_mask_WS, s_BHWS * scale, -jnp.inf)
+  p = jax.nn.softmax(jnp.concatenate([s_BHWS, s_BHWW], axis=-1), axis=-1).astype(dtype)
+  out_BHWK = jnp.einsum("bhqs,bhsk->bhqk", p[..., :s], v_BHSK.astype(dtype))
+  return out_BHWK.transpose(0, 2, 1, 3) + jnp.einsum("bhqs,bshk->bqhk", p[..., s:], v_BWHK)
 
 
 class Dense(nn.Module):
@@ -125,12 +128,17 @@ class Dense(nn.Module):
     return y_NO.reshape(x.shape[:-self.n_in] + tuple(self.features))
 
 
-def per_slot(dense: nn.Module, cond: tuple) -> jax.Array:
-  """dense(c) for each slot's target position: [B, W, ...] from the table or per slot."""
+def per_slot(dense: nn.Module, cond: tuple) -> list:
+  """dense(c) ([.., N, D]) for each slot's target position, as N arrays [B, W, D].
+
+  Gathered from the table one part at a time, so that XLA fuses each gather into its consumer.
+  """
   c_TC, target_BW = cond
   if target_BW.size > c_TC.shape[0]:
-    return jnp.take(dense(c_TC), target_BW, axis=0)
-  return dense(jnp.take(c_TC, target_BW, axis=0))
+    mod_TND = dense(c_TC)
+    return [jnp.take(mod_TND[:, i], target_BW, axis=0) for i in range(mod_TND.shape[1])]
+  mod_BWND = dense(jnp.take(c_TC, target_BW, axis=0))
+  return [mod_BWND[:, :, i] for i in range(mod_BWND.shape[2])]
 
 
 class Block(nn.Module):
@@ -146,8 +154,8 @@ class Block(nn.Module):
     resid_std = 0.02 / (2 * cfg.n_layer) ** 0.5
 
     if cfg.variant == "ao":
-      mod_BW6D = per_slot(Dense(cfg, (6, d), ("cond", None, "embed"), name="adaln"), cond)
-      shift1, scale1, gate1, shift2, scale2, gate2 = [mod_BW6D[:, :, i] for i in range(6)]
+      shift1, scale1, gate1, shift2, scale2, gate2 = per_slot(
+          Dense(cfg, (6, d), ("cond", None, "embed"), name="adaln"), cond)
       modulate = lambda y, shift, scale: y * (1 + scale) + shift
     else:
       modulate = lambda y, shift, scale: y
@@ -209,7 +217,7 @@ class AOGPT(nn.Module):
     blocks = nn.scan(
         block, variable_axes={"params": 0}, split_rngs={"params": True},
         in_axes=(nn.broadcast, 0, nn.broadcast), length=cfg.n_layer,
-        unroll=cfg.n_layer if cfg.unroll_layers else 1,
+        unroll=cfg.n_layer if cfg.unroll_layers and not self.decode else 1,
         metadata_params={nn.PARTITION_NAME: "layers"})
     self.blocks = blocks(cfg, return_kv=self.decode, name="blocks")
     self.ln_f = Norm(cfg)
@@ -240,8 +248,8 @@ class AOGPT(nn.Module):
     """Final (modulated) norm and the output head; float32 logits."""
     y = self.ln_f(h_BWD)
     if self.cfg.variant == "ao":
-      mod_BW2D = per_slot(self.final_adaln, cond)
-      y = y * (1 + mod_BW2D[:, :, 1]) + mod_BW2D[:, :, 0]
+      shift, scale = per_slot(self.final_adaln, cond)
+      y = y * (1 + scale) + shift
       out = self.head(y)
     else:
       out = jnp.einsum("bwd,vd->bwv", y, self.token_embed.astype(y.dtype))

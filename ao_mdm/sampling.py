@@ -110,12 +110,21 @@ def sample_tokens(key: jax.Array, logits_NV: jax.Array, temperature: jax.Array, 
   logits_NV = logits_NV.astype(jnp.float32)
   if vocab_limit is not None and vocab_limit < logits_NV.shape[-1]:
     logits_NV = jnp.where(jnp.arange(logits_NV.shape[-1]) < vocab_limit, logits_NV, -jnp.inf)
-  greedy = jnp.argmax(logits_NV, axis=-1)
   scaled = logits_NV / jnp.maximum(temperature, 1e-6)
   if use_filter:
     scaled = filter_logits(scaled, top_p, top_k, rule)
-  drawn = jax.random.categorical(key, scaled, axis=-1)
-  return jnp.where(temperature > 0, drawn, greedy).astype(jnp.int32)
+  # A categorical draw is the argmax of Gumbel-perturbed logits (as jax.random.categorical).
+  drawn = scaled + jax.random.gumbel(key, scaled.shape, scaled.dtype)
+  return first_argmax(jnp.where(temperature > 0, drawn, logits_NV))
+
+
+def first_argmax(x_NV: jax.Array) -> jax.Array:
+  """jnp.argmax over the last axis (first index of the maximum), as two plain reductions:
+  XLA:CPU runs argmax's (value, index) reduction unvectorised, several times slower."""
+  v = x_NV.shape[-1]
+  top_N1 = jnp.max(x_NV, axis=-1, keepdims=True)
+  first = jnp.min(jnp.where(x_NV == top_N1, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
+  return jnp.minimum(first, v - 1)  # a row of NaNs has no maximum
 
 
 def make_orders(key: jax.Array, known_BT: jax.Array, mode: str) -> jax.Array:
@@ -193,8 +202,7 @@ def _decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_c
       target_pos = jnp.take(order_BT, targets_W, axis=1)
       masks = _chunk_masks(plan, n, c, cache_len)
       if use_cache:
-        view = {name: cache[name][:, :, :, :cache_len] for name in cache}
-        hidden, cond, kv = apply(prev_tok, prev_pos, target_pos, view, masks)
+        hidden, cond, kv = apply(prev_tok, prev_pos, target_pos, cache, masks)  # reads cache_len
       else:
         hidden, cond, kv = apply(prev_tok, prev_pos, target_pos, None, {"new": masks["new"]})
       if use_cache:  # the real slots' K/V join the cache; padding rows are dropped

@@ -4,6 +4,7 @@ from typing import Any, Optional, Sequence
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from jax.experimental import mesh_utils
@@ -111,3 +112,16 @@ def matmul_peak(size: int, dtype: Any, repeats: int = 5) -> float:
     jax.block_until_ready(dot(a))
     times.append(time.perf_counter() - start)
   return 2.0 * size**3 / min(times)
+
+
+def read_bandwidth(n_bytes: int = 256 << 20, repeats: int = 5) -> float:
+  """Measured bytes/s of one device summing an n_bytes float32 array (best of `repeats`)."""
+  x = jnp.ones((n_bytes // 4,), jnp.float32)
+  total = jax.jit(jnp.sum)
+  jax.block_until_ready(total(x))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(total(x))
+    times.append(time.perf_counter() - start)
+  return x.nbytes / min(times)

@@ -197,9 +197,11 @@ def test_adaln_from_the_target_table_equals_per_slot():
   c_TC = jax.random.normal(jax.random.key(4), (t, 8))
   target_BW = order[:, :6]  # 18 slots > T = 16: the table path
   p = probe.init(jax.random.key(5), c_TC)
-  rows = probe.apply(p, jnp.take(c_TC, target_BW, axis=0))
-  table = probe.apply(p, (c_TC, target_BW), method=lambda m, cond: model_lib.per_slot(m, cond))
-  np.testing.assert_allclose(table, rows, rtol=1e-6, atol=1e-6)
+  rows = probe.apply(p, jnp.take(c_TC, target_BW, axis=0)).reshape(3, 6, 2, 2)
+  table = probe.apply(p, (c_TC, target_BW), method=lambda m, cond: model_lib.per_slot(
+      lambda c: m(c).reshape(c.shape[0], 2, 2), cond))
+  for i in range(2):
+    np.testing.assert_allclose(table[i], rows[:, :, i], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.gpu

@@ -225,3 +225,11 @@ def test_mark_generated_brackets_each_generated_run():
   # EOS inside a generated run splits documents there; ids past the tokenizer's vocab are dropped.
   assert sampling.mark_generated(decode, [0, 99, 30, 2], [True, False, False, False], 99, 26) \
       == "a[[\n\nc]]"
+
+
+def test_first_argmax_matches_jnp_argmax_with_ties():
+  rng = np.random.default_rng(0)
+  x = rng.integers(0, 4, (64, 37)).astype(np.float32)  # many ties
+  x[3] = -np.inf
+  x[5, 10:] = np.inf
+  np.testing.assert_array_equal(sampling.first_argmax(jnp.asarray(x)), np.argmax(x, axis=-1))
