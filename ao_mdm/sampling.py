@@ -242,6 +242,7 @@ class SampleOutput:
   tokens: np.ndarray  # [B, T] int32
   order: np.ndarray  # [B, T] int32: the generation order (known positions first)
   logits: Optional[np.ndarray] = None  # [B, T, V] float32: logits each position was drawn from
+  stats: Optional[dict] = None  # mode-specific counts (speculative: forwards, accepted per row)
 
 
 def validate_sampling_args(steps: int, temperature: float, top_p: float, top_k: int,

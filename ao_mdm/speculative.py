@@ -1,0 +1,188 @@
+"""Self-speculative L2R decoding (docs/sampling.md): exact L2R samples, several tokens per forward.
+
+An AO-GPT is also an L2R model, and both run through one KV cache. With the first n slots of the
+order known, one forward holds the real slots n..n+k (their inputs: the last known token, then
+the k drafts) and, for every acceptance count a in 0..k, k phantom slots: copies of real slot
+n+a's input that target the k positions after n+a. The real slots give the L2R conditionals that
+verify the drafts (speculative sampling: accept draft x with probability min(1, p(x)/q(x)), on
+the first rejection draw from max(0, p - q) normalised, after k acceptances draw one more from
+p); the phantoms of the a that happened are the next k drafts. One forward per iteration, and
+the output is distributed exactly as L2R ancestral sampling with the same temperature and top-p.
+Rows keep their own counts; the loop ends when every row is done.
+"""
+import functools
+import json
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from ao_mdm import model as model_lib
+from ao_mdm import sampling
+
+
+def _probs(logits_NV, temperature, top_p, top_k, use_filter, rule, vocab_limit):
+  """The distribution sampling.sample_tokens draws from (float32, rows sum to 1)."""
+  logits_NV = logits_NV.astype(jnp.float32)
+  if vocab_limit is not None and vocab_limit < logits_NV.shape[-1]:
+    logits_NV = jnp.where(jnp.arange(logits_NV.shape[-1]) < vocab_limit, logits_NV, -jnp.inf)
+  scaled = logits_NV / jnp.maximum(temperature, 1e-6)
+  if use_filter:
+    scaled = sampling.filter_logits(scaled, top_p, top_k, rule)
+  return jax.nn.softmax(scaled, axis=-1)
+
+
+def _draw(key, probs_NV):
+  """One categorical draw per row from probabilities (zeros never drawn)."""
+  logp = jnp.where(probs_NV > 0, jnp.log(jnp.maximum(probs_NV, 1e-38)), -jnp.inf)
+  return sampling.first_argmax(logp + jax.random.gumbel(key, logp.shape))
+
+
+def _layout(k: int) -> dict:
+  """Static slot layout of one forward: k + 1 real slots, then (k + 1) x k phantoms.
+
+  Slot w copies the input of real slot `base[w]` and targets `base[w] + ahead[w]`; it attends
+  to the cache, the real slots before its base and (real slots) its base, or itself (phantoms).
+  """
+  real = np.arange(k + 1)
+  a, i = np.meshgrid(np.arange(k + 1), np.arange(1, k + 1), indexing="ij")
+  base = np.concatenate([real, a.ravel()])
+  ahead = np.concatenate([np.zeros(k + 1, int), i.ravel()])
+  is_real = np.arange(len(base)) < k + 1
+  w = len(base)
+  j = np.arange(w)
+  new = np.where(is_real[:, None], is_real[None, :] & (j[None, :] <= j[:, None]),
+                 (is_real[None, :] & (j[None, :] < base[:, None])) | (j[None, :] == j[:, None]))
+  return {"base": base, "ahead": ahead, "new": new, "width": w}
+
+
+@functools.lru_cache(maxsize=16)
+def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str,
+             vocab_limit: Optional[int], verify: bool = True):
+  """The jitted speculative loop for one (model, k, prompt length).
+
+  verify=False accepts every draft (a wrong rule, for the exactness test to reject).
+  """
+  cfg = ml_collections.ConfigDict(json.loads(cfg_json))
+  model = model_lib.make_model(cfg, decode=True)
+  t = cfg.block_size
+  dtype = model_lib.DTYPES[cfg.dtype]
+  lay = _layout(k)
+  base_W, ahead_W = jnp.asarray(lay["base"]), jnp.asarray(lay["ahead"])
+  new_WW = jnp.asarray(lay["new"])
+
+  def run(params, tokens_BT, known_BT, key, temperature, top_p, top_k):
+    b = tokens_BT.shape[0]
+    order_BT = sampling.make_orders(key, known_BT, "l2r")
+    apply = lambda *args: model.apply({"params": params}, *args, method=sampling._embed_stack)
+    probs = lambda logits: _probs(logits, temperature, top_p, top_k, use_filter, top_p_rule,
+                                  vocab_limit)
+    shape = (cfg.n_layer, b, cfg.n_head, t, cfg.n_embd // cfg.n_head)
+    cache = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+    if known:  # prefill: the prompt's slots 0..P-1
+      slots = jnp.broadcast_to(jnp.arange(known), (b, known))
+      _, _, kv = apply(*sampling._slot_inputs(tokens_BT, order_BT, slots), order_BT[:, :known],
+                       None, None)
+      cache = {n: cache[n].at[:, :, :, :known].set(kv[n].transpose(0, 1, 3, 2, 4).astype(dtype))
+               for n in cache}
+    rows_B1 = jnp.arange(b)[:, None]
+
+    def body(carry):
+      tokens_BT, cache, n_B, drafts_BK, q_BKV, m_B, it, stats = carry
+      step_key = jax.random.fold_in(key, it)
+      k_accept, k_fix, k_draft = jax.random.split(step_key, 3)
+      # Inputs of the real slots n..n+k: the last known token, then the drafts.
+      slot_BW = n_B[:, None] + base_W[None, :]
+      prev_pos_BW = jnp.where(slot_BW > 0, jnp.take_along_axis(
+          order_BT, jnp.clip(slot_BW - 1, 0, t - 1), axis=1), -1)
+      prev_tok_BW = jnp.take_along_axis(tokens_BT, jnp.maximum(prev_pos_BW, 0), axis=1)
+      draft_in_BW = jnp.take_along_axis(drafts_BK, jnp.clip(base_W - 1, 0, k - 1)[None, :]
+                                        .repeat(b, 0), axis=1)
+      prev_tok_BW = jnp.where(base_W[None, :] > 0, draft_in_BW, prev_tok_BW)
+      target_BW = jnp.take_along_axis(order_BT, jnp.minimum(slot_BW + ahead_W, t - 1), axis=1)
+      masks = {"new": new_WW,
+               "cache": (jnp.arange(t)[None, :] < n_B[:, None])[:, None, None, :]}
+      hidden, cond, kv = apply(prev_tok_BW, prev_pos_BW, target_BW, cache, masks)
+      logits_BWV = model.apply({"params": params}, hidden, cond, method="logits")
+      p_BWV = probs(logits_BWV)
+      p_BRV = p_BWV[:, :k + 1]  # L2R conditionals at slots n..n+k
+      # Verify: accept the longest prefix of drafts, each with probability min(1, p/q).
+      p_d = jnp.take_along_axis(p_BRV[:, :k], drafts_BK[..., None], axis=2)[..., 0]
+      q_d = jnp.take_along_axis(q_BKV, drafts_BK[..., None], axis=2)[..., 0]
+      u_BK = jax.random.uniform(k_accept, (b, k))
+      greedy_ok = drafts_BK == sampling.first_argmax(p_BRV[:, :k])
+      ok_BK = jnp.where(temperature > 0, u_BK * q_d < p_d, greedy_ok) | (not verify)
+      ok_BK &= jnp.arange(k)[None, :] < m_B[:, None]
+      a_B = jnp.sum(jnp.cumprod(ok_BK.astype(jnp.int32), axis=1), axis=1)
+      # The token after the accepted drafts: from the residual after a rejection, else from p.
+      p_a = jnp.take_along_axis(p_BRV, a_B[:, None, None], axis=1)[:, 0]
+      q_a = jnp.take_along_axis(q_BKV, jnp.minimum(a_B, k - 1)[:, None, None], axis=1)[:, 0]
+      resid = jnp.maximum(p_a - jnp.where((a_B < m_B)[:, None], q_a, 0.0), 0.0)
+      resid = jnp.where(jnp.sum(resid, -1, keepdims=True) > 0, resid, p_a)
+      fix_B = jnp.where(temperature > 0, _draw(k_fix, resid), sampling.first_argmax(p_a))
+      # Write the accepted drafts and the new token at order[n .. n+a].
+      j_K1 = jnp.arange(k + 1)[None, :]
+      new_tok = jnp.where(j_K1 < a_B[:, None], jnp.pad(drafts_BK, ((0, 0), (0, 1))),
+                          fix_B[:, None])
+      slot_new = n_B[:, None] + j_K1
+      live = (j_K1 <= a_B[:, None]) & (slot_new < t)
+      pos_new = jnp.where(live, jnp.take_along_axis(order_BT, jnp.minimum(slot_new, t - 1), 1), t)
+      tokens_BT = tokens_BT.at[rows_B1, pos_new].set(new_tok, mode="drop")
+      # Real slots n..n+a had correct inputs: their K/V join the cache.
+      write_BR = jnp.where(live, slot_new, t)
+      kv_new = {name: kv[name][:, :, :k + 1] for name in kv}  # [L, B, R, H, K]
+      lb = jnp.arange(cfg.n_layer)[:, None, None]
+      cache = {name: cache[name].at[lb, rows_B1[None], :, write_BR[None]].set(
+          kv_new[name].astype(dtype), mode="drop") for name in cache}
+      # Next drafts: the phantoms of base a, targeting order[n+a+1 .. n+a+k].
+      ph = jnp.reshape(p_BWV[:, k + 1:], (b, k + 1, k, -1))
+      q_next = jnp.take_along_axis(ph, a_B[:, None, None, None], axis=1)[:, 0]
+      greedy_d = sampling.first_argmax(q_next)
+      drawn = _draw(k_draft, q_next.reshape(b * k, -1)).reshape(b, k)
+      done_before = n_B >= t
+      n_next = jnp.where(done_before, n_B, n_B + a_B + 1)
+      m_next = jnp.clip(t - n_next, 0, k)
+      stats = {"forwards": stats["forwards"] + jnp.where(done_before, 0, 1),
+               "accepted": stats["accepted"] + jnp.where(done_before, 0, a_B)}
+      return (tokens_BT, cache, n_next, jnp.where(temperature > 0, drawn, greedy_d), q_next,
+              m_next, it + 1, stats)
+
+    tokens_BT = jnp.where(known_BT, tokens_BT, 0)
+    zeros_B = jnp.zeros((b,), jnp.int32)
+    carry = (tokens_BT, cache, jnp.full((b,), known, jnp.int32), jnp.zeros((b, k), jnp.int32),
+             jnp.ones((b, k, cfg.vocab_size), jnp.float32), zeros_B, jnp.int32(0),
+             {"forwards": zeros_B, "accepted": zeros_B})
+    carry = jax.lax.while_loop(lambda c: jnp.any(c[2] < t), body, carry)
+    tokens_BT, stats, iterations = carry[0], carry[7], carry[6]
+    return tokens_BT, order_BT, stats, iterations
+
+  return jax.jit(run)
+
+
+def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, draft: int = 4,
+           temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+           known_positions: Any = (), known_tokens: Any = (), top_p_rule: str = "authors",
+           vocab_limit: Optional[int] = None) -> sampling.SampleOutput:
+  """L2R samples ([batch_size, T]) by self-speculative decoding with `draft` tokens per forward.
+
+  Known tokens come first in the order (as in sampling.sample); the rest left to right. The
+  output's `stats` hold, per row, the forwards it took and the drafts it accepted.
+  """
+  sampling.validate_sampling_args(1, temperature, top_p, top_k, "l2r", top_p_rule)
+  t = cfg.block_size
+  if not 1 <= int(draft) <= t - 1:
+    raise ValueError(f"draft={draft} must be in [1, {t - 1}] (T - 1)")
+  tokens, mask = sampling.known_arrays(t, batch_size, known_positions, known_tokens)
+  if np.any((tokens < 0) | (tokens >= cfg.vocab_size)):
+    raise ValueError(f"known token ids must be in [0, {cfg.vocab_size})")
+  if vocab_limit is not None and not 0 < vocab_limit <= cfg.vocab_size:
+    raise ValueError(f"vocab_limit={vocab_limit} must be in [1, {cfg.vocab_size}]")
+  decode = _decoder(cfg.to_json(), int(draft), int(mask[0].sum()), top_p < 1 or top_k > 0,
+                    top_p_rule, vocab_limit)
+  out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
+               jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
+  tokens_BT, order_BT, stats, iterations = jax.device_get(out)
+  return sampling.SampleOutput(tokens_BT, order_BT, stats={
+      **{name: np.asarray(v) for name, v in stats.items()}, "iterations": int(iterations)})

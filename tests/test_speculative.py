@@ -1,0 +1,72 @@
+"""Self-speculative L2R decoding: exact in distribution, equal to L2R decoding when greedy."""
+import itertools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from ao_mdm import model as model_lib
+from ao_mdm import sampling
+from ao_mdm import speculative
+from ao_mdm.config import base_config
+
+
+def _model(v, t, scale, seed=0):
+  cfg = base_config().model
+  cfg.update(vocab_size=v, block_size=t, n_layer=2, n_embd=32, n_head=4, cond_dim=16)
+  params = nn.unbox(model_lib.init_params(cfg, jax.random.key(seed)))
+  # Random init is near uniform; larger weights make p (L2R) and q (drafts) clearly different.
+  return cfg, jax.tree.map(lambda p: p * scale if p.ndim >= 2 else p, params)
+
+
+def _l2r_joint(cfg, params):
+  """The enumerated L2R joint p(x) = prod_i p(x_i | x_<i) over all V^T sequences."""
+  v, t = cfg.vocab_size, cfg.block_size
+  seqs = np.asarray(list(itertools.product(range(v), repeat=t)), np.int32)
+  order = np.broadcast_to(np.arange(t, dtype=np.int32), seqs.shape)
+  nll = model_lib.slot_nll(model_lib.make_model(cfg), params, jnp.asarray(seqs), jnp.asarray(order))
+  return seqs, np.exp(-np.asarray(nll, np.float64).sum(1))
+
+
+def _chi_square(cfg, params, verify, n):
+  seqs, joint = _l2r_joint(cfg, params)
+  assert n * joint.min() >= 5, "too few samples for the chi-square test"
+  decode = speculative._decoder(cfg.to_json(), cfg.block_size - 1, 0, False, "authors", None,
+                                verify=verify)
+  tokens, _, st, _ = decode(params, jnp.zeros((n, cfg.block_size), jnp.int32),
+                            jnp.zeros((n, cfg.block_size), bool), jax.random.key(7),
+                            jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
+  index = np.asarray(tokens) @ (cfg.vocab_size ** np.arange(cfg.block_size)[::-1])
+  counts = np.bincount(index, minlength=len(seqs))
+  result = stats.chisquare(counts, n * joint / joint.sum())
+  return result.statistic, result.pvalue, np.asarray(st["accepted"]).mean()
+
+
+def test_speculative_samples_follow_the_l2r_joint_and_always_accept_does_not():
+  cfg, params = _model(v=4, t=3, scale=4.0)
+  stat, p, accepted = _chi_square(cfg, params, verify=True, n=20_000)
+  wrong_stat, wrong_p, _ = _chi_square(cfg, params, verify=False, n=20_000)
+  print(f"speculative: chi2={stat:.1f} p={p:.3f} (accepted {accepted:.2f} drafts per row); "
+        f"always accept: chi2={wrong_stat:.1f} p={wrong_p:.2e}")
+  assert p > 1e-3 and accepted > 0.2  # drafts are accepted, and the output is still exact
+  assert wrong_p < 1e-6
+
+
+@pytest.mark.parametrize("draft", [1, 4])
+def test_greedy_speculative_equals_greedy_l2r(draft):
+  cfg, params = _model(v=64, t=16, scale=4.0, seed=1)
+  prompt = dict(known_positions=[0, 1, 2], known_tokens=[5, 9, 3])
+  want = sampling.sample(params, cfg, batch_size=3, steps=13, temperature=0.0, order="l2r",
+                         **prompt).tokens
+  out = speculative.sample(params, cfg, batch_size=3, draft=draft, temperature=0.0, **prompt)
+  np.testing.assert_array_equal(out.tokens, want)
+  assert np.all(out.stats["forwards"] <= 13)
+
+
+def test_bad_draft_length():
+  cfg, params = _model(v=8, t=4, scale=1.0)
+  with pytest.raises(ValueError, match="draft=4 must be in"):
+    speculative.sample(params, cfg, batch_size=1, draft=4)
