@@ -120,6 +120,40 @@ def bench_sample(config: ml_collections.ConfigDict) -> dict:
   return results
 
 
+def bench_speculative(config: ml_collections.ConfigDict, params: Any,
+                      cfg: ml_collections.ConfigDict) -> dict:
+  """Self-speculative L2R decoding against plain cached L2R decoding (S = T), same model, batch
+  and seed, temperature 1 and top-p 1: forwards per sequence, tokens per forward, wall time."""
+  from ao_mdm import speculative  # pylint: disable=g-import-not-at-top
+  b, repeats, t = int(config.bench.batch_size), int(config.bench.repeats), cfg.block_size
+
+  def timed(fn):  # median of `repeats` calls after one that compiles; results come back as numpy
+    fn()
+    times = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      fn()
+      times.append(time.perf_counter() - start)
+    return statistics.median(times)
+  l2r_s = timed(lambda: sampling.sample(params, cfg, batch_size=b, steps=t, order="l2r"))
+  print(f"cached L2R decoding B={b} T={t}: {l2r_s:.3f} s, {t} forwards per sequence", flush=True)
+  results = {"batch_size": b, "block_size": t, "l2r_s": l2r_s, "l2r_forwards": t, "drafts": {}}
+  for k in config.bench.drafts:
+    out = speculative.sample(params, cfg, batch_size=b, draft=int(k))
+    elapsed = timed(lambda k=k: speculative.sample(params, cfg, batch_size=b, draft=int(k)))
+    forwards = float(np.mean(out.stats["forwards"]))
+    row = {"seconds": elapsed, "forwards_per_sequence": forwards,
+           "batch_forwards": out.stats["iterations"], "tokens_per_forward": t / forwards,
+           "accepted_per_forward": float(np.mean(out.stats["accepted"])) / forwards,
+           "forward_reduction": t / out.stats["iterations"], "speedup": l2r_s / elapsed}
+    results["drafts"][str(k)] = row
+    print(f"draft k={k}: {forwards:.1f} forwards per sequence ({row['tokens_per_forward']:.2f} "
+          f"tokens per forward; the batch ran {row['batch_forwards']}), {elapsed:.3f} s = "
+          f"{row['speedup']:.2f}x faster than cached L2R", flush=True)
+  print(json.dumps(results), flush=True)
+  return results
+
+
 BASELINES = ("torch",)
 
 

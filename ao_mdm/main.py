@@ -23,13 +23,13 @@ COMMANDS = {
                    "eval --generated: --hf_dir=DIR --out=DIR",
     "compile": "ahead-of-time compile of the train step for a TPU topology: --config=... "
                "--topology=v5e:4x4",
-    "bench": "benchmarks: `bench sample --config=configs/bench_sampler.py`, "
-             "`bench train --config=configs/bench_train.py`",
+    "bench": "benchmarks: `bench sample --config=configs/bench_sampler.py [--mode=speculative "
+             "--checkpoint=DIR]`, `bench train --config=configs/bench_train.py`",
 }
 BENCHES = ("sample", "train")
 # The flags each command reads; any other flag of ours given to it is an error.
-_SAMPLING = ("prompt", "infill", "infill_span", "steps", "schedule", "temperature", "top_p",
-             "top_p_rule", "top_k", "order", "num_samples")
+_SAMPLING = ("prompt", "infill", "infill_span", "mode", "steps", "schedule", "draft", "score",
+             "temperature", "top_p", "top_p_rule", "top_k", "order", "num_samples")
 COMMAND_FLAGS = {
     "train": ("config", "workdir", "init_from", "coordinator", "num_processes", "process_id"),
     "info": ("config",),
@@ -41,7 +41,7 @@ COMMAND_FLAGS = {
     "import-torch": ("checkpoint", "out", "weights", "variant"),
     "import-gpt2": ("hf_dir", "out"),
     "compile": ("config", "topology"),
-    "bench": ("config", "baseline"),
+    "bench": ("config", "baseline", "mode", "checkpoint", "weights"),
 }
 FLAGS = flags.FLAGS
 
@@ -61,7 +61,15 @@ def _define_flags() -> None:
   flags.DEFINE_string("prompt", "", "sample: text the samples start with.")
   flags.DEFINE_string("infill", "", "sample: text with [MASK] spans to fill in.")
   flags.DEFINE_integer("infill_span", 8, "sample: tokens generated per [MASK].")
-  flags.DEFINE_integer("steps", 64, "sample: decoding steps S.")
+  flags.DEFINE_enum("mode", "parallel", ["parallel", "speculative", "confidence"],
+                    "sample: parallel = S steps in a random (or L2R) order; speculative = exact "
+                    "L2R samples, --draft tokens drafted and verified per forward; confidence = "
+                    "S steps, the most confident positions first.")
+  flags.DEFINE_integer("steps", 64, "sample: decoding steps S (parallel, confidence).")
+  flags.DEFINE_integer("draft", 4, "sample: tokens drafted per forward (speculative).")
+  flags.DEFINE_enum("score", "max_prob", ["max_prob", "entropy"],
+                    "sample: confidence of a prediction (confidence mode): its largest "
+                    "probability, or minus its entropy.")
   flags.DEFINE_enum("schedule", "linear", ["linear", "cosine"], "sample: unmasking schedule.")
   flags.DEFINE_float("temperature", 1.0, "sample: softmax temperature; 0 is greedy.")
   flags.DEFINE_float("top_p", 1.0, "sample: top-p mass in (0, 1]; 1 filters nothing.")
@@ -134,6 +142,8 @@ def _preflight(command: str) -> None:
     _require(config=FLAGS.config)
     if command == "compile":
       _require(topology=FLAGS.topology)
+    if command == "bench" and FLAGS.checkpoint:
+      checks.checkpoint(FLAGS.checkpoint)
   elif command == "tokenizer":
     _require(out=FLAGS.out)
     if os.path.sep in FLAGS.corpus or os.path.isfile(FLAGS.corpus):
@@ -220,9 +230,17 @@ def _bench(what: str) -> None:
   baseline = None if FLAGS.baseline == "none" else FLAGS.baseline
   if baseline and what != "train":
     raise app.UsageError(f"--baseline={baseline} applies to `ao-mdm bench train` only")
+  if FLAGS.mode != "parallel" and what != "sample":
+    raise app.UsageError(f"--mode={FLAGS.mode} applies to `ao-mdm bench sample` only")
+  if FLAGS.mode == "speculative" and not FLAGS.checkpoint:
+    raise app.UsageError("bench sample --mode=speculative needs --checkpoint (a trained model: "
+                         "acceptance depends on it)")
   from ao_mdm import bench
   if what == "train":
     bench.bench_train(FLAGS.config, baseline)
+  elif FLAGS.mode == "speculative":
+    config, params, _ = _load_run(FLAGS.checkpoint)
+    bench.bench_speculative(FLAGS.config, params, config.model)
   else:
     bench.bench_sample(FLAGS.config)
 
@@ -238,6 +256,7 @@ def _load_run(path: str) -> tuple:
 
 
 _SETTINGS = ("steps", "schedule", "temperature", "top_p", "top_p_rule", "top_k", "order")
+_MODE_SETTINGS = ("mode", "draft", "score")
 
 
 def _sample() -> None:
@@ -255,12 +274,18 @@ def _sample() -> None:
     records = sampling.sample_texts(
         params, config.model, tokenizer, num_samples=FLAGS.num_samples,
         batch_size=FLAGS.batch_size, prompt=FLAGS.prompt, infill=FLAGS.infill,
-        infill_span=FLAGS.infill_span, seed=FLAGS.seed, progress=bar.update, **options)
+        infill_span=FLAGS.infill_span, seed=FLAGS.seed, progress=bar.update, mode=FLAGS.mode,
+        draft=FLAGS.draft, score=FLAGS.score, **options)
   for i, r in enumerate(records):
     shown = r.get("marked", r["text"])  # with a prompt or infill: generated runs in [[ ]]
-    print(f"--- sample {i} (steps={FLAGS.steps}, {FLAGS.order} order) ---\n{shown}\n")
+    how = (f"speculative L2R, draft {FLAGS.draft}: {r['forwards']} forwards, {r['accepted']} "
+           "drafts accepted" if FLAGS.mode == "speculative" else
+           f"steps={FLAGS.steps}, "
+           f"{'confidence' if FLAGS.mode == 'confidence' else FLAGS.order} order")
+    print(f"--- sample {i} ({how}) ---\n{shown}\n")
   if FLAGS.out:
-    settings = {k: FLAGS[k].value for k in ("checkpoint", "prompt", "infill", "seed", *_SETTINGS)}
+    settings = {k: FLAGS[k].value
+                for k in ("checkpoint", "prompt", "infill", "seed", *_SETTINGS, *_MODE_SETTINGS)}
     tmp = f"{FLAGS.out}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
       for r in records:

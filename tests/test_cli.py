@@ -127,6 +127,10 @@ BAD_INPUTS = [
     (["sample", "--checkpoint={export}", "--weights=params"], "is an export"),
     (["sample", "--checkpoint={no_tokenizer}"], "needs exactly one SentencePiece tokenizer"),
     (["sample", "--checkpoint={run}", "--prompt=" + "many words here " * 40], "too long"),
+    (["sample", "--checkpoint={run}", "--mode=speculative", "--draft=0"], "draft=0 must be in [1,"),
+    (["sample", "--checkpoint={run}", "--mode=fast"], "--mode"),
+    (["bench", "sample", TINY, "--mode=speculative"], "needs --checkpoint"),
+    (["bench", "train", TINY, "--mode=speculative"], "applies to `ao-mdm bench sample` only"),
     # eval
     (["eval", "--checkpoint={run}", "--text_file={root}/nowhere.txt"], "no such file"),
     (["eval", "--checkpoint={run}", "--text_file={root}/latin1.txt"], "is not UTF-8 text"),
