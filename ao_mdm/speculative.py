@@ -105,9 +105,9 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
       masks = {"new": new_WW,
                "cache": (jnp.arange(t)[None, :] < n_B[:, None])[:, None, None, :]}
       hidden, cond, kv = apply(prev_tok_BW, prev_pos_BW, target_BW, cache, masks)
-      logits_BWV = model.apply({"params": params}, hidden, cond, method="logits")
-      p_BWV = probs(logits_BWV)
-      p_BRV = p_BWV[:, :k + 1]  # L2R conditionals at slots n..n+k
+      head = lambda h, target: probs(model.apply({"params": params}, h, (cond[0], target),
+                                                 method="logits"))
+      p_BRV = head(hidden[:, :k + 1], target_BW[:, :k + 1])  # L2R conditionals at slots n..n+k
       # Verify: accept the longest prefix of drafts, each with probability min(1, p/q).
       p_d = jnp.take_along_axis(p_BRV[:, :k], drafts_BK[..., None], axis=2)[..., 0]
       q_d = jnp.take_along_axis(q_BKV, drafts_BK[..., None], axis=2)[..., 0]
@@ -136,9 +136,12 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
       lb = jnp.arange(cfg.n_layer)[:, None, None]
       cache = {name: cache[name].at[lb, rows_B1[None], :, write_BR[None]].set(
           kv_new[name].astype(dtype), mode="drop") for name in cache}
-      # Next drafts: the phantoms of base a, targeting order[n+a+1 .. n+a+k].
-      ph = jnp.reshape(p_BWV[:, k + 1:], (b, k + 1, k, -1))
-      q_next = jnp.take_along_axis(ph, a_B[:, None, None, None], axis=1)[:, 0]
+      # Next drafts: the phantoms of base a (only their head is run), targeting
+      # order[n+a+1 .. n+a+k].
+      pick = lambda x: jnp.take_along_axis(
+          x[:, k + 1:].reshape(b, k + 1, k, *x.shape[2:]),
+          a_B.reshape((b, 1, 1) + (1,) * (x.ndim - 2)), axis=1)[:, 0]
+      q_next = head(pick(hidden), pick(target_BW))
       greedy_d = sampling.first_argmax(q_next)
       drawn = _draw(k_draft, q_next.reshape(b * k, -1)).reshape(b, k)
       done_before = n_B >= t
