@@ -56,14 +56,7 @@ def _decoder(cfg_json: str, counts: tuple, score: str, use_filter: bool, top_p_r
     b = tokens_BT.shape[0]
     order_BT = sampling.make_orders(key, known_BT, "l2r")  # known first; the rest is chosen below
     apply = lambda *args: model.apply({"params": params}, *args, method=sampling._embed_stack)
-    shape = (cfg.n_layer, b, cfg.n_head, t, cfg.n_embd // cfg.n_head)
-    cache = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
-    if known:
-      slots = jnp.broadcast_to(jnp.arange(known), (b, known))
-      _, _, kv = apply(*sampling._slot_inputs(tokens_BT, order_BT, slots), order_BT[:, :known],
-                       None, None)
-      cache = {n: cache[n].at[:, :, :, :known].set(kv[n].transpose(0, 1, 3, 2, 4).astype(dtype))
-               for n in cache}
+    cache = sampling.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
     rows_B1 = jnp.arange(b)[:, None]
 
     def step(i, carry, u_width):

@@ -141,6 +141,24 @@ def _embed_stack(module, prev_tok, prev_pos, target, cache, mask):
   return h, c, kv
 
 
+def prefilled_cache(apply: Callable, cfg: ml_collections.ConfigDict, tokens_BT: jax.Array,
+                    order_BT: jax.Array, known: int) -> dict:
+  """The empty [L, B, H, T, K] K/V cache with slots 0..known-1 (the known tokens) written.
+
+  `apply(prev_tok, prev_pos, target, cache, mask)` runs _embed_stack of the decode model.
+  """
+  dtype = model_lib.DTYPES[cfg.dtype]
+  b, t = tokens_BT.shape
+  shape = (cfg.n_layer, b, cfg.n_head, t, cfg.n_embd // cfg.n_head)
+  cache = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+  if known:  # the slots of the known tokens are real and all their inputs are known
+    slots = jnp.broadcast_to(jnp.arange(known), (b, known))
+    _, _, kv = apply(*_slot_inputs(tokens_BT, order_BT, slots), order_BT[:, :known], None, None)
+    cache = {name: cache[name].at[:, :, :, :known].set(
+        kv[name].transpose(0, 1, 3, 2, 4).astype(dtype)) for name in cache}
+  return cache
+
+
 def _slot_inputs(tokens_BT, order_BT, slots_BW):
   """Token and position fed at slots (slot 0: [None], position -1)."""
   t = order_BT.shape[1]
@@ -181,16 +199,7 @@ def _decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_c
     k_order, k_steps = jax.random.split(key)
     order_BT = make_orders(k_order, known_BT, order_mode)
     apply = lambda *args: model.apply({"params": params}, *args, method=_embed_stack)
-    cache = None
-    if use_cache:
-      shape = (cfg.n_layer, b, cfg.n_head, t, cfg.n_embd // cfg.n_head)  # [L, B, H, T, K]
-      cache = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
-      if known:  # prefill: slots 0..P-1 are real and their inputs are all known
-        slots = jnp.broadcast_to(jnp.arange(known), (b, known))
-        _, _, kv = apply(*_slot_inputs(tokens_BT, order_BT, slots), order_BT[:, :known],
-                         None, None)
-        cache = {name: cache[name].at[:, :, :, :known].set(
-            kv[name].transpose(0, 1, 3, 2, 4).astype(dtype)) for name in cache}
+    cache = prefilled_cache(apply, cfg, tokens_BT, order_BT, known) if use_cache else None
 
     def step(i, carry, cache_len):
       tokens_BT, cache, logits_BTV = carry

@@ -101,27 +101,24 @@ def initialize_distributed(coordinator: Optional[str] = None, num_processes: Opt
     jax.distributed.initialize()  # auto-detects the coordinator on TPU VMs and under SLURM
 
 
-def matmul_peak(size: int, dtype: Any, repeats: int = 5) -> float:
-  """Measured FLOP/s of one device on an N x N x N matmul (best of `repeats`), for MFU."""
-  a = jax.random.normal(jax.random.key(0), (size, size), dtype)
-  dot = jax.jit(lambda x: x @ x)
-  jax.block_until_ready(dot(a))
+def _best_seconds(fn: Any, arg: Any, repeats: int) -> float:
+  """Best wall time of `repeats` calls of the jitted fn(arg), after one that compiles."""
+  jax.block_until_ready(fn(arg))
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
-    jax.block_until_ready(dot(a))
+    jax.block_until_ready(fn(arg))
     times.append(time.perf_counter() - start)
-  return 2.0 * size**3 / min(times)
+  return min(times)
+
+
+def matmul_peak(size: int, dtype: Any, repeats: int = 5) -> float:
+  """Measured FLOP/s of one device on an N x N x N matmul (best of `repeats`), for MFU."""
+  a = jax.random.normal(jax.random.key(0), (size, size), dtype)
+  return 2.0 * size**3 / _best_seconds(jax.jit(lambda x: x @ x), a, repeats)
 
 
 def read_bandwidth(n_bytes: int = 256 << 20, repeats: int = 5) -> float:
   """Measured bytes/s of one device summing an n_bytes float32 array (best of `repeats`)."""
   x = jnp.ones((n_bytes // 4,), jnp.float32)
-  total = jax.jit(jnp.sum)
-  jax.block_until_ready(total(x))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(total(x))
-    times.append(time.perf_counter() - start)
-  return x.nbytes / min(times)
+  return x.nbytes / _best_seconds(jax.jit(jnp.sum), x, repeats)

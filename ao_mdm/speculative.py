@@ -79,14 +79,7 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
     apply = lambda *args: model.apply({"params": params}, *args, method=sampling._embed_stack)
     probs = lambda logits: _probs(logits, temperature, top_p, top_k, use_filter, top_p_rule,
                                   vocab_limit)
-    shape = (cfg.n_layer, b, cfg.n_head, t, cfg.n_embd // cfg.n_head)
-    cache = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
-    if known:  # prefill: the prompt's slots 0..P-1
-      slots = jnp.broadcast_to(jnp.arange(known), (b, known))
-      _, _, kv = apply(*sampling._slot_inputs(tokens_BT, order_BT, slots), order_BT[:, :known],
-                       None, None)
-      cache = {n: cache[n].at[:, :, :, :known].set(kv[n].transpose(0, 1, 3, 2, 4).astype(dtype))
-               for n in cache}
+    cache = sampling.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
     rows_B1 = jnp.arange(b)[:, None]
 
     def body(carry):

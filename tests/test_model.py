@@ -2,6 +2,7 @@
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -147,25 +148,10 @@ def test_info_command_on_paper_configs(name, expected):
   assert f"parameters: {expected}\n" in out
 
 
-def test_remat_policies_give_the_same_gradients():
-  from ao_mdm import train
-  cfg = small_cfg()
-  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.block_size)),
-                       jnp.int32)
-  order = orders.random_orders(jax.random.key(0), 2, cfg.block_size)
-  params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
-  grads = {}
-  for remat in model_lib.REMAT:
-    cfg.remat = remat
-    m = model_lib.make_model(cfg)
-    grads[remat] = jax.grad(lambda p: train.sequence_nll(m, p, tokens, order).mean())(params)
-  for remat in ("full", "dots"):
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
-                 grads["none"], grads[remat])
-
-
-def test_unrolled_and_looped_layer_scan_agree():
-  """model.unroll_layers changes the schedule of the layer scan, not its gradients."""
+@pytest.mark.parametrize("key,value", [("remat", "full"), ("remat", "dots"),
+                                       ("unroll_layers", False)])
+def test_layer_schedules_give_the_same_gradients(key, value):
+  """Remat policies and the looped (not unrolled) layer scan change the schedule only."""
   from ao_mdm import train
   cfg = small_cfg()
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.block_size)),
@@ -173,9 +159,8 @@ def test_unrolled_and_looped_layer_scan_agree():
   order = orders.random_orders(jax.random.key(0), 2, cfg.block_size)
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
   grads = []
-  for unroll in (True, False):
-    cfg.unroll_layers = unroll
-    m = model_lib.make_model(cfg)
+  for c in (cfg, ml_collections.ConfigDict({**cfg.to_dict(), key: value})):
+    m = model_lib.make_model(c)
     grads.append(jax.grad(lambda p: train.sequence_nll(m, p, tokens, order).mean())(params))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), *grads)
 
