@@ -148,8 +148,8 @@ def bench_speculative(config: ml_collections.ConfigDict, params: Any,
            "forward_reduction": t / out.stats["iterations"], "speedup": l2r_s / elapsed}
     results["drafts"][str(k)] = row
     print(f"draft k={k}: {forwards:.1f} forwards per sequence ({row['tokens_per_forward']:.2f} "
-          f"tokens per forward; the batch ran {row['batch_forwards']}), {elapsed:.3f} s = "
-          f"{row['speedup']:.2f}x faster than cached L2R", flush=True)
+          f"tokens per forward; the batch ran {row['batch_forwards']}), {elapsed:.3f} s, "
+          f"speedup {row['speedup']:.2f}x over cached L2R", flush=True)
   print(json.dumps(results), flush=True)
   return results
 
