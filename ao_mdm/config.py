@@ -18,9 +18,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.n_embd = 128
   c.model.cond_dim = 128  # C, width of the target-position conditioning (AO-GPT only)
   c.model.dtype = "float32"  # compute dtype; params are always float32
-  c.model.unroll_layers = True  # training/scoring: unroll the layer scan, faster on CPU (no
-                                # stacked residuals); paper configs keep the loop (compile time);
-                                # the cached decoder always loops (faster there)
+  c.model.unroll_layers = False  # training/scoring: True unrolls the layer scan, ~15% faster
+                                 # steps on CPU (no stacked residuals) but longer compiles; the
+                                 # cached decoders always loop (faster there)
   c.model.remat = "none"  # none | full | dots: rematerialise each block in the backward pass
   c.model.attention = "xla"  # xla | cudnn (jax.nn.dot_product_attention on GPUs, training only)
 

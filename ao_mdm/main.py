@@ -262,7 +262,7 @@ _MODE_SETTINGS = ("mode", "draft", "score")
 def _sample() -> None:
   import json
   import tqdm
-  from ao_mdm import sampling
+  from ao_mdm import generate, sampling
   options = {k: FLAGS[k].value for k in _SETTINGS}
   sampling.validate_sampling_args(**options)
   if FLAGS.num_samples < 1 or FLAGS.batch_size < 1:
@@ -271,7 +271,7 @@ def _sample() -> None:
   config, params, tokenizer = _load_run(FLAGS.checkpoint)
   batches = -(-FLAGS.num_samples // min(FLAGS.batch_size, FLAGS.num_samples))
   with tqdm.tqdm(total=batches, desc="sampling", unit="batch", disable=batches < 2) as bar:
-    records = sampling.sample_texts(
+    records = generate.sample_texts(
         params, config.model, tokenizer, num_samples=FLAGS.num_samples,
         batch_size=FLAGS.batch_size, prompt=FLAGS.prompt, infill=FLAGS.infill,
         infill_span=FLAGS.infill_span, seed=FLAGS.seed, progress=bar.update, mode=FLAGS.mode,

@@ -64,8 +64,7 @@ def paper_config(name: str = "ao_small") -> ml_collections.ConfigDict:
   c = base_config()
   c.model.update(variant="sigma" if kind == "sigma" else "ao", vocab_size=50304,
                  block_size=1024, n_layer=s["n_layer"], n_embd=s["n_embd"], n_head=s["n_head"],
-                 dtype="bfloat16",  # train_AOGPT_CL.py: dtype bfloat16 autocast, fp32 params
-                 unroll_layers=False)
+                 dtype="bfloat16")  # train_AOGPT_CL.py: dtype bfloat16 autocast, fp32 params
   c.data.update(dataset="openwebtext", tokenizer="gpt2")
   c.train.update(RECIPE, learning_rate=s["learning_rate"], microbatches=s["microbatches"])
   # train_AOGPT_CL.py: random_ratio = 0.9 (a random order for 90% of the rows, L2R for the rest).

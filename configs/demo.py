@@ -11,7 +11,7 @@ from ao_mdm.config import base_config
 
 def get_config() -> ml_collections.ConfigDict:
   c = base_config()
-  c.model.block_size = 64
+  c.model.update(block_size=64, unroll_layers=True)
   c.train.update(batch_size=32, num_steps=1200, learning_rate=5e-3, warmup_steps=100,
                  min_lr=5e-4, weight_decay=0.0, ema_decay=0.99, log_every=100,
                  eval_every=400, checkpoint_every=400)

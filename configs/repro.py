@@ -19,7 +19,7 @@ def get_config(name: str = "mixed") -> ml_collections.ConfigDict:
   c.model.variant = "sigma" if name == "sigma" else "ao"
   # The exploration's best CPU setting (docs/reproducing.md): any-order leaves the unigram
   # level after ~700 steps; 1,200 steps take 5-10 minutes on 2 cores.
-  c.model.block_size = 64
+  c.model.update(block_size=64, unroll_layers=True)
   c.train.update(batch_size=32, num_steps=1200, learning_rate=5e-3, warmup_steps=100,
                  min_lr=5e-4, weight_decay=0.0, ema_decay=0.99, log_every=100, eval_every=200,
                  checkpoint_every=400)

@@ -98,7 +98,7 @@ def ensemble(workdir: str) -> dict:
 
 def quality(sampler_dir: str, scorer_dir: str) -> dict:
   """Generative perplexity (scored by the L2R run) and unigram entropy vs S and temperature."""
-  from ao_mdm import checkpoints, evaluation, sampling  # pylint: disable=g-import-not-at-top
+  from ao_mdm import checkpoints, evaluation, generate  # pylint: disable=g-import-not-at-top
   config, _, tok, _ = load(sampler_dir)
   _, params = checkpoints.load_params(sampler_dir)
   _, scorer, _, _ = load(scorer_dir)
@@ -107,7 +107,7 @@ def quality(sampler_dir: str, scorer_dir: str) -> dict:
   for temperature in TEMPERATURES:
     for steps in (t // 16, t // 4, t):
       start = time.perf_counter()
-      records = sampling.sample_texts(params, config.model, tok, num_samples=SAMPLES,
+      records = generate.sample_texts(params, config.model, tok, num_samples=SAMPLES,
                                       batch_size=SAMPLES, steps=steps, temperature=temperature)
       wall = time.perf_counter() - start
       gen = evaluation.generative_perplexity(scorer, [r["tokens"] for r in records])

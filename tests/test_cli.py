@@ -226,13 +226,13 @@ def test_sample_reads_the_run_quietly_and_writes_nothing_into_it(files, tmp_path
 
 def test_sample_texts_library_call(files):
   """The library function behind `ao-mdm sample`: batches, prompt kept, ids within the vocab."""
-  from ao_mdm import sampling  # pylint: disable=g-import-not-at-top
+  from ao_mdm import generate  # pylint: disable=g-import-not-at-top
   from ao_mdm.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   config, params = checkpoints.load_params(files["export"])
   tokenizer = tok_lib.load_saved_tokenizer(config.data, config.model.vocab_size, files["export"])
   prompt_ids = tokenizer.encode("We the people")
   calls = []
-  records = sampling.sample_texts(params, config.model, tokenizer, num_samples=3, batch_size=2,
+  records = generate.sample_texts(params, config.model, tokenizer, num_samples=3, batch_size=2,
                                   prompt="We the people", steps=4, progress=calls.append)
   assert len(records) == 3 and calls == [1, 1]
   for r in records:

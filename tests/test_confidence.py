@@ -29,7 +29,7 @@ def _position_confident_model(alpha):
   return cfg, params
 
 
-@pytest.mark.parametrize("score", confidence.SCORES)
+@pytest.mark.parametrize("score", ["max_prob", pytest.param("entropy", marks=pytest.mark.slow)])
 def test_the_most_confident_position_is_committed_first(score):
   alpha = np.asarray([0.3, 2.0, 0.1, 1.5, 0.7, 2.5, 0.2, 1.0]) / 10  # softmax not saturated
   cfg, params = _position_confident_model(alpha)
@@ -73,7 +73,8 @@ def _naive_greedy(cfg, params, steps, score, known_positions=(), known_tokens=()
   return tokens, np.asarray(order)
 
 
-@pytest.mark.parametrize("steps,known", [(12, 0), (4, 0), (5, 3)])
+@pytest.mark.parametrize("steps,known", [(5, 3), pytest.param(12, 0, marks=pytest.mark.slow),
+                                         pytest.param(4, 0, marks=pytest.mark.slow)])
 def test_cached_equals_naive_full_forwards(steps, known):
   cfg = base_config().model
   cfg.update(vocab_size=32, block_size=12, n_layer=2, n_embd=32, n_head=4, cond_dim=16)

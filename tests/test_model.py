@@ -149,9 +149,9 @@ def test_info_command_on_paper_configs(name, expected):
 
 
 @pytest.mark.parametrize("key,value", [("remat", "full"), ("remat", "dots"),
-                                       ("unroll_layers", False)])
+                                       ("unroll_layers", True)])
 def test_layer_schedules_give_the_same_gradients(key, value):
-  """Remat policies and the looped (not unrolled) layer scan change the schedule only."""
+  """Remat policies and the unrolled layer scan change the schedule only."""
   from ao_mdm import train
   cfg = small_cfg()
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.block_size)),
