@@ -44,6 +44,7 @@ def test_the_most_confident_position_is_committed_first(score):
   np.testing.assert_array_equal(out.tokens[0, [5, 6]], [3, 4])
 
 
+@pytest.mark.slow
 def test_ties_break_by_position():
   cfg, params = _position_confident_model(np.full(6, 0.5))
   out = confidence.sample(params, cfg, batch_size=1, steps=6, temperature=0.0)
