@@ -127,14 +127,9 @@ def bench_speculative(config: ml_collections.ConfigDict, params: Any,
   from ao_mdm import speculative  # pylint: disable=g-import-not-at-top
   b, repeats, t = int(config.bench.batch_size), int(config.bench.repeats), cfg.block_size
 
-  def timed(fn):  # median of `repeats` calls after one that compiles; results come back as numpy
+  def timed(fn):  # one call compiles, then the median of `repeats`
     fn()
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      fn()
-      times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return _timed(fn, repeats)
   l2r_s = timed(lambda: sampling.sample(params, cfg, batch_size=b, steps=t, order="l2r"))
   print(f"cached L2R decoding B={b} T={t}: {l2r_s:.3f} s, {t} forwards per sequence", flush=True)
   results = {"batch_size": b, "block_size": t, "l2r_s": l2r_s, "l2r_forwards": t, "drafts": {}}

@@ -122,11 +122,8 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
   if score not in SCORES:
     raise ValueError(f"score={score!r}; accepted: {', '.join(SCORES)}")
   t = cfg.block_size
-  tokens, mask = sampling.known_arrays(t, batch_size, known_positions, known_tokens)
-  if np.any((tokens < 0) | (tokens >= cfg.vocab_size)):
-    raise ValueError(f"known token ids must be in [0, {cfg.vocab_size})")
-  if vocab_limit is not None and not 0 < vocab_limit <= cfg.vocab_size:
-    raise ValueError(f"vocab_limit={vocab_limit} must be in [1, {cfg.vocab_size}]")
+  tokens, mask = sampling.known_inputs(cfg, batch_size, known_positions, known_tokens,
+                                       vocab_limit)
   counts = sampling.schedule_counts(t, int(mask[0].sum()), int(steps), schedule)
   decode = _decoder(cfg.to_json(), tuple(int(n) for n in counts), score,
                     top_p < 1 or top_k > 0, top_p_rule, vocab_limit)

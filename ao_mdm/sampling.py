@@ -296,6 +296,19 @@ def known_arrays(t: int, batch: int, positions: Any = (), token_ids: Any = ()) -
   return tokens, mask
 
 
+def known_inputs(cfg: ml_collections.ConfigDict, batch: int, positions: Any, token_ids: Any,
+                 vocab_limit: Optional[int]) -> tuple:
+  """known_arrays for a model config, refusing ids outside its vocab or at/above vocab_limit."""
+  tokens, mask = known_arrays(cfg.block_size, batch, positions, token_ids)
+  if np.any((tokens < 0) | (tokens >= cfg.vocab_size)):
+    raise ValueError(f"known token ids must be in [0, {cfg.vocab_size})")
+  if vocab_limit is not None and not 0 < vocab_limit <= cfg.vocab_size:
+    raise ValueError(f"vocab_limit={vocab_limit} must be in [1, {cfg.vocab_size}]")
+  if vocab_limit is not None and np.any(tokens[mask] >= vocab_limit):
+    raise ValueError(f"known token ids must be below vocab_limit={vocab_limit}")
+  return tokens, mask
+
+
 def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, steps: int,
            schedule: str = "linear", temperature: float = 1.0, top_p: float = 1.0,
            top_k: int = 0, seed: int = 0, known_positions: Any = (), known_tokens: Any = (),
@@ -310,14 +323,8 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
   """
   validate_sampling_args(steps, temperature, top_p, top_k, order, top_p_rule, schedule)
   t = cfg.block_size
-  tokens, mask = known_arrays(t, batch_size, known_positions, known_tokens)
-  if np.any((tokens < 0) | (tokens >= cfg.vocab_size)):
-    raise ValueError(f"known token ids must be in [0, {cfg.vocab_size})")
+  tokens, mask = known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
   plan = Plan.make(schedule_counts(t, int(mask[0].sum()), int(steps), schedule), use_cache)
-  if vocab_limit is not None and not 0 < vocab_limit <= cfg.vocab_size:
-    raise ValueError(f"vocab_limit={vocab_limit} must be in [1, {cfg.vocab_size}]")
-  if vocab_limit is not None and np.any(tokens[mask] >= vocab_limit):
-    raise ValueError(f"known token ids must be below vocab_limit={vocab_limit}")
   decode = _decoder(cfg.to_json(), plan, order, top_p < 1 or top_k > 0, use_cache, return_logits,
                     top_p_rule, vocab_limit)
   out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),

@@ -170,11 +170,8 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, draf
   t = cfg.block_size
   if not 1 <= int(draft) <= t - 1:
     raise ValueError(f"draft={draft} must be in [1, {t - 1}] (T - 1)")
-  tokens, mask = sampling.known_arrays(t, batch_size, known_positions, known_tokens)
-  if np.any((tokens < 0) | (tokens >= cfg.vocab_size)):
-    raise ValueError(f"known token ids must be in [0, {cfg.vocab_size})")
-  if vocab_limit is not None and not 0 < vocab_limit <= cfg.vocab_size:
-    raise ValueError(f"vocab_limit={vocab_limit} must be in [1, {cfg.vocab_size}]")
+  tokens, mask = sampling.known_inputs(cfg, batch_size, known_positions, known_tokens,
+                                       vocab_limit)
   decode = _decoder(cfg.to_json(), int(draft), int(mask[0].sum()), top_p < 1 or top_k > 0,
                     top_p_rule, vocab_limit)
   out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
