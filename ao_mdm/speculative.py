@@ -1,14 +1,16 @@
 """Self-speculative L2R decoding (docs/sampling.md): exact L2R samples, several tokens per forward.
 
 An AO-GPT is also an L2R model, and both run through one KV cache. With the first n slots of the
-order known, one forward holds the real slots n..n+k (their inputs: the last known token, then
-the k drafts) and, for every acceptance count a in 0..k, k phantom slots: copies of real slot
-n+a's input that target the k positions after n+a. The real slots give the L2R conditionals that
-verify the drafts (speculative sampling: accept draft x with probability min(1, p(x)/q(x)), on
-the first rejection draw from max(0, p - q) normalised, after k acceptances draw one more from
-p); the phantoms of the a that happened are the next k drafts. One forward per iteration, and
-the output is distributed exactly as L2R ancestral sampling with the same temperature and top-p.
-Rows keep their own counts; the loop ends when every row is done.
+order known, one forward holds 2k + 1 slots: the real slots n..n+k (their inputs: the last known
+token, then the k drafts), whose L2R conditionals verify the drafts (speculative sampling: accept
+draft x with probability min(1, p(x)/q(x)), on the first rejection draw from max(0, p - q)
+normalised, after k acceptances draw one more from p), and k phantoms, copies of real slot
+n+k's input that target the k positions after n+k. Every position n+1..n+2k then has a draft
+with a known proposal q: the unverified old drafts, real slot n+k's conditional, the phantoms.
+With a drafts accepted, the drafts for n+a+1..n+a+k are taken from that list. A proposal may
+depend on anything but the draft itself (here: on rejected drafts), so the output is distributed
+exactly as L2R ancestral sampling with the same temperature and top-p. One forward per
+iteration; rows keep their own counts; the loop ends when every row is done.
 """
 import functools
 import json
@@ -41,21 +43,18 @@ def _draw(key, probs_NV):
 
 
 def _layout(k: int) -> dict:
-  """Static slot layout of one forward: k + 1 real slots, then (k + 1) x k phantoms.
+  """Static slot layout of one forward: k + 1 real slots, then k phantoms of real slot k.
 
-  Slot w copies the input of real slot `base[w]` and targets `base[w] + ahead[w]`; it attends
-  to the cache, the real slots before its base and (real slots) its base, or itself (phantoms).
+  Slot w copies the input of real slot `base[w]` and targets `base[w] + ahead[w]`; a real slot
+  attends to the real slots up to itself, a phantom to the real slots before k and itself.
   """
-  real = np.arange(k + 1)
-  a, i = np.meshgrid(np.arange(k + 1), np.arange(1, k + 1), indexing="ij")
-  base = np.concatenate([real, a.ravel()])
-  ahead = np.concatenate([np.zeros(k + 1, int), i.ravel()])
-  is_real = np.arange(len(base)) < k + 1
-  w = len(base)
-  j = np.arange(w)
+  base = np.concatenate([np.arange(k + 1), np.full(k, k)])
+  ahead = np.concatenate([np.zeros(k + 1, int), np.arange(1, k + 1)])
+  is_real = np.arange(2 * k + 1) < k + 1
+  j = np.arange(2 * k + 1)
   new = np.where(is_real[:, None], is_real[None, :] & (j[None, :] <= j[:, None]),
                  (is_real[None, :] & (j[None, :] < base[:, None])) | (j[None, :] == j[:, None]))
-  return {"base": base, "ahead": ahead, "new": new, "width": w}
+  return {"base": base, "ahead": ahead, "new": new}
 
 
 @functools.lru_cache(maxsize=16)
@@ -81,10 +80,11 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
                                   vocab_limit)
     cache = sampling.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
     rows_B1 = jnp.arange(b)[:, None]
+    k_loop, k_first = jax.random.split(key)
 
     def body(carry):
       tokens_BT, cache, n_B, drafts_BK, q_BKV, m_B, it, stats = carry
-      step_key = jax.random.fold_in(key, it)
+      step_key = jax.random.fold_in(k_loop, it)
       k_accept, k_fix, k_draft = jax.random.split(step_key, 3)
       # Inputs of the real slots n..n+k: the last known token, then the drafts.
       slot_BW = n_B[:, None] + base_W[None, :]
@@ -98,9 +98,8 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
       masks = {"new": new_WW,
                "cache": (jnp.arange(t)[None, :] < n_B[:, None])[:, None, None, :]}
       hidden, cond, kv = apply(prev_tok_BW, prev_pos_BW, target_BW, cache, masks)
-      head = lambda h, target: probs(model.apply({"params": params}, h, (cond[0], target),
-                                                 method="logits"))
-      p_BRV = head(hidden[:, :k + 1], target_BW[:, :k + 1])  # L2R conditionals at slots n..n+k
+      probs_BWV = probs(model.apply({"params": params}, hidden, cond, method="logits"))
+      p_BRV = probs_BWV[:, :k + 1]  # L2R conditionals at slots n..n+k
       # Verify: accept the longest prefix of drafts, each with probability min(1, p/q).
       p_d = jnp.take_along_axis(p_BRV[:, :k], drafts_BK[..., None], axis=2)[..., 0]
       q_d = jnp.take_along_axis(q_BKV, drafts_BK[..., None], axis=2)[..., 0]
@@ -129,26 +128,33 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
       lb = jnp.arange(cfg.n_layer)[:, None, None]
       cache = {name: cache[name].at[lb, rows_B1[None], :, write_BR[None]].set(
           kv_new[name].astype(dtype), mode="drop") for name in cache}
-      # Next drafts: the phantoms of base a (only their head is run), targeting
-      # order[n+a+1 .. n+a+k].
-      pick = lambda x: jnp.take_along_axis(
-          x[:, k + 1:].reshape(b, k + 1, k, *x.shape[2:]),
-          a_B.reshape((b, 1, 1) + (1,) * (x.ndim - 2)), axis=1)[:, 0]
-      q_next = head(pick(hidden), pick(target_BW))
-      greedy_d = sampling.first_argmax(q_next)
-      drawn = _draw(k_draft, q_next.reshape(b * k, -1)).reshape(b, k)
+      # Drafts and proposals for positions n+1..n+2k: the old drafts, real slot n+k's
+      # conditional, the phantoms; positions n+a+1..n+a+k are the next drafts.
+      cand_q = jnp.concatenate([q_BKV, probs_BWV[:, k:]], axis=1)
+      fresh = jnp.where(temperature > 0,
+                        _draw(k_draft, probs_BWV[:, k:].reshape(b * (k + 1), -1)).reshape(b, -1),
+                        sampling.first_argmax(probs_BWV[:, k:]))
+      cand_tok = jnp.concatenate([drafts_BK, fresh], axis=1)
+      next_BK = a_B[:, None] + 1 + jnp.arange(k)[None, :]
+      drafts_next = jnp.take_along_axis(cand_tok, next_BK, axis=1)
+      q_next = jnp.take_along_axis(cand_q, next_BK[..., None], axis=1)
       done_before = n_B >= t
       n_next = jnp.where(done_before, n_B, n_B + a_B + 1)
       m_next = jnp.clip(t - n_next, 0, k)
       stats = {"forwards": stats["forwards"] + jnp.where(done_before, 0, 1),
                "accepted": stats["accepted"] + jnp.where(done_before, 0, a_B)}
-      return (tokens_BT, cache, n_next, jnp.where(temperature > 0, drawn, greedy_d), q_next,
-              m_next, it + 1, stats)
+      return tokens_BT, cache, n_next, drafts_next, q_next, m_next, it + 1, stats
 
     tokens_BT = jnp.where(known_BT, tokens_BT, 0)
     zeros_B = jnp.zeros((b,), jnp.int32)
-    carry = (tokens_BT, cache, jnp.full((b,), known, jnp.int32), jnp.zeros((b, k), jnp.int32),
-             jnp.ones((b, k, cfg.vocab_size), jnp.float32), zeros_B, jnp.int32(0),
+    # First drafts: uniform over the allowed ids (a poor but exact proposal).
+    limit = cfg.vocab_size if vocab_limit is None else vocab_limit
+    drafts_BK = jax.random.randint(k_first, (b, k), 0, limit)
+    q_BKV = jnp.broadcast_to(jnp.where(jnp.arange(cfg.vocab_size) < limit, 1.0 / limit, 0.0),
+                             (b, k, cfg.vocab_size))
+    m_B = jnp.full((b,), min(max(t - known, 0), k), jnp.int32)
+    carry = (tokens_BT, cache, jnp.full((b,), known, jnp.int32), drafts_BK, q_BKV, m_B,
+             jnp.int32(0),
              {"forwards": zeros_B, "accepted": zeros_B})
     carry = jax.lax.while_loop(lambda c: jnp.any(c[2] < t), body, carry)
     tokens_BT, stats, iterations = carry[0], carry[7], carry[6]
