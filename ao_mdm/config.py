@@ -27,6 +27,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.order = ml_collections.ConfigDict()
   c.order.kind = "mixed"  # random | l2r | mixed | fixed | blockwise
   c.order.random_ratio = 0.9  # mixed: probability of a random order per sequence
+  c.order.ramp_steps = 0  # mixed: the probability grows linearly from 0 over these steps
   # fixed: "seed:N" draws the permutation from seed N; "order1".."order3" are the authors'
   # literal permutations of the order study (ao_mdm/data/paper_orders.json, T=1024)
   c.order.fixed = "seed:0"

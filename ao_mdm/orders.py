@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 
 ORDER_KINDS = ("random", "l2r", "mixed", "fixed", "blockwise")
-OrderFn = Callable[[jax.Array, int], jax.Array]  # (key, batch) -> order_BT int32
+OrderFn = Callable[..., jax.Array]  # (key, batch, step=0) -> order_BT int32
 
 
 def identity(batch: int, t: int) -> jax.Array:
@@ -57,6 +57,9 @@ def validate_order_config(cfg: ml_collections.ConfigDict, t: int) -> None:
     raise ValueError(f"order.kind={cfg.kind!r}; accepted: {', '.join(ORDER_KINDS)}")
   if cfg.kind == "mixed" and not 0.0 <= cfg.random_ratio <= 1.0:
     raise ValueError(f"order.random_ratio={cfg.random_ratio} must be in [0, 1]")
+  if cfg.ramp_steps < 0 or (cfg.ramp_steps > 0 and cfg.kind != "mixed"):
+    raise ValueError(f"order.ramp_steps={cfg.ramp_steps} must be 0, or >= 1 with "
+                     f"order.kind='mixed' (got kind={cfg.kind!r})")
   if cfg.kind == "fixed":
     fixed_permutation(cfg.fixed, t)
   if cfg.kind == "blockwise":
@@ -68,25 +71,29 @@ def validate_order_config(cfg: ml_collections.ConfigDict, t: int) -> None:
 
 
 def make_order_fn(cfg: ml_collections.ConfigDict, t: int) -> OrderFn:
-  """Return fn(key, batch) -> [batch, t] int32 orders for an order config."""
+  """Return fn(key, batch, step=0) -> [batch, t] int32 orders for an order config.
+
+  Only mixed orders depend on the training step (order.ramp_steps: a curriculum from L2R).
+  """
   validate_order_config(cfg, t)
   if cfg.kind == "random":
-    return lambda key, batch: random_orders(key, batch, t)
+    return lambda key, batch, step=0: random_orders(key, batch, t)
   if cfg.kind == "l2r":
-    return lambda key, batch: identity(batch, t)
+    return lambda key, batch, step=0: identity(batch, t)
   if cfg.kind == "mixed":
-    ratio = float(cfg.random_ratio)
+    ratio, ramp = float(cfg.random_ratio), int(cfg.ramp_steps)
 
-    def mixed(key, batch):
+    def mixed(key, batch, step=0):
       k_perm, k_coin = jax.random.split(key)
-      use_random_B1 = jax.random.bernoulli(k_coin, ratio, (batch, 1))
+      p = ratio if ramp <= 0 else ratio * jnp.clip(step / ramp, 0.0, 1.0)
+      use_random_B1 = jax.random.bernoulli(k_coin, p, (batch, 1))
       return jnp.where(use_random_B1, random_orders(k_perm, batch, t), identity(batch, t))
     return mixed
   if cfg.kind == "fixed":
     perm = fixed_permutation(cfg.fixed, t)
   else:
     perm = blockwise_permutation(int(cfg.block), tuple(cfg.pattern), t)
-  return lambda key, batch: jnp.broadcast_to(jnp.asarray(perm), (batch, t))
+  return lambda key, batch, step=0: jnp.broadcast_to(jnp.asarray(perm), (batch, t))
 
 
 def is_identity(order_BT: jax.Array) -> jax.Array:

@@ -79,8 +79,8 @@ def make_train_step(config: ml_collections.ConfigDict) -> Callable:
   ema_decay = float(config.train.ema_decay)
   schedule = train_state.learning_rate_schedule(config.train)
 
-  def micro_loss(params, tokens_bT, key):
-    order_bT = order_fn(key, tokens_bT.shape[0])
+  def micro_loss(params, tokens_bT, key, step):
+    order_bT = order_fn(key, tokens_bT.shape[0], step)
     nll_b = sequence_nll(model, params, tokens_bT, order_bT)
     shares = _split_shares(nll_b, orders.is_identity(order_bT))
     return shares["loss_sum"], shares
@@ -95,7 +95,7 @@ def make_train_step(config: ml_collections.ConfigDict) -> Callable:
 
     def accumulate(carry, xs):
       tokens_bT, m = xs
-      grads, shares = grad_fn(state.params, tokens_bT, jax.random.fold_in(key, m))
+      grads, shares = grad_fn(state.params, tokens_bT, jax.random.fold_in(key, m), state.step)
       return jax.tree.map(jnp.add, carry, (grads, shares)), None
 
     zeros = (jax.tree.map(jnp.zeros_like, state.params),

@@ -31,6 +31,16 @@ def test_mixed_ratios():
   assert abs(frac - 0.1) < 3 * np.sqrt(0.1 * 0.9 / n), frac
 
 
+def test_mixed_ramp_starts_left_to_right():
+  t, n = 16, 20000
+  fn = orders.make_order_fn(order_cfg(kind="mixed", random_ratio=0.9, ramp_steps=100), t)
+  l2r = lambda step: np.mean(np.all(np.asarray(fn(jax.random.key(2), n, step)) == np.arange(t),
+                                    axis=1))
+  assert l2r(0) == 1.0
+  for step, want in [(50, 1 - 0.45), (100, 0.1), (400, 0.1)]:
+    assert abs(l2r(step) - want) < 3 * np.sqrt(want * (1 - want) / n), (step, l2r(step))
+
+
 def test_fixed_and_blockwise():
   fixed = np.asarray(orders.make_order_fn(order_cfg(kind="fixed", fixed="seed:3"), 32)(
       jax.random.key(0), 4))
@@ -56,6 +66,10 @@ def test_bad_order_configs():
     orders.make_order_fn(order_cfg(kind="blockwise", block=5, pattern=(0, 1, 2, 3, 4)), 16)
   with pytest.raises(ValueError, match="pattern"):
     orders.make_order_fn(order_cfg(kind="blockwise", block=4, pattern=(0, 1, 1, 3)), 16)
+  with pytest.raises(ValueError, match="order.ramp_steps=10 must be 0, or >= 1 with"):
+    orders.make_order_fn(order_cfg(kind="random", ramp_steps=10), 16)
+  with pytest.raises(ValueError, match="order.ramp_steps=-1"):
+    orders.make_order_fn(order_cfg(kind="mixed", ramp_steps=-1), 16)
 
 
 def test_shipped_paper_orders_are_the_authors_literal_permutations():
