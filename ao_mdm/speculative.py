@@ -83,7 +83,8 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
     k_loop, k_first = jax.random.split(key)
 
     def body(carry):
-      tokens_BT, cache, n_B, drafts_BK, q_BKV, m_B, it, stats = carry
+      tokens_BT, cache, n_B, drafts_BK, q_BKV, it, stats = carry
+      m_B = jnp.clip(t - n_B, 0, k)  # drafts that fall inside the sequence
       step_key = jax.random.fold_in(k_loop, it)
       k_accept, k_fix, k_draft = jax.random.split(step_key, 3)
       # Inputs of the real slots n..n+k: the last known token, then the drafts.
@@ -140,10 +141,9 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
       q_next = jnp.take_along_axis(cand_q, next_BK[..., None], axis=1)
       done_before = n_B >= t
       n_next = jnp.where(done_before, n_B, n_B + a_B + 1)
-      m_next = jnp.clip(t - n_next, 0, k)
       stats = {"forwards": stats["forwards"] + jnp.where(done_before, 0, 1),
                "accepted": stats["accepted"] + jnp.where(done_before, 0, a_B)}
-      return tokens_BT, cache, n_next, drafts_next, q_next, m_next, it + 1, stats
+      return tokens_BT, cache, n_next, drafts_next, q_next, it + 1, stats
 
     tokens_BT = jnp.where(known_BT, tokens_BT, 0)
     zeros_B = jnp.zeros((b,), jnp.int32)
@@ -152,12 +152,10 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
     drafts_BK = jax.random.randint(k_first, (b, k), 0, limit)
     q_BKV = jnp.broadcast_to(jnp.where(jnp.arange(cfg.vocab_size) < limit, 1.0 / limit, 0.0),
                              (b, k, cfg.vocab_size))
-    m_B = jnp.full((b,), min(max(t - known, 0), k), jnp.int32)
-    carry = (tokens_BT, cache, jnp.full((b,), known, jnp.int32), drafts_BK, q_BKV, m_B,
-             jnp.int32(0),
+    carry = (tokens_BT, cache, jnp.full((b,), known, jnp.int32), drafts_BK, q_BKV, jnp.int32(0),
              {"forwards": zeros_B, "accepted": zeros_B})
     carry = jax.lax.while_loop(lambda c: jnp.any(c[2] < t), body, carry)
-    tokens_BT, stats, iterations = carry[0], carry[7], carry[6]
+    tokens_BT, stats, iterations = carry[0], carry[6], carry[5]
     return tokens_BT, order_BT, stats, iterations
 
   return jax.jit(run)
