@@ -122,29 +122,45 @@ def bench_sample(config: ml_collections.ConfigDict) -> dict:
 
 def bench_speculative(config: ml_collections.ConfigDict, params: Any,
                       cfg: ml_collections.ConfigDict) -> dict:
-  """Self-speculative L2R decoding against plain cached L2R decoding (S = T), same model, batch
-  and seed, temperature 1 and top-p 1: forwards per sequence, tokens per forward, wall time."""
+  """Self-speculative L2R decoding against plain cached L2R decoding (S = T), same model and
+  batch, temperature 1 and top-p 1: forwards per sequence, tokens per forward, first-draft
+  acceptance and wall time, over `bench.seeds` batches (one sequence varies a lot)."""
   from ao_mdm import speculative  # pylint: disable=g-import-not-at-top
-  b, repeats, t = int(config.bench.batch_size), int(config.bench.repeats), cfg.block_size
+  b, seeds, t = int(config.bench.batch_size), int(config.bench.seeds), cfg.block_size
+  if seeds < 1:
+    raise ValueError(f"bench.seeds={seeds} must be >= 1")
 
-  def timed(fn):  # one call compiles, then the median of `repeats`
-    fn()
-    return _timed(fn, repeats)
-  l2r_s = timed(lambda: sampling.sample(params, cfg, batch_size=b, steps=t, order="l2r"))
-  print(f"cached L2R decoding B={b} T={t}: {l2r_s:.3f} s, {t} forwards per sequence", flush=True)
-  results = {"batch_size": b, "block_size": t, "l2r_s": l2r_s, "l2r_forwards": t, "drafts": {}}
+  def timed(fn):  # one call compiles, then the median over the seeds; returns the outputs too
+    fn(0)
+    times, outs = [], []
+    for seed in range(seeds):
+      start = time.perf_counter()
+      outs.append(jax.block_until_ready(fn(seed)))
+      times.append(time.perf_counter() - start)
+    return statistics.median(times), outs
+  l2r_s, _ = timed(lambda seed: sampling.sample(params, cfg, batch_size=b, steps=t, order="l2r",
+                                                seed=seed))
+  print(f"cached L2R decoding B={b} T={t}: {l2r_s:.3f} s (median of {seeds} seeds), {t} "
+        "forwards per sequence", flush=True)
+  results = {"batch_size": b, "block_size": t, "seeds": seeds, "l2r_s": l2r_s, "l2r_forwards": t,
+             "drafts": {}}
   for k in config.bench.drafts:
-    out = speculative.sample(params, cfg, batch_size=b, draft=int(k))
-    elapsed = timed(lambda k=k: speculative.sample(params, cfg, batch_size=b, draft=int(k)))
-    forwards = float(np.mean(out.stats["forwards"]))
+    elapsed, outs = timed(lambda seed, k=k: speculative.sample(params, cfg, batch_size=b,
+                                                                draft=int(k), seed=seed))
+    total = {name: float(np.sum([o.stats[name] for o in outs])) for name in outs[0].stats}
+    forwards = total["forwards"] / (b * seeds)
     row = {"seconds": elapsed, "forwards_per_sequence": forwards,
-           "batch_forwards": out.stats["iterations"], "tokens_per_forward": t / forwards,
-           "accepted_per_forward": float(np.mean(out.stats["accepted"])) / forwards,
-           "forward_reduction": t / out.stats["iterations"], "speedup": l2r_s / elapsed}
+           "batch_forwards": total["iterations"] / seeds, "tokens_per_forward": t / forwards,
+           "accepted_per_forward": total["accepted"] / total["forwards"],
+           "first_draft_acceptance": total["first_accepted"] / total["first_drafts"],
+           "first_draft_overlap": total["first_overlap"] / total["first_drafts"],
+           "forward_reduction": t * seeds / total["iterations"], "speedup": l2r_s / elapsed}
     results["drafts"][str(k)] = row
     print(f"draft k={k}: {forwards:.1f} forwards per sequence ({row['tokens_per_forward']:.2f} "
-          f"tokens per forward; the batch ran {row['batch_forwards']}), {elapsed:.3f} s, "
-          f"speedup {row['speedup']:.2f}x over cached L2R", flush=True)
+          f"tokens per forward; the batch ran {row['batch_forwards']:.1f}); first drafts "
+          f"accepted {row['first_draft_acceptance']:.3f} (sum min(p, q) "
+          f"{row['first_draft_overlap']:.3f}); {elapsed:.3f} s, speedup {row['speedup']:.2f}x "
+          "over cached L2R", flush=True)
   print(json.dumps(results), flush=True)
   return results
 

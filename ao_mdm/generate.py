@@ -50,8 +50,8 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
     for i, row in enumerate(out.tokens[:num_samples - start]):
       text = sampling.decode_text(tokenizer.decode, row, tokenizer.eos_id, tokenizer.vocab_size)
       records.append({"text": text, "tokens": row.tolist()})
-      if out.stats:  # speculative: sequential forwards and accepted drafts of this sample
-        records[-1].update({k: int(v[i]) for k, v in out.stats.items() if np.ndim(v)})
+      if out.stats:  # speculative: sequential forwards and draft counts of this sample
+        records[-1].update({k: v[i].item() for k, v in out.stats.items() if np.ndim(v)})
       if positions:
         records[-1]["marked"] = sampling.mark_generated(tokenizer.decode, row, known,
                                                         tokenizer.eos_id, tokenizer.vocab_size)

@@ -109,6 +109,8 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
       ok_BK = jnp.where(temperature > 0, u_BK * q_d < p_d, greedy_ok) | (not verify)
       ok_BK &= jnp.arange(k)[None, :] < m_B[:, None]
       a_B = jnp.sum(jnp.cumprod(ok_BK.astype(jnp.int32), axis=1), axis=1)
+      # P(first draft accepted) = sum_x min(p, q): the drafts' quality, without sampling noise.
+      overlap_B = jnp.sum(jnp.minimum(p_BRV[:, 0], q_BKV[:, 0]), axis=-1)
       # The token after the accepted drafts: from the residual after a rejection, else from p.
       p_a = jnp.take_along_axis(p_BRV, a_B[:, None, None], axis=1)[:, 0]
       q_a = jnp.take_along_axis(q_BKV, jnp.minimum(a_B, k - 1)[:, None, None], axis=1)[:, 0]
@@ -141,8 +143,12 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
       q_next = jnp.take_along_axis(cand_q, next_BK[..., None], axis=1)
       done_before = n_B >= t
       n_next = jnp.where(done_before, n_B, n_B + a_B + 1)
+      first = (m_B > 0) & ~done_before  # a first draft was verified
       stats = {"forwards": stats["forwards"] + jnp.where(done_before, 0, 1),
-               "accepted": stats["accepted"] + jnp.where(done_before, 0, a_B)}
+               "accepted": stats["accepted"] + jnp.where(done_before, 0, a_B),
+               "first_drafts": stats["first_drafts"] + first,
+               "first_accepted": stats["first_accepted"] + (first & (a_B > 0)),
+               "first_overlap": stats["first_overlap"] + jnp.where(first, overlap_B, 0.0)}
       return tokens_BT, cache, n_next, drafts_next, q_next, it + 1, stats
 
     tokens_BT = jnp.where(known_BT, tokens_BT, 0)
@@ -153,7 +159,8 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
     q_BKV = jnp.broadcast_to(jnp.where(jnp.arange(cfg.vocab_size) < limit, 1.0 / limit, 0.0),
                              (b, k, cfg.vocab_size))
     carry = (tokens_BT, cache, jnp.full((b,), known, jnp.int32), drafts_BK, q_BKV, jnp.int32(0),
-             {"forwards": zeros_B, "accepted": zeros_B})
+             {"forwards": zeros_B, "accepted": zeros_B, "first_drafts": zeros_B,
+              "first_accepted": zeros_B, "first_overlap": jnp.zeros((b,), jnp.float32)})
     carry = jax.lax.while_loop(lambda c: jnp.any(c[2] < t), body, carry)
     tokens_BT, stats, iterations = carry[0], carry[6], carry[5]
     return tokens_BT, order_BT, stats, iterations
@@ -168,7 +175,9 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, draf
   """L2R samples ([batch_size, T]) by self-speculative decoding with `draft` tokens per forward.
 
   Known tokens come first in the order (as in sampling.sample); the rest left to right. The
-  output's `stats` hold, per row, the forwards it took and the drafts it accepted.
+  output's `stats` hold, per row, the forwards it took, the drafts it accepted, and for the first
+  draft of each forward: how many were verified, accepted, and the sum of their acceptance
+  probabilities sum_x min(p, q).
   """
   sampling.validate_sampling_args(1, temperature, top_p, top_k, "l2r", top_p_rule)
   t = cfg.block_size

@@ -17,4 +17,5 @@ def get_config() -> ml_collections.ConfigDict:
   c.bench.no_cache_max_steps = 64
   # `bench sample --mode=speculative --checkpoint=DIR`: draft lengths k against L2R decoding.
   c.bench.drafts = (2, 4, 8)
+  c.bench.seeds = 8  # batches per figure, each timed (the median) and counted (the mean)
   return c

@@ -4,10 +4,12 @@ import itertools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 from scipy import stats
 
+from ao_mdm import bench
 from ao_mdm import model as model_lib
 from ao_mdm import sampling
 from ao_mdm import speculative
@@ -42,12 +44,20 @@ def _chi_square(cfg, params, verify, n):
   index = np.asarray(tokens) @ (cfg.vocab_size ** np.arange(cfg.block_size)[::-1])
   counts = np.bincount(index, minlength=len(seqs))
   result = stats.chisquare(counts, n * joint / joint.sum())
-  return result.statistic, result.pvalue, np.asarray(st["accepted"]).mean()
+  return result.statistic, result.pvalue, {name: np.asarray(x) for name, x in st.items()}
 
 
 def test_speculative_samples_follow_the_l2r_joint_and_always_accept_does_not():
   cfg, params = _model(v=4, t=3, scale=4.0)
-  stat, p, accepted = _chi_square(cfg, params, verify=True, n=20_000)
+  stat, p, st = _chi_square(cfg, params, verify=True, n=20_000)
+  accepted = st["accepted"].mean()
+  # A draft drawn from its proposal q is accepted with probability sum_x min(p, q): the count
+  # of accepted first drafts must match the summed probabilities (binomial SE).
+  verified, hits, expected = st["first_drafts"].sum(), st["first_accepted"].sum(), \
+      st["first_overlap"].astype(np.float64).sum()
+  se = np.sqrt(expected * (1 - expected / verified))
+  print(f"first drafts: {hits} of {verified} accepted, expected {expected:.1f} +- {se:.1f}")
+  assert abs(hits - expected) < 5 * se and 0.05 < hits / verified < 0.95
   wrong_stat, wrong_p, _ = _chi_square(cfg, params, verify=False, n=20_000)
   print(f"speculative: chi2={stat:.1f} p={p:.3f} (accepted {accepted:.2f} drafts per row); "
         f"always accept: chi2={wrong_stat:.1f} p={wrong_p:.2e}")
@@ -71,3 +81,14 @@ def test_bad_draft_length():
   cfg.block_size = 4
   with pytest.raises(ValueError, match="draft=4 must be in"):
     speculative.sample(None, cfg, batch_size=1, draft=4)  # refused before params are used
+
+
+def test_bench_counts_every_seed():
+  cfg, params = _model(v=16, t=8, scale=4.0)
+  config = ml_collections.ConfigDict({"bench": {"batch_size": 2, "seeds": 3, "drafts": (2,)}})
+  row = bench.bench_speculative(config, params, cfg)["drafts"]["2"]
+  outs = [speculative.sample(params, cfg, batch_size=2, draft=2, seed=s) for s in range(3)]
+  forwards = np.mean([o.stats["forwards"] for o in outs])
+  assert row["forwards_per_sequence"] == pytest.approx(forwards)
+  assert row["tokens_per_forward"] == pytest.approx(8 / forwards)
+  assert 0 <= row["first_draft_acceptance"] <= 1 and 0 < row["first_draft_overlap"] <= 1
