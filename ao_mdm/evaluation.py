@@ -278,11 +278,8 @@ def eval_sets(data_cfg: ml_collections.ConfigDict, tokenizer: Any, block_size: i
   from ao_mdm.data import datasets, pipeline  # pylint: disable=g-import-not-at-top
   if text_file:
     token_lists = [tokenizer.encode(d) for d in datasets.read_text_documents(text_file)]
-    blocks = pipeline.pack_documents(token_lists, tokenizer.eos_id, block_size)
-    if len(blocks) == 0:
-      raise ValueError(f"{text_file} has {sum(len(x) + 1 for x in token_lists)} tokens (EOS "
-                       f"included); at least block_size={block_size} are needed for one block")
-    return {text_file: blocks}
+    return {text_file: pipeline.pack_for_eval(token_lists, tokenizer.eos_id, block_size,
+                                              text_file)}
   tfds_dir = datasets.resolve_tfds_dir(data_cfg.tfds_dir)
   sets = {}
   for name in names:

@@ -16,6 +16,12 @@ _MODE_OPTIONS = {  # the options each mode's sampler takes
 }
 
 
+def check_counts(num_samples: int, batch_size: int) -> None:
+  """The sample and batch counts must be positive (checked before a checkpoint is loaded)."""
+  if num_samples < 1 or batch_size < 1:
+    raise ValueError(f"--num_samples={num_samples} and --batch_size={batch_size} must be >= 1")
+
+
 def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
                  num_samples: int, batch_size: int, prompt: str = "", infill: str = "",
                  infill_span: int = 8, seed: int = 0, progress: Optional[Callable] = None,
@@ -27,8 +33,7 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
 
   Batch i uses seed + i * batch_size; ids beyond the tokenizer's vocab are never drawn.
   """
-  if num_samples < 1 or batch_size < 1:
-    raise ValueError(f"--num_samples={num_samples} and --batch_size={batch_size} must be >= 1")
+  check_counts(num_samples, batch_size)
   if mode not in MODES:
     raise ValueError(f"mode={mode!r}; accepted: {', '.join(MODES)}")
   sampler = {"parallel": sampling.sample, "speculative": speculative.sample,

@@ -265,9 +265,7 @@ def _sample() -> None:
   from ao_mdm import generate, sampling
   options = {k: FLAGS[k].value for k in _SETTINGS}
   sampling.validate_sampling_args(**options)
-  if FLAGS.num_samples < 1 or FLAGS.batch_size < 1:
-    raise app.UsageError(f"--num_samples={FLAGS.num_samples} and --batch_size={FLAGS.batch_size} "
-                         "must be >= 1")
+  generate.check_counts(FLAGS.num_samples, FLAGS.batch_size)
   config, params, tokenizer = _load_run(FLAGS.checkpoint)
   batches = -(-FLAGS.num_samples // min(FLAGS.batch_size, FLAGS.num_samples))
   with tqdm.tqdm(total=batches, desc="sampling", unit="batch", disable=batches < 2) as bar:

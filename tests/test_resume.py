@@ -44,6 +44,7 @@ def _complete_steps(workdir):
   return sorted(int(n) for n in os.listdir(d) if n.isdigit()) if os.path.isdir(d) else []
 
 
+@pytest.mark.slow  # three training processes; test_train covers resume in-process by default
 def test_exact_resume_after_sigkill(data_dir, tmp_path):
   straight = str(tmp_path / "straight")
   subprocess.run(_command(straight, data_dir, 6, 3), check=True, capture_output=True, timeout=300)

@@ -58,17 +58,21 @@ def split_blocks(data_config: Any, tokenizer: Tokenizer, *, block_size: int, spl
   return pack_documents(_encode_all(tokenizer, docs), tokenizer.eos_id, block_size)
 
 
+def pack_for_eval(token_lists: list, eos_id: int, block_size: int, source: str) -> np.ndarray:
+  """pack_documents, with one clear error when `source` is too short for a single block."""
+  blocks = pack_documents(token_lists, eos_id, block_size)
+  if len(blocks) == 0:
+    raise ValueError(f"{source} has {sum(len(t) + 1 for t in token_lists)} tokens (EOS "
+                     f"included); at least block_size={block_size} are needed for one block")
+  return blocks
+
+
 def eval_blocks(data_config: Any, tokenizer: Tokenizer, *, block_size: int, split: str,
                 tfds_dir: str, max_blocks: int | None = None) -> np.ndarray:
   """The whole split packed in document order as int32 [N, block_size], for evaluation."""
-  blocks = split_blocks(data_config, tokenizer, block_size=block_size, split=split,
-                        tfds_dir=tfds_dir)
-  if len(blocks) == 0:
-    docs = datasets.load_documents(data_config, split, tfds_dir)
-    n_tokens = sum(len(t) + 1 for t in _encode_all(tokenizer, docs))
-    raise ValueError(
-        f"split {split!r} of dataset {data_config.dataset!r} has {n_tokens} tokens (EOS "
-        f"included); at least block_size={block_size} are needed for one block")
+  docs = datasets.load_documents(data_config, split, tfds_dir)
+  blocks = pack_for_eval(_encode_all(tokenizer, docs), tokenizer.eos_id, block_size,
+                         f"split {split!r} of dataset {data_config.dataset!r}")
   if max_blocks is not None:
     if max_blocks <= 0:
       raise ValueError(f"max_blocks must be positive or None, got {max_blocks}")
