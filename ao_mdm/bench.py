@@ -18,14 +18,14 @@ from ao_mdm import orders
 from ao_mdm import sampling
 
 
-def _timed(fn: Callable[[], Any], repeats: int) -> float:
-  """Median wall time of `repeats` calls, each waited for."""
-  times = []
-  for _ in range(repeats):
+def _timed(fn: Callable[[int], Any], repeats: int) -> tuple[float, list]:
+  """Median wall time of the calls fn(0) .. fn(repeats - 1), each waited for, and their outputs."""
+  times, outs = [], []
+  for i in range(repeats):
     start = time.perf_counter()
-    jax.block_until_ready(fn())
+    outs.append(jax.block_until_ready(fn(i)))
     times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  return statistics.median(times), outs
 
 
 def _compile(jitted, *args) -> tuple[Any, float]:
@@ -73,7 +73,7 @@ def bench_sample(config: ml_collections.ConfigDict) -> dict:
   order = orders.random_orders(jax.random.key(1), b, t)
   forward = jax.jit(lambda p, x, o: model_lib.make_model(cfg).apply({"params": p}, x, o))
   fwd, fwd_compile = _compile(forward, params, tokens, order)
-  full_forward_s = _timed(lambda: fwd(params, tokens, order), repeats)
+  full_forward_s, _ = _timed(lambda _: fwd(params, tokens, order), repeats)
   print(f"full forward B={b} T={t}: {full_forward_s:.4f} s (compile {fwd_compile:.1f} s)",
         flush=True)
   peak = sharding.matmul_peak(2048, model_lib.DTYPES[cfg.dtype])
@@ -98,7 +98,7 @@ def bench_sample(config: ml_collections.ConfigDict) -> dict:
       decoder = sampling._decoder(cfg.to_json(), plan, "random", False, use_cache, False)
       args = (params, zeros, known, jax.random.key(2), *scalars)
       compiled, compile_s = _compile(decoder, *args)
-      elapsed = _timed(lambda: compiled(*args), repeats if use_cache else 1)
+      elapsed, _ = _timed(lambda _: compiled(*args), repeats if use_cache else 1)
       scale = (len(counts) - 1) / (len(run_counts) - 1)
       if use_cache:
         floor_ms = 1e3 * float(np.mean(step_floors(cfg, params, plan, b, bandwidth, peak)))
@@ -130,14 +130,9 @@ def bench_speculative(config: ml_collections.ConfigDict, params: Any,
   if seeds < 1:
     raise ValueError(f"bench.seeds={seeds} must be >= 1")
 
-  def timed(fn):  # one call compiles, then the median over the seeds; returns the outputs too
+  def timed(fn):  # one call compiles, then one timed call per seed
     fn(0)
-    times, outs = [], []
-    for seed in range(seeds):
-      start = time.perf_counter()
-      outs.append(jax.block_until_ready(fn(seed)))
-      times.append(time.perf_counter() - start)
-    return statistics.median(times), outs
+    return _timed(fn, seeds)
   l2r_s, _ = timed(lambda seed: sampling.sample(params, cfg, batch_size=b, steps=t, order="l2r",
                                                 seed=seed))
   print(f"cached L2R decoding B={b} T={t}: {l2r_s:.3f} s (median of {seeds} seeds), {t} "
