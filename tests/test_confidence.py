@@ -56,16 +56,19 @@ def _naive_greedy(cfg, params, steps, score, known_positions=(), known_tokens=()
   order so far plus p, the best n_i - n_{i-1} committed in confidence order."""
   from ao_mdm import sampling
   t = cfg.block_size
-  model = model_lib.make_model(cfg)
+  # One compiled forward over t candidate rows (padded with copies): one row per unknown p.
+  forward = jax.jit(lambda tok, o: model_lib.make_model(cfg).apply({"params": params}, tok, o))
   tokens = np.zeros(t, np.int32)
   tokens[list(known_positions)] = known_tokens
   order = sorted(known_positions)
   counts = sampling.schedule_counts(t, len(order), steps, "linear")
   for n, n_next in zip(counts[:-1], counts[1:]):
     unknown = [p for p in range(t) if p not in order]
-    orders = np.asarray([order + [p] for p in unknown], np.int32)
-    logits = model.apply({"params": params}, jnp.asarray(np.repeat(tokens[None], len(unknown), 0)),
-                         jnp.asarray(orders))[:, n]
+    rest = lambda p: [q for q in range(t) if q not in order and q != p]  # later slots: causal
+    orders = np.asarray([order + [p] + rest(p) for p in unknown], np.int32)
+    orders = np.concatenate([orders, np.repeat(orders[-1:], t - len(unknown), 0)])
+    logits = forward(jnp.asarray(np.repeat(tokens[None], t, 0)),
+                     jnp.asarray(orders))[:len(unknown), n]
     conf = np.asarray(confidence._score(logits, score))
     best = np.argsort(-conf, kind="stable")[:n_next - n]
     for i in best:

@@ -89,13 +89,12 @@ def test_l2r_full_steps_is_autoregressive_decoding():
   out = sampling.sample(params, cfg, batch_size=2, steps=T - 1, temperature=0, order="l2r",
                         known_positions=[0], known_tokens=[5])
   np.testing.assert_array_equal(out.order, np.broadcast_to(np.arange(T), (2, T)))
-  forward = model_lib.make_model(cfg)
+  forward = jax.jit(lambda tok: model_lib.make_model(cfg).apply(
+      {"params": params}, tok, jnp.broadcast_to(jnp.arange(T), (2, T))))
   tokens = np.zeros((2, T), np.int32)
   tokens[:, 0] = 5
   for p in range(1, T):  # ordinary greedy AR decoding with the identity order
-    logits = forward.apply({"params": params}, jnp.asarray(tokens),
-                           jnp.broadcast_to(jnp.arange(T), (2, T)))
-    tokens[:, p] = np.asarray(logits[:, p]).argmax(-1)
+    tokens[:, p] = np.asarray(forward(jnp.asarray(tokens))[:, p]).argmax(-1)
   np.testing.assert_array_equal(out.tokens, tokens)
 
 
