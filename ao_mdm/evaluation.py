@@ -269,18 +269,19 @@ def eval_sets(data_cfg: ml_collections.ConfigDict, tokenizer: Any, block_size: i
               names: Sequence[str] = (), text_file: Optional[str] = None,
               lambada_file: Optional[str] = None, protocol: str = "paper",
               split: str = "validation", max_blocks: Optional[int] = None) -> dict:
-  """{name: int32 [N, T] blocks} of registry datasets, or of one local text file.
+  """{name: int32 [N, T] blocks} of registry datasets (prepared first if needed), or of one
+  local text file.
 
-  The paper protocol takes each dataset's split from paper.eval_split and every block; the
-  custom one takes `split` and at most `max_blocks`.
+  The paper protocol takes each dataset's split from paper.eval_split and packs it as the
+  authors do (prepared.paper_blocks); the custom one takes `split`, the consecutive blocks of
+  the split's token stream, and at most `max_blocks`.
   """
   from ao_mdm import paper  # pylint: disable=g-import-not-at-top
-  from ao_mdm.data import datasets, pipeline  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import datasets, pipeline, prepared  # pylint: disable=g-import-not-at-top
   if text_file:
     token_lists = [tokenizer.encode(d) for d in datasets.read_text_documents(text_file)]
     return {text_file: pipeline.pack_for_eval(token_lists, tokenizer.eos_id, block_size,
                                               text_file)}
-  tfds_dir = datasets.resolve_tfds_dir(data_cfg.tfds_dir)
   sets = {}
   for name in names:
     cfg = data_cfg.copy_and_resolve_references()
@@ -290,10 +291,12 @@ def eval_sets(data_cfg: ml_collections.ConfigDict, tokenizer: Any, block_size: i
         raise ValueError("--datasets=lambada needs --lambada_file=lambada_test.jsonl (OpenAI's "
                          "LAMBADA test file, one JSON object with a 'text' field per line)")
       cfg.text_file = lambada_file
+    paper_protocol = protocol == "paper"
+    prepared_split = prepared.ensure(cfg, tokenizer,
+                                     paper.eval_split(name) if paper_protocol else split)
     sets[name] = pipeline.eval_blocks(
-        cfg, tokenizer, block_size=block_size, tfds_dir=tfds_dir,
-        split=paper.eval_split(name) if protocol == "paper" else split,
-        max_blocks=None if protocol == "paper" else max_blocks)
+        prepared_split, block_size, max_blocks=None if paper_protocol else max_blocks,
+        packing="paper" if paper_protocol else "stream")
   return sets
 
 

@@ -11,6 +11,8 @@ from ml_collections import config_flags
 
 COMMANDS = {
     "train": "train a model: --config=configs/tiny.py --workdir=DIR [--config.x.y=value ...]",
+    "prepare": "tokenize a config's dataset once into token shards that train and eval read: "
+               "--config=... [--splits=train,validation --workers=N --workdir=DIR]",
     "info": "parameter count and FLOPs per token of a config: --config=...",
     "tokenizer": "train a SentencePiece tokenizer: --corpus=sotu|PATH --vocab_size=N --out=DIR",
     "export": "write the EMA params alone: --workdir=DIR --out=DIR [--weights=ema|params]",
@@ -32,6 +34,7 @@ _SAMPLING = ("prompt", "infill", "infill_span", "mode", "steps", "schedule", "dr
              "temperature", "top_p", "top_p_rule", "top_k", "order", "num_samples")
 COMMAND_FLAGS = {
     "train": ("config", "workdir", "init_from", "coordinator", "num_processes", "process_id"),
+    "prepare": ("config", "splits", "workers", "workdir", "num_processes", "process_id"),
     "info": ("config",),
     "tokenizer": ("corpus", "vocab_size", "out"),
     "export": ("workdir", "out", "weights"),
@@ -107,6 +110,8 @@ def _define_flags() -> None:
                     "bench train: torch = also train the same model, step and batch in plain "
                     "PyTorch (eager, float32, all cores; needs the [torch] extra) and print its "
                     "tokens/s and ours over it.")
+  flags.DEFINE_string("splits", "train,validation", "prepare: comma-separated splits.")
+  flags.DEFINE_integer("workers", None, "prepare: worker processes (default: every core).")
   flags.DEFINE_string("init_from", None, "train: start from the params of an export or import.")
   flags.DEFINE_string("coordinator", None, "Multi-process: coordinator HOST:PORT (process 0).")
   flags.DEFINE_integer("num_processes", None, "Multi-process: number of processes.")
@@ -138,6 +143,14 @@ def _preflight(command: str) -> None:
     checks.output_file(os.path.join(FLAGS.workdir, "metrics.jsonl"), "--workdir")
     if FLAGS.init_from:
       checks.checkpoint(FLAGS.init_from, "--init_from")
+  elif command == "prepare":
+    _require(config=FLAGS.config)
+    if FLAGS.workdir and os.path.exists(FLAGS.workdir) and not os.path.isdir(FLAGS.workdir):
+      raise app.UsageError(f"--workdir {FLAGS.workdir!r} is a file; give a directory")
+    if FLAGS.workers is not None and FLAGS.workers < 1:
+      raise app.UsageError(f"--workers={FLAGS.workers} must be >= 1")
+    if not _names("splits"):
+      raise app.UsageError("--splits is empty; give e.g. --splits=train,validation")
   elif command in ("info", "compile", "bench"):
     _require(config=FLAGS.config)
     if command == "compile":
@@ -199,6 +212,23 @@ def _train() -> None:
   from ao_mdm import sharding, train
   sharding.initialize_distributed(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id)
   train.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.init_from)
+
+
+def _names(name: str) -> list:
+  return [x.strip() for x in FLAGS[name].value.split(",") if x.strip()]
+
+
+def _prepare() -> None:
+  from ao_mdm.data import prepared, tokenizer as tok_lib
+  config = FLAGS.config
+  index, count = prepared.launcher_process(FLAGS.process_id, FLAGS.num_processes)
+  tokenizer = tok_lib.run_tokenizer(config, FLAGS.workdir)
+  for split in _names("splits"):
+    done = prepared.prepare(config.data, tokenizer, split, workers=FLAGS.workers or 0,
+                            process_index=index, process_count=count)
+    if done is not None:
+      print(f"{split}: {done.documents:,} documents, {done.tokens:,} tokens in "
+            f"{len(done.manifest['shards'])} shards, verified: {done.directory}")
 
 
 def _info() -> None:
@@ -425,7 +455,7 @@ def run() -> None:
     sys.exit(2)
   command, rest = sys.argv[1], sys.argv[2:]
   _quiet_environment()
-  handler = {"train": _train, "info": _info, "tokenizer": _tokenizer, "export": _export,
+  handler = {"train": _train, "prepare": _prepare, "info": _info, "tokenizer": _tokenizer, "export": _export,
              "sample": _sample, "import-torch": _import_torch, "eval": _eval,
              "import-gpt2": _import_gpt2,
              "compile": _compile}.get(command)

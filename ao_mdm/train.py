@@ -219,7 +219,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   with init_from, from the params of an export or imported checkpoint (a warm start).
   """
   from clu import periodic_actions  # pylint: disable=g-import-not-at-top
-  from ao_mdm.data import datasets, pipeline, tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import pipeline, tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   if init_from and checks.has_checkpoints(workdir):
     raise ValueError(f"--init_from {init_from} given, but --workdir {workdir} already holds "
                      "checkpoints; to resume that run, drop --init_from; to warm-start, give a "
@@ -227,18 +227,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   program = make_program(config)
   t = config.train
   init_params = _init_params(config, init_from) if init_from else None
-  mgr = checkpoints.train_manager(workdir, t.keep_checkpoints)
-  tfds_dir = datasets.resolve_tfds_dir(config.data.tfds_dir)
-  tokenizer = tok_lib.get_tokenizer(config.data, config.model.vocab_size, workdir)
-  tok_lib.check_vocab(tokenizer, config.model.vocab_size)
-  data_iter = pipeline.train_iterator(
-      config.data, tokenizer, block_size=config.model.block_size, global_batch_size=t.batch_size,
-      seed=config.seed, tfds_dir=tfds_dir)
+  tokenizer = tok_lib.run_tokenizer(config, workdir)
+  splits = {split: _prepared(config.data, tokenizer, split) for split in ("train", "validation")}
+  data_iter = pipeline.train_iterator(splits["train"].blocks(config.model.block_size),
+                                      global_batch_size=t.batch_size, seed=config.seed)
   eval_sets = {
-      split: pipeline.eval_blocks(config.data, tokenizer, block_size=config.model.block_size,
-                                  split=split, tfds_dir=tfds_dir,
+      split: pipeline.eval_blocks(prepared_split, config.model.block_size,
                                   max_blocks=t.eval_batches * t.batch_size)
-      for split in ("train", "validation")}
+      for split, prepared_split in splits.items()}
+  mgr = checkpoints.train_manager(workdir, t.keep_checkpoints)
 
   def check(saved):
     diffs = _model_differences(saved.model, config.model)
@@ -261,7 +258,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # Validation goes through the scorer of `ao-mdm eval`, on the training mesh.
   scorer = evaluation.Scorer(state.ema_params, config.model, config.mesh)
 
-  counts = _unigram_counts(config, tokenizer, tfds_dir, workdir)
+  counts = _unigram_counts(splits["train"], workdir)
   unigram = {split: evaluation.unigram_nll(counts, blocks) for split, blocks in eval_sets.items()}
 
   def run_eval(params, splits=("train", "validation")):
@@ -381,16 +378,25 @@ def _format_eval(r: dict) -> str:
                    f"(unigram {v['unigram']:.4f})" for split, v in r.items())
 
 
-def _unigram_counts(config, tokenizer, tfds_dir: str, workdir: str) -> np.ndarray:
-  """Token counts of the training split, saved with the run (and so with its export)."""
-  from ao_mdm.data import pipeline  # pylint: disable=g-import-not-at-top
+def _unigram_counts(train_split, workdir: str) -> np.ndarray:
+  """Token counts of the training split (from its preparation), saved with the run and its
+  export so that `ao-mdm eval` reports the same baseline."""
   path = os.path.join(workdir, evaluation.UNIGRAM_FILE)
   if os.path.isfile(path):
     return np.load(path)
-  counts = pipeline.token_counts(config.data, tokenizer, tfds_dir=tfds_dir)
+  counts = train_split.token_counts()
   if jax.process_index() == 0:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}.npy"
     np.save(tmp, counts)
     os.replace(tmp, path)
   return counts
+
+
+def _prepared(data_config: ml_collections.ConfigDict, tokenizer, split: str):
+  """The prepared split, prepared here first if needed (each process its range of shards)."""
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import prepared  # pylint: disable=g-import-not-at-top
+  return prepared.ensure(data_config, tokenizer, split, process_index=jax.process_index(),
+                         process_count=jax.process_count(),
+                         barrier=multihost_utils.sync_global_devices, log=_log)

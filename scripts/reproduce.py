@@ -66,12 +66,11 @@ def train(run: str, seed: int, workdir: str, extra: tuple = ()) -> dict:
 
 def load(workdir: str) -> tuple:
   from ao_mdm import checkpoints, evaluation  # pylint: disable=g-import-not-at-top
-  from ao_mdm.data import datasets, pipeline, tokenizer  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import pipeline, prepared, tokenizer  # pylint: disable=g-import-not-at-top
   config, params = checkpoints.load_params(workdir)
   tok = tokenizer.load_saved_tokenizer(config.data, config.model.vocab_size, workdir)
-  blocks = pipeline.eval_blocks(config.data, tok, block_size=config.model.block_size,
-                                split="validation", max_blocks=EVAL_BLOCKS,
-                                tfds_dir=datasets.resolve_tfds_dir(config.data.tfds_dir))
+  blocks = pipeline.eval_blocks(prepared.ensure(config.data, tok, "validation"),
+                                config.model.block_size, max_blocks=EVAL_BLOCKS)
   config.model.dtype = "float32"
   return config, evaluation.Scorer(params, config.model), tok, blocks
 

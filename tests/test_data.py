@@ -8,6 +8,7 @@ import pytest
 from ao_mdm.data import corpus
 from ao_mdm.data import datasets
 from ao_mdm.data import pipeline
+from ao_mdm.data import prepared
 
 T = 64
 
@@ -28,9 +29,9 @@ def text_config(tmp_path_factory, data_dir):
 
 
 def _iterator(config, tok, data_dir, **kwargs):
-  kwargs = {"block_size": T, "global_batch_size": 4, "seed": 0, "process_index": 0,
-            "process_count": 1, **kwargs}
-  return pipeline.train_iterator(config, tok, tfds_dir=data_dir, **kwargs)
+  del data_dir  # config.tfds_dir
+  kwargs = {"global_batch_size": 4, "seed": 0, "process_index": 0, "process_count": 1, **kwargs}
+  return pipeline.train_iterator(prepared.ensure(config, tok, "train").blocks(T), **kwargs)
 
 
 def _take(it, n):
@@ -44,9 +45,9 @@ def test_batches_have_shape_and_dtype(text_config, sp_tokenizer, data_dir):
     assert batch.min() >= 0 and batch.max() < sp_tokenizer.vocab_size
 
 
-def test_eval_blocks_are_documents_in_order(sotu_config, sp_tokenizer, data_dir):
-  blocks = pipeline.eval_blocks(sotu_config, sp_tokenizer, block_size=128, split="validation",
-                                tfds_dir=data_dir)
+def test_eval_blocks_are_documents_in_order(sotu_config, sp_tokenizer):
+  split = prepared.ensure(sotu_config, sp_tokenizer, "validation")
+  blocks = pipeline.eval_blocks(split, 128)
   assert blocks.ndim == 2 and blocks.shape[1] == 128 and blocks.dtype == np.int32
   stream = blocks.reshape(-1)
   ends = np.flatnonzero(stream == sp_tokenizer.eos_id)
@@ -56,17 +57,17 @@ def test_eval_blocks_are_documents_in_order(sotu_config, sp_tokenizer, data_dir)
   assert decoded == docs[:len(decoded)] and len(decoded) >= len(docs) - 1
   total = sum(len(sp_tokenizer.encode(d)) + 1 for d in docs)
   assert len(blocks) == total // 128
-  few = pipeline.eval_blocks(sotu_config, sp_tokenizer, block_size=128, split="validation",
-                             tfds_dir=data_dir, max_blocks=3)
+  few = pipeline.eval_blocks(split, 128, max_blocks=3)
   np.testing.assert_array_equal(few, blocks[:3])
 
 
 def test_eval_blocks_too_few_tokens(tmp_path, sp_tokenizer, data_dir):
   path = tmp_path / "small.txt"
   path.write_text("one\ntwo\nthree\n", encoding="utf-8")
-  with pytest.raises(ValueError, match=r"has \d+ tokens .*block_size=4096"):
-    pipeline.eval_blocks(_text_config(path, data_dir), sp_tokenizer, block_size=4096,
-                         split="train", tfds_dir=data_dir)
+  split = prepared.ensure(_text_config(path, data_dir), sp_tokenizer, "train")
+  for packing in pipeline.PACKINGS:
+    with pytest.raises(ValueError, match=r"has \d+ tokens .*block_size=4096"):
+      pipeline.eval_blocks(split, 4096, packing=packing)
 
 
 def test_same_seed_same_batches(text_config, sp_tokenizer, data_dir):
@@ -78,8 +79,7 @@ def test_same_seed_same_batches(text_config, sp_tokenizer, data_dir):
 
 
 def test_process_shards_are_disjoint_and_cover_an_epoch(text_config, sp_tokenizer, data_dir):
-  blocks = pipeline.split_blocks(text_config, sp_tokenizer, block_size=T, split="train",
-                                 tfds_dir=data_dir)
+  blocks = prepared.ensure(text_config, sp_tokenizer, "train").blocks(T).array()
   n = len(blocks)
   assert 100 < n < 2000
   shards = []
@@ -197,7 +197,7 @@ def test_lambada_from_a_local_openai_jsonl(tmp_path):
 
 def test_token_counts_count_every_token_and_one_eos_per_document(text_config, sp_tokenizer,
                                                                 data_dir):
-  counts = pipeline.token_counts(text_config, sp_tokenizer, tfds_dir=data_dir)
+  counts = prepared.ensure(text_config, sp_tokenizer, "train").token_counts()
   docs = list(datasets.load_documents(text_config, "train", data_dir))
   naive = np.zeros(sp_tokenizer.vocab_size, np.int64)
   for doc in docs:

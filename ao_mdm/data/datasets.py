@@ -235,8 +235,8 @@ def resolve_tfds_dir(tfds_dir: str) -> str:
 def dataset_tag(data_config: Any) -> str:
   """A file-name-safe dataset name; a local text source is named by its content hash."""
   spec = get_spec(data_config.dataset)
-  if spec.name == "text_file":
-    return f"text_file-{text_source_hash(data_config.text_file)}"
+  if spec.name in ("text_file", "lambada"):  # read from data.text_file
+    return f"{spec.name}-{text_source_hash(data_config.text_file)}"
   return spec.name
 
 
@@ -269,26 +269,49 @@ def _catalog_builder(spec: DatasetSpec, tfds_dir: str) -> tfds.core.DatasetBuild
 
 
 class Documents(Sequence[str]):
-  """Random-access, detokenized document strings of one split of a TFDS data source."""
+  """Random-access, detokenized document strings of one split of a TFDS data source.
 
-  def __init__(self, source: Sequence[Any], text_key: str, detokenizer: str = ""):
+  `fingerprint` identifies the source (builder, version, split, size; a local file's content
+  hash), so that tokens prepared from it can be matched to it later.
+  """
+
+  def __init__(self, source: Sequence[Any], text_key: str, detokenizer: str = "",
+               fingerprint: str = ""):
     self._source = source
     self._text_key = text_key
     self._detokenizer = detokenizer
+    self.fingerprint = fingerprint
 
   def __len__(self) -> int:
     return len(self._source)
 
-  def __getitem__(self, index):
-    if isinstance(index, slice):
-      return [self[i] for i in range(*index.indices(len(self)))]
-    n = len(self)
-    if not -n <= index < n:
-      raise IndexError(f"document index {index} out of range [0, {n})")
-    text = self._source[index % n][self._text_key]
+  def _text(self, record: Any) -> str:
+    text = record[self._text_key]
     if isinstance(text, bytes):
       text = text.decode("utf-8")
     return detokenize(self._detokenizer, text) if self._detokenizer else text
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return self.read(*index.indices(len(self))[:2]) if index.step in (None, 1) else [
+          self[i] for i in range(*index.indices(len(self)))]
+    n = len(self)
+    if not -n <= index < n:
+      raise IndexError(f"document index {index} out of range [0, {n})")
+    return self._text(self._source[index % n])
+
+  def read(self, start: int, stop: int) -> list[str]:
+    """Documents start..stop-1 in one batched read (several times faster than one by one)."""
+    keys = list(range(max(start, 0), min(stop, len(self))))
+    getitems = getattr(self._source, "__getitems__", None)
+    records = getitems(keys) if getitems else [self._source[k] for k in keys]
+    return [self._text(r) for r in records]
+
+
+def _fingerprint(builder: tfds.core.DatasetBuilder, split: str) -> str:
+  """Builder name, config and version (a local file's config is its content hash), split, size."""
+  info = builder.info.splits[split]
+  return f"{builder.info.full_name}|{split}|{info.num_examples}|{int(info.num_bytes)}"
 
 
 def load_documents(data_config: Any, split: str, tfds_dir: str) -> Documents:
@@ -311,4 +334,5 @@ def load_documents(data_config: Any, split: str, tfds_dir: str) -> Documents:
   else:
     builder = _catalog_builder(spec, tfds_dir)
   source = builder.as_data_source(split=spec.splits[split])
-  return Documents(source, spec.text_key, spec.detokenizer)
+  return Documents(source, spec.text_key, spec.detokenizer,
+                   _fingerprint(builder, spec.splits[split]))

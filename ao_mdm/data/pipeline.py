@@ -1,29 +1,21 @@
-"""The grain input pipeline: tokenize, append EOS, pack into blocks, shuffle, shard, batch.
+"""The grain input pipeline over prepared data (ao_mdm/data/prepared.py): blocks, a global
+seeded shuffle, disjoint per-process shards and batches; and evaluation blocks.
 
-Batches are numpy int32 arrays of shape [global_batch_size // process_count, block_size].
-The whole split is tokenized and packed in memory once per process: fine for the embedded
-corpus and WikiText/PTB-sized data; OpenWebText-sized corpora would need a streaming packer
-(e.g. an IterDataset over the ArrayRecord source) or pre-tokenized ArrayRecord blocks instead.
+Batches are numpy int32 arrays of shape [global_batch_size // process_count, block_size]. The
+blocks are read from the prepared token shards on demand, so memory and start-up time do not
+grow with the corpus.
 """
-from typing import Any
+from typing import Optional
 
 import grain
 import jax
 import numpy as np
 
-from ao_mdm.data import datasets
-from ao_mdm.data.tokenizer import Tokenizer
+from ao_mdm.data import prepared
 
-# Reading blocks from memory is cheap: a couple of threads, a short prefetch buffer.
+# Reading a block is one pread: a couple of threads and a short prefetch buffer keep up.
 _READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)
-
-
-def _encode_all(tokenizer: Tokenizer, docs: Any) -> list[list[int]]:
-  """Token ids of every document, batched when the tokenizer supports it."""
-  docs = list(docs)
-  if hasattr(tokenizer, "encode_batch"):
-    return tokenizer.encode_batch(docs)
-  return [tokenizer.encode(d) for d in docs]
+PACKINGS = ("stream", "paper")
 
 
 def pack_documents(token_lists: list[list[int]], eos_id: int, block_size: int) -> np.ndarray:
@@ -41,55 +33,47 @@ def pack_documents(token_lists: list[list[int]], eos_id: int, block_size: int) -
   return stream[:n_blocks * block_size].reshape(n_blocks, block_size)
 
 
-def token_counts(data_config: Any, tokenizer: Tokenizer, *, tfds_dir: str,
-                 split: str = "train") -> np.ndarray:
-  """int64 [vocab] counts of every token of the split, one EOS per document counted."""
-  counts = np.zeros(tokenizer.vocab_size, np.int64)
-  for ids in _encode_all(tokenizer, datasets.load_documents(data_config, split, tfds_dir)):
-    counts += np.bincount(ids, minlength=tokenizer.vocab_size)[:tokenizer.vocab_size]
-    counts[tokenizer.eos_id] += 1
-  return counts
-
-
-def split_blocks(data_config: Any, tokenizer: Tokenizer, *, block_size: int, split: str,
-                 tfds_dir: str) -> np.ndarray:
-  """The split's documents, in order, packed into [N, block_size] blocks (N may be 0)."""
-  docs = datasets.load_documents(data_config, split, tfds_dir)
-  return pack_documents(_encode_all(tokenizer, docs), tokenizer.eos_id, block_size)
+def _check_some(blocks: np.ndarray, tokens: int, block_size: int, source: str) -> np.ndarray:
+  if len(blocks) == 0:
+    raise ValueError(f"{source} has {tokens} tokens (EOS included); at least "
+                     f"block_size={block_size} are needed for one block")
+  return blocks
 
 
 def pack_for_eval(token_lists: list, eos_id: int, block_size: int, source: str) -> np.ndarray:
-  """pack_documents, with one clear error when `source` is too short for a single block."""
-  blocks = pack_documents(token_lists, eos_id, block_size)
-  if len(blocks) == 0:
-    raise ValueError(f"{source} has {sum(len(t) + 1 for t in token_lists)} tokens (EOS "
-                     f"included); at least block_size={block_size} are needed for one block")
-  return blocks
+  """pack_documents of a small local file (eval --text_file), refused if it fills no block."""
+  return _check_some(pack_documents(token_lists, eos_id, block_size),
+                     sum(len(t) + 1 for t in token_lists), block_size, source)
 
 
-def eval_blocks(data_config: Any, tokenizer: Tokenizer, *, block_size: int, split: str,
-                tfds_dir: str, max_blocks: int | None = None) -> np.ndarray:
-  """The whole split packed in document order as int32 [N, block_size], for evaluation."""
-  docs = datasets.load_documents(data_config, split, tfds_dir)
-  blocks = pack_for_eval(_encode_all(tokenizer, docs), tokenizer.eos_id, block_size,
-                         f"split {split!r} of dataset {data_config.dataset!r}")
-  if max_blocks is not None:
-    if max_blocks <= 0:
-      raise ValueError(f"max_blocks must be positive or None, got {max_blocks}")
+def eval_blocks(split: prepared.PreparedSplit, block_size: int, *,
+                max_blocks: Optional[int] = None, packing: str = "stream") -> np.ndarray:
+  """int32 [N, block_size] blocks of a prepared split, in document order.
+
+  `stream`: the split's consecutive blocks (the first `max_blocks`); `paper`: every block as the
+  authors' data.py packs an evaluation split (prepared.paper_blocks).
+  """
+  if packing not in PACKINGS:
+    raise ValueError(f"packing must be one of {', '.join(PACKINGS)}, got {packing!r}")
+  if max_blocks is not None and max_blocks <= 0:
+    raise ValueError(f"max_blocks must be positive or None, got {max_blocks}")
+  if packing == "paper":
+    blocks = prepared.paper_blocks(split.read(0, split.tokens), split.eos_id, block_size)
     blocks = blocks[:max_blocks]
-  return blocks
+  else:
+    blocks = split.blocks(block_size).array(max_blocks)
+  return _check_some(blocks, split.tokens, block_size, split.name)
 
 
-def train_iterator(data_config: Any, tokenizer: Tokenizer, *, block_size: int,
-                   global_batch_size: int, seed: int, tfds_dir: str, split: str = "train",
-                   process_index: int | None = None,
-                   process_count: int | None = None) -> grain.DatasetIterator:
+def train_iterator(blocks: prepared.Blocks, *, global_batch_size: int, seed: int,
+                   process_index: Optional[int] = None,
+                   process_count: Optional[int] = None) -> grain.DatasetIterator:
   """An endless, seeded, checkpointable iterator of this process's int32 [B/P, T] batches.
 
-  Blocks are shuffled globally with `seed` (a new order every epoch); process p takes every
-  P-th block of that order, so the shards are disjoint and together cover each epoch.
-  The iterator has `get_state()`/`set_state()`; Orbax saves it with
-  `grain.checkpoint.CheckpointSave(iterator)` and restores it with
+  Blocks are shuffled globally with `seed` (a new order every epoch; grain's index shuffle needs
+  no memory per block); process p takes every P-th block of that order, so the shards are
+  disjoint and together cover each epoch. The iterator has `get_state()`/`set_state()`; Orbax
+  saves it with `grain.checkpoint.CheckpointSave(iterator)` and restores it with
   `grain.checkpoint.CheckpointRestore(iterator)`.
   """
   if process_index is None:
@@ -106,12 +90,10 @@ def train_iterator(data_config: Any, tokenizer: Tokenizer, *, block_size: int,
         f"process count {process_count}")
   if not 0 <= seed < 2**32:
     raise ValueError(f"seed must be in [0, 2**32), got {seed}")
-  blocks = split_blocks(data_config, tokenizer, block_size=block_size, split=split,
-                        tfds_dir=tfds_dir)
   if len(blocks) < process_count:
     raise ValueError(
-        f"split {split!r} of dataset {data_config.dataset!r} packs into {len(blocks)} blocks "
-        f"of {block_size} tokens; each of the {process_count} processes needs at least one")
+        f"{blocks.split.name} packs into {len(blocks)} blocks of {blocks.block_size} tokens; "
+        f"each of the {process_count} processes needs at least one")
   ds = (grain.MapDataset.source(blocks)
         .shuffle(seed=seed)
         [process_index::process_count]

@@ -1,5 +1,6 @@
 """Tokenizers: the `Tokenizer` interface, SentencePiece (trained on the project's corpus), caching."""
 import glob
+import hashlib
 import io
 import os
 import re
@@ -20,11 +21,16 @@ _SENTENCE_END = re.compile(r"(?<=[.!?\"')\]’”])\s+(?=\S)|\n+")
 class Tokenizer(Protocol):
   """What the pipeline and the model need from a tokenizer (SentencePiece, GPT-2 BPE, ...)."""
 
+  name: str  # one of TOKENIZERS
+  sha256: str  # of the files that define it: prepared data is keyed by it
   eos_id: int
   vocab_size: int
 
   def encode(self, text: str) -> list[int]:
     """Token ids of `text`, with no BOS/EOS added."""
+
+  def encode_batch(self, texts: list[str], num_threads: int = 0) -> list[list[int]]:
+    """Token ids of several texts; num_threads 0: the library's default, 1: this thread only."""
 
   def decode(self, ids: Sequence[int]) -> str:
     """The text of `ids`; decode(encode(t)) == t."""
@@ -33,11 +39,16 @@ class Tokenizer(Protocol):
 class SentencePieceTokenizer:
   """A trained SentencePiece model loaded from a local file."""
 
+  name = "sentencepiece"
+
   def __init__(self, model_path: str):
     if not os.path.isfile(model_path):
       raise FileNotFoundError(f"SentencePiece model not found: {model_path}")
     self.model_path = model_path
-    self._sp = spm.SentencePieceProcessor(model_file=model_path)
+    with open(model_path, "rb") as f:
+      model = f.read()
+    self.sha256 = hashlib.sha256(model).hexdigest()
+    self._sp = spm.SentencePieceProcessor(model_proto=model)
     self.vocab_size: int = self._sp.get_piece_size()
     self.eos_id: int = self._sp.eos_id()
     if self.eos_id < 0:
@@ -47,13 +58,16 @@ class SentencePieceTokenizer:
     """Token ids of `text`, with no BOS/EOS added."""
     return self._sp.encode(text)
 
-  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+  def encode_batch(self, texts: list[str], num_threads: int = 0) -> list[list[int]]:
     """Token ids of several texts at once (faster than one by one)."""
-    return self._sp.encode(texts)
+    return self._sp.encode(texts, num_threads=num_threads or -1)
 
   def decode(self, ids: Sequence[int] | Any) -> str:
     """The text of `ids` (a list or a 1-D integer array)."""
     return self._sp.decode([int(i) for i in ids])
+
+  def __reduce__(self):  # worker processes reload the model from its file
+    return SentencePieceTokenizer, (self.model_path,)
 
 
 def _training_sentences(texts: Iterable[str]) -> Iterator[str]:
@@ -142,6 +156,17 @@ def get_tokenizer(data_config: Any, vocab_size: int, cache_dir: str) -> Tokenize
     tfds_dir = datasets.resolve_tfds_dir(data_config.get("tfds_dir", ""))
     train_sentencepiece(datasets.load_documents(data_config, "train", tfds_dir), vocab_size, path)
   return SentencePieceTokenizer(path)
+
+
+def run_tokenizer(config: Any, workdir: str) -> Tokenizer:
+  """The tokenizer of a training run (trained into workdir/tokenizer/ if it is SentencePiece and
+  missing), checked against the model's vocab size."""
+  if config.data.tokenizer == "sentencepiece" and not workdir:
+    raise ValueError("data.tokenizer='sentencepiece' is trained for each run: give --workdir=DIR, "
+                     "the work dir `ao-mdm train` uses (the tokenizer is trained there if missing)")
+  tokenizer = get_tokenizer(config.data, config.model.vocab_size, workdir)
+  check_vocab(tokenizer, config.model.vocab_size)
+  return tokenizer
 
 
 def load_saved_tokenizer(data_config: Any, vocab_size: int, checkpoint: str) -> Tokenizer:
