@@ -20,6 +20,7 @@ INSTALL_REQUIRES = [
     "numpy>=2.4,<3",
     "absl-py>=2.5.1,<3",
     "tqdm>=4.70.1,<5",
+    "psutil>=7.2.2,<8",  # `ao-mdm bench data`: memory of process trees
     # clu's metric writers (TensorBoard event files) import TensorFlow; only the training loop
     # imports them, never ao_mdm.model or ao_mdm.sampling.
     "tensorflow-cpu>=2.21.0,<2.22",

@@ -26,9 +26,10 @@ COMMANDS = {
     "compile": "ahead-of-time compile of the train step for a TPU topology: --config=... "
                "--topology=v5e:4x4",
     "bench": "benchmarks: `bench sample --config=configs/bench_sampler.py [--mode=speculative "
-             "--checkpoint=DIR]`, `bench train --config=configs/bench_train.py`",
+             "--checkpoint=DIR]`, `bench train --config=configs/bench_train.py`, "
+             "`bench data --config=configs/bench_data.py`",
 }
-BENCHES = ("sample", "train")
+BENCHES = ("sample", "train", "data")
 # The flags each command reads; any other flag of ours given to it is an error.
 _SAMPLING = ("prompt", "infill", "infill_span", "mode", "steps", "schedule", "draft", "score",
              "temperature", "top_p", "top_p_rule", "top_k", "order", "num_samples")
@@ -265,6 +266,10 @@ def _bench(what: str) -> None:
   if FLAGS.mode == "speculative" and not FLAGS.checkpoint:
     raise app.UsageError("bench sample --mode=speculative needs --checkpoint (a trained model: "
                          "acceptance depends on it)")
+  if what == "data":
+    from ao_mdm.data import bench_data
+    bench_data.bench_data(FLAGS.config, FLAGS["config"].config_filename)
+    return
   from ao_mdm import bench
   if what == "train":
     bench.bench_train(FLAGS.config, baseline)

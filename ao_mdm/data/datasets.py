@@ -106,6 +106,19 @@ def text_source_hash(path: str) -> str:
   """A short hash of the content (file bytes, or names+bytes of a directory's .txt files)."""
   if not path:
     raise ValueError("data.text_file is empty; set it to a local text file or directory")
+  if os.path.isfile(path):  # hashed once per process while the file stays as it is
+    st = os.stat(path)
+    return _file_hash(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+  return _content_hash(path)
+
+
+@functools.lru_cache(maxsize=64)
+def _file_hash(path: str, size: int, mtime_ns: int) -> str:
+  del size, mtime_ns  # the cache key
+  return _content_hash(path)
+
+
+def _content_hash(path: str) -> str:
   h = hashlib.sha256()
   if os.path.isdir(path):
     names = sorted(glob.glob(os.path.join(path, "*.txt")))

@@ -5,6 +5,7 @@ Batches are numpy int32 arrays of shape [global_batch_size // process_count, blo
 blocks are read from the prepared token shards on demand, so memory and start-up time do not
 grow with the corpus.
 """
+import sys
 from typing import Optional
 
 import grain
@@ -13,8 +14,8 @@ import numpy as np
 
 from ao_mdm.data import prepared
 
-# Reading a block is one pread: a couple of threads and a short prefetch buffer keep up.
-_READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)
+# One background thread reading a batch ahead keeps up (about 30M tokens/s, docs/performance.md).
+_READ_OPTIONS = grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)
 PACKINGS = ("stream", "paper")
 
 
@@ -65,15 +66,41 @@ def eval_blocks(split: prepared.PreparedSplit, block_size: int, *,
   return _check_some(blocks, split.tokens, block_size, split.name)
 
 
+class ShuffledBatches(grain.MapDataset):
+  """Endless batches of one process's blocks: epoch e orders all N blocks by a permutation
+  seeded with seed + e (grain's index shuffle: no memory per block); process p of P takes
+  positions p, p + P, ... of it (N // P each, so every process's epochs align); batch i holds
+  its next B. One grain element per batch keeps grain's per-element cost off each block.
+  """
+
+  def __init__(self, blocks: prepared.Blocks, batch_size: int, seed: int, process_index: int,
+               process_count: int):
+    super().__init__()
+    self._blocks, self._b, self._seed = blocks, batch_size, seed
+    self._p, self._count = process_index, process_count
+    self._per_epoch = len(blocks) // process_count
+
+  def __len__(self) -> int:
+    return sys.maxsize
+
+  def __getitem__(self, index: int) -> np.ndarray:
+    epoch, position = np.divmod(index * self._b + np.arange(self._b), self._per_epoch)
+    shuffle = grain.experimental.index_shuffle
+    rows = [shuffle(int(q) * self._count + self._p, max_index=len(self._blocks) - 1,
+                    seed=(self._seed + int(e)) % 2**32, rounds=4)
+            for q, e in zip(position, epoch)]
+    return self._blocks.rows(rows)
+
+
 def train_iterator(blocks: prepared.Blocks, *, global_batch_size: int, seed: int,
                    process_index: Optional[int] = None,
                    process_count: Optional[int] = None) -> grain.DatasetIterator:
   """An endless, seeded, checkpointable iterator of this process's int32 [B/P, T] batches.
 
-  Blocks are shuffled globally with `seed` (a new order every epoch; grain's index shuffle needs
-  no memory per block); process p takes every P-th block of that order, so the shards are
-  disjoint and together cover each epoch. The iterator has `get_state()`/`set_state()`; Orbax
-  saves it with `grain.checkpoint.CheckpointSave(iterator)` and restores it with
+  Blocks are shuffled globally with `seed`, a new order every epoch; the processes' shards are
+  disjoint and together cover each epoch but for fewer than P blocks (ShuffledBatches). The
+  iterator has `get_state()`/`set_state()`; Orbax saves it with
+  `grain.checkpoint.CheckpointSave(iterator)` and restores it with
   `grain.checkpoint.CheckpointRestore(iterator)`.
   """
   if process_index is None:
@@ -94,9 +121,6 @@ def train_iterator(blocks: prepared.Blocks, *, global_batch_size: int, seed: int
     raise ValueError(
         f"{blocks.split.name} packs into {len(blocks)} blocks of {blocks.block_size} tokens; "
         f"each of the {process_count} processes needs at least one")
-  ds = (grain.MapDataset.source(blocks)
-        .shuffle(seed=seed)
-        [process_index::process_count]
-        .repeat()  # reseeds the shuffle every epoch
-        .batch(global_batch_size // process_count, drop_remainder=True))
+  ds = ShuffledBatches(blocks, global_batch_size // process_count, seed, process_index,
+                       process_count)
   return iter(ds.to_iter_dataset(read_options=_READ_OPTIONS))

@@ -24,6 +24,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import queue
 import re
 import signal
 import socket
@@ -38,7 +39,7 @@ from ao_mdm.data import datasets
 from ao_mdm.data.tokenizer import Tokenizer
 
 FORMAT = 1
-SHARD_DOCS = 2048  # documents per shard: the unit of parallel work and of redoing after a kill
+SHARD_DOCS = 1024  # documents per shard: the unit of parallel work and of redoing after a kill
 _CHUNK_DOCS = 256  # documents read and tokenized at once by a worker
 _READ_BYTES = 16 << 20  # bytes per read when checksumming and counting
 _MANIFEST = "manifest.json"
@@ -231,6 +232,13 @@ class Blocks(Sequence):
     t = self.block_size
     return self.split.read(index * t, (index + 1) * t).astype(np.int32)
 
+  def rows(self, indices: Sequence[int]) -> np.ndarray:
+    """Blocks `indices` as one int32 [len(indices), block_size] array."""
+    t, out = self.block_size, np.empty((len(indices), self.block_size), np.int32)
+    for row, index in enumerate(indices):
+      out[row] = self.split.read(index * t, (index + 1) * t)
+    return out
+
   def array(self, limit: Optional[int] = None) -> np.ndarray:
     """The first `limit` blocks (default: all) as one int32 [N, block_size] array."""
     n = len(self) if limit is None else min(limit, len(self))
@@ -298,9 +306,8 @@ def _verify(directory: str, manifest: dict, log: Callable) -> None:
 class _ShardWriter:
   """Tokenizes a range of documents into one shard file: run by each worker process."""
 
-  def __init__(self, data_config: Any, tokenizer: Tokenizer, split: str, directory: str):
-    self.docs = datasets.load_documents(data_config, split, data_config.get("tfds_dir", ""))
-    self.tokenizer, self.directory = tokenizer, directory
+  def __init__(self, docs: datasets.Documents, tokenizer: Tokenizer, directory: str):
+    self.docs, self.tokenizer, self.directory = docs, tokenizer, directory
     self.dtype = _dtype(tokenizer.vocab_size)
 
   def __call__(self, job: tuple[int, int, int]) -> tuple[int, int]:
@@ -354,26 +361,46 @@ def _check_shard(job: tuple[str, str, int]) -> tuple[str, str, np.ndarray]:
 
 
 def _write_shards(jobs: list, workers: int, desc: str, writer_args: tuple):
-  """Yields (shard, tokens) for every job, unordered: in this process, or in `workers` spawned
-  processes (not forked: JAX may already run threads here); a progress bar when jobs are many."""
+  """Yields (shard, tokens) for every job, unordered. This process writes shards and, with
+  workers > 1, so do workers - 1 spawned processes (not forked: JAX may already run threads
+  here); each takes the next job when it finishes one. A progress bar when jobs are many."""
   import tqdm  # pylint: disable=g-import-not-at-top
-  with tqdm.tqdm(total=len(jobs), desc=desc, unit="shard", disable=len(jobs) < 8,
-                 mininterval=2.0) as bar:
-    if workers <= 1 or len(jobs) <= 1:
-      writer = _ShardWriter(*writer_args)
-      results = map(writer, jobs)
-    else:
-      pool = multiprocessing.get_context("spawn").Pool(
-          min(workers, len(jobs)), initializer=_init_worker, initargs=writer_args)
-      results = pool.imap_unordered(_write_shard, jobs)
-    try:
-      for result in results:
-        yield result
-        bar.update()
-    finally:
-      if workers > 1 and len(jobs) > 1:
-        pool.terminate()
-        pool.join()
+  pending, lock, done = iter(jobs), threading.Lock(), queue.SimpleQueue()
+
+  def take():
+    with lock:
+      return next(pending, None)
+
+  def submit(_=None):
+    job = take()
+    if job is not None:
+      pool.apply_async(_write_shard, (job,), callback=lambda r: (done.put(r), submit()),
+                       error_callback=done.put)
+
+  helpers = min(workers, len(jobs)) - 1
+  pool = multiprocessing.get_context("spawn").Pool(
+      helpers, initializer=_init_worker, initargs=writer_args) if helpers > 0 else None
+  for _ in range(max(helpers, 0)):
+    submit()
+  writer, yielded = _ShardWriter(*writer_args), 0
+  try:
+    with tqdm.tqdm(total=len(jobs), desc=desc, unit="shard", disable=len(jobs) < 8,
+                   mininterval=2.0) as bar:
+      while yielded < len(jobs):
+        job = take()
+        if job is not None:
+          done.put(writer(job))
+        while not done.empty() or (job is None and yielded < len(jobs)):
+          result = done.get()
+          if isinstance(result, BaseException):
+            raise result
+          yield result
+          bar.update()
+          yielded += 1
+  finally:
+    if pool is not None:
+      pool.terminate()
+      pool.join()
 
 
 def default_workers() -> int:
@@ -448,7 +475,7 @@ def prepare(data_config: Any, tokenizer: Tokenizer, split: str, *, workers: int 
   jobs = [job for job in mine if not _done(directory, *job)]
   start = time.perf_counter()
   tokens = sum(t for _, t in _write_shards(jobs, workers, f"prepare {split}",
-                                           (data_config, tokenizer, split, directory)))
+                                           (docs, tokenizer, directory)))
   if jobs:
     seconds = time.perf_counter() - start
     log(f"prepared {len(jobs)} of {n_shards} shards of {plan['dataset']}/{split}: "

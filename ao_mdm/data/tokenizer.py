@@ -70,10 +70,15 @@ class SentencePieceTokenizer:
     return SentencePieceTokenizer, (self.model_path,)
 
 
+def sentences(text: str) -> list[str]:
+  """The text cut at newlines and at spaces after a sentence end; blank pieces dropped."""
+  return [s for s in _SENTENCE_END.split(text) if s.strip()]
+
+
 def _training_sentences(texts: Iterable[str]) -> Iterator[str]:
   """Splits texts into sentences (SentencePiece skips over-long lines) and cuts any still too long."""
   for text in texts:
-    for sentence in _SENTENCE_END.split(text):
+    for sentence in sentences(text):
       data = sentence.encode("utf-8")
       for start in range(0, len(data), _MAX_SENTENCE_BYTES):
         piece = data[start:start + _MAX_SENTENCE_BYTES].decode("utf-8", errors="ignore")

@@ -1,0 +1,220 @@
+"""`ao-mdm bench data`: preparing and reading a synthetic corpus at two sizes, in one run.
+
+Per size: the raw tokenizer's batch throughput on the corpus's documents (all cores), `ao-mdm
+prepare` with 1 and with N workers (wall time and the peak RSS of its whole process tree), and
+the train iterator over the prepared split (time to first batch, delivered tokens/s, peak RSS),
+next to the same blocks read through grain from an ArrayRecord file (the format MaxText and
+md4 stream). Prepare and the iterator run as fresh processes, as a user runs them.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from ao_mdm.data import corpus, datasets
+
+# OpenWebText in GPT-2 tokens (the paper's training set): what the projection scales to.
+OPENWEBTEXT_TOKENS = 9.0e9
+
+
+def write_synthetic_corpus(path: str, tokens: int, seed: int = 0) -> int:
+  """Writes about `tokens` GPT-2 tokens of corpus.synthetic_documents, one per line, to path
+  (through a temporary file); returns the documents written."""
+  from ao_mdm.data import gpt2  # pylint: disable=g-import-not-at-top
+  sample = list(corpus.synthetic_documents(2_000_000, seed=seed + 1))
+  chars_per_token = sum(map(len, sample)) / sum(map(len, gpt2.GPT2Tokenizer().encode_batch(sample)))
+  tmp, n = f"{path}.tmp{os.getpid()}", 0
+  with open(tmp, "w", encoding="utf-8") as f:
+    for doc in corpus.synthetic_documents(int(tokens * chars_per_token), seed=seed):
+      f.write(doc + "\n")
+      n += 1
+  os.replace(tmp, path)
+  return n
+
+
+def _data_config(config: ml_collections.ConfigDict, text_file: str, root: str,
+                 prepared: str) -> ml_collections.ConfigDict:
+  data = config.data.copy_and_resolve_references()
+  data.update(dataset="text_file", text_file=text_file, tfds_dir=os.path.join(root, "tfds"),
+              prepared_dir=os.path.join(root, prepared))
+  return data
+
+
+def _tree_rss(pid: int) -> int:
+  import psutil  # pylint: disable=g-import-not-at-top
+  try:
+    proc = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
+  except psutil.Error:
+    return 0
+
+
+def _run_measured(cmd: list) -> tuple[float, int, str]:
+  """Wall seconds, peak RSS of the process tree (sampled every 0.1 s) and stdout of cmd."""
+  start = time.perf_counter()
+  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  peak, out = [0], {}
+  reader = threading.Thread(target=lambda: out.update(zip(("out", "err"), proc.communicate())))
+  reader.start()
+  while reader.is_alive():
+    peak[0] = max(peak[0], _tree_rss(proc.pid))
+    reader.join(0.1)
+  seconds = time.perf_counter() - start
+  if proc.returncode:
+    raise RuntimeError(f"{' '.join(cmd[:4])} ... failed: {out['err'][-2000:]}")
+  return seconds, peak[0], out["out"]
+
+
+def _raw_tokenizer(docs: datasets.Documents, tokenizer: Any, threads: int) -> float:
+  """Tokens/s of the tokenizer's own batch call on every document (reading not timed)."""
+  seconds, tokens = 0.0, 0
+  for start in range(0, len(docs), 2048):
+    texts = docs.read(start, start + 2048)
+    t = time.perf_counter()
+    tokens += sum(map(len, tokenizer.encode_batch(texts, num_threads=threads)))
+    seconds += time.perf_counter() - t
+  return tokens / seconds
+
+
+def _peak_rss_mb() -> float:
+  """This process's peak RSS (VmHWM: unlike ru_maxrss, not inherited from the parent)."""
+  with open("/proc/self/status") as f:
+    return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+
+
+def iterator_child(args_json: str) -> None:
+  """In a fresh process: open the prepared split, time the first batch, then `batches` more;
+  the same for an ArrayRecord file of the same blocks; prints one JSON line."""
+  import grain  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import gpt2, pipeline, prepared  # pylint: disable=g-import-not-at-top
+  a = json.loads(args_json)
+  data = ml_collections.ConfigDict(a["data"])
+  rss_start = _peak_rss_mb()
+  start = time.perf_counter()
+  split = prepared.open_split(data, gpt2.GPT2Tokenizer(), "train")
+  it = pipeline.train_iterator(split.blocks(a["block_size"]), global_batch_size=a["batch"],
+                               seed=0, process_index=0, process_count=1)
+  next(it)
+  first = time.perf_counter() - start
+  start = time.perf_counter()
+  for _ in range(a["batches"]):
+    batch = next(it)
+  seconds = time.perf_counter() - start
+  out = {"time_to_first_batch_s": first,
+         "tokens_per_s": a["batches"] * batch.size / seconds,
+         "peak_rss_mb": _peak_rss_mb(), "peak_rss_before_open_mb": rss_start}
+  source = grain.sources.ArrayRecordDataSource(a["array_record"])
+  ds = (grain.MapDataset.source(source).shuffle(seed=0).repeat()
+        .map(lambda r: np.frombuffer(r, np.uint16).astype(np.int32))
+        .batch(a["batch"], drop_remainder=True))
+  it = iter(ds.to_iter_dataset(read_options=pipeline._READ_OPTIONS))  # pylint: disable=protected-access
+  next(it)
+  start = time.perf_counter()
+  for _ in range(a["batches"]):
+    next(it)
+  out["array_record_tokens_per_s"] = a["batches"] * batch.size / (time.perf_counter() - start)
+  print(json.dumps(out))
+
+
+def _write_array_record(blocks: Any, path: str) -> None:
+  """The blocks, one uint16 record each, in an ArrayRecord file (random access per record)."""
+  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+  writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
+  for start in range(0, len(blocks), 4096):
+    for row in blocks.array(start + 4096)[start:]:
+      writer.write(row.astype(np.uint16).tobytes())
+  writer.close()
+
+
+def bench_data(config: ml_collections.ConfigDict, config_file: str) -> dict:
+  """Prepare and iterator figures at each size of config.bench.sizes; prints one JSON line.
+
+  `config_file` is the config's path: `ao-mdm prepare` runs on it as a user would run it."""
+  from ao_mdm.data import gpt2, prepared  # pylint: disable=g-import-not-at-top
+  b = config.bench
+  root = b.dir or tempfile.mkdtemp(prefix="ao_mdm_bench_data_")
+  os.makedirs(root, exist_ok=True)
+  cores = prepared.default_workers()
+  tokenizer = gpt2.GPT2Tokenizer()
+  results = {"cores": cores, "block_size": int(config.model.block_size),
+             "batch_size": int(b.batch_size), "sizes": {}}
+  try:
+    for size in b.sizes:
+      name = f"{size / 1e6:g}M"
+      text = os.path.join(root, f"synthetic_{name}.txt")
+      if not os.path.isfile(text):
+        print(f"[{name}] writing the synthetic corpus", flush=True)
+        write_synthetic_corpus(text, int(size))
+      start = time.perf_counter()
+      docs = datasets.load_documents(_data_config(config, text, root, "p"), "train",
+                                     os.path.join(root, "tfds"))
+      r = {"documents": len(docs), "text_mb": os.path.getsize(text) / 2**20,
+           "source_build_s": time.perf_counter() - start}
+      r["raw_tokenizer_tokens_per_s"] = _raw_tokenizer(docs, tokenizer, cores)
+      print(f"[{name}] raw tokenizer ({cores} threads): "
+            f"{r['raw_tokenizer_tokens_per_s'] / 1e6:.2f}M tokens/s", flush=True)
+      for workers in sorted({1, cores}):
+        prepared_dir = f"prepared_w{workers}"
+        shutil.rmtree(os.path.join(root, prepared_dir), ignore_errors=True)
+        cmd = [sys.executable, "-m", "ao_mdm.main", "prepare", f"--config={config_file}",
+               f"--config.data.text_file={text}",
+               f"--config.data.tfds_dir={os.path.join(root, 'tfds')}",
+               f"--config.data.prepared_dir={os.path.join(root, prepared_dir)}",
+               "--splits=train", f"--workers={workers}"]
+        seconds, peak, _ = _run_measured(cmd)
+        split = prepared.open_split(_data_config(config, text, root, prepared_dir), tokenizer,
+                                    "train", docs)
+        r["tokens"] = split.tokens
+        r[f"prepare_w{workers}"] = {"seconds": seconds, "tokens_per_s": split.tokens / seconds,
+                                    "peak_rss_mb": peak / 2**20}
+        print(f"[{name}] prepare, {workers} worker(s): {seconds:.1f} s, "
+              f"{split.tokens / seconds / 1e6:.2f}M tokens/s, peak RSS {peak / 2**20:.0f} MB "
+              "(process tree)", flush=True)
+      array_record = os.path.join(root, f"blocks_{name}.array_record")
+      _write_array_record(split.blocks(int(config.model.block_size)), array_record)
+      child = {"data": _data_config(config, text, root, f"prepared_w{cores}").to_dict(),
+               "block_size": int(config.model.block_size), "batch": int(b.batch_size),
+               "batches": int(b.iterator_batches), "array_record": array_record}
+      out = subprocess.run([sys.executable, "-c", "import sys; from ao_mdm.data import "
+                            "bench_data; bench_data.iterator_child(sys.argv[1])",
+                            json.dumps(child)], capture_output=True, text=True, check=True)
+      r["iterator"] = json.loads(out.stdout.strip().splitlines()[-1])
+      it = r["iterator"]
+      print(f"[{name}] train iterator: first batch {it['time_to_first_batch_s']:.2f} s, "
+            f"{it['tokens_per_s'] / 1e6:.1f}M tokens/s (ArrayRecord through grain: "
+            f"{it['array_record_tokens_per_s'] / 1e6:.1f}M), peak RSS {it['peak_rss_mb']:.0f} MB",
+            flush=True)
+      os.remove(array_record)
+      results["sizes"][name] = r
+  finally:
+    if not b.dir:
+      shutil.rmtree(root, ignore_errors=True)
+  results["summary"] = _summary(results, cores)
+  print(json.dumps(results))
+  return results
+
+
+def _summary(results: dict, cores: int) -> dict:
+  """The issue's ratios and the OpenWebText projection, from the largest size."""
+  sizes = list(results["sizes"].values())
+  big = sizes[-1]
+  one, many = big["prepare_w1"]["tokens_per_s"], big[f"prepare_w{cores}"]["tokens_per_s"]
+  out = {"prepare_over_raw_tokenizer": many / big["raw_tokenizer_tokens_per_s"],
+         f"prepare_{cores}_workers_over_1": many / one,
+         "prepare_peak_rss_mb": big[f"prepare_w{cores}"]["peak_rss_mb"],
+         "iterator_time_to_first_batch_s": max(s["iterator"]["time_to_first_batch_s"]
+                                               for s in sizes),
+         "iterator_tokens_per_s": min(s["iterator"]["tokens_per_s"] for s in sizes),
+         "openwebtext_core_hours": OPENWEBTEXT_TOKENS / one / 3600}
+  if len(sizes) > 1:
+    out["iterator_rss_growth_mb"] = (big["iterator"]["peak_rss_mb"]
+                                     - sizes[0]["iterator"]["peak_rss_mb"])
+  return out
