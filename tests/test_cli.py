@@ -77,7 +77,7 @@ BAD_INPUTS = [
     (["info", TINY, "--bogus=1"], "Unknown command line flag 'bogus'"),
     (["sample", "--checkpoint={run}", "--steps=abc"], "--steps=abc"),
     (["sample", "--checkpoint={run}", "--schedule=square"], "--schedule=square"),
-    (["bench"], "ao-mdm bench takes one of sample, train first, got nothing"),
+    (["bench"], "ao-mdm bench takes one of sample, train, data first, got nothing"),
     (["bench", "fast", TINY], "got 'fast'"),
     (["bench", "sample", TINY, "--baseline=torch"], "--baseline=torch applies to `ao-mdm bench "
      "train` only"),
@@ -113,6 +113,14 @@ BAD_INPUTS = [
     (["train", TINY, "--workdir={run}", "--init_from={export}"], "already holds checkpoints"),
     (["train", TINY, "--workdir={root}/w", "--init_from={export}"],
      "holds a different model: model.vocab_size"),
+    # prepare
+    (["prepare", TINY, "--workers=0"], "--workers=0 must be >= 1"),
+    (["prepare", TINY, "--splits=,"], "--splits is empty"),
+    (["prepare", TINY], "data.tokenizer='sentencepiece' is trained for each run: give --workdir"),
+    (["prepare", TINY, "--workdir={run}", "--config.model.vocab_size=512", "--splits=test"],
+     "dataset 'sotu' has no split 'test'; splits: train, validation"),
+    (["prepare", TINY, "--process_id=2", "--num_processes=2"], "--process_id=2 must be in [0, 2)"),
+    (["prepare", TINY, "--num_processes=2"], "give --process_id and --num_processes together"),
     # sample
     (["sample", "--checkpoint={root}/nowhere"], "--checkpoint '{root}/nowhere' is not a directory"),
     (["sample", "--checkpoint={root}/empty"], "holds no checkpoint"),

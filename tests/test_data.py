@@ -208,3 +208,13 @@ def test_token_counts_count_every_token_and_one_eos_per_document(text_config, sp
       naive[i] += 1
   np.testing.assert_array_equal(counts, naive)
   assert counts[sp_tokenizer.eos_id] >= len(docs)
+
+
+def test_synthetic_documents_are_seeded_and_sized():
+  a = list(corpus.synthetic_documents(300_000, seed=3))
+  assert a == list(corpus.synthetic_documents(300_000, seed=3))
+  assert a != list(corpus.synthetic_documents(300_000, seed=4))
+  assert 300_000 <= sum(map(len, a)) < 300_000 + max(map(len, a))
+  assert not any("\n" in d for d in a) and len(set(a)) == len(a)
+  sentences = {s for r in corpus.sotu_records() for s in r["text"].split("\n")}
+  assert a[0].split(". ")[0] + "." in " ".join(sentences)  # made of the corpus's sentences

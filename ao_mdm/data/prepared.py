@@ -73,6 +73,9 @@ def launcher_process(process_id: Optional[int] = None,
   if process_id is not None or num_processes is not None:
     if process_id is None or num_processes is None:
       raise ValueError("give --process_id and --num_processes together (or neither)")
+    if num_processes < 1 or not 0 <= process_id < num_processes:
+      raise ValueError(f"--process_id={process_id} must be in [0, {num_processes}) and "
+                       f"--num_processes={num_processes} >= 1")
     return process_id, num_processes
   if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
     return int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
