@@ -5,6 +5,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from ao_mdm.data import bench_data
 from ao_mdm.data import corpus
 from ao_mdm.data import datasets
 from ao_mdm.data import pipeline
@@ -211,9 +212,9 @@ def test_token_counts_count_every_token_and_one_eos_per_document(text_config, sp
 
 
 def test_synthetic_documents_are_seeded_and_sized():
-  a = list(corpus.synthetic_documents(300_000, seed=3))
-  assert a == list(corpus.synthetic_documents(300_000, seed=3))
-  assert a != list(corpus.synthetic_documents(300_000, seed=4))
+  a = list(bench_data.synthetic_documents(300_000, seed=3))
+  assert a == list(bench_data.synthetic_documents(300_000, seed=3))
+  assert a != list(bench_data.synthetic_documents(300_000, seed=4))
   assert 300_000 <= sum(map(len, a)) < 300_000 + max(map(len, a))
   assert not any("\n" in d for d in a) and len(set(a)) == len(a)
   sentences = {s for r in corpus.sotu_records() for s in r["text"].split("\n")}

@@ -187,6 +187,17 @@ def test_cli_refuses_corrupt_and_foreign_preparations(corpus_file, sp_tokenizer,
   assert out.returncode == 2 and len(errors) == 1 and "Traceback" not in out.stderr
   assert "shard-00000.bin has sha256" in errors[0] and "ao-mdm prepare" in errors[0]
   assert sorted(os.listdir(workdir)) == before  # no checkpoints/, logs or metrics
+  prepared.prepare(config, sp_tokenizer, "train", log=lambda _: None)  # redoes the shard
+  manifest_path = os.path.join(split.directory, "manifest.json")
+  manifest = json.load(open(manifest_path))
+  json.dump({**manifest, "source": "text_file/other/1.0.0"}, open(manifest_path, "w"))
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+  assert out.returncode == 2 and len(errors) == 1 and "Traceback" not in out.stderr
+  assert f"prepared with source='text_file/other/1.0.0', but this config gives source=" \
+         f"{manifest['source']!r}" in errors[0]
+  assert sorted(os.listdir(workdir)) == before
 
 
 def test_sentencepiece_prepare_needs_a_workdir():

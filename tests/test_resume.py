@@ -46,11 +46,18 @@ def _complete_steps(workdir):
 
 @pytest.mark.slow  # three training processes; test_train covers resume in-process by default
 def test_exact_resume_after_sigkill(data_dir, tmp_path):
+  """`ao-mdm prepare`, then a straight run and a run killed and resumed read the same blocks."""
   straight = str(tmp_path / "straight")
-  subprocess.run(_command(straight, data_dir, 6, 3), check=True, capture_output=True, timeout=300)
+  prepared_dir = f"--config.data.prepared_dir={tmp_path / 'prepared'}"
+  cmd = _command(straight, data_dir, 6, 3)  # [python, -m, ao_mdm.main, train, config, workdir, tfds]
+  prepare = subprocess.run(cmd[:3] + ["prepare"] + cmd[4:7] + [prepared_dir, SMALL[0]],
+                           capture_output=True, text=True, timeout=300)
+  assert prepare.returncode == 0 and "train: " in prepare.stdout, prepare.stderr
+  subprocess.run(_command(straight, data_dir, 6, 3) + [prepared_dir], check=True,
+                 capture_output=True, timeout=300)
   killed = str(tmp_path / "killed")
-  proc = subprocess.Popen(_command(killed, data_dir, 6, 3), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT)
+  proc = subprocess.Popen(_command(killed, data_dir, 6, 3) + [prepared_dir],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
   deadline = time.time() + 300
   while 3 not in _complete_steps(killed) and proc.poll() is None and time.time() < deadline:
     time.sleep(0.05)
@@ -60,9 +67,9 @@ def test_exact_resume_after_sigkill(data_dir, tmp_path):
   for step in _complete_steps(killed):  # a kill after step 3 is the same as a kill before it
     if step > 3:
       shutil.rmtree(os.path.join(killed, "checkpoints", str(step)))
-  resumed = subprocess.run(_command(killed, data_dir, 6, 3), check=True, capture_output=True,
-                           text=True, timeout=300)
-  assert "resumed from step 3" in resumed.stdout
+  resumed = subprocess.run(_command(killed, data_dir, 6, 3) + [prepared_dir], check=True,
+                           capture_output=True, text=True, timeout=300)
+  assert "resumed from step 3" in resumed.stdout and "prepared" not in resumed.stdout
   a, b = _losses(straight), _losses(killed)
   assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6]
   assert a == b  # bitwise: the same floats, including the data order after the restart

@@ -8,6 +8,7 @@ md4 stream). Prepare and the iterator run as fresh processes, as a user runs the
 """
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -19,21 +20,47 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from ao_mdm.data import corpus, datasets
+from ao_mdm.data import corpus, datasets, tokenizer
 
 # OpenWebText in GPT-2 tokens (the paper's training set): what the projection scales to.
 OPENWEBTEXT_TOKENS = 9.0e9
 
 
+def synthetic_documents(n_chars: int, seed: int = 0,
+                        sentences_per_document: tuple[int, int] = (4, 60)):
+  """Yields documents of the embedded corpus's sentences in a seeded shuffled order (reshuffled
+  after each pass) until they hold `n_chars` characters: a corpus of any size for benchmarks.
+
+  Each document joins a uniform random count of sentences from `sentences_per_document` with
+  spaces (about 1,100 GPT-2 tokens on average, near OpenWebText's) and holds no newline.
+  """
+  pool = [s for r in corpus.sotu_records() for s in tokenizer.sentences(r["text"])
+          if "\n" not in s]
+  rng = random.Random(seed)
+  order, pos, written = [], 0, 0
+  while written < n_chars:
+    k = rng.randint(*sentences_per_document)
+    picked = []
+    while len(picked) < k:
+      if pos == len(order):
+        order, pos = rng.sample(pool, len(pool)), 0
+      take = order[pos:pos + k - len(picked)]
+      picked += take
+      pos += len(take)
+    doc = " ".join(picked)
+    written += len(doc)
+    yield doc
+
+
 def write_synthetic_corpus(path: str, tokens: int, seed: int = 0) -> int:
-  """Writes about `tokens` GPT-2 tokens of corpus.synthetic_documents, one per line, to path
+  """Writes about `tokens` GPT-2 tokens of synthetic_documents, one per line, to path
   (through a temporary file); returns the documents written."""
   from ao_mdm.data import gpt2  # pylint: disable=g-import-not-at-top
-  sample = list(corpus.synthetic_documents(2_000_000, seed=seed + 1))
+  sample = list(synthetic_documents(2_000_000, seed=seed + 1))
   chars_per_token = sum(map(len, sample)) / sum(map(len, gpt2.GPT2Tokenizer().encode_batch(sample)))
   tmp, n = f"{path}.tmp{os.getpid()}", 0
   with open(tmp, "w", encoding="utf-8") as f:
-    for doc in corpus.synthetic_documents(int(tokens * chars_per_token), seed=seed):
+    for doc in synthetic_documents(int(tokens * chars_per_token), seed=seed):
       f.write(doc + "\n")
       n += 1
   os.replace(tmp, path)

@@ -4,7 +4,6 @@ import importlib.resources
 import json
 import lzma
 import math
-import random
 
 SPLITS = ("train", "validation")
 VALIDATION_FRACTION = 0.05
@@ -30,28 +29,3 @@ def sotu_documents(split: str) -> list[str]:
   n_val = math.ceil(VALIDATION_FRACTION * len(texts))
   return texts[:-n_val] if split == "train" else texts[-n_val:]
 
-
-def synthetic_documents(n_chars: int, seed: int = 0,
-                        sentences_per_document: tuple[int, int] = (4, 60)):
-  """Yields documents of the embedded corpus's sentences in a seeded shuffled order (reshuffled
-  after each pass) until they hold `n_chars` characters: a corpus of any size for benchmarks.
-
-  Each document joins a uniform random count of sentences from `sentences_per_document` with
-  spaces (about 1,100 GPT-2 tokens on average, near OpenWebText's) and holds no newline.
-  """
-  from ao_mdm.data.tokenizer import sentences  # pylint: disable=g-import-not-at-top
-  pool = [s for r in sotu_records() for s in sentences(r["text"]) if "\n" not in s]
-  rng = random.Random(seed)
-  order, pos, written = [], 0, 0
-  while written < n_chars:
-    k = rng.randint(*sentences_per_document)
-    picked = []
-    while len(picked) < k:
-      if pos == len(order):
-        order, pos = rng.sample(pool, len(pool)), 0
-      take = order[pos:pos + k - len(picked)]
-      picked += take
-      pos += len(take)
-    doc = " ".join(picked)
-    written += len(doc)
-    yield doc
