@@ -154,10 +154,20 @@ def _load_torch_checkpoint(path: str) -> dict:
   if not os.path.isfile(path):
     raise FileNotFoundError(f"no reference checkpoint file at {path!r}")
   try:
-    # mmap (zip-format files): only the tensors used are read, not the optimizer state.
-    ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=zipfile.is_zipfile(path))
+    # weights_only: tensors, containers and plain values only; a pickled callable (code that
+    # would run on load) is refused before it runs. mmap (zip-format files): only the tensors
+    # used are read, not the optimizer state.
+    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
   except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(f"{path!r} is not a PyTorch checkpoint torch.load can read: {e}") from e
+    found = re.search(r"GLOBAL ([\w.]+)", str(e))
+    if found:  # a pickled callable: what would have run
+      raise ValueError(f"{path!r} holds an object of type {found[1]}, which a checkpoint of the "
+                       "authors' trainer does not contain; refused without running it "
+                       "(torch.load weights_only=True)") from None
+    detail = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))
+    detail = detail[1] if detail else (str(e).strip().splitlines() or [type(e).__name__])[0]
+    raise ValueError(f"{path!r} is not a PyTorch checkpoint torch.load can read: {detail}"
+                     ) from None
   if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict) or not isinstance(
       ckpt.get("model_args"), dict):
     found = sorted(map(str, ckpt)) if isinstance(ckpt, dict) else type(ckpt).__name__

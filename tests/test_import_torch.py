@@ -47,9 +47,19 @@ def _reference_checkpoint(config, params, ema_params, bias: bool = True) -> dict
   m = config.model
   model_args = dict(n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
                     block_size=m.block_size, bias=bias, vocab_size=m.vocab_size, dropout=0.0)
+  # The optimizer state as their configure_optimizers makes it (AdamW, two param groups, fused
+  # off) after one step, and the scalar globals they save as `config`.
+  weights = [torch.nn.Parameter(v.clone()) for v in sd.values()]
+  optimizer = torch.optim.AdamW([{"params": weights[::2], "weight_decay": 0.05},
+                                 {"params": weights[1::2], "weight_decay": 0.0}],
+                                lr=6e-4, betas=(0.9, 0.95))
+  sum(w.sum() for w in weights).backward()
+  optimizer.step()
   return {"model": model, "ema_model": {"decay": 0.9999, "num_updates": 7, "shadow_params": shadow},
-          "ema_rate": 0.9999, "model_args": model_args, "optimizer": {}, "iter_num": 7,
-          "config": {"learning_rate": 6e-4}}
+          "ema_rate": 0.9999, "optimizer": optimizer.state_dict(), "model_args": model_args,
+          "iter_num": 7, "config": {"learning_rate": 6e-4, "dataset": "openwebtext",
+                                    "compile": False, "train_mode": "Random_CL",
+                                    "random_ratio": 0.9, "gradient_accumulation_steps": 64}}
 
 
 def _batch(config, seed: int = 0):
@@ -181,6 +191,27 @@ def test_not_a_checkpoint_refused(tmp_path, ao_checkpoint):
     torch_import.import_torch(str(text), str(tmp_path / "out"), config=config)
   with pytest.raises(FileNotFoundError, match="no reference checkpoint file"):
     torch_import.import_torch(str(tmp_path / "absent.pt"), str(tmp_path / "out"), config=config)
+
+
+class _Payload:
+  """Unpickling this runs a shell command (what a malicious .pt could do)."""
+
+  def __init__(self, marker):
+    self.marker = marker
+
+  def __reduce__(self):
+    import os  # pylint: disable=g-import-not-at-top
+    return os.system, (f"touch {self.marker}",)
+
+
+def test_checkpoint_with_code_is_refused_and_never_runs(tmp_path, ao_checkpoint):
+  config, ckpt = ao_checkpoint
+  marker = tmp_path / "payload_ran"
+  path = _save(tmp_path, {**ckpt, "config": _Payload(str(marker))}, "evil.pt")
+  with pytest.raises(ValueError, match=r"evil.pt' holds an object of type (posix|os)\.system, "
+                                       r"which a checkpoint .* refused without running it"):
+    torch_import.import_torch(path, str(tmp_path / "out"), config=config)
+  assert not marker.exists() and not (tmp_path / "out").exists()
 
 
 def test_variant_mismatch_and_bad_arguments_refused(tmp_path, ao_checkpoint):
