@@ -5,9 +5,13 @@ The import of the authors' PyTorch checkpoints is in torch_import.py.
 A training work dir holds `checkpoints/<step>/{state, data, config}`; an export holds
 `<out>/0/{params, config}`. Both are read by `load_params`.
 """
+import errno
+import fcntl
 import json
 import os
 import shutil
+import socket
+import time
 from typing import Any, Callable, Optional
 
 import grain
@@ -19,6 +23,9 @@ from ao_mdm import checks
 from ao_mdm import train_state
 
 CHECKPOINT_SUBDIR = "checkpoints"
+SET_ASIDE_SUBDIR = "checkpoints_set_aside"  # unreadable or foreign step dirs, never deleted
+LOCK_FILE = "train.lock"
+_TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a step being written
 
 
 def manager(directory: str, max_to_keep: Optional[int] = 3, async_save: bool = True,
@@ -58,26 +65,113 @@ def read_config(mgr: ocp.CheckpointManager, step: int) -> ml_collections.ConfigD
 
 
 def restore_newest(mgr: ocp.CheckpointManager, load: Callable[[int, Any], Any],
-                   check: Optional[Callable] = None, log: Callable[[str], None] = print):
+                   check: Optional[Callable] = None, log: Callable[[str], None] = print,
+                   skipped: Optional[list] = None):
   """(step, config, load(step, config)) of the newest checkpoint that reads; None if none does.
 
-  A checkpoint that fails to read is skipped with one line saying which and why. `check(config)`
-  may raise to refuse a readable checkpoint (e.g. of another model); that is not skipped.
+  A checkpoint that fails to read is skipped with one line saying which and why, and its step
+  appended to `skipped`. `check(config)` may raise to refuse a readable checkpoint (e.g. of
+  another model); that is not skipped, nor is an interrupt surfacing as another exception.
   """
+  from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
   for step in sorted(mgr.all_steps(), reverse=True):
     where = f"checkpoint step {step} in {mgr.directory}"
     try:
       config = read_config(mgr, step)
     except Exception as e:  # pylint: disable=broad-except  (any corruption: skip it)
+      if interrupts.interrupted():
+        raise KeyboardInterrupt from e
       log(f"skipped {where}: its config cannot be read ({_first_line(e)})")
+      if skipped is not None:
+        skipped.append(step)
       continue
     if check:
       check(config)
     try:
       return step, config, load(step, config)
     except Exception as e:  # pylint: disable=broad-except
+      if interrupts.interrupted():
+        raise KeyboardInterrupt from e
       log(f"skipped {where}: it cannot be restored ({_first_line(e)})")
+      if skipped is not None:
+        skipped.append(step)
   return None
+
+
+def set_aside(workdir: str, name: str, why: str, log: Callable[[str], None] = print) -> str:
+  """Moves checkpoints/<name> to checkpoints_set_aside/ (renamed, never deleted), so that
+  checkpointing goes on past it; returns the new path."""
+  os.makedirs(os.path.join(workdir, SET_ASIDE_SUBDIR), exist_ok=True)
+  target = os.path.join(workdir, SET_ASIDE_SUBDIR,
+                        f"{name}.{why}.{time.strftime('%Y%m%d-%H%M%S')}.{os.getpid()}")
+  os.replace(os.path.join(workdir, CHECKPOINT_SUBDIR, name), target)
+  log(f"moved checkpoints/{name} ({why}) aside to {target}")
+  return target
+
+
+def clean_workdir(workdir: str, log: Callable[[str], None] = print) -> None:
+  """Before a run resumes (its lock held): removes unfinished checkpoint writes of killed runs
+  and sets aside step directories that are not training checkpoints (e.g. an export)."""
+  directory = os.path.join(workdir, CHECKPOINT_SUBDIR)
+  if not os.path.isdir(directory):
+    return
+  for name in sorted(os.listdir(directory)):
+    path = os.path.join(directory, name)
+    if _TMP_SUFFIX in name:
+      shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+      log(f"removed checkpoints/{name}, a checkpoint write that did not finish")
+    elif name.isdigit() and not all(os.path.isdir(os.path.join(path, item))
+                                    for item in ("state", "config")):
+      set_aside(workdir, name, "not-a-training-checkpoint", log)
+
+
+def check_saved(mgr: ocp.CheckpointManager, step: int) -> None:
+  """Refuses to go on when the checkpoint of `step` did not land (after its write finished)."""
+  mgr.wait_until_finished()
+  mgr.reload()
+  if step not in mgr.all_steps():
+    raise OSError(f"the checkpoint of step {step} was not written to {mgr.directory}; "
+                  "training stops rather than go on without it")
+
+
+class WorkdirLock:
+  """One training run per work dir: an flock on WORKDIR/train.lock, which names its holder.
+
+  The kernel drops the lock when its holder dies, so a killed run never leaves a stale lock.
+  A work dir this lock created is removed again if nothing else was written into it.
+  """
+
+  def __init__(self, workdir: str):
+    self.created = not os.path.exists(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    self.workdir, self.path = workdir, os.path.join(workdir, LOCK_FILE)
+    self._file = open(self.path, "a+")  # pylint: disable=consider-using-with
+    try:
+      fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        return  # a file system without locks: nothing to check
+      self._file.seek(0)
+      holder = self._file.read().strip() or "another process"
+      self._file.close()
+      raise ValueError(f"--workdir {workdir} is in use by another `ao-mdm train` ({holder}); "
+                       "one run per work dir: wait for it, stop it, or use another --workdir"
+                       ) from None
+    self._file.seek(0)
+    self._file.truncate()
+    self._file.write(f"host {socket.gethostname()}, pid {os.getpid()}, since "
+                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    self._file.flush()
+
+  def release(self) -> None:
+    """Unlocks (the file stays: removing it would let two later runs lock different files)."""
+    if self._file.closed:
+      return
+    self._file.truncate(0)
+    self._file.close()
+    if self.created and os.listdir(self.workdir) == [LOCK_FILE]:
+      os.remove(self.path)
+      os.rmdir(self.workdir)
 
 
 def _first_line(e: Exception) -> str:
@@ -153,12 +247,16 @@ def write_params_export(out: str, config: ml_collections.ConfigDict, params: Any
   out = os.path.abspath(out)
   tmp = f"{out}.tmp{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)
-  mgr = manager(tmp, max_to_keep=None, async_save=False, item_names=("params", "config"))
-  mgr.save(0, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
-                                      config=ocp.args.JsonSave(json.loads(config.to_json()))))
-  mgr.wait_until_finished()
-  mgr.close()
-  if tokenizer_dir and os.path.isdir(tokenizer_dir):  # samplers and evaluators read it from here
-    shutil.copytree(tokenizer_dir, os.path.join(tmp, "tokenizer"))
-  os.replace(tmp, out)
+  try:
+    mgr = manager(tmp, max_to_keep=None, async_save=False, item_names=("params", "config"))
+    mgr.save(0, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
+                                        config=ocp.args.JsonSave(json.loads(config.to_json()))))
+    mgr.wait_until_finished()
+    mgr.close()
+    if tokenizer_dir and os.path.isdir(tokenizer_dir):  # samplers and evaluators read it here
+      shutil.copytree(tokenizer_dir, os.path.join(tmp, "tokenizer"))
+    os.replace(tmp, out)
+  except BaseException:  # an error or Ctrl-C: no half-written export stays behind
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
   return out

@@ -34,7 +34,8 @@ BENCHES = ("sample", "train", "data")
 _SAMPLING = ("prompt", "infill", "infill_span", "mode", "steps", "schedule", "draft", "score",
              "temperature", "top_p", "top_p_rule", "top_k", "order", "num_samples")
 COMMAND_FLAGS = {
-    "train": ("config", "workdir", "init_from", "coordinator", "num_processes", "process_id"),
+    "train": ("config", "workdir", "init_from", "start_over", "coordinator", "num_processes",
+              "process_id"),
     "prepare": ("config", "splits", "workers", "workdir", "num_processes", "process_id"),
     "info": ("config",),
     "tokenizer": ("corpus", "vocab_size", "out"),
@@ -114,6 +115,8 @@ def _define_flags() -> None:
   flags.DEFINE_string("splits", "train,validation", "prepare: comma-separated splits.")
   flags.DEFINE_integer("workers", None, "prepare: worker processes (default: every core).")
   flags.DEFINE_string("init_from", None, "train: start from the params of an export or import.")
+  flags.DEFINE_boolean("start_over", False, "train: when no checkpoint of --workdir can be "
+                       "read, move them aside and train from step 0 (otherwise an error).")
   flags.DEFINE_string("coordinator", None, "Multi-process: coordinator HOST:PORT (process 0).")
   flags.DEFINE_integer("num_processes", None, "Multi-process: number of processes.")
   flags.DEFINE_integer("process_id", None, "Multi-process: this process's index.")
@@ -212,7 +215,9 @@ def _preflight(command: str) -> None:
 def _train() -> None:
   from ao_mdm import sharding, train
   sharding.initialize_distributed(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id)
-  train.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.init_from)
+  result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.init_from,
+                                    FLAGS.start_over)
+  sys.exit(result.get("exit_code", 0))
 
 
 def _names(name: str) -> list:
@@ -459,6 +464,8 @@ def run() -> None:
           "(`ao-mdm help` describes them)", file=sys.stderr)
     sys.exit(2)
   command, rest = sys.argv[1], sys.argv[2:]
+  from ao_mdm import interrupts
+  interrupts.install()
   _quiet_environment()
   handler = {"train": _train, "prepare": _prepare, "info": _info, "tokenizer": _tokenizer, "export": _export,
              "sample": _sample, "import-torch": _import_torch, "eval": _eval,
@@ -487,6 +494,11 @@ def run() -> None:
       handler()
     except (app.UsageError, ValueError, OSError, ImportError) as e:
       _fail(str(e))
+    except KeyboardInterrupt:
+      if os.environ.get("AO_MDM_TRACEBACK"):
+        raise
+      print("interrupted", file=sys.stderr)
+      sys.exit(130)
   app.run(main, argv=[f"ao-mdm {command}"] + rest, flags_parser=_parse_flags)
 
 

@@ -3,7 +3,6 @@ import dataclasses
 import json
 import math
 import os
-import signal
 import time
 from typing import Any, Callable, Optional
 
@@ -190,21 +189,6 @@ def _log(message: str) -> None:
     print(message, flush=True)
 
 
-class _Preemption:
-  """Remembers a SIGTERM so that training saves at the next step boundary and exits 0."""
-
-  def __init__(self):
-    self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-  def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
-
-  def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
-
-
 def _metric_writer(workdir: str):
   from clu import metric_writers  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
   return metric_writers.create_default_writer(
@@ -212,21 +196,35 @@ def _metric_writer(workdir: str):
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       init_from: Optional[str] = None) -> dict:
+                       init_from: Optional[str] = None, start_over: bool = False) -> dict:
   """Train on config.data, log, evaluate and checkpoint to workdir; return the eval losses.
 
-  Resumes from the newest complete checkpoint in workdir; otherwise starts from scratch or,
-  with init_from, from the params of an export or imported checkpoint (a warm start).
+  Resumes from the newest readable checkpoint in workdir (newer unreadable ones are moved
+  aside); otherwise starts from scratch or, with init_from, from the params of an export or
+  imported checkpoint (a warm start). If no checkpoint reads, it stops unless `start_over`.
+  One run per work dir (checkpoints.WorkdirLock).
   """
-  from clu import periodic_actions  # pylint: disable=g-import-not-at-top
-  from ao_mdm.data import pipeline, tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   if init_from and checks.has_checkpoints(workdir):
     raise ValueError(f"--init_from {init_from} given, but --workdir {workdir} already holds "
                      "checkpoints; to resume that run, drop --init_from; to warm-start, give a "
                      "new --workdir")
   program = make_program(config)
-  t = config.train
   init_params = _init_params(config, init_from) if init_from else None
+  lock = checkpoints.WorkdirLock(workdir) if jax.process_index() == 0 else None
+  try:
+    return _train(program, workdir, init_params, init_from, start_over)
+  finally:
+    if lock:
+      lock.release()
+
+
+def _train(program: Program, workdir: str, init_params: Any, init_from: Optional[str],
+           start_over: bool) -> dict:
+  from clu import periodic_actions  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import pipeline, tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  config, t = program.config, program.config.train
   tokenizer = tok_lib.run_tokenizer(config, workdir)
   splits = {split: _prepared(config.data, tokenizer, split) for split in ("train", "validation")}
   data_iter = pipeline.train_iterator(splits["train"].blocks(config.model.block_size),
@@ -235,6 +233,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       split: pipeline.eval_blocks(prepared_split, config.model.block_size,
                                   max_blocks=t.eval_batches * t.batch_size)
       for split, prepared_split in splits.items()}
+  if jax.process_index() == 0:
+    checkpoints.clean_workdir(workdir, _log)
+  multihost_utils.sync_global_devices("work dir cleaned")
   mgr = checkpoints.train_manager(workdir, t.keep_checkpoints)
 
   def check(saved):
@@ -242,13 +243,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if diffs:
       raise ValueError(f"--workdir {workdir} holds a checkpoint of a different model: "
                        + "; ".join(diffs) + ". Use a new work dir or the matching config.")
+  skipped = []
   found = checkpoints.restore_newest(
       mgr, lambda step, _: checkpoints.restore(mgr, step, program.abstract_state(), data_iter),
-      check, log=_log)
+      check, log=_log, skipped=skipped)
+  if found is None and skipped and not start_over:
+    raise ValueError(
+        f"no checkpoint in {mgr.directory} can be read (steps {', '.join(map(str, skipped))}, "
+        "each listed above); they are left as they are. To train from step 0 anyway, run again "
+        f"with --start_over (they are first moved to {checkpoints.SET_ASIDE_SUBDIR}/)")
+  if skipped:  # so that checkpointing goes on past them
+    if jax.process_index() == 0:
+      for step in skipped:
+        checkpoints.set_aside(workdir, str(step), "unreadable", _log)
+    multihost_utils.sync_global_devices("unreadable checkpoints set aside")
+    mgr.reload()
   start = None
+  metrics_path = os.path.join(workdir, "metrics.jsonl")
   if found is not None:
     start, _, state = found
     _log(f"resumed from step {start} in {workdir}")
+    if jax.process_index() == 0:
+      _drop_metrics_after(metrics_path, start)
   else:
     state = program.init_state()
     if init_params is not None:
@@ -274,7 +290,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   if jax.process_index() == 0:
     writer.write_hparams({k: v for k, v in config.train.items()})
   report = periodic_actions.ReportProgress(num_train_steps=t.num_steps, writer=writer)
-  metrics_path = os.path.join(workdir, "metrics.jsonl")
   tokens_per_step = t.batch_size * config.model.block_size
   flops_per_step = tokens_per_step * model_lib.flops_per_token(
       config.model, model_lib.count_params(state.params))
@@ -305,8 +320,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     results["initial"] = run_eval(state.params)
     _log(f"step 0 eval: {_format_eval(results['initial'])}")
   first = int(state.step)
-  preemption = _Preemption()
+  stop_request = interrupts.StopRequest()
   pending, window = None, None  # (step, metrics) of the previous step; (time, step) of a read
+  saved = None  # the step of the last checkpoint written, checked at the next save
   try:
     for step in range(first, t.num_steps):
       tokens = program.global_batch(next(data_iter))
@@ -324,17 +340,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
           with open(metrics_path, "a") as f:
             f.write(json.dumps({"step": done, **scalars}) + "\n")
         _log(f"step {done} eval (EMA): validation l2r={ev['l2r']:.4f} random={ev['random']:.4f}")
-      stop = preemption.requested or mgr.reached_preemption(done)
+      stop = stop_request.requested or mgr.reached_preemption(done)
       if stop or done % t.checkpoint_every == 0 or done == t.num_steps:
-        checkpoints.save(mgr, done, state, data_iter, config, force=stop)
+        if saved is not None:
+          checkpoints.check_saved(mgr, saved)
+        if not checkpoints.save(mgr, done, state, data_iter, config, force=stop):
+          raise OSError(f"Orbax declined to save step {done} in {mgr.directory} (a step "
+                        "directory at or above it?); training stops rather than go on unsaved")
+        saved = done
       if stop:
-        mgr.wait_until_finished()
-        _log(f"preempted: saved a checkpoint at step {done} in {workdir}; exiting")
-        return {"preempted_at": done}
+        checkpoints.check_saved(mgr, done)
+        how = "interrupted" if stop_request.exit_code else "preempted"
+        _log(f"{how}: saved a checkpoint at step {done} in {workdir}; exiting")
+        return {"preempted_at": done, "exit_code": stop_request.exit_code}
     if pending is not None:
       _maybe_log(pending, window, t, log_metrics, force=True)
+    if saved is not None:
+      checkpoints.check_saved(mgr, saved)
   finally:
-    preemption.restore()
+    stop_request.restore()
     mgr.wait_until_finished()
     writer.flush()
   results["final_ema"] = run_eval(state.ema_params)
@@ -376,6 +400,28 @@ def _init_params(config: ml_collections.ConfigDict, init_from: str) -> Any:
 def _format_eval(r: dict) -> str:
   return "  ".join(f"{split}: l2r={v['l2r']:.4f} random={v['random']:.4f} "
                    f"(unigram {v['unigram']:.4f})" for split, v in r.items())
+
+
+def _drop_metrics_after(path: str, step: int) -> None:
+  """Keeps the metrics.jsonl records of steps <= step: a resumed run writes the rest again.
+  (TensorBoard drops the later points itself when a step goes back.)"""
+  if not os.path.isfile(path):
+    return
+  with open(path) as f:
+    lines = f.readlines()
+  kept = [line for line in lines if _record_step(line) <= step]
+  if len(kept) < len(lines):
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+      f.writelines(kept)
+    os.replace(tmp, path)
+
+
+def _record_step(line: str) -> float:
+  try:
+    return json.loads(line)["step"]
+  except (ValueError, KeyError, TypeError):  # a line cut by a kill
+    return math.inf
 
 
 def _unigram_counts(train_split, workdir: str) -> np.ndarray:

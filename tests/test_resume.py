@@ -134,3 +134,79 @@ def test_unknown_config_override_is_refused(tmp_path):
                         f"--config={ROOT}/configs/tiny.py", f"--workdir={tmp_path}",
                         "--config.train.num_stepz=3"], capture_output=True, text=True, timeout=120)
   assert out.returncode != 0 and "num_stepz" in out.stderr
+
+
+def _steps_in(directory):
+  return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+
+
+def test_unreadable_and_foreign_steps_are_set_aside_and_saving_goes_on(data_dir, tmp_path,
+                                                                       capsys):
+  workdir = str(tmp_path / "run")
+  train.train_and_evaluate(_small_config(data_dir, 4), workdir)
+  ckpts = os.path.join(workdir, "checkpoints")
+  for root, _, files in os.walk(os.path.join(ckpts, "4", "state")):
+    for name in files:
+      with open(os.path.join(root, name), "r+b") as f:
+        f.truncate(3)
+  os.makedirs(os.path.join(ckpts, "9", "params"))  # e.g. `export --out=WORKDIR/checkpoints/9`
+  os.makedirs(os.path.join(ckpts, "5.orbax-checkpoint-tmp-1234", "state"))  # a killed write
+  capsys.readouterr()
+  train.train_and_evaluate(_small_config(data_dir, 6), workdir)
+  out = capsys.readouterr().out
+  assert "removed checkpoints/5.orbax-checkpoint-tmp-1234" in out
+  assert "moved checkpoints/9 (not-a-training-checkpoint) aside" in out
+  assert "skipped checkpoint step 4" in out and "moved checkpoints/4 (unreadable) aside" in out
+  assert "resumed from step 2" in out
+  assert sorted(os.listdir(ckpts)) == ["2", "4", "6"]  # saved past them, nothing else left
+  aside = sorted(os.listdir(os.path.join(workdir, "checkpoints_set_aside")))
+  assert [n.split(".")[:2] for n in aside] == [["4", "unreadable"],
+                                              ["9", "not-a-training-checkpoint"]]
+  steps = [json.loads(line)["step"] for line in open(os.path.join(workdir, "metrics.jsonl"))
+           if "loss" in line]
+  assert steps == [1, 2, 3, 4, 5, 6]  # the first run's steps 3-4 were dropped on resume
+
+
+def test_every_checkpoint_unreadable_stops_unless_start_over(data_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+  train.train_and_evaluate(_small_config(data_dir, 2), workdir)
+  for root, _, files in os.walk(os.path.join(workdir, "checkpoints", "2", "config")):
+    for name in files:
+      open(os.path.join(root, name), "w").close()
+  with pytest.raises(ValueError, match=r"no checkpoint in .* can be read \(steps 2, each listed "
+                                       r"above\); they are left as they are.*--start_over"):
+    train.train_and_evaluate(_small_config(data_dir, 2), workdir)
+  assert _steps_in(os.path.join(workdir, "checkpoints")) == [2]
+  result = train.train_and_evaluate(_small_config(data_dir, 2), workdir, start_over=True)
+  assert "initial" in result  # trained from step 0
+  assert _steps_in(os.path.join(workdir, "checkpoints")) == [2]
+  assert os.listdir(os.path.join(workdir, "checkpoints_set_aside"))[0].startswith("2.unreadable")
+
+
+def test_a_second_run_in_the_same_workdir_is_refused(data_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+  lock = checkpoints.WorkdirLock(workdir)
+  try:
+    with pytest.raises(ValueError, match=rf"--workdir {workdir} is in use by another `ao-mdm "
+                                         rf"train` \(host .*, pid {os.getpid()}, since"):
+      train.train_and_evaluate(_small_config(data_dir, 2), workdir)
+  finally:
+    lock.release()
+  assert not os.path.exists(workdir)  # nothing else was written: the lock's dir goes too
+  checkpoints.WorkdirLock(workdir).release()  # free again once released
+
+
+def test_ctrl_c_saves_at_a_step_boundary_and_exits_130(data_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+  proc = subprocess.Popen(_command(workdir, data_dir, 100000, 100000), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 300
+  while not os.path.exists(os.path.join(workdir, "metrics.jsonl")) and time.time() < deadline:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGINT)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err
+  assert "interrupted: saved a checkpoint at step" in out and "Traceback" not in err
+  steps = _complete_steps(workdir)
+  assert len(steps) == 1 and not [n for n in os.listdir(os.path.join(workdir, "checkpoints"))
+                                  if "tmp" in n]
