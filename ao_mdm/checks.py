@@ -82,3 +82,36 @@ def jsonl_records(path: str, what: str) -> list[dict]:
   if not records:
     raise ValueError(f"{what} {path} holds no records")
   return records
+
+
+def processes(coordinator, num_processes, process_id, timeout: int) -> None:
+  """The multi-process flags of `train`: a HOST:PORT coordinator with a count and an index, or
+  a launcher that jax.distributed detects (SLURM, multi-host TPU VMs), or one process."""
+  if timeout < 1:
+    raise ValueError(f"--init_timeout={timeout} must be >= 1 (seconds)")
+  if coordinator is not None:
+    host, _, port = coordinator.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+      raise ValueError(f"--coordinator={coordinator!r}: expected HOST:PORT, e.g. "
+                       "10.0.0.2:8476 (process 0's address and a free port)")
+    if num_processes is None or process_id is None:
+      raise ValueError("--coordinator needs --num_processes and --process_id")
+  elif num_processes is not None or process_id is not None:
+    if (num_processes or 1) > 1 and not detected_launcher():
+      raise ValueError(f"--num_processes={num_processes} needs --coordinator=HOST:PORT (no "
+                       "SLURM job or multi-host TPU VM was detected to find one)")
+  if num_processes is not None and num_processes < 1:
+    raise ValueError(f"--num_processes={num_processes} must be >= 1")
+  if process_id is not None and not 0 <= process_id < (num_processes or 1):
+    raise ValueError(f"--process_id={process_id} must be in [0, {num_processes or 1})")
+
+
+def detected_launcher() -> str:
+  """'slurm' or 'tpu' when this process was started as one of several by SLURM or on a
+  multi-host TPU VM (jax.distributed finds the coordinator itself), else ''."""
+  if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+    return "slurm"
+  if "," in os.environ.get("TPU_WORKER_HOSTNAMES", "") or os.environ.get(
+      "MEGASCALE_COORDINATOR_ADDRESS"):
+    return "tpu"
+  return ""

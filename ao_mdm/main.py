@@ -35,7 +35,7 @@ _SAMPLING = ("prompt", "infill", "infill_span", "mode", "steps", "schedule", "dr
              "temperature", "top_p", "top_p_rule", "top_k", "order", "num_samples")
 COMMAND_FLAGS = {
     "train": ("config", "workdir", "init_from", "start_over", "coordinator", "num_processes",
-              "process_id"),
+              "process_id", "init_timeout"),
     "prepare": ("config", "splits", "workers", "workdir", "num_processes", "process_id"),
     "info": ("config",),
     "tokenizer": ("corpus", "vocab_size", "out"),
@@ -120,6 +120,8 @@ def _define_flags() -> None:
   flags.DEFINE_string("coordinator", None, "Multi-process: coordinator HOST:PORT (process 0).")
   flags.DEFINE_integer("num_processes", None, "Multi-process: number of processes.")
   flags.DEFINE_integer("process_id", None, "Multi-process: this process's index.")
+  flags.DEFINE_integer("init_timeout", 180, "Multi-process: seconds to wait for the other "
+                       "processes and the coordinator before giving up.")
 
 
 def _require(**named) -> None:
@@ -147,6 +149,8 @@ def _preflight(command: str) -> None:
     checks.output_file(os.path.join(FLAGS.workdir, "metrics.jsonl"), "--workdir")
     if FLAGS.init_from:
       checks.checkpoint(FLAGS.init_from, "--init_from")
+    checks.processes(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id,
+                     FLAGS.init_timeout)
   elif command == "prepare":
     _require(config=FLAGS.config)
     if FLAGS.workdir and os.path.exists(FLAGS.workdir) and not os.path.isdir(FLAGS.workdir):
@@ -214,7 +218,8 @@ def _preflight(command: str) -> None:
 
 def _train() -> None:
   from ao_mdm import sharding, train
-  sharding.initialize_distributed(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id)
+  sharding.initialize_distributed(FLAGS.coordinator, FLAGS.num_processes, FLAGS.process_id,
+                                  FLAGS.init_timeout)
   result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.init_from,
                                     FLAGS.start_over)
   sys.exit(result.get("exit_code", 0))

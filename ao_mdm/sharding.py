@@ -1,4 +1,5 @@
 """Device mesh, logical axis rules, host-local <-> global arrays, a device's matmul peak (DESIGN 5)."""
+import os
 import time
 from typing import Any, Optional, Sequence
 
@@ -9,6 +10,8 @@ import ml_collections
 import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from ao_mdm import checks
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -84,21 +87,45 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def initialize_distributed(coordinator: Optional[str] = None, num_processes: Optional[int] = None,
-                           process_id: Optional[int] = None) -> None:
-  """Join a multi-process run: explicit coordinator flags, or auto-detected TPU VM / SLURM."""
-  import os  # pylint: disable=g-import-not-at-top
+                           process_id: Optional[int] = None, timeout: int = 180) -> None:
+  """Join a multi-process run: explicit coordinator flags, or auto-detected TPU VM / SLURM.
+
+  Gives up after `timeout` seconds with one error (an unreachable coordinator), and Ctrl-C
+  works while it waits: the join runs in a thread that this one watches.
+  """
+  import sys  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
   if coordinator:
     if num_processes is None or process_id is None or not 0 <= process_id < num_processes:
       raise ValueError(f"--coordinator needs --num_processes >= 1 and --process_id in "
                        f"[0, num_processes); got {num_processes}, {process_id}")
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                               process_id=process_id)
+    kwargs = dict(coordinator_address=coordinator, num_processes=num_processes,
+                  process_id=process_id)
+  elif checks.detected_launcher():
+    kwargs = {}  # jax.distributed reads the coordinator from the launcher's variables
+  else:
     return
-  multi_tpu = "," in os.environ.get("TPU_WORKER_HOSTNAMES", "") or os.environ.get(
-      "MEGASCALE_COORDINATOR_ADDRESS")
-  multi_slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
-  if multi_tpu or multi_slurm:
-    jax.distributed.initialize()  # auto-detects the coordinator on TPU VMs and under SLURM
+  failure = []
+
+  def join():
+    try:  # jax's own deadline comes later, so that ours gives the error
+      jax.distributed.initialize(**kwargs, initialization_timeout=timeout + 60)
+    except Exception as e:  # pylint: disable=broad-except
+      failure.append(e)
+  thread = threading.Thread(target=join, daemon=True)
+  thread.start()
+  where = coordinator or f"the coordinator of this {checks.detected_launcher()} job"
+  try:
+    thread.join(timeout)
+  except KeyboardInterrupt:
+    print("interrupted while joining the other processes", file=sys.stderr, flush=True)
+    os._exit(130)  # pylint: disable=protected-access  (the join cannot be cancelled)
+  if thread.is_alive():
+    print(f"error: no answer from {where} within {timeout} s (--init_timeout); is process 0 "
+          "running and the address reachable from here?", file=sys.stderr, flush=True)
+    os._exit(2)  # pylint: disable=protected-access
+  if failure:
+    raise OSError(f"could not join {where}: {str(failure[0]).strip().splitlines()[0]}")
 
 
 def _best_seconds(fn: Any, arg: Any, repeats: int) -> float:

@@ -5,8 +5,10 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -111,6 +113,13 @@ BAD_INPUTS = [
     (["train", TINY, "--workdir={root}/w", "--init_from={root}/nowhere"],
      "--init_from '{root}/nowhere' is not a directory"),
     (["train", TINY, "--workdir={run}", "--init_from={export}"], "already holds checkpoints"),
+    (["train", TINY, "--workdir={root}/w", "--coordinator=localhost"],
+     "--coordinator='localhost': expected HOST:PORT"),
+    (["train", TINY, "--workdir={root}/w", "--coordinator=10.0.0.2:8476", "--num_processes=2"],
+     "--coordinator needs --num_processes and --process_id"),
+    (["train", TINY, "--workdir={root}/w", "--num_processes=2", "--process_id=0"],
+     "--num_processes=2 needs --coordinator=HOST:PORT"),
+    (["train", TINY, "--workdir={root}/w", "--init_timeout=0"], "--init_timeout=0 must be >= 1"),
     (["train", TINY, "--workdir={root}/w", "--init_from={export}"],
      "holds a different model: model.vocab_size"),
     # prepare
@@ -246,3 +255,29 @@ def test_sample_texts_library_call(files):
   for r in records:
     assert r["tokens"][:len(prompt_ids)] == prompt_ids
     assert len(r["tokens"]) == config.model.block_size and max(r["tokens"]) < tokenizer.vocab_size
+
+
+def _unused_port() -> int:
+  import socket  # pylint: disable=g-import-not-at-top
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_unreachable_coordinator_gives_up_in_time_and_ctrl_c_works(tmp_path):
+  workdir = tmp_path / "w"
+  joining = ["train", TINY, f"--workdir={workdir}", "--num_processes=2", "--process_id=1",
+             f"--coordinator=127.0.0.1:{_unused_port()}"]
+  start = time.time()
+  out = ao_mdm(*joining, "--init_timeout=3", timeout=120)
+  errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+  assert out.returncode == 2 and time.time() - start < 60 and "Traceback" not in out.stderr
+  assert len(errors) == 1 and "no answer from 127.0.0.1:" in errors[0] and "within 3 s" in errors[0]
+  proc = subprocess.Popen([sys.executable, "-m", "ao_mdm.main", *joining, "--init_timeout=300"],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  time.sleep(8)  # well inside the join
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=30)
+  assert proc.returncode == 130 and "Traceback" not in err, err
+  assert not workdir.exists()
