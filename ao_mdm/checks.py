@@ -1,9 +1,16 @@
-"""Checks and reads of user-given paths, cheap and free of JAX, so a bad one fails fast.
+"""Checks of user-given paths and flags, cheap and free of JAX, so a bad one fails fast.
 
 Each raises one FileNotFoundError / FileExistsError / ValueError naming the flag and the value.
 """
 import json
 import os
+
+MODES = ("parallel", "speculative", "confidence")  # of `ao-mdm sample`
+MODE_OPTIONS = {  # the options each mode's sampler takes
+    "parallel": ("steps", "schedule", "temperature", "top_p", "top_k", "order", "top_p_rule"),
+    "speculative": ("temperature", "top_p", "top_k", "top_p_rule", "draft"),
+    "confidence": ("steps", "schedule", "temperature", "top_p", "top_k", "top_p_rule", "score"),
+}
 
 
 def new_output_dir(path: str, flag: str = "--out") -> None:
@@ -11,6 +18,13 @@ def new_output_dir(path: str, flag: str = "--out") -> None:
   if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
     raise FileExistsError(f"{flag} {path!r} exists and is not an empty directory; give a new path")
   _writable_parent(path, flag)
+
+
+def new_output_file(path: str, flag: str = "--out") -> None:
+  """A file to create: absent (nothing is overwritten), inside a writable directory."""
+  output_file(path, flag)
+  if os.path.lexists(path):
+    raise FileExistsError(f"{flag} {path!r} exists; give a new path (nothing is overwritten)")
 
 
 def output_file(path: str, flag: str = "--out") -> None:
@@ -115,3 +129,13 @@ def detected_launcher() -> str:
       "MEGASCALE_COORDINATOR_ADDRESS"):
     return "tpu"
   return ""
+
+
+def mode_options(mode: str, given: set) -> None:
+  """Refuses sampling options the chosen mode would ignore (e.g. --score outside confidence)."""
+  if mode not in MODES:
+    raise ValueError(f"mode={mode!r}; accepted: {', '.join(MODES)}")
+  for name in sorted(given - set(MODE_OPTIONS[mode])):
+    modes = [m for m in MODES if name in MODE_OPTIONS[m]]
+    raise ValueError(f"--{name} applies to --mode={' or --mode='.join(modes)}, not "
+                     f"--mode={mode}")

@@ -169,7 +169,7 @@ def _preflight(command: str) -> None:
     _require(out=FLAGS.out)
     if os.path.sep in FLAGS.corpus or os.path.isfile(FLAGS.corpus):
       checks.text_file(FLAGS.corpus, "--corpus")
-    checks.output_file(os.path.join(FLAGS.out, "tokenizer.model"), "--out")
+    checks.new_output_dir(FLAGS.out)
   elif command == "export":
     _require(workdir=FLAGS.workdir, out=FLAGS.out)
     if FLAGS.weights not in ("ema", "params"):
@@ -180,11 +180,21 @@ def _preflight(command: str) -> None:
     _require(checkpoint=FLAGS.checkpoint)
     checks.checkpoint(FLAGS.checkpoint)
     if FLAGS.out:
-      checks.output_file(FLAGS.out)
+      checks.new_output_file(FLAGS.out)
     if FLAGS.prompt and FLAGS.infill:
       raise app.UsageError("give --prompt or --infill, not both")
+    if FLAGS["infill_span"].present and not FLAGS.infill:
+      raise app.UsageError("--infill_span applies with --infill")
+    checks.mode_options(FLAGS.mode, {name for name in (*_SETTINGS, "draft", "score")
+                                     if FLAGS[name].present})
   elif command == "eval":
     if FLAGS.generated:
+      others = [f"--{k}" for k in ("checkpoint", "datasets", "text_file", "lambada_file",
+                                   "protocol", "split", "orders", "ensemble", "max_blocks")
+                if FLAGS[k].present]
+      if others:
+        raise app.UsageError(f"{', '.join(others)} do not apply with --generated (which scores "
+                             "samples under --scorer)")
       _require(scorer=FLAGS.scorer)
       checks.text_file(FLAGS.generated, "--generated")
       if not os.path.isfile(os.path.join(FLAGS.scorer, "gpt2_config.json")):  # not import-gpt2's
@@ -195,6 +205,16 @@ def _preflight(command: str) -> None:
     for name in ("text_file", "lambada_file"):
       if FLAGS[name].value:
         checks.text_file(FLAGS[name].value, f"--{name}")
+    if FLAGS.text_file:
+      others = [f"--{k}" for k in ("datasets", "lambada_file", "split", "max_blocks")
+                if FLAGS[k].present]
+      if others:
+        raise app.UsageError(f"{', '.join(others)} do not apply with --text_file (which "
+                             "evaluates every block of that one file)")
+    elif not _names("datasets"):
+      raise app.UsageError("--datasets is empty; give registry names, e.g. --datasets=sotu")
+    elif FLAGS.lambada_file and "lambada" not in _names("datasets"):
+      raise app.UsageError("--lambada_file applies with --datasets=...,lambada")
     custom = [f"--{k}" for k in ("split", "max_blocks", "orders") if FLAGS[k].present]
     if FLAGS.protocol == "paper" and custom:
       raise app.UsageError(f"{', '.join(custom)} apply with --protocol=custom; --protocol=paper "
@@ -309,32 +329,46 @@ def _sample() -> None:
   import tqdm
   from ao_mdm import generate, sampling
   options = {k: FLAGS[k].value for k in _SETTINGS}
-  sampling.validate_sampling_args(**options)
+  sampling.validate_sampling_args(**{**options, "steps": FLAGS.steps})
+  if not FLAGS["steps"].present:
+    options["steps"] = None  # generate.DEFAULT_STEPS, or fewer if fewer positions are unknown
   generate.check_counts(FLAGS.num_samples, FLAGS.batch_size)
   config, params, tokenizer = _load_run(FLAGS.checkpoint)
   batches = -(-FLAGS.num_samples // min(FLAGS.batch_size, FLAGS.num_samples))
-  with tqdm.tqdm(total=batches, desc="sampling", unit="batch", disable=batches < 2) as bar:
-    records = generate.sample_texts(
-        params, config.model, tokenizer, num_samples=FLAGS.num_samples,
-        batch_size=FLAGS.batch_size, prompt=FLAGS.prompt, infill=FLAGS.infill,
-        infill_span=FLAGS.infill_span, seed=FLAGS.seed, progress=bar.update, mode=FLAGS.mode,
-        draft=FLAGS.draft, score=FLAGS.score, **options)
-  for i, r in enumerate(records):
-    shown = r.get("marked", r["text"])  # with a prompt or infill: generated runs in [[ ]]
-    how = (f"speculative L2R, draft {FLAGS.draft}: {r['forwards']} forwards, {r['accepted']} "
-           "drafts accepted" if FLAGS.mode == "speculative" else
-           f"steps={FLAGS.steps}, "
-           f"{'confidence' if FLAGS.mode == 'confidence' else FLAGS.order} order")
-    print(f"--- sample {i} ({how}) ---\n{shown}\n")
-  if FLAGS.out:
-    settings = {k: FLAGS[k].value
-                for k in ("checkpoint", "prompt", "infill", "seed", *_SETTINGS, *_MODE_SETTINGS)}
-    tmp = f"{FLAGS.out}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-      for r in records:
-        f.write(json.dumps({**r, "tokenizer": config.data.tokenizer, **settings}) + "\n")
-    os.replace(tmp, FLAGS.out)
-    print(f"wrote {len(records)} samples to {FLAGS.out}")
+  settings = {k: FLAGS[k].value
+              for k in ("checkpoint", "prompt", "infill", "seed", *_SETTINGS, *_MODE_SETTINGS)}
+  partial = f"{FLAGS.out}.partial" if FLAGS.out else None
+  written = 0
+  with tqdm.tqdm(total=batches, desc="sampling", unit="batch", disable=batches < 2) as bar, \
+      open(partial or os.devnull, "w") as out:
+    try:
+      for i, r in enumerate(generate.sample_texts(
+          params, config.model, tokenizer, num_samples=FLAGS.num_samples,
+          batch_size=FLAGS.batch_size, prompt=FLAGS.prompt, infill=FLAGS.infill,
+          infill_span=FLAGS.infill_span, seed=FLAGS.seed, progress=bar.update, mode=FLAGS.mode,
+          draft=FLAGS.draft, score=FLAGS.score, **options)):
+        shown = r.get("marked", r["text"])  # with a prompt or infill: generated runs in [[ ]]
+        how = (f"speculative L2R, draft {FLAGS.draft}: {r['forwards']} forwards, "
+               f"{r['accepted']} drafts accepted" if FLAGS.mode == "speculative" else
+               f"steps={r['steps']}, "
+               f"{'confidence' if FLAGS.mode == 'confidence' else FLAGS.order} order")
+        bar.write(f"--- sample {i} ({how}) ---\n{shown}\n")
+        out.write(json.dumps({**r, "tokenizer": config.data.tokenizer, **settings,
+                              "steps": r.get("steps")}) + "\n")
+        out.flush()  # what is finished stays, even after Ctrl-C
+        written += 1
+    except KeyboardInterrupt:
+      if partial and written:
+        out.close()
+        os.replace(partial, FLAGS.out)
+        print(f"interrupted: kept the {written} finished samples in {FLAGS.out}",
+              file=sys.stderr)
+      elif partial:
+        os.remove(partial)
+      raise
+  if partial:
+    os.replace(partial, FLAGS.out)
+    print(f"wrote {written} samples to {FLAGS.out}")
 
 
 def _import_torch() -> None:
@@ -374,7 +408,7 @@ def _eval() -> None:
   import tqdm
   from ao_mdm import evaluation
   ensemble = _int_list("ensemble")
-  names = [d.strip() for d in FLAGS.datasets.split(",") if d.strip()]
+  names = _names("datasets")
   config, params, tokenizer = _load_run(FLAGS.checkpoint)
   config.model.dtype = "float32"  # the authors evaluate any-order and ensemble in fp32
   sets = evaluation.eval_sets(

@@ -346,6 +346,9 @@ def layout_known(encode: Any, t: int, prompt: str = "", infill: str = "",
     raise ValueError("give either a prompt or an infill text, not both")
   if span < 1:
     raise ValueError(f"infill span={span} must be >= 1")
+  if infill and MASK not in infill:
+    raise ValueError(f"the infill text has no {MASK} to fill in; give e.g. --infill='a {MASK} "
+                     "b', or --prompt=TEXT to continue a text")
   pieces = infill.split(MASK) if infill else [prompt] if prompt else []
   positions, ids, cursor = [], [], 0
   for i, piece in enumerate(pieces):

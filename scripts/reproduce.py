@@ -106,8 +106,9 @@ def quality(sampler_dir: str, scorer_dir: str) -> dict:
   for temperature in TEMPERATURES:
     for steps in (t // 16, t // 4, t):
       start = time.perf_counter()
-      records = generate.sample_texts(params, config.model, tok, num_samples=SAMPLES,
-                                      batch_size=SAMPLES, steps=steps, temperature=temperature)
+      records = list(generate.sample_texts(params, config.model, tok, num_samples=SAMPLES,
+                                           batch_size=SAMPLES, steps=steps,
+                                           temperature=temperature))
       wall = time.perf_counter() - start
       gen = evaluation.generative_perplexity(scorer, [r["tokens"] for r in records])
       rows.append({"steps": steps, "temperature": temperature, "sample_wall_s": wall, **gen})

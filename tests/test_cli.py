@@ -146,6 +146,15 @@ BAD_INPUTS = [
     (["sample", "--checkpoint={run}", "--prompt=" + "many words here " * 40], "too long"),
     (["sample", "--checkpoint={run}", "--mode=speculative", "--draft=0"], "draft=0 must be in [1,"),
     (["sample", "--checkpoint={run}", "--mode=fast"], "--mode"),
+    (["sample", "--checkpoint={run}", "--score=entropy"],
+     "--score applies to --mode=confidence, not --mode=parallel"),
+    (["sample", "--checkpoint={run}", "--mode=speculative", "--steps=8"],
+     "--steps applies to --mode=parallel or --mode=confidence, not --mode=speculative"),
+    (["sample", "--checkpoint={run}", "--mode=confidence", "--order=l2r"],
+     "--order applies to --mode=parallel, not --mode=confidence"),
+    (["sample", "--checkpoint={run}", "--infill=no mask here"], "has no [MASK] to fill in"),
+    (["sample", "--checkpoint={run}", "--infill_span=4"], "--infill_span applies with --infill"),
+    (["sample", "--checkpoint={run}", "--out={root}/a_file"], "exists; give a new path"),
     (["bench", "sample", TINY, "--mode=speculative"], "needs --checkpoint"),
     (["bench", "train", TINY, "--mode=speculative"], "applies to `ao-mdm bench sample` only"),
     # eval
@@ -156,6 +165,15 @@ BAD_INPUTS = [
     (["eval", "--checkpoint={run}", "--protocol=custom", "--orders=0"], "--orders=0"),
     (["eval", "--checkpoint={run}", "--datasets=imagenet"], "unknown dataset 'imagenet'"),
     (["eval", "--checkpoint={run}", "--datasets=lambada"], "needs --lambada_file"),
+    (["eval", "--checkpoint={run}", "--datasets="], "--datasets is empty"),
+    (["eval", "--checkpoint={run}", "--datasets=sotu", "--text_file={root}/a_file"],
+     "--datasets do not apply with --text_file"),
+    (["eval", "--checkpoint={run}", "--text_file={root}/a_file", "--protocol=custom",
+      "--split=train", "--max_blocks=2"], "--split, --max_blocks do not apply with --text_file"),
+    (["eval", "--checkpoint={run}", "--lambada_file={root}/a_file"],
+     "--lambada_file applies with --datasets=...,lambada"),
+    (["eval", "--generated={root}/no_tokens.jsonl", "--scorer={run}", "--datasets=sotu"],
+     "--datasets do not apply with --generated"),
     (["eval", "--generated={root}/not_json.jsonl"], "missing --scorer"),
     (["eval", "--generated={root}/not_json.jsonl", "--scorer={run}"], "line 1 is not JSON"),
     (["eval", "--generated={root}/no_tokens.jsonl", "--scorer={run}"], "lacks a 'tokens' list"),
@@ -175,6 +193,7 @@ BAD_INPUTS = [
     (["tokenizer", "--out={root}/tok", "--vocab_size=100"], "multiple of 128"),
     (["tokenizer", "--out={root}/tok", "--corpus={root}/nowhere.txt"], "no such file"),
     (["tokenizer", "--out={root}/tok", "--corpus=nocorpus"], "neither a dataset name"),
+    (["tokenizer", "--out={root}/full"], "exists and is not an empty directory"),
     (["compile", TINY], "missing --topology"),
 ]
 
@@ -249,8 +268,9 @@ def test_sample_texts_library_call(files):
   tokenizer = tok_lib.load_saved_tokenizer(config.data, config.model.vocab_size, files["export"])
   prompt_ids = tokenizer.encode("We the people")
   calls = []
-  records = generate.sample_texts(params, config.model, tokenizer, num_samples=3, batch_size=2,
-                                  prompt="We the people", steps=4, progress=calls.append)
+  records = list(generate.sample_texts(params, config.model, tokenizer, num_samples=3,
+                                       batch_size=2, prompt="We the people", steps=4,
+                                       progress=calls.append))
   assert len(records) == 3 and calls == [1, 1]
   for r in records:
     assert r["tokens"][:len(prompt_ids)] == prompt_ids

@@ -1,0 +1,63 @@
+"""Every `ao-mdm` command of README.md and docs/*.md that reads runs/demo runs as written,
+against a small trained run in its place (a command meant to fail would carry `# fails`)."""
+import concurrent.futures
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from ao_mdm import train
+from ao_mdm.config import base_config
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+_COMMAND = re.compile(r"ao-mdm [a-z-]+(?: [a-z]+)? [^`\n#]*runs/demo[^`\n#]*")
+
+
+def demo_commands() -> list:
+  """(file, command) of each documented command line that uses runs/demo."""
+  found = []
+  for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for line in path.read_text().splitlines():
+      if "# fails" in line:
+        continue
+      found += [(path.name, m.group(0).strip()) for m in _COMMAND.finditer(line)]
+  return found
+
+
+def test_the_documented_commands_are_found():
+  commands = [c for _, c in demo_commands()]
+  assert len(commands) >= 8
+  assert "ao-mdm sample --checkpoint=runs/demo --mode=confidence --steps=16 --score=entropy" in commands
+
+
+@pytest.fixture(scope="module")
+def demo_run(data_dir, tmp_path_factory):
+  """A tiny stand-in for runs/demo: its T (64) and corpus, two steps of training."""
+  c = base_config()
+  c.model.update(vocab_size=512, block_size=64, n_layer=2, n_embd=32, n_head=2, cond_dim=32)
+  c.train.update(batch_size=8, num_steps=2, warmup_steps=1, eval_batches=1, eval_every=0)
+  c.data.tfds_dir = data_dir
+  workdir = str(tmp_path_factory.mktemp("demo") / "run")
+  train.train_and_evaluate(c, workdir)
+  return workdir
+
+
+@pytest.mark.slow  # eight commands, each a process that loads JAX and the run (about 80 s)
+def test_every_documented_demo_command_runs(demo_run):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+
+  def run(item):
+    name, command = item
+    args = [a.replace("runs/demo", demo_run) for a in shlex.split(command)[1:]]
+    out = subprocess.run([sys.executable, "-m", "ao_mdm.main", *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    return name, command, out
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    results = list(pool.map(run, demo_commands()))
+  failures = [f"{name}: {command}\n  rc={out.returncode} {out.stderr[-500:]}"
+              for name, command, out in results if out.returncode]
+  assert not failures, "\n".join(failures)
