@@ -210,7 +210,8 @@ def load_params(path: str, weights: str = "ema",
                 log: Callable[[str], None] = print) -> tuple[ml_collections.ConfigDict, Any]:
   """(config, params) of the newest readable checkpoint of a work dir (`ema` or `params`) or export."""
   if weights not in ("ema", "params"):
-    raise ValueError(f"--weights={weights}; accepted: ema, params")
+    raise ValueError(f"--weights={weights}; accepted here: ema, params (model is for "
+                     "import-torch)")
   mgr = _reader(path)
   is_export = "params" in mgr.item_metadata(mgr.latest_step()).keys()
   if is_export and weights != "ema":

@@ -65,6 +65,10 @@ def _has_steps(directory: str) -> bool:
 
 def text_file(path: str, flag: str) -> None:
   """An existing, readable UTF-8 file."""
+  if os.path.isdir(path):
+    raise ValueError(f"{flag} {path!r} is a directory; give a text file")
+  if os.path.exists(path) and not os.path.isfile(path):
+    raise ValueError(f"{flag} {path!r} is not a regular file (a pipe or device?); give a text file")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{flag} {path!r}: no such file")
   try:
@@ -139,3 +143,28 @@ def mode_options(mode: str, given: set) -> None:
     modes = [m for m in MODES if name in MODE_OPTIONS[m]]
     raise ValueError(f"--{name} applies to --mode={' or --mode='.join(modes)}, not "
                      f"--mode={mode}")
+
+
+_PLATFORM_DEVICES = {"tpu": ("/dev/accel*", "/dev/vfio/[0-9]*"), "cuda": ("/dev/nvidia[0-9]*",),
+                     "gpu": ("/dev/nvidia[0-9]*",), "rocm": ("/dev/kfd",), "cpu": ()}
+
+
+def platforms(value: str) -> None:
+  """JAX_PLATFORMS names platforms this host has (checked before JAX would fail on it)."""
+  import glob  # pylint: disable=g-import-not-at-top
+  for name in [v.strip().lower() for v in value.split(",") if v.strip()]:
+    if name not in _PLATFORM_DEVICES:
+      raise ValueError(f"JAX_PLATFORMS={value!r}: unknown platform {name!r}; accepted: "
+                       f"{', '.join(_PLATFORM_DEVICES)}")
+    patterns = _PLATFORM_DEVICES[name]
+    if patterns and not any(glob.glob(p) for p in patterns):
+      raise ValueError(f"JAX_PLATFORMS={value!r}, but this host has no {name.upper()} (no "
+                       f"{' or '.join(patterns)}); unset it or set JAX_PLATFORMS=cpu")
+
+
+def topology(name: str) -> None:
+  """A TPU topology name, GENERATION:SHAPE, checked before libtpu loads."""
+  import re  # pylint: disable=g-import-not-at-top
+  if not re.fullmatch(r"v\d+[a-z]*:\d+(x\d+)*", name):
+    raise ValueError(f"--topology={name!r}: expected GENERATION:SHAPE, e.g. v5e:2x2, v5e:4x4, "
+                     "v4:2x2x2, v5p:2x2x1, v6e:4x4")

@@ -333,10 +333,13 @@ def read_generated(path: str) -> list[dict]:
   records = checks.jsonl_records(path, "--generated")
   for number, r in enumerate(records, 1):
     tokens = r.get("tokens")
-    if not (isinstance(tokens, list) and all(isinstance(i, int) for i in tokens)
-            and isinstance(r.get("text"), str)):
-      raise ValueError(f"--generated {path} record {number} lacks a 'tokens' list of integers "
-                       "or a 'text' string (expected what `ao-mdm sample --out` writes)")
+    missing = [what for what, ok in (
+        ("a 'tokens' list of integers",
+         isinstance(tokens, list) and all(isinstance(i, int) for i in tokens)),
+        ("a 'text' string", isinstance(r.get("text"), str))) if not ok]
+    if missing:
+      raise ValueError(f"--generated {path} record {number} lacks {' and '.join(missing)} "
+                       "(expected what `ao-mdm sample --out` writes)")
   return records
 
 

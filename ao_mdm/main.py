@@ -5,7 +5,9 @@ AO_MDM_TRACEBACK=1 shows the traceback instead.
 """
 import os
 import sys
+from typing import Optional
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -59,10 +61,13 @@ def _define_flags() -> None:
   flags.DEFINE_string("corpus", "sotu", "Dataset registry name or a local text file.")
   flags.DEFINE_integer("vocab_size", 2048, "Tokenizer vocab size (a multiple of 128).")
   flags.DEFINE_enum("weights", "ema", ["ema", "params", "model"],
-                    "Which params: ema | params (training work dirs), ema | model (import-torch).")
+                    "Which params: of a training work dir, ema | params (an export or import "
+                    "holds one set: ema); import-torch: which of the PyTorch checkpoint's to "
+                    "import, ema | model.")
   flags.DEFINE_enum("variant", None, ["ao", "sigma"], "import-torch: model variant (default: "
                     "detected from the keys).")
-  flags.DEFINE_string("checkpoint", None, "A training work dir or an export.")
+  flags.DEFINE_string("checkpoint", None, "A training work dir or an export (import-torch: "
+                      "the authors' PyTorch ckpt.pt file).")
   flags.DEFINE_string("prompt", "", "sample: text the samples start with.")
   flags.DEFINE_string("infill", "", "sample: text with [MASK] spans to fill in.")
   flags.DEFINE_integer("infill_span", 8, "sample: tokens generated per [MASK].")
@@ -85,7 +90,7 @@ def _define_flags() -> None:
   flags.DEFINE_integer("top_k", 0, "sample: keep the k most likely tokens; 0 is off.")
   flags.DEFINE_enum("order", "random", ["random", "l2r"], "sample: order of the unknown tokens.")
   flags.DEFINE_integer("num_samples", 4, "sample: how many samples.")
-  flags.DEFINE_integer("batch_size", 4, "sample: samples per batch.")
+  flags.DEFINE_integer("batch_size", 4, "sample: samples per batch; eval: blocks per batch.")
   flags.DEFINE_integer("seed", 0, "Random seed.")
   flags.DEFINE_string("datasets", "sotu", "eval: comma-separated dataset registry names.")
   flags.DEFINE_string("text_file", None, "eval: a local UTF-8 text file (one document per line).")
@@ -163,6 +168,7 @@ def _preflight(command: str) -> None:
     _require(config=FLAGS.config)
     if command == "compile":
       _require(topology=FLAGS.topology)
+      checks.topology(FLAGS.topology)
     if command == "bench" and FLAGS.checkpoint:
       checks.checkpoint(FLAGS.checkpoint)
   elif command == "tokenizer":
@@ -455,6 +461,13 @@ def _quiet_environment() -> None:
   `compile` targets TPU topologies through the CPU platform either way.
   """
   import glob
+  from ao_mdm import checks
+  if os.environ.get("JAX_PLATFORMS"):
+    try:
+      checks.platforms(os.environ["JAX_PLATFORMS"])
+    except ValueError as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
   if not any(glob.glob(p) for p in ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")):
@@ -495,6 +508,16 @@ _OUR_FLAGS: list = []
 
 def run() -> None:
   """Console-script entry point: `ao-mdm COMMAND [SUBCOMMAND] --flags`."""
+  try:
+    _run()
+  except BrokenPipeError:  # e.g. `ao-mdm --help | head`: the reader left, nothing to report
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(1)
+
+
+def _run() -> None:
+  if len(sys.argv) == 3 and sys.argv[1] == "help" and sys.argv[2] in COMMANDS:
+    sys.argv[1:] = [sys.argv[2], "--help"]  # `ao-mdm help sample` is `ao-mdm sample --help`
   if len(sys.argv) < 2 or sys.argv[1] in ("help", "-h", "--help"):
     print(_usage())
     sys.exit(0 if len(sys.argv) >= 2 else 2)
@@ -510,7 +533,7 @@ def run() -> None:
              "sample": _sample, "import-torch": _import_torch, "eval": _eval,
              "import-gpt2": _import_gpt2,
              "compile": _compile}.get(command)
-  if command == "bench":
+  if command == "bench" and not (rest and rest[0] in ("--help", "-h", "--helpshort")):
     if not rest or rest[0] not in BENCHES:
       got = repr(rest[0]) if rest else "nothing"
       print(f"error: ao-mdm bench takes one of {', '.join(BENCHES)} first, got {got}; e.g. "
@@ -532,7 +555,7 @@ def run() -> None:
       _preflight(command.split()[0])
       handler()
     except (app.UsageError, ValueError, OSError, ImportError) as e:
-      _fail(str(e))
+      _fail(_error_text(e))
     except KeyboardInterrupt:
       if os.environ.get("AO_MDM_TRACEBACK"):
         raise
@@ -549,12 +572,21 @@ def _fail(message: str) -> None:
   sys.exit(2)
 
 
+def _error_text(e: Exception) -> str:
+  """The message of an error, an OSError as `what: path` rather than `[Errno N] ...`."""
+  if isinstance(e, OSError) and e.strerror and e.filename and str(e).startswith("[Errno"):
+    return f"{e.strerror}: {e.filename!r}" + (f" -> {e.filename2!r}" if e.filename2 else "")
+  return str(e)
+
+
 def _parse_flags(argv: list) -> list:
   """absl's parsing, with a bad config file, key or value reported as one error line."""
   try:
     rest = FLAGS(argv)
     if FLAGS["config"].present:
       FLAGS.config.keys()  # a config file that failed to load raises here
+      if not isinstance(FLAGS.config, ml_collections.ConfigDict):
+        raise TypeError("get_config() did not return a ConfigDict")
     return rest
   except Exception as e:  # pylint: disable=broad-except  (flag and config-file errors)
     _fail(_flag_error(argv, e))
@@ -564,13 +596,17 @@ def _flag_error(argv: list, e: Exception) -> str:
   """The clearest line for a flag error: missing or broken config file, unknown config key."""
   path = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), None)
   if path is not None:
-    if not os.path.isfile(path):
-      return f"--config {path!r}: no such file (e.g. configs/tiny.py)"
+    file, _, arg = path.partition(":")  # configs/paper.py:NAME passes NAME to get_config
+    if not os.path.isfile(file):
+      return f"--config {file!r}: no such file (e.g. configs/tiny.py)"
     try:
-      config = _load_config_file(path)
+      config = _load_config_file(file, arg or None)
     except Exception as load_error:  # pylint: disable=broad-except
       return (f"--config {path!r} cannot be loaded ({type(load_error).__name__}: {load_error}); "
               "a config file defines get_config() returning a ConfigDict")
+    if not isinstance(config, ml_collections.ConfigDict):
+      return (f"--config {path!r}: get_config() returned a {type(config).__name__}, not an "
+              "ml_collections.ConfigDict")
     for arg in argv[1:]:
       name = arg.lstrip("-").split("=", 1)[0]
       if not name.startswith("config."):
@@ -585,12 +621,12 @@ def _flag_error(argv: list, e: Exception) -> str:
   return str(e)
 
 
-def _load_config_file(path: str):
+def _load_config_file(path: str, arg: Optional[str] = None):
   import importlib.util
   spec = importlib.util.spec_from_file_location("ao_mdm_user_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module.get_config() if arg is None else module.get_config(arg)
 
 
 if __name__ == "__main__":

@@ -356,9 +356,13 @@ def layout_known(encode: Any, t: int, prompt: str = "", infill: str = "",
     positions += range(cursor, cursor + len(piece_ids))
     ids += piece_ids
     cursor += len(piece_ids) + (span if i < len(pieces) - 1 else 0)
+  if cursor >= t and infill:
+    raise ValueError(f"the infill text and its {len(pieces) - 1} [MASK] span(s) of "
+                     f"--infill_span={span} take {cursor} positions, but T={t}; use a smaller "
+                     "--infill_span or a shorter text")
   if cursor >= t:
-    raise ValueError(f"the prompt/infill text takes {cursor} positions but T={t}; the prompt "
-                     f"is too long (at least one position must be left to generate)")
+    raise ValueError(f"the prompt takes {cursor} positions but T={t}; the prompt is too long "
+                     "(at least one position must be left to generate)")
   return positions, ids
 
 

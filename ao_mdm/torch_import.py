@@ -20,6 +20,7 @@ from flax import traverse_util
 from ao_mdm import checkpoints
 from ao_mdm import checks
 from ao_mdm import model as model_lib
+from ao_mdm.data import gpt2
 
 TORCH_WEIGHTS = ("ema", "model")
 _ORIG_MOD = "_orig_mod."
@@ -194,8 +195,8 @@ def _default_import_config(variant: str) -> ml_collections.ConfigDict:
 
 
 def _config_from_checkpoint(config: ml_collections.ConfigDict, model_args: dict, variant: str,
-                            cond_dim: int, path: str) -> ml_collections.ConfigDict:
-  """`config` with the model fields set from the checkpoint; prints every field it changed."""
+                            cond_dim: int, path: str) -> tuple[ml_collections.ConfigDict, list]:
+  """`config` with the model fields set from the checkpoint, and a line per field it changed."""
   missing = [k for k in _MODEL_ARGS if k not in model_args]
   if missing:
     raise ValueError(f"{path!r}: model_args lacks {', '.join(missing)}; found "
@@ -203,12 +204,13 @@ def _config_from_checkpoint(config: ml_collections.ConfigDict, model_args: dict,
   config = config.copy_and_resolve_references()
   wanted = {k: int(model_args[k]) for k in _MODEL_ARGS}
   wanted.update(variant=variant, cond_dim=cond_dim)
+  changes = []
   for key, value in wanted.items():
     if config.model[key] != value:
       source = "keys" if key in ("variant", "cond_dim") else "model_args"
-      print(f"model.{key} {config.model[key]} -> {value} from the checkpoint's {source}")
+      changes.append(f"model.{key} {config.model[key]} -> {value} from the checkpoint's {source}")
       config.model[key] = value
-  return config
+  return config, changes
 
 
 def _detect_variant(state: dict, variant: Optional[str], path: str) -> str:
@@ -241,7 +243,8 @@ def _tensors(ckpt: dict, rows: list[_Row], weights: str, path: str) -> dict[str,
     return {r.key: state[r.key] for r in rows}
   ema = ckpt.get("ema_model")
   if not isinstance(ema, dict) or "shadow_params" not in ema:
-    raise ValueError(f"{path!r} has no ema_model with shadow_params; use weights='model'")
+    raise ValueError(f"{path!r} has no ema_model with shadow_params (the EMA weights that "
+                     "--weights=ema, the default, imports); use --weights=model for the raw ones")
   params = [r for r in rows if r.conv != "tied"]  # parameters() lists a tied tensor once
   shadow = list(ema["shadow_params"])
   if len(shadow) != len(params):
@@ -271,11 +274,18 @@ def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optio
   ckpt = _load_torch_checkpoint(checkpoint)
   state = _strip_prefix(ckpt["model"], checkpoint)
   variant = _detect_variant(state, variant, checkpoint)
-  config = _default_import_config(variant) if config is None else config
+  paper_recipe = config is None
+  config = _default_import_config(variant) if paper_recipe else config
   wtpe = state.get("transformer.wtpe.weight")
   cond_dim = int(wtpe.shape[1]) if variant == "ao" and wtpe is not None else config.model.cond_dim
-  config = _config_from_checkpoint(config, ckpt["model_args"], variant, cond_dim, checkpoint)
+  config, changes = _config_from_checkpoint(config, ckpt["model_args"], variant, cond_dim,
+                                            checkpoint)
   model_lib.validate_model_config(config.model)
+  if paper_recipe and config.model.vocab_size < gpt2.VOCAB_SIZE:
+    raise ValueError(f"{checkpoint!r}: model_args.vocab_size={config.model.vocab_size} is below "
+                     f"the {gpt2.VOCAB_SIZE} ids of GPT-2 BPE, the tokenizer of the authors' models "
+                     "(their vocab_size is 50304); an export of it could not be sampled or "
+                     "evaluated")
   bias = bool(ckpt["model_args"].get("bias", True))
   rows = _reference_layout(config.model, bias)
   tensors = _tensors(ckpt, rows, weights, checkpoint)
@@ -312,4 +322,6 @@ def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optio
       {p: jnp.asarray(np.ascontiguousarray(x, np.float32)) for p, x in flat.items()})
   del flat
   checkpoints.write_params_export(out, config, params)
+  for line in changes:  # only once the import succeeded
+    print(line)
   return config, params

@@ -147,6 +147,26 @@ class Program:
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                         abstract, self.shardings)
 
+  def check_fits(self) -> None:
+    """Refuses, before anything is allocated, a train state larger than a device's memory
+    (params, EMA and both Adam moments; activations come on top)."""
+    abstract = self.abstract_state()
+    need = sum(int(np.prod(a.sharding.shard_shape(a.shape))) * a.dtype.itemsize
+               for a in jax.tree.leaves(abstract))
+    device, where = self.mesh.devices.flat[0], "each device"
+    if device.platform == "cpu":  # the host's devices share its memory
+      import psutil  # pylint: disable=g-import-not-at-top
+      have, need, where = (psutil.virtual_memory().available, need * jax.local_device_count(),
+                           "this host")
+    else:
+      have = (device.memory_stats() or {}).get("bytes_limit", 0)
+    if have and need > have:
+      raise ValueError(
+          f"the train state of this config needs {need / 2**30:.1f} GiB on {where} "
+          f"({model_lib.count_params(abstract.params):,} parameters, with the EMA and both Adam "
+          f"moments), more than the {have / 2**30:.1f} GiB available; use a smaller model or "
+          "shard it over more devices (config.mesh)")
+
   def global_batch(self, local_bT: np.ndarray) -> jax.Array:
     """This process's rows of the global batch -> the global array on the mesh."""
     return sharding.global_batch(local_bT, self.batch_sharding)
@@ -209,6 +229,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                      "checkpoints; to resume that run, drop --init_from; to warm-start, give a "
                      "new --workdir")
   program = make_program(config)
+  program.check_fits()
   init_params = _init_params(config, init_from) if init_from else None
   lock = checkpoints.WorkdirLock(workdir) if jax.process_index() == 0 else None
   try:

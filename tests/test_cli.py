@@ -66,6 +66,7 @@ def files(data_dir, tmp_path_factory):
   (root / "big_ids.jsonl").write_text(json.dumps({"text": "x", "tokens": [1, 99999, 3]}) + "\n")
   (root / "bad_syntax.py").write_text("def get_config(:\n")
   (root / "no_get_config.py").write_text("x = 1\n")
+  (root / "list_config.py").write_text("def get_config():\n  return [1]\n")
   return {"root": str(root), "run": run, "export": export, "no_tokenizer": no_tokenizer}
 
 
@@ -92,6 +93,8 @@ BAD_INPUTS = [
     (["info", "--config=configs/nope.py"], "--config 'configs/nope.py': no such file"),
     (["info", "--config={root}/bad_syntax.py"], "cannot be loaded (SyntaxError"),
     (["info", "--config={root}/no_get_config.py"], "defines get_config()"),
+    (["info", "--config={root}/list_config.py"], "get_config() returned a list, not an"),
+    (["info", "--config=configs/paper.py:bogus"], "unknown paper config 'bogus'; accepted: ao_small"),
     (["info", TINY, "--config.train.bogus=1"], "config.train has no key 'bogus'; its keys: b1"),
     (["info", TINY, "--config.trian.steps=1"], "the config has no key 'trian'"),
     (["info", TINY, "--config.train.num_steps=abc"], "--config.train.num_steps=abc"),
@@ -120,6 +123,10 @@ BAD_INPUTS = [
     (["train", TINY, "--workdir={root}/w", "--num_processes=2", "--process_id=0"],
      "--num_processes=2 needs --coordinator=HOST:PORT"),
     (["train", TINY, "--workdir={root}/w", "--init_timeout=0"], "--init_timeout=0 must be >= 1"),
+    (["train", TINY, "--workdir={root}/w", "--config.data.dataset=wikitext103",
+      "--config.data.tfds_dir={root}/empty"], "dataset 'wikitext103' is not prepared"),
+    (["train", TINY, "--workdir={root}/big", "--config.model.n_layer=1000000"],
+     "GiB on this host (297,"),
     (["train", TINY, "--workdir={root}/w", "--init_from={export}"],
      "holds a different model: model.vocab_size"),
     # prepare
@@ -140,7 +147,10 @@ BAD_INPUTS = [
     (["sample", "--checkpoint={run}", "--prompt=a", "--infill=b [MASK]"], "not both"),
     (["sample", "--checkpoint={run}", "--out={root}/full"], "is a directory; give a file name"),
     (["sample", "--checkpoint={run}", "--out={root}/a_file/s.jsonl"], "cannot be written"),
-    (["sample", "--checkpoint={run}", "--weights=model"], "--weights=model; accepted: ema, params"),
+    (["sample", "--checkpoint={run}", "--weights=model"],
+     "--weights=model; accepted here: ema, params (model is for import-torch)"),
+    (["sample", "--checkpoint={run}", "--infill=a [MASK] b", "--infill_span=1000"],
+     "use a smaller --infill_span or a shorter text"),
     (["sample", "--checkpoint={export}", "--weights=params"], "is an export"),
     (["sample", "--checkpoint={no_tokenizer}"], "needs exactly one SentencePiece tokenizer"),
     (["sample", "--checkpoint={run}", "--prompt=" + "many words here " * 40], "too long"),
@@ -160,6 +170,7 @@ BAD_INPUTS = [
     # eval
     (["eval", "--checkpoint={run}", "--text_file={root}/nowhere.txt"], "no such file"),
     (["eval", "--checkpoint={run}", "--text_file={root}/latin1.txt"], "is not UTF-8 text"),
+    (["eval", "--checkpoint={run}", "--text_file={root}/full"], "is a directory; give a text file"),
     (["eval", "--checkpoint={run}", "--ensemble=8,x"], "--ensemble=8,x: expected positive"),
     (["eval", "--checkpoint={run}", "--orders=2"], "--orders apply with --protocol=custom"),
     (["eval", "--checkpoint={run}", "--protocol=custom", "--orders=0"], "--orders=0"),
@@ -195,6 +206,7 @@ BAD_INPUTS = [
     (["tokenizer", "--out={root}/tok", "--corpus=nocorpus"], "neither a dataset name"),
     (["tokenizer", "--out={root}/full"], "exists and is not an empty directory"),
     (["compile", TINY], "missing --topology"),
+    (["compile", TINY, "--topology=bogus"], "--topology='bogus': expected GENERATION:SHAPE"),
 ]
 
 
@@ -301,3 +313,46 @@ def test_unreachable_coordinator_gives_up_in_time_and_ctrl_c_works(tmp_path):
   _, err = proc.communicate(timeout=30)
   assert proc.returncode == 130 and "Traceback" not in err, err
   assert not workdir.exists()
+
+
+def test_an_absent_platform_is_one_error_line():
+  out = subprocess.run([sys.executable, "-m", "ao_mdm.main", "info", TINY], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "tpu"})
+  if os.path.exists("/dev/accel0"):
+    pytest.skip("this host has a TPU")
+  assert out.returncode == 2 and out.stderr.splitlines() == [
+      "error: JAX_PLATFORMS='tpu', but this host has no TPU (no /dev/accel* or /dev/vfio/[0-9]*); "
+      "unset it or set JAX_PLATFORMS=cpu"]
+
+
+def test_help_forms_and_a_closed_pipe():
+  out = ao_mdm("help", "sample")
+  assert out.returncode == 0 and out.stdout.startswith("usage: ao-mdm sample")
+  proc = subprocess.run(f"{sys.executable} -m ao_mdm.main --help | head -1", shell=True,
+                        capture_output=True, text=True, cwd=ROOT, timeout=60)
+  assert proc.stdout.startswith("usage: ao-mdm") and "Traceback" not in proc.stderr
+
+
+def test_tokenizer_errors_leave_nothing_behind(tmp_path):
+  tfds_dir = tmp_path / "tfds"
+  (tmp_path / "one.txt").write_text("only one line\n")
+  (tmp_path / "two.txt").write_text("a first line of text\nand a second one\n")
+  (tmp_path / "binary.txt").write_bytes(bytes(range(128, 256)) * 4)
+  os.mkfifo(tmp_path / "fifo")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "TFDS_DATA_DIR": str(tfds_dir)}
+  cases = [(["--corpus=" + str(tmp_path / "one.txt")], "has 1 document(s); at least 2"),
+           (["--corpus=" + str(tmp_path / "binary.txt")], "is not UTF-8 text"),
+           (["--corpus=" + str(tmp_path / "fifo")], "is not a regular file"),
+           (["--corpus=" + str(tmp_path / "two.txt"), "--vocab_size=1000064"],
+            "cannot train a vocab of 1000064 on this corpus: Vocabulary size too high")]
+  for args, message in cases:
+    out = subprocess.run([sys.executable, "-m", "ao_mdm.main", "tokenizer",
+                          f"--out={tmp_path / 'tok'}", *args], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT, env=env)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert out.returncode == 2 and len(errors) == 1 and message in errors[0], out.stderr
+    assert not (tmp_path / "tok").exists()
+  # Only the two-line corpus was converted; the failed conversions left no directory.
+  from ao_mdm.data import datasets  # pylint: disable=g-import-not-at-top
+  assert os.listdir(tfds_dir / "text_file") == [
+      "h" + datasets.text_source_hash(str(tmp_path / "two.txt"))]

@@ -204,6 +204,13 @@ class _Payload:
     return os.system, (f"touch {self.marker}",)
 
 
+def test_the_paper_recipe_refuses_a_vocab_too_small_for_gpt2(tmp_path, ao_checkpoint, capsys):
+  _, ckpt = ao_checkpoint
+  with pytest.raises(ValueError, match=r"model_args.vocab_size=96 is below the 50257 ids"):
+    torch_import.import_torch(_save(tmp_path, ckpt), str(tmp_path / "out"))
+  assert capsys.readouterr().out == "" and not (tmp_path / "out").exists()
+
+
 def test_checkpoint_with_code_is_refused_and_never_runs(tmp_path, ao_checkpoint):
   config, ckpt = ao_checkpoint
   marker = tmp_path / "payload_ran"

@@ -6,10 +6,11 @@ import dataclasses
 import functools
 import glob
 import hashlib
+import itertools
 import math
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import ml_collections
@@ -43,13 +44,12 @@ class _LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     for i, text in enumerate(docs):
       yield i, {TEXT_KEY: text}
 
-def _split_documents(docs: list[str], source: str) -> dict[str, list[str]]:
+def _validation_count(n: int, source: str) -> int:
   """Train/validation by position: the last 5% of documents (rounded up) are validation."""
-  if len(docs) < 2:
+  if n < 2:
     raise ValueError(
-        f"{source} has {len(docs)} document(s); at least 2 are needed for train and validation")
-  n_val = math.ceil(VALIDATION_FRACTION * len(docs))
-  return {"train": docs[:-n_val], "validation": docs[-n_val:]}
+        f"{source} has {n} document(s); at least 2 are needed for train and validation")
+  return math.ceil(VALIDATION_FRACTION * n)
 
 
 def _text_info(builder: tfds.core.DatasetBuilder, description: str) -> tfds.core.DatasetInfo:
@@ -84,22 +84,35 @@ class TextFileConfig(tfds.core.BuilderConfig):
 
 def read_text_documents(path: str) -> list[str]:
   """Documents of a local text source: non-blank lines of a file, or whole .txt files of a dir."""
-  if os.path.isdir(path):
-    files = sorted(glob.glob(os.path.join(path, "*.txt")))
-    docs = []
-    for name in files:
-      with open(name, encoding="utf-8") as f:
-        docs.append(f.read().strip("\n"))
-    docs = [d for d in docs if d.strip()]
-  elif os.path.isfile(path):
-    with open(path, encoding="utf-8") as f:
-      docs = [line.rstrip("\r\n") for line in f]
-    docs = [d for d in docs if d.strip()]
-  else:
-    raise FileNotFoundError(f"text file not found: {path!r}")
+  docs = list(iter_text_documents(path))
   if not docs:
     raise ValueError(f"text source {path!r} is empty: no non-blank document found")
   return docs
+
+
+def iter_text_documents(path: str) -> Iterator[str]:
+  """read_text_documents one at a time (a large file is never held in memory)."""
+  if os.path.isdir(path):
+    names = sorted(glob.glob(os.path.join(path, "*.txt")))
+  elif os.path.isfile(path):
+    names = [path]
+  else:
+    raise FileNotFoundError(f"text file not found: {path!r}")
+  for name in names:
+    try:
+      with open(name, encoding="utf-8") as f:
+        if name != path:  # a directory: each file is one document
+          text = f.read().strip("\n")
+          if text.strip():
+            yield text
+          continue
+        for line in f:
+          line = line.rstrip("\r\n")
+          if line.strip():
+            yield line
+    except UnicodeDecodeError as e:
+      raise ValueError(f"text source {name!r} is not UTF-8 text (byte {e.start}: {e.reason})"
+                       ) from None
 
 
 def text_source_hash(path: str) -> str:
@@ -148,8 +161,13 @@ class TextFile(_LocalBuilder, skip_registration=True):
   def _split_generators(self, dl_manager):
     del dl_manager
     path = self.builder_config.path
-    splits = _split_documents(read_text_documents(path), repr(path))
-    return {s: self._generate_examples(docs) for s, docs in splits.items()}
+    n = sum(1 for _ in iter_text_documents(path))  # a first pass counts; both splits stream
+    if n == 0:
+      raise ValueError(f"text source {path!r} is empty: no non-blank document found")
+    n_train = n - _validation_count(n, repr(path))
+    return {"train": self._generate_examples(itertools.islice(iter_text_documents(path), n_train)),
+            "validation": self._generate_examples(
+                itertools.islice(iter_text_documents(path), n_train, None))}
 
 
 def _file_config(path: str) -> TextFileConfig:
@@ -327,6 +345,36 @@ def _fingerprint(builder: tfds.core.DatasetBuilder, split: str) -> str:
   return f"{builder.info.full_name}|{split}|{info.num_examples}|{int(info.num_bytes)}"
 
 
+def _prepare_local(builder: tfds.core.DatasetBuilder, rebuild: Callable, tfds_dir: str) -> None:
+  """Writes a local source as a TFDS dataset, quietly; a failure leaves no empty directory."""
+  import contextlib  # pylint: disable=g-import-not-at-top
+  existed = {d for d, _, _ in os.walk(tfds_dir)} if os.path.isdir(tfds_dir) else set()
+  try:
+    os.makedirs(tfds_dir, exist_ok=True)
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+      tfds.display_progress_bar(False)
+      builder.download_and_prepare(file_format="array_record")
+  except PermissionError as e:
+    _remove_new_empty_dirs(tfds_dir, existed)
+    raise ValueError(f"the TFDS data dir {tfds_dir!r} is not writable ({e.strerror}: "
+                     f"{e.filename}); set data.tfds_dir or TFDS_DATA_DIR to a writable "
+                     "directory") from None
+  except OSError:
+    # Several processes sharing a TFDS dir may race; the loser's final rename fails.
+    if not rebuild().is_prepared():
+      _remove_new_empty_dirs(tfds_dir, existed)
+      raise
+  except BaseException:
+    _remove_new_empty_dirs(tfds_dir, existed)
+    raise
+
+
+def _remove_new_empty_dirs(root: str, existed: set) -> None:
+  for d, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):  # deepest first
+    if d not in existed and not os.listdir(d):
+      os.rmdir(d)
+
+
 def load_documents(data_config: Any, split: str, tfds_dir: str) -> Documents:
   """Documents of a split, detokenized; local builders are prepared on first use."""
   spec = get_spec(data_config.dataset)
@@ -337,13 +385,8 @@ def load_documents(data_config: Any, split: str, tfds_dir: str) -> Documents:
   if spec.make_builder is not None:
     builder = spec.make_builder(data_config, tfds_dir)
     if not builder.is_prepared():
-      try:
-        builder.download_and_prepare(file_format="array_record")
-      except OSError:
-        # Several processes sharing a TFDS dir may race; the loser's final rename fails.
-        builder = spec.make_builder(data_config, tfds_dir)
-        if not builder.is_prepared():
-          raise
+      _prepare_local(builder, lambda: spec.make_builder(data_config, tfds_dir), tfds_dir)
+      builder = spec.make_builder(data_config, tfds_dir)
   else:
     builder = _catalog_builder(spec, tfds_dir)
   source = builder.as_data_source(split=spec.splits[split])

@@ -99,9 +99,22 @@ def check_vocab_size(vocab_size: int) -> None:
 def train_sentencepiece(texts: Iterable[str], vocab_size: int, out_path: str) -> str:
   """Trains a byte-fallback BPE SentencePiece model (exact round trip) and writes it to out_path."""
   check_vocab_size(vocab_size)
-  out_dir = os.path.dirname(os.path.abspath(out_path))
-  os.makedirs(out_dir, exist_ok=True)
   model = io.BytesIO()
+  try:
+    _train(texts, vocab_size, model)
+  except RuntimeError as e:  # e.g. more pieces asked for than the corpus can give
+    why = str(e).strip().splitlines()[-1].rsplit("] ", 1)[-1]
+    raise ValueError(f"SentencePiece cannot train a vocab of {vocab_size} on this corpus: "
+                     f"{why}") from None
+  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+  tmp = f"{out_path}.tmp{os.getpid()}"
+  with open(tmp, "wb") as f:
+    f.write(model.getvalue())
+  os.replace(tmp, out_path)
+  return out_path
+
+
+def _train(texts: Iterable[str], vocab_size: int, model: io.BytesIO) -> None:
   spm.SentencePieceTrainer.train(
       sentence_iterator=_training_sentences(texts),
       model_writer=model,
@@ -122,11 +135,6 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, out_path: str) ->
       num_threads=1,
       minloglevel=2,
   )
-  tmp = f"{out_path}.tmp{os.getpid()}"
-  with open(tmp, "wb") as f:
-    f.write(model.getvalue())
-  os.replace(tmp, out_path)
-  return out_path
 
 
 def check_vocab(tokenizer: Tokenizer, model_vocab_size: int) -> None:
