@@ -5,6 +5,7 @@ The import of the authors' PyTorch checkpoints is in torch_import.py.
 A training work dir holds `checkpoints/<step>/{state, data, config}`; an export holds
 `<out>/0/{params, config}`. Both are read by `load_params`.
 """
+import concurrent.futures
 import errno
 import fcntl
 import json
@@ -20,6 +21,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from ao_mdm import checks
+from ao_mdm import interrupts
 from ao_mdm import train_state
 
 CHECKPOINT_SUBDIR = "checkpoints"
@@ -71,16 +73,15 @@ def restore_newest(mgr: ocp.CheckpointManager, load: Callable[[int, Any], Any],
 
   A checkpoint that fails to read is skipped with one line saying which and why, and its step
   appended to `skipped`. `check(config)` may raise to refuse a readable checkpoint (e.g. of
-  another model); that is not skipped, nor is an interrupt surfacing as another exception.
+  another model); that is not skipped, nor is a cancelled read.
   """
-  from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
   for step in sorted(mgr.all_steps(), reverse=True):
     where = f"checkpoint step {step} in {mgr.directory}"
     try:
       config = read_config(mgr, step)
+    except concurrent.futures.CancelledError:  # a cancelled read says nothing of the step
+      raise
     except Exception as e:  # pylint: disable=broad-except  (any corruption: skip it)
-      if interrupts.interrupted():
-        raise KeyboardInterrupt from e
       log(f"skipped {where}: its config cannot be read ({_first_line(e)})")
       if skipped is not None:
         skipped.append(step)
@@ -89,9 +90,9 @@ def restore_newest(mgr: ocp.CheckpointManager, load: Callable[[int, Any], Any],
       check(config)
     try:
       return step, config, load(step, config)
+    except concurrent.futures.CancelledError:
+      raise
     except Exception as e:  # pylint: disable=broad-except
-      if interrupts.interrupted():
-        raise KeyboardInterrupt from e
       log(f"skipped {where}: it cannot be restored ({_first_line(e)})")
       if skipped is not None:
         skipped.append(step)
@@ -248,16 +249,18 @@ def write_params_export(out: str, config: ml_collections.ConfigDict, params: Any
   out = os.path.abspath(out)
   tmp = f"{out}.tmp{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)
-  try:
-    mgr = manager(tmp, max_to_keep=None, async_save=False, item_names=("params", "config"))
-    mgr.save(0, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
-                                        config=ocp.args.JsonSave(json.loads(config.to_json()))))
-    mgr.wait_until_finished()
-    mgr.close()
-    if tokenizer_dir and os.path.isdir(tokenizer_dir):  # samplers and evaluators read it here
-      shutil.copytree(tokenizer_dir, os.path.join(tmp, "tokenizer"))
-    os.replace(tmp, out)
-  except BaseException:  # an error or Ctrl-C: no half-written export stays behind
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
+  remove_tmp = lambda: shutil.rmtree(tmp, ignore_errors=True)
+  with interrupts.on_interrupt(remove_tmp):  # an error or Ctrl-C leaves no half-written export
+    try:
+      mgr = manager(tmp, max_to_keep=None, async_save=False, item_names=("params", "config"))
+      mgr.save(0, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
+                                          config=ocp.args.JsonSave(json.loads(config.to_json()))))
+      mgr.wait_until_finished()
+      mgr.close()
+      if tokenizer_dir and os.path.isdir(tokenizer_dir):  # samplers and evaluators read it here
+        shutil.copytree(tokenizer_dir, os.path.join(tmp, "tokenizer"))
+      os.replace(tmp, out)
+    except BaseException:
+      remove_tmp()
+      raise
   return out

@@ -1,29 +1,44 @@
 """Ctrl-C and SIGTERM: every command stops cleanly; training first saves at a step boundary.
 
-`ao-mdm` calls `install()` first: from then on Ctrl-C raises KeyboardInterrupt (the CLI exits
-130 with no traceback) and is counted, so that code which caught a library's exception can ask
-`interrupted()` whether it was an interrupt surfacing in another form (a restore must never
-take one for a corrupt checkpoint). The training loop runs inside `StopRequest`.
+`ao-mdm` calls `install()` first: from then on Ctrl-C runs the cleanups registered with
+`on_interrupt` (an output's temporary file removed, finished samples kept), prints one line
+and exits 130 at once, so no library is interrupted mid-work (no traceback, no half-written
+file, and a restore can never take an interrupt for a corrupt checkpoint). The training loop
+runs inside `StopRequest`, which saves first.
 """
+import contextlib
 import os
 import signal
 import sys
+from collections.abc import Callable, Iterator
 
-_COUNT = [0]  # Ctrl-Cs seen by this process
+_CLEANUPS: list = []
 
 
-def _raise(signum, frame) -> None:
+def _exit_now(signum, frame) -> None:
   del signum, frame
-  _COUNT[0] += 1
-  raise KeyboardInterrupt
+  for cleanup in reversed(_CLEANUPS):
+    try:
+      cleanup()
+    except Exception as e:  # pylint: disable=broad-except  (exit regardless)
+      print(f"cleanup after Ctrl-C failed: {e}", file=sys.stderr)
+  print("interrupted", file=sys.stderr, flush=True)
+  sys.stdout.flush()
+  os._exit(130)  # pylint: disable=protected-access
 
 
 def install() -> None:
-  signal.signal(signal.SIGINT, _raise)
+  signal.signal(signal.SIGINT, _exit_now)
 
 
-def interrupted() -> bool:
-  return _COUNT[0] > 0
+@contextlib.contextmanager
+def on_interrupt(cleanup: Callable[[], None]) -> Iterator[None]:
+  """Runs `cleanup` if Ctrl-C ends the process inside this block."""
+  _CLEANUPS.append(cleanup)
+  try:
+    yield
+  finally:
+    _CLEANUPS.remove(cleanup)
 
 
 class StopRequest:
@@ -33,14 +48,11 @@ class StopRequest:
 
   def __init__(self):
     self.requested, self.exit_code = False, 0
-    if interrupted():  # a Ctrl-C during start-up that a library swallowed
-      raise KeyboardInterrupt
     self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
   def _handle(self, signum, frame) -> None:
     del frame
     if signum == signal.SIGINT:
-      _COUNT[0] += 1
       if self.requested:
         print("interrupted again: exiting now; the last complete checkpoint stays",
               file=sys.stderr, flush=True)

@@ -333,7 +333,7 @@ _MODE_SETTINGS = ("mode", "draft", "score")
 def _sample() -> None:
   import json
   import tqdm
-  from ao_mdm import generate, sampling
+  from ao_mdm import generate, interrupts, sampling
   options = {k: FLAGS[k].value for k in _SETTINGS}
   sampling.validate_sampling_args(**{**options, "steps": FLAGS.steps})
   if not FLAGS["steps"].present:
@@ -344,37 +344,37 @@ def _sample() -> None:
   settings = {k: FLAGS[k].value
               for k in ("checkpoint", "prompt", "infill", "seed", *_SETTINGS, *_MODE_SETTINGS)}
   partial = f"{FLAGS.out}.partial" if FLAGS.out else None
-  written = 0
+  if partial:  # missing directories of --out are made (checks.output_file checked the parent)
+    os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
+  written = [0]
+
+  def keep_finished():  # Ctrl-C: the finished samples become the output
+    out.flush()
+    if partial and written[0]:
+      os.replace(partial, FLAGS.out)
+      print(f"kept the {written[0]} finished samples in {FLAGS.out}", file=sys.stderr)
+    elif partial:
+      os.remove(partial)
   with tqdm.tqdm(total=batches, desc="sampling", unit="batch", disable=batches < 2) as bar, \
-      open(partial or os.devnull, "w") as out:
-    try:
-      for i, r in enumerate(generate.sample_texts(
-          params, config.model, tokenizer, num_samples=FLAGS.num_samples,
-          batch_size=FLAGS.batch_size, prompt=FLAGS.prompt, infill=FLAGS.infill,
-          infill_span=FLAGS.infill_span, seed=FLAGS.seed, progress=bar.update, mode=FLAGS.mode,
-          draft=FLAGS.draft, score=FLAGS.score, **options)):
-        shown = r.get("marked", r["text"])  # with a prompt or infill: generated runs in [[ ]]
-        how = (f"speculative L2R, draft {FLAGS.draft}: {r['forwards']} forwards, "
-               f"{r['accepted']} drafts accepted" if FLAGS.mode == "speculative" else
-               f"steps={r['steps']}, "
-               f"{'confidence' if FLAGS.mode == 'confidence' else FLAGS.order} order")
-        bar.write(f"--- sample {i} ({how}) ---\n{shown}\n")
-        out.write(json.dumps({**r, "tokenizer": config.data.tokenizer, **settings,
-                              "steps": r.get("steps")}) + "\n")
-        out.flush()  # what is finished stays, even after Ctrl-C
-        written += 1
-    except KeyboardInterrupt:
-      if partial and written:
-        out.close()
-        os.replace(partial, FLAGS.out)
-        print(f"interrupted: kept the {written} finished samples in {FLAGS.out}",
-              file=sys.stderr)
-      elif partial:
-        os.remove(partial)
-      raise
+      open(partial or os.devnull, "w") as out, interrupts.on_interrupt(keep_finished):
+    for i, r in enumerate(generate.sample_texts(
+        params, config.model, tokenizer, num_samples=FLAGS.num_samples,
+        batch_size=FLAGS.batch_size, prompt=FLAGS.prompt, infill=FLAGS.infill,
+        infill_span=FLAGS.infill_span, seed=FLAGS.seed, progress=bar.update, mode=FLAGS.mode,
+        draft=FLAGS.draft, score=FLAGS.score, **options)):
+      shown = r.get("marked", r["text"])  # with a prompt or infill: generated runs in [[ ]]
+      how = (f"speculative L2R, draft {FLAGS.draft}: {r['forwards']} forwards, "
+             f"{r['accepted']} drafts accepted" if FLAGS.mode == "speculative" else
+             f"steps={r['steps']}, "
+             f"{'confidence' if FLAGS.mode == 'confidence' else FLAGS.order} order")
+      bar.write(f"--- sample {i} ({how}) ---\n{shown}\n")
+      out.write(json.dumps({**r, "tokenizer": config.data.tokenizer, **settings,
+                            "steps": r.get("steps")}) + "\n")
+      out.flush()
+      written[0] += 1
   if partial:
     os.replace(partial, FLAGS.out)
-    print(f"wrote {written} samples to {FLAGS.out}")
+    print(f"wrote {written[0]} samples to {FLAGS.out}")
 
 
 def _import_torch() -> None:
@@ -556,11 +556,7 @@ def _run() -> None:
       handler()
     except (app.UsageError, ValueError, OSError, ImportError) as e:
       _fail(_error_text(e))
-    except KeyboardInterrupt:
-      if os.environ.get("AO_MDM_TRACEBACK"):
-        raise
-      print("interrupted", file=sys.stderr)
-      sys.exit(130)
+
   app.run(main, argv=[f"ao-mdm {command}"] + rest, flags_parser=_parse_flags)
 
 

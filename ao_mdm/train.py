@@ -231,12 +231,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   program = make_program(config)
   program.check_fits()
   init_params = _init_params(config, init_from) if init_from else None
+  from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
   lock = checkpoints.WorkdirLock(workdir) if jax.process_index() == 0 else None
+  release = lock.release if lock else lambda: None
   try:
-    return _train(program, workdir, init_params, init_from, start_over)
+    with interrupts.on_interrupt(release):  # a new work dir holding only the lock goes too
+      return _train(program, workdir, init_params, init_from, start_over)
   finally:
-    if lock:
-      lock.release()
+    release()
 
 
 def _train(program: Program, workdir: str, init_params: Any, init_from: Optional[str],

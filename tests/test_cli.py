@@ -259,7 +259,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_step(files, tmp_pa
 
 def test_sample_reads_the_run_quietly_and_writes_nothing_into_it(files, tmp_path):
   before = _snapshot(files["run"])
-  path = tmp_path / "samples.jsonl"
+  path = tmp_path / "new" / "dir" / "samples.jsonl"  # missing directories are made
   out = ao_mdm("sample", f"--checkpoint={files['run']}", "--steps=8", "--num_samples=2",
                "--batch_size=1", "--prompt=The Congress", f"--out={path}")
   assert out.returncode == 0, out.stderr
@@ -269,7 +269,7 @@ def test_sample_reads_the_run_quietly_and_writes_nothing_into_it(files, tmp_path
   assert len(records) == 2 and all(r["text"].startswith("The Congress") for r in records)
   assert all(r["marked"].startswith("The Congress[[") for r in records)
   assert "--- sample 1" in out.stdout and "The Congress[[" in out.stdout
-  assert not [n for n in os.listdir(tmp_path) if ".tmp" in n]
+  assert os.listdir(path.parent) == ["samples.jsonl"]  # no .partial left
 
 
 def test_sample_texts_library_call(files):

@@ -210,3 +210,83 @@ def test_ctrl_c_saves_at_a_step_boundary_and_exits_130(data_dir, tmp_path):
   steps = _complete_steps(workdir)
   assert len(steps) == 1 and not [n for n in os.listdir(os.path.join(workdir, "checkpoints"))
                                   if "tmp" in n]
+
+
+@pytest.mark.slow  # several processes, each interrupted at another moment
+def test_ctrl_c_elsewhere_exits_130_and_leaves_no_partial_output(data_dir, tmp_path):
+  """export and sample, interrupted at growing delays: each run either finished (exit 0) or
+  stopped (130), never with a traceback, and whatever output exists is whole (an export that
+  loads; sample records that parse: the samples finished before the Ctrl-C)."""
+  run = str(tmp_path / "run")
+  train.train_and_evaluate(_small_config(data_dir, 2), run)
+  outcomes = []
+  for delay in (1.0, 2.5, 4.0, 6.0, 9.0):
+    for command, out in (("export", tmp_path / f"export{delay}"),
+                         ("sample", tmp_path / f"s{delay}.jsonl")):
+      args = ([f"--workdir={run}", f"--out={out}"] if command == "export" else
+              [f"--checkpoint={run}", f"--out={out}", "--num_samples=100000", "--batch_size=1",
+               "--steps=4"])
+      proc = subprocess.Popen([sys.executable, "-m", "ao_mdm.main", command, *args], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "JAX_PLATFORMS": "cpu"})
+      time.sleep(delay)
+      proc.send_signal(signal.SIGINT)
+      _, err = proc.communicate(timeout=120)
+      outcomes.append((command, proc.returncode, out.exists()))
+      # -2: the signal came while Python was still importing, before `ao-mdm` took Ctrl-C
+      # over (a shell reports that as 130 too).
+      assert proc.returncode in (0, 130, -2) and "Traceback" not in err, err
+      assert proc.returncode or out.exists()
+      siblings = [n for n in os.listdir(tmp_path) if n.startswith(out.name) and n != out.name]
+      assert not siblings, siblings  # no .tmp / .partial
+      if command == "export" and out.exists():
+        config, _ = checkpoints.load_params(str(out))
+        assert config.train.num_steps == 2
+      if command == "sample" and out.exists():
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        assert records and all(len(r["tokens"]) == 32 for r in records)
+  # Some runs were stopped mid-work: nothing of an export, and samples kept.
+  assert ("export", 130, False) in outcomes and ("sample", 130, True) in outcomes, outcomes
+
+
+@pytest.mark.slow
+def test_a_second_train_process_is_refused_and_a_second_ctrl_c_exits_at_once(data_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+  first = subprocess.Popen(_command(workdir, data_dir, 100000, 100000), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 300
+  while not os.path.exists(os.path.join(workdir, "metrics.jsonl")) and time.time() < deadline:
+    time.sleep(0.05)
+  second = subprocess.run(_command(workdir, data_dir, 10, 10), capture_output=True, text=True,
+                          timeout=120)
+  errors = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
+  assert second.returncode == 2 and len(errors) == 1 and "Traceback" not in second.stderr
+  assert f"is in use by another `ao-mdm train` (host " in errors[0]
+  assert f"pid {first.pid}," in errors[0]
+  first.send_signal(signal.SIGINT)
+  time.sleep(0.05)
+  first.send_signal(signal.SIGINT)  # exits at once, unless the save already landed
+  out, err = first.communicate(timeout=60)
+  assert first.returncode == 130 and "Traceback" not in err, err
+  assert "interrupted again: exiting now" in err or "interrupted: saved a checkpoint" in out
+
+
+def test_a_second_ctrl_c_during_the_save_exits_at_once(monkeypatch):
+  from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
+  exits = []
+  monkeypatch.setattr(interrupts.os, "_exit", exits.append)
+  stop = interrupts.StopRequest()
+  try:
+    stop._handle(signal.SIGTERM, None)  # pylint: disable=protected-access
+    assert stop.requested and stop.exit_code == 0 and not exits  # preemption: save, exit 0
+    stop._handle(signal.SIGINT, None)  # pylint: disable=protected-access
+    assert exits == [130]  # a Ctrl-C after a request: at once
+  finally:
+    stop.restore()
+  stop = interrupts.StopRequest()
+  try:
+    stop._handle(signal.SIGINT, None)  # pylint: disable=protected-access
+    assert stop.requested and stop.exit_code == 130 and exits == [130]
+  finally:
+    stop.restore()
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

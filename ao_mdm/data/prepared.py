@@ -35,6 +35,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ao_mdm import interrupts
 from ao_mdm.data import datasets
 from ao_mdm.data.tokenizer import Tokenizer
 
@@ -388,7 +389,8 @@ def _write_shards(jobs: list, workers: int, desc: str, writer_args: tuple):
   writer, yielded = _ShardWriter(*writer_args), 0
   try:
     with tqdm.tqdm(total=len(jobs), desc=desc, unit="shard", disable=len(jobs) < 8,
-                   mininterval=2.0) as bar:
+                   mininterval=2.0) as bar, \
+        interrupts.on_interrupt(pool.terminate if pool else lambda: None):
       while yielded < len(jobs):
         job = take()
         if job is not None:
