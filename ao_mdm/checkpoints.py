@@ -165,13 +165,16 @@ class WorkdirLock:
     self._file.flush()
 
   def release(self) -> None:
-    """Unlocks (the file stays: removing it would let two later runs lock different files)."""
+    """Removes the lock file while still holding its lock, then unlocks; a work dir the lock
+    created goes too if it is otherwise empty."""
     if self._file.closed:
       return
-    self._file.truncate(0)
-    self._file.close()
-    if self.created and os.listdir(self.workdir) == [LOCK_FILE]:
+    try:
       os.remove(self.path)
+    except FileNotFoundError:
+      pass
+    self._file.close()
+    if self.created and not os.listdir(self.workdir):
       os.rmdir(self.workdir)
 
 

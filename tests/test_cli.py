@@ -26,7 +26,8 @@ def ao_mdm(*args, timeout=300):
                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
 
 
-@pytest.mark.parametrize("command", ["train", "sample", "eval", "import-gpt2", "compile"])
+@pytest.mark.parametrize("command", ["train", "sample", "eval", "import-gpt2", "compile",
+                                     "import-torch"])
 def test_command_help_lists_its_own_flags(command):
   out = ao_mdm(command, "--help")
   assert out.returncode == 0 and out.stderr == ""
@@ -34,6 +35,11 @@ def test_command_help_lists_its_own_flags(command):
   listed = {line.split(":")[0].strip() for line in out.stdout.splitlines() if line.startswith("  --")}
   assert ("--top_p_rule" in listed) == (command == "sample")
   assert ("--protocol" in listed) == (command == "eval")
+  if command == "eval":  # each flag's help speaks of this command
+    assert "eval: blocks per batch" in out.stdout
+  if command == "import-torch":
+    assert "import-torch: the authors' PyTorch ckpt.pt file" in out.stdout
+    assert "import-torch: which of the PyTorch checkpoint's to import, ema | model" in out.stdout
 
 
 def _tiny_config(data_dir):
