@@ -39,7 +39,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.text_file = ""  # with dataset="text_file": a local UTF-8 file, one document per line
   c.data.tokenizer = "sentencepiece"
   c.data.tfds_dir = ""  # "" -> $TFDS_DATA_DIR or ~/tensorflow_datasets
-  # Token shards of `ao-mdm prepare` (made by train/eval when missing): "" -> <tfds_dir>/ao_mdm_prepared
+  # Where `ao-mdm prepare` (or train/eval, when missing) writes token shards;
+  # "" -> <tfds_dir>/ao_mdm_prepared
   c.data.prepared_dir = ""
 
   c.train = ml_collections.ConfigDict()

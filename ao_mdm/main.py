@@ -529,10 +529,9 @@ def _run() -> None:
   from ao_mdm import interrupts
   interrupts.install()
   _quiet_environment()
-  handler = {"train": _train, "prepare": _prepare, "info": _info, "tokenizer": _tokenizer, "export": _export,
-             "sample": _sample, "import-torch": _import_torch, "eval": _eval,
-             "import-gpt2": _import_gpt2,
-             "compile": _compile}.get(command)
+  handler = {"train": _train, "prepare": _prepare, "info": _info, "tokenizer": _tokenizer,
+             "export": _export, "sample": _sample, "import-torch": _import_torch, "eval": _eval,
+             "import-gpt2": _import_gpt2, "compile": _compile}.get(command)
   if command == "bench" and not (rest and rest[0] in ("--help", "-h", "--helpshort")):
     if not rest or rest[0] not in BENCHES:
       got = repr(rest[0]) if rest else "nothing"

@@ -283,9 +283,9 @@ def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optio
   model_lib.validate_model_config(config.model)
   if paper_recipe and config.model.vocab_size < gpt2.VOCAB_SIZE:
     raise ValueError(f"{checkpoint!r}: model_args.vocab_size={config.model.vocab_size} is below "
-                     f"the {gpt2.VOCAB_SIZE} ids of GPT-2 BPE, the tokenizer of the authors' models "
-                     "(their vocab_size is 50304); an export of it could not be sampled or "
-                     "evaluated")
+                     f"the {gpt2.VOCAB_SIZE} ids of GPT-2 BPE, the tokenizer of the authors' "
+                     "models (their vocab_size is 50304); an export of it could not be sampled "
+                     "or evaluated")
   bias = bool(ckpt["model_args"].get("bias", True))
   rows = _reference_layout(config.model, bias)
   tensors = _tensors(ckpt, rows, weights, checkpoint)

@@ -142,7 +142,7 @@ def iterator_child(args_json: str) -> None:
   ds = (grain.MapDataset.source(source).shuffle(seed=0).repeat()
         .map(lambda r: np.frombuffer(r, np.uint16).astype(np.int32))
         .batch(a["batch"], drop_remainder=True))
-  it = iter(ds.to_iter_dataset(read_options=pipeline._READ_OPTIONS))  # pylint: disable=protected-access
+  it = iter(ds.to_iter_dataset(read_options=pipeline.READ_OPTIONS))
   next(it)
   start = time.perf_counter()
   for _ in range(a["batches"]):

@@ -15,7 +15,7 @@ import numpy as np
 from ao_mdm.data import prepared
 
 # One background thread reading a batch ahead keeps up (about 30M tokens/s, docs/performance.md).
-_READ_OPTIONS = grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)
+READ_OPTIONS = grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)
 PACKINGS = ("stream", "paper")
 
 
@@ -123,4 +123,4 @@ def train_iterator(blocks: prepared.Blocks, *, global_batch_size: int, seed: int
         f"each of the {process_count} processes needs at least one")
   ds = ShuffledBatches(blocks, global_batch_size // process_count, seed, process_index,
                        process_count)
-  return iter(ds.to_iter_dataset(read_options=_READ_OPTIONS))
+  return iter(ds.to_iter_dataset(read_options=READ_OPTIONS))
