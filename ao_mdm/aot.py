@@ -36,7 +36,7 @@ TOPOLOGY_EXAMPLES = "v5e:2x2, v5e:4x4, v4:2x2x2, v5p:2x2x1, v6e:4x4"
 def tpu_devices(topology: str) -> list:
   """Compile-only TPU devices of `topology` (e.g. 'v5e:4x4'); needs libtpu, no TPU."""
   if importlib.util.find_spec("libtpu") is None:
-    raise RuntimeError("ahead-of-time TPU compilation needs libtpu: pip install -e '.[tpu]'")
+    raise ImportError("ahead-of-time TPU compilation needs libtpu: pip install -e '.[tpu]'")
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   # Only a compiler is needed here; without this a second JAX process on the host that also
   # loaded libtpu makes the plugin fail on /tmp/libtpu_lockfile.
@@ -45,7 +45,7 @@ def tpu_devices(topology: str) -> list:
     return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
   except jax.errors.JaxRuntimeError as e:
     if "lockfile" in str(e):
-      raise RuntimeError(f"libtpu is locked by another process ({e}); set "
+      raise OSError(f"libtpu is locked by another process ({e}); set "
                          "ALLOW_MULTIPLE_LIBTPU_LOAD=1 before starting Python") from e
     raise ValueError(f"invalid TPU topology {topology!r}: {e}. Give GENERATION:SHAPE, "
                      f"e.g. {TOPOLOGY_EXAMPLES}") from e

@@ -95,7 +95,7 @@ def bench_sample(config: ml_collections.ConfigDict) -> dict:
       plan = sampling.Plan.make(run_counts, use_cache)
       if not use_cache:  # a truncated plan keeps the full-length recomputation of every step
         plan = dataclasses.replace(plan, real_width=t)
-      decoder = sampling._decoder(cfg.to_json(), plan, "random", False, use_cache, False)
+      decoder = sampling.decoder(cfg.to_json(), plan, "random", False, use_cache, False)
       args = (params, zeros, known, jax.random.key(2), *scalars)
       compiled, compile_s = _compile(decoder, *args)
       elapsed, _ = _timed(lambda _: compiled(*args), repeats if use_cache else 1)
@@ -244,3 +244,19 @@ def _torch_baseline(config: ml_collections.ConfigDict, params: Any, tokens_BT: n
   print(f"PyTorch {torch.__version__} eager float32 train step: {step_s * 1e3:.1f} ms, "
         f"{tokens_per_s:.0f} tokens/s ({threads} threads)", flush=True)
   return {"torch_tokens_per_s": tokens_per_s, "torch_step_s": step_s, "torch_threads": threads}
+
+
+def run(what: str, config: ml_collections.ConfigDict, config_name: str, *, baseline: str,
+        mode: str, checkpoint: Optional[str], weights: str) -> None:
+  """`ao-mdm bench WHAT` (sample, train or data), its flags checked by checks.command_inputs."""
+  if what == "data":
+    from ao_mdm.data import bench_data  # pylint: disable=g-import-not-at-top
+    bench_data.bench_data(config, config_name)
+  elif what == "train":
+    bench_train(config, None if baseline == "none" else baseline)
+  elif mode == "speculative":
+    from ao_mdm import checkpoints  # pylint: disable=g-import-not-at-top
+    saved, params = checkpoints.load_params(checkpoint, weights)
+    bench_speculative(config, params, saved.model)
+  else:
+    bench_sample(config)

@@ -1,9 +1,11 @@
-"""Orbax checkpoints: the training manager, loading params for eval/sampling, export (DESIGN 7).
+"""Orbax checkpoints: the training manager, loading params for eval/sampling, export.
 
 The import of the authors' PyTorch checkpoints is in torch_import.py.
 
-A training work dir holds `checkpoints/<step>/{state, data, config}`; an export holds
-`<out>/0/{params, config}`. Both are read by `load_params`.
+A training work dir holds `checkpoints/<step>/{state, ema, data, config}`: `state` is the train
+state without its EMA params, which are the `ema` item, so that sampling and evaluation read
+only the bytes they use (checkpoints written before the split hold the EMA inside `state` and
+still load). An export holds `<out>/0/{params, config}`. Both are read by `load_params`.
 """
 import concurrent.futures
 import errno
@@ -23,6 +25,7 @@ import orbax.checkpoint as ocp
 from ao_mdm import checks
 from ao_mdm import interrupts
 from ao_mdm import train_state
+from ao_mdm.data import tokenizer as tok_lib
 
 CHECKPOINT_SUBDIR = "checkpoints"
 SET_ASIDE_SUBDIR = "checkpoints_set_aside"  # unreadable or foreign step dirs, never deleted
@@ -31,7 +34,7 @@ _TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a step being written
 
 
 def manager(directory: str, max_to_keep: Optional[int] = 3, async_save: bool = True,
-            item_names: tuple = ("state", "data", "config")) -> ocp.CheckpointManager:
+            item_names: tuple = ("state", "ema", "data", "config")) -> ocp.CheckpointManager:
   """A CheckpointManager that keeps the newest `max_to_keep` complete checkpoints."""
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True)
@@ -45,19 +48,30 @@ def train_manager(workdir: str, max_to_keep: int = 3) -> ocp.CheckpointManager:
 
 def save(mgr: ocp.CheckpointManager, step: int, state: Any, data_iter: Any,
          config: ml_collections.ConfigDict, force: bool = False) -> bool:
-  """Save state, data-iterator position and config at `step` (asynchronously)."""
+  """Save state (its EMA params as their own item), data-iterator position and config at
+  `step` (asynchronously)."""
   return mgr.save(step, force=force, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state),
+      state=ocp.args.StandardSave(state.replace(ema_params=None)),
+      ema=ocp.args.StandardSave(state.ema_params),
       data=grain.checkpoint.CheckpointSave(data_iter),
       config=ocp.args.JsonSave(json.loads(config.to_json()))))
 
 
 def restore(mgr: ocp.CheckpointManager, step: int, target: Any, data_iter: Any = None) -> Any:
   """Restore the train state at `step` into `target` (and the data iterator in place)."""
-  items = {"state": ocp.args.StandardRestore(target)}
+  split = _has_ema_item(mgr, step)
+  items = {"state": ocp.args.StandardRestore(target.replace(ema_params=None) if split else target)}
+  if split:
+    items["ema"] = ocp.args.StandardRestore(target.ema_params)
   if data_iter is not None:
     items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
-  return mgr.restore(step, args=ocp.args.Composite(**items)).state
+  restored = mgr.restore(step, args=ocp.args.Composite(**items))
+  return restored.state.replace(ema_params=restored.ema) if split else restored.state
+
+
+def _has_ema_item(mgr: ocp.CheckpointManager, step: int) -> bool:
+  """Whether checkpoint `step` keeps its EMA params as their own item (the current layout)."""
+  return os.path.isdir(os.path.join(str(mgr.directory), str(step), "ema"))
 
 
 def read_config(mgr: ocp.CheckpointManager, step: int) -> ml_collections.ConfigDict:
@@ -210,32 +224,49 @@ def _reader(path: str) -> ocp.CheckpointManager:
   return mgr
 
 
-def load_params(path: str, weights: str = "ema",
-                log: Callable[[str], None] = print) -> tuple[ml_collections.ConfigDict, Any]:
-  """(config, params) of the newest readable checkpoint of a work dir (`ema` or `params`) or export."""
+def load_params(path: str, weights: str = "ema", log: Callable[[str], None] = print,
+                shardings: Optional[Callable[[ml_collections.ConfigDict], Any]] = None
+                ) -> tuple[ml_collections.ConfigDict, Any]:
+  """(config, params) of the newest readable checkpoint of a work dir (`ema` or `params`) or
+  an export. Only those params are read; `shardings(config)` places them (default: this
+  process's first device)."""
   if weights not in ("ema", "params"):
     raise ValueError(f"--weights={weights}; accepted here: ema, params (model is for "
                      "import-torch)")
   mgr = _reader(path)
-  is_export = "params" in mgr.item_metadata(mgr.latest_step()).keys()
+  is_export = os.path.isdir(os.path.join(str(mgr.directory), str(mgr.latest_step()), "params"))
   if is_export and weights != "ema":
     raise ValueError(f"--weights={weights}: {path} is an export, which holds one set of params "
                      "(the EMA unless made from raw params); use --weights=ema")
 
   def load(step, config):
-    if is_export:
-      abstract = jax.eval_shape(lambda: train_state.abstract_params(config))
+    abstract = train_state.abstract_params(config)
+    if shardings is not None:
+      abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                              abstract, shardings(config))
+    if is_export or (weights == "ema" and _has_ema_item(mgr, step)):
+      name = "params" if is_export else "ema"
       return mgr.restore(step, args=ocp.args.Composite(
-          params=ocp.args.StandardRestore(abstract))).params
-    state = mgr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(train_state.abstract_state(config)))).state
-    return state.ema_params if weights == "ema" else state.params
+          **{name: ocp.args.StandardRestore(abstract)}))[name]
+    field = "ema_params" if weights == "ema" else "params"  # one field of the train state
+    target = {field: abstract}
+    return mgr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+        partial_restore=True))).state[field]
 
   found = restore_newest(mgr, load, log=log)
   if found is None:
     raise FileNotFoundError(f"no checkpoint under {path} can be read (each is listed above)")
   _, config, params = found
   return config, params
+
+
+def load_run(path: str, weights: str = "ema", **kwargs) -> tuple:
+  """(config, params, tokenizer) of a training work dir or export (kwargs: of load_params)."""
+  config, params = load_params(path, weights, **kwargs)
+  tokenizer = tok_lib.load_saved_tokenizer(config.data, config.model.vocab_size, path)
+  tok_lib.check_vocab(tokenizer, config.model.vocab_size)
+  return config, params, tokenizer
 
 
 def export(path: str, out: str, weights: str = "ema") -> str:

@@ -5,12 +5,11 @@ Each raises one FileNotFoundError / FileExistsError / ValueError naming the flag
 import json
 import os
 
-MODES = ("parallel", "speculative", "confidence")  # of `ao-mdm sample`
-MODE_OPTIONS = {  # the options each mode's sampler takes
-    "parallel": ("steps", "schedule", "temperature", "top_p", "top_k", "order", "top_p_rule"),
-    "speculative": ("temperature", "top_p", "top_k", "top_p_rule", "draft"),
-    "confidence": ("steps", "schedule", "temperature", "top_p", "top_k", "top_p_rule", "score"),
-}
+from ao_mdm.options import COMMAND_FLAGS, MODE_OPTIONS, MODES
+
+SCHEDULES = ("linear", "cosine")
+ORDERS = ("random", "l2r")
+TOP_P_RULES = ("authors", "nucleus")
 
 
 def new_output_dir(path: str, flag: str = "--out") -> None:
@@ -168,3 +167,236 @@ def topology(name: str) -> None:
   if not re.fullmatch(r"v\d+[a-z]*:\d+(x\d+)*", name):
     raise ValueError(f"--topology={name!r}: expected GENERATION:SHAPE, e.g. v5e:2x2, v5e:4x4, "
                      "v4:2x2x2, v5p:2x2x1, v6e:4x4")
+
+
+def names(value: str) -> list:
+  """The items of a comma-separated flag such as --datasets=sotu,wikitext2."""
+  return [x.strip() for x in (value or "").split(",") if x.strip()]
+
+
+def int_list(value: str, flag: str) -> list:
+  """A comma-separated flag of positive integers, e.g. --ensemble=8,64."""
+  items = names(value)
+  if not all(x.isdigit() and int(x) > 0 for x in items):
+    raise ValueError(f"{flag}={value}: expected positive integers separated by commas, e.g. 8,64")
+  return [int(x) for x in items]
+
+
+def sampling_options(steps, temperature: float, top_p: float, top_k: int, order: str,
+                     top_p_rule: str = "authors", schedule: str = "linear") -> None:
+  """One clear ValueError per bad sampling option (steps=None: the default count)."""
+  if steps is not None and int(steps) < 1:
+    raise ValueError(f"steps={steps} must be >= 1")
+  if schedule not in SCHEDULES:
+    raise ValueError(f"schedule={schedule!r}; accepted: {', '.join(SCHEDULES)}")
+  if not temperature >= 0:
+    raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
+  if not 0 < top_p <= 1:
+    raise ValueError(f"top_p={top_p} must be in (0, 1]")
+  if int(top_k) < 0:
+    raise ValueError(f"top_k={top_k} must be >= 0 (0 is off)")
+  if order not in ORDERS:
+    raise ValueError(f"order={order!r}; accepted: {', '.join(ORDERS)}")
+  if top_p_rule not in TOP_P_RULES:
+    raise ValueError(f"top_p_rule={top_p_rule!r}; accepted: {', '.join(TOP_P_RULES)}")
+
+
+def sample_counts(num_samples: int, batch_size: int) -> None:
+  if num_samples < 1 or batch_size < 1:
+    raise ValueError(f"--num_samples={num_samples} and --batch_size={batch_size} must be >= 1")
+
+
+def _require(v: dict, *flags) -> None:
+  missing = [f"--{k}" for k in flags if v.get(k) in (None, "")]
+  if missing:
+    raise ValueError(f"missing {', '.join(missing)}")
+
+
+def _not_with(given: set, flags, why: str) -> None:
+  """Refuses flags that would be ignored: `why` says what makes them not apply."""
+  others = [f"--{k}" for k in flags if k in given]
+  if others:
+    raise ValueError(f"{', '.join(others)} do not apply {why}")
+
+
+def _directory_flag(path, flag: str) -> None:
+  if path and os.path.exists(path) and not os.path.isdir(path):
+    raise ValueError(f"{flag} {path!r} is a file; give a directory")
+
+
+def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
+  """Every check of a command's flags that needs no JAX, so a bad one fails in well under a
+  second: `v` maps each flag name to its value, `given` names those set on the command line."""
+  foreign = sorted(given - set(COMMAND_FLAGS[command]))
+  if foreign:
+    name = f"{command} {bench}".strip()
+    raise ValueError(f"{', '.join('--' + f for f in foreign)} not accepted by `ao-mdm {name}`; "
+                     f"`ao-mdm {command} --help` lists its flags")
+  if command == "train":
+    _require(v, "config", "workdir")
+    _directory_flag(v["workdir"], "--workdir")
+    output_file(os.path.join(v["workdir"], "metrics.jsonl"), "--workdir")
+    if v["init_from"]:
+      checkpoint(v["init_from"], "--init_from")
+    processes(v["coordinator"], v["num_processes"], v["process_id"], v["init_timeout"])
+  elif command == "prepare":
+    _require(v, "config")
+    _directory_flag(v["workdir"], "--workdir")
+    if v["workers"] is not None and v["workers"] < 1:
+      raise ValueError(f"--workers={v['workers']} must be >= 1")
+    if not names(v["splits"]):
+      raise ValueError("--splits is empty; give e.g. --splits=train,validation")
+  elif command in ("info", "compile"):
+    _require(v, "config", *(("topology",) if command == "compile" else ()))
+    if command == "compile":
+      topology(v["topology"])
+  elif command == "bench":
+    _require(v, "config")
+    if v["baseline"] != "none" and bench != "train":
+      raise ValueError(f"--baseline={v['baseline']} applies to `ao-mdm bench train` only")
+    if v["mode"] != "parallel" and bench != "sample":
+      raise ValueError(f"--mode={v['mode']} applies to `ao-mdm bench sample` only")
+    if v["mode"] == "speculative" and not v["checkpoint"]:
+      raise ValueError("bench sample --mode=speculative needs --checkpoint (a trained model: "
+                       "acceptance depends on it)")
+    if v["checkpoint"]:
+      checkpoint(v["checkpoint"])
+  elif command == "tokenizer":
+    _require(v, "out")
+    if os.path.sep in v["corpus"] or os.path.isfile(v["corpus"]):
+      text_file(v["corpus"], "--corpus")
+    new_output_dir(v["out"])
+  elif command == "export":
+    _require(v, "workdir", "out")
+    if v["weights"] not in ("ema", "params"):
+      raise ValueError(f"--weights={v['weights']}; export accepts ema or params")
+    checkpoint(v["workdir"], "--workdir")
+    new_output_dir(v["out"])
+  elif command == "sample":
+    _sample_inputs(v, given)
+  elif command == "eval":
+    _eval_inputs(v, given)
+  elif command == "import-torch":
+    _require(v, "checkpoint", "out")
+    if v["weights"] not in ("ema", "model"):
+      raise ValueError(f"--weights={v['weights']}; import-torch accepts ema or model")
+    if not os.path.isfile(v["checkpoint"]):
+      raise FileNotFoundError(f"--checkpoint {v['checkpoint']!r}: no such file (a PyTorch "
+                              "ckpt.pt of the authors' code)")
+    new_output_dir(v["out"])
+  elif command == "import-gpt2":
+    _require(v, "hf_dir", "out")
+    new_output_dir(v["out"])
+
+
+def _sample_inputs(v: dict, given: set) -> None:
+  _require(v, "checkpoint")
+  checkpoint(v["checkpoint"])
+  if v["out"]:
+    new_output_file(v["out"])
+  if v["prompt"] and v["infill"]:
+    raise ValueError("give --prompt or --infill, not both")
+  if "infill_span" in given and not v["infill"]:
+    raise ValueError("--infill_span applies with --infill")
+  mode_options(v["mode"], given & {name for names in MODE_OPTIONS.values() for name in names})
+  sampling_options(v["steps"], v["temperature"], v["top_p"], v["top_k"], v["order"],
+                   v["top_p_rule"], v["schedule"])
+  sample_counts(v["num_samples"], v["batch_size"])
+
+
+def _eval_inputs(v: dict, given: set) -> None:
+  if v["generated"]:
+    _not_with(given, ("checkpoint", "datasets", "text_file", "lambada_file", "protocol",
+                      "split", "orders", "ensemble", "max_blocks"),
+              "with --generated (which scores samples under --scorer)")
+    _require(v, "scorer")
+    text_file(v["generated"], "--generated")
+    if not os.path.isfile(os.path.join(v["scorer"], "gpt2_config.json")):  # not import-gpt2's
+      checkpoint(v["scorer"], "--scorer")
+    return
+  _require(v, "checkpoint")
+  checkpoint(v["checkpoint"])
+  for name in ("text_file", "lambada_file"):
+    if v[name]:
+      text_file(v[name], f"--{name}")
+  if v["text_file"]:
+    _not_with(given, ("datasets", "lambada_file", "split", "max_blocks"),
+              "with --text_file (which evaluates every block of that one file)")
+  elif not names(v["datasets"]):
+    raise ValueError("--datasets is empty; give registry names, e.g. --datasets=sotu")
+  elif v["lambada_file"] and "lambada" not in names(v["datasets"]):
+    raise ValueError("--lambada_file applies with --datasets=...,lambada")
+  custom = [f"--{k}" for k in ("split", "max_blocks", "orders") if k in given]
+  if v["protocol"] == "paper" and custom:
+    raise ValueError(f"{', '.join(custom)} apply with --protocol=custom; --protocol=paper fixes "
+                     "the split, block count and orders per dataset")
+  if v["orders"] < 1 or v["batch_size"] < 1 or v["max_blocks"] < 0:
+    raise ValueError(f"--orders={v['orders']} and --batch_size={v['batch_size']} must be >= 1, "
+                     f"--max_blocks={v['max_blocks']} >= 0 (0: all)")
+  int_list(v["ensemble"], "--ensemble")
+
+
+def quiet_environment() -> None:
+  """Before JAX loads: no TensorFlow start-up lines, and no TPU start-up on a host without one.
+
+  With libtpu installed (the [tpu] extra) JAX probes for a TPU and prints errors where there is
+  none. A host with a TPU (/dev/accel*, /dev/vfio/N) or an NVIDIA GPU keeps JAX's own choice;
+  `compile` targets TPU topologies through the CPU platform either way.
+  """
+  import glob  # pylint: disable=g-import-not-at-top
+  if os.environ.get("JAX_PLATFORMS"):
+    platforms(os.environ["JAX_PLATFORMS"])
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+  if not any(glob.glob(p) for p in ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")):
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def error_text(e: Exception) -> str:
+  """The message of an error, an OSError as `what: path` rather than `[Errno N] ...`."""
+  if isinstance(e, OSError) and e.strerror and e.filename and str(e).startswith("[Errno"):
+    return f"{e.strerror}: {e.filename!r}" + (f" -> {e.filename2!r}" if e.filename2 else "")
+  return str(e)
+
+
+def loaded_config(config) -> None:
+  """A --config that loaded is a ConfigDict (a file that failed to load raises here)."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  config.keys()
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise TypeError("get_config() did not return a ConfigDict")
+
+
+def config_flag_error(argv: list, e: Exception) -> str:
+  """The clearest line for a flag error: missing or broken config file, unknown config key."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  path = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), None)
+  if path is None:
+    return str(e)
+  file, _, arg = path.partition(":")  # configs/paper.py:NAME passes NAME to get_config
+  if not os.path.isfile(file):
+    return f"--config {file!r}: no such file (e.g. configs/tiny.py)"
+  try:  # the user's config file, loaded again to say what is wrong with it
+    spec = importlib.util.spec_from_file_location("ao_mdm_user_config", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(arg) if arg else module.get_config()
+  except Exception as load_error:  # pylint: disable=broad-except
+    return (f"--config {path!r} cannot be loaded ({type(load_error).__name__}: {load_error}); "
+            "a config file defines get_config() returning a ConfigDict")
+  if not isinstance(config, ml_collections.ConfigDict):
+    return (f"--config {path!r}: get_config() returned a {type(config).__name__}, not an "
+            "ml_collections.ConfigDict")
+  for flag in argv[1:]:
+    name = flag.lstrip("-").split("=", 1)[0]
+    if not name.startswith("config."):
+      continue
+    node, keys = config, name.split(".")[1:]
+    for i, key in enumerate(keys):
+      if not hasattr(node, "keys") or key not in node:
+        where = "config." + ".".join(keys[:i]) if i else "the config"
+        known = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "none (a value)"
+        return f"--{name}: {where} has no key {key!r}; its keys: {known}"
+      node = node[key]
+  return str(e)

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from ao_mdm import checks
+from ao_mdm import decoding
 from ao_mdm import model as model_lib
 from ao_mdm import sampling
 
@@ -22,7 +24,7 @@ SCORES = ("max_prob", "entropy")
 QUERY_BUCKETS = 4  # decode loops, each with a query width for the unknown positions it can have
 
 
-def _score(logits_NV: jax.Array, score: str) -> jax.Array:
+def confidence_score(logits_NV: jax.Array, score: str) -> jax.Array:
   """Confidence of each prediction (higher is more confident), from the raw softmax."""
   logp = jax.nn.log_softmax(logits_NV.astype(jnp.float32), axis=-1)
   if score == "max_prob":
@@ -31,32 +33,26 @@ def _score(logits_NV: jax.Array, score: str) -> jax.Array:
 
 
 @functools.lru_cache(maxsize=16)
-def _decoder(cfg_json: str, counts: tuple, score: str, use_filter: bool, top_p_rule: str,
+def decoder(cfg_json: str, counts: tuple, score: str, use_filter: bool, top_p_rule: str,
              vocab_limit: Optional[int]):
   """The jitted confidence-ordered loop for one (model, schedule)."""
   cfg = ml_collections.ConfigDict(json.loads(cfg_json))
   model = model_lib.make_model(cfg, decode=True)
   t = cfg.block_size
-  dtype = model_lib.DTYPES[cfg.dtype]
   known = counts[0]
   commits = np.diff(counts)
   r_width, m_width = int(max(commits[:-1], default=1)), int(commits.max())
   counts_j = jnp.asarray(counts, jnp.int32)
   prev_j = jnp.asarray((known,) + counts[:-2], jnp.int32)  # n_{i-2}: first slot of step i's chunk
-  bounds = [-(-t * g // QUERY_BUCKETS) for g in range(1, QUERY_BUCKETS + 1)]
-  segments = []  # (first step, end step, query width)
-  for i in range(len(commits)):
-    width = min(b for b in bounds if b >= t - counts[i])
-    if segments and segments[-1][2] == width:
-      segments[-1] = (segments[-1][0], i + 1, width)
-    else:
-      segments.append((i, i + 1, width))
+  # (first step, end step, query width): a width for the unknown positions each step can have
+  segments = decoding.bucket_segments([t - n for n in counts[:-1]], t, QUERY_BUCKETS)
 
   def run(params, tokens_BT, known_BT, key, temperature, top_p, top_k):
     b = tokens_BT.shape[0]
-    order_BT = sampling.make_orders(key, known_BT, "l2r")  # known first; the rest is chosen below
-    apply = lambda *args: model.apply({"params": params}, *args, method=sampling._embed_stack)
-    cache = sampling.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
+    order_BT = decoding.make_orders(key, known_BT, "l2r")  # known first; the rest is chosen below
+    apply = decoding.stack_fn(model, params)
+    draw = decoding.Draw(temperature, top_p, top_k, use_filter, top_p_rule, vocab_limit)
+    cache = decoding.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
     rows_B1 = jnp.arange(b)[:, None]
 
     def step(i, carry, u_width):
@@ -67,8 +63,8 @@ def _decoder(cfg_json: str, counts: tuple, score: str, use_filter: bool, top_p_r
       # position (ascending), each a copy of slot n's input.
       real_R = c + jnp.arange(r_width)
       slots_W = jnp.concatenate([jnp.minimum(real_R, t - 1), jnp.full((u_width,), n)])
-      prev_tok, prev_pos = sampling._slot_inputs(tokens_BT, order_BT,
-                                                 jnp.broadcast_to(slots_W, (b, w)))
+      prev_tok, prev_pos = decoding.slot_inputs(tokens_BT, order_BT,
+                                                jnp.broadcast_to(slots_W, (b, w)))
       cand_BU = jnp.argsort(known_BT, axis=1, stable=True)[:, :u_width].astype(jnp.int32)
       target_BW = jnp.concatenate(
           [jnp.take(order_BT, jnp.minimum(real_R, t - 1), axis=1), cand_BU], axis=1)
@@ -80,19 +76,14 @@ def _decoder(cfg_json: str, counts: tuple, score: str, use_filter: bool, top_p_r
           (j[None, :] <= j[:, None]) | ~is_real[:, None]))
       masks = {"new": new, "cache": jnp.broadcast_to(jnp.arange(t)[None, :] < c, (w, t))}
       hidden, cond, kv = apply(prev_tok, prev_pos, target_BW, cache, masks)
-      write = jnp.where(real_R < n, real_R, t)
-      cache = {name: cache[name].at[:, :, :, write].set(
-          kv[name][:, :, :r_width].transpose(0, 1, 3, 2, 4).astype(dtype), mode="drop")
-               for name in cache}
+      cache = decoding.write_cache(cache, kv, jnp.where(real_R < n, real_R, t))
       q_cond = (cond[0], cond[1][:, r_width:])
       logits_BUV = model.apply({"params": params}, hidden[:, r_width:], q_cond, method="logits")
-      conf_BU = jnp.where(jnp.arange(u_width)[None, :] < t - n, _score(logits_BUV, score),
+      conf_BU = jnp.where(jnp.arange(u_width)[None, :] < t - n, confidence_score(logits_BUV, score),
                           -jnp.inf)
       rank_BM = jnp.argsort(-conf_BU, axis=1, stable=True)[:, :m_width]  # ties: lower position
-      picked = sampling.sample_tokens(
-          jax.random.fold_in(key, i), jnp.take_along_axis(
-              logits_BUV, rank_BM[..., None], axis=1).reshape(b * m_width, -1),
-          temperature, top_p, top_k, use_filter, top_p_rule, vocab_limit).reshape(b, m_width)
+      picked = draw.tokens(jax.random.fold_in(key, i), jnp.take_along_axis(
+          logits_BUV, rank_BM[..., None], axis=1).reshape(b * m_width, -1)).reshape(b, m_width)
       live = jnp.arange(m_width)[None, :] < m
       pos_BM = jnp.where(live, jnp.take_along_axis(cand_BU, rank_BM, axis=1), t)
       tokens_BT = tokens_BT.at[rows_B1, pos_BM].set(picked, mode="drop")
@@ -113,21 +104,21 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
            schedule: str = "linear", score: str = "max_prob", temperature: float = 1.0,
            top_p: float = 1.0, top_k: int = 0, seed: int = 0, known_positions: Any = (),
            known_tokens: Any = (), top_p_rule: str = "authors",
-           vocab_limit: Optional[int] = None) -> sampling.SampleOutput:
+           vocab_limit: Optional[int] = None) -> decoding.SampleOutput:
   """[batch_size, T] samples in `steps` steps, committing the most confident positions first.
 
   The output's `order` is the order the positions were committed in (known ones first).
   """
-  sampling.validate_sampling_args(steps, temperature, top_p, top_k, "l2r", top_p_rule, schedule)
+  checks.sampling_options(steps, temperature, top_p, top_k, "l2r", top_p_rule, schedule)
   if score not in SCORES:
     raise ValueError(f"score={score!r}; accepted: {', '.join(SCORES)}")
   t = cfg.block_size
-  tokens, mask = sampling.known_inputs(cfg, batch_size, known_positions, known_tokens,
+  tokens, mask = decoding.known_inputs(cfg, batch_size, known_positions, known_tokens,
                                        vocab_limit)
   counts = sampling.schedule_counts(t, int(mask[0].sum()), int(steps), schedule)
-  decode = _decoder(cfg.to_json(), tuple(int(n) for n in counts), score,
+  decode = decoder(cfg.to_json(), tuple(int(n) for n in counts), score,
                     top_p < 1 or top_k > 0, top_p_rule, vocab_limit)
   out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
   tokens_BT, order_BT = jax.device_get(out)
-  return sampling.SampleOutput(tokens_BT, order_BT)
+  return decoding.SampleOutput(tokens_BT, order_BT)

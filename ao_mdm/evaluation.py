@@ -14,7 +14,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from ao_mdm import checkpoints
 from ao_mdm import checks
+from ao_mdm import gpt2_scorer
 from ao_mdm import model as model_lib
 from ao_mdm import orders as orders_lib
 from ao_mdm import sharding
@@ -25,17 +27,18 @@ ENSEMBLE_BUCKETS = 8  # slot-count buckets for the truncated ensemble forwards
 class Scorer:
   """Jitted per-slot NLLs of a model on a mesh: params replicated or sharded by the rules.
 
-  `ao-mdm eval` and the validation during training both score through this class.
+  `ao-mdm eval` and the validation during training both score through this class, in `dtype`
+  (float32 by default, as the authors evaluate, whatever the model trains in).
   """
 
-  def __init__(self, params: Any, cfg: ml_collections.ConfigDict, mesh_cfg=None):
-    self.cfg = cfg
-    self.model = model_lib.make_model(cfg)
+  def __init__(self, params: Any, cfg: ml_collections.ConfigDict, mesh_cfg=None,
+               dtype: str = "float32"):
+    self.cfg = ml_collections.ConfigDict({**cfg.to_dict(), "dtype": dtype})
+    self.model = model_lib.make_model(self.cfg)
     mesh_cfg = mesh_cfg or _single_mesh_config()
     self.mesh = sharding.make_mesh(mesh_cfg)
     self.rules = sharding.rules(mesh_cfg)
-    boxed = jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.key(0)))
-    self._param_shardings = sharding.logical_shardings(boxed, self.mesh, self.rules)
+    self._param_shardings = param_shardings(cfg, mesh_cfg)
     self.dp = sharding.data_parallel_size(self.mesh, self.rules)
     self.set_params(params)
 
@@ -78,6 +81,13 @@ class Scorer:
       out = self._nll(self.params, place(np.asarray(tokens_BT, np.int32)),
                       place(np.asarray(order_BL, np.int32)))
     return np.asarray(jax.device_get(out), np.float64)[:b]
+
+
+def param_shardings(cfg: ml_collections.ConfigDict, mesh_cfg=None) -> Any:
+  """Where a Scorer on `mesh_cfg` keeps the params (a checkpoint is restored straight there)."""
+  mesh_cfg = mesh_cfg or _single_mesh_config()
+  boxed = jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.key(0)))
+  return sharding.logical_shardings(boxed, sharding.make_mesh(mesh_cfg), sharding.rules(mesh_cfg))
 
 
 def _single_mesh_config() -> ml_collections.ConfigDict:
@@ -352,3 +362,51 @@ def generated_ids(records: list[dict], scorer: Any) -> list[list[int]]:
     return [r["tokens"] for r in records]
   encode = gpt2.GPT2Tokenizer().encode  # other tokenizers: score the text as GPT-2 reads it
   return [encode(r["text"])[:scorer.block_size] for r in records]
+
+
+def eval_command(checkpoint: str, weights: str, *, datasets: list, text_file: Optional[str],
+                 lambada_file: Optional[str], protocol: str, split: str, orders: int,
+                 ensemble: list, max_blocks: int, batch_size: int, seed: int,
+                 progress: Callable) -> tuple[dict, Optional[np.ndarray]]:
+  """`ao-mdm eval`: (results per dataset, unigram counts or None) of a checkpoint;
+  `progress(name, total)` returns the per-block update of one dataset."""
+  config, params, tokenizer = checkpoints.load_run(
+      checkpoint, weights, shardings=lambda c: param_shardings(c.model, c.mesh))
+  sets = eval_sets(config.data, tokenizer, config.model.block_size, names=datasets,
+                   text_file=text_file, lambada_file=lambada_file, protocol=protocol,
+                   split=split, max_blocks=max_blocks or None)
+  scorer = Scorer(params, config.model, config.mesh)
+  counts = load_unigram_counts(checkpoint)
+  results = evaluate_sets(scorer, sets, protocol=protocol, orders=orders, ensemble=ensemble,
+                          batch_size=batch_size, seed=seed, progress=progress,
+                          unigram_counts=counts)
+  return results, counts
+
+
+def format_table(results: dict, ensemble: list, unigram: bool) -> str:
+  """The table `ao-mdm eval` prints: one row per dataset."""
+  lines = [f"{'dataset':<24} {'tokens':>8} {'L2R ppl':>9} {'any-order ppl':>16} "
+           + (f"{'unigram ppl':>12} " if unigram else "")
+           + " ".join(f"{'ens M=' + str(m):>10}" for m in ensemble)]
+  for name, r in results.items():
+    lines.append(f"{name[-24:]:<24} {r['tokens']:>8} {r['l2r_ppl']:>9.2f} "
+                 f"{r['any_order_ppl']:>9.2f} +-{r['any_order_se']:<5.2f}"
+                 + (f"{r['unigram_ppl']:>12.2f} " if unigram else "")
+                 + " ".join(f"{r['ensemble_ppl'][str(m)]:>10.2f}" for m in ensemble))
+  return "\n".join(lines)
+
+
+def generated_command(generated: str, scorer_path: str, weights: str, batch_size: int) -> dict:
+  """`ao-mdm eval --generated`: generative perplexity of samples under a GPT-2 export or an
+  ao_mdm checkpoint, with the seconds it took."""
+  records = read_generated(generated)
+  if gpt2_scorer.is_gpt2_export(scorer_path):
+    scorer = gpt2_scorer.load_gpt2_scorer(scorer_path)
+  else:
+    config, params = checkpoints.load_params(
+        scorer_path, weights, shardings=lambda c: param_shardings(c.model, c.mesh))
+    scorer = Scorer(params, config.model, config.mesh)
+  start = time.perf_counter()
+  result = generative_perplexity(scorer, generated_ids(records, scorer), batch_size)
+  result["seconds"] = time.perf_counter() - start
+  return result

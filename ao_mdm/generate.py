@@ -1,22 +1,22 @@
 """Texts from a model in any decoding mode: the body of `ao-mdm sample` (docs/sampling.md)."""
+import json
+import os
+import sys
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 import ml_collections
 import numpy as np
 
+from ao_mdm import checkpoints
 from ao_mdm import checks
 from ao_mdm import confidence
+from ao_mdm import interrupts
+from ao_mdm import options as options_lib
 from ao_mdm import sampling
 from ao_mdm import speculative
 
 DEFAULT_STEPS = 64  # or the number of unknown positions, if fewer
-
-
-def check_counts(num_samples: int, batch_size: int) -> None:
-  """The sample and batch counts must be positive (checked before a checkpoint is loaded)."""
-  if num_samples < 1 or batch_size < 1:
-    raise ValueError(f"--num_samples={num_samples} and --batch_size={batch_size} must be >= 1")
 
 
 def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
@@ -31,14 +31,14 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
 
   Batch i uses seed + i * batch_size; ids beyond the tokenizer's vocab are never drawn.
   """
-  check_counts(num_samples, batch_size)
+  checks.sample_counts(num_samples, batch_size)
   checks.mode_options(mode, set())
   sampler = {"parallel": sampling.sample, "speculative": speculative.sample,
              "confidence": confidence.sample}[mode]
-  unknown = set(options) - {k for keys in checks.MODE_OPTIONS.values() for k in keys}
+  unknown = set(options) - {k for keys in options_lib.MODE_OPTIONS.values() for k in keys}
   if unknown:
     raise TypeError(f"sample_texts got unknown options {sorted(unknown)}")
-  options = {k: v for k, v in options.items() if k in checks.MODE_OPTIONS[mode]}
+  options = {k: v for k, v in options.items() if k in options_lib.MODE_OPTIONS[mode]}
   positions, ids = sampling.layout_known(tokenizer.encode, cfg.block_size, prompt, infill,
                                          infill_span)
   if "steps" in options and options["steps"] is None:
@@ -63,3 +63,48 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
         record["marked"] = sampling.mark_generated(tokenizer.decode, row, known,
                                                    tokenizer.eos_id, tokenizer.vocab_size)
       yield record
+
+
+def describe(record: dict, mode: str, settings: dict) -> str:
+  """How a sample was made, as `ao-mdm sample` prints it above the text."""
+  if mode == "speculative":
+    return (f"speculative L2R, draft {settings['draft']}: {record['forwards']} forwards, "
+            f"{record['accepted']} drafts accepted")
+  order = "confidence" if mode == "confidence" else settings["order"]
+  return f"steps={record['steps']}, {order} order"
+
+
+def sample_command(checkpoint: str, weights: str, out: Optional[str], show: Callable,
+                   progress: Callable = lambda total: (lambda n: None), *, num_samples: int,
+                   batch_size: int, seed: int, prompt: str, infill: str, infill_span: int,
+                   mode: str, **options) -> int:
+  """`ao-mdm sample`: each sample shown as it finishes and, with `out`, written as a JSON line
+  to `out.partial`, renamed to `out` at the end; on Ctrl-C the finished ones are kept."""
+  config, params, tokenizer = checkpoints.load_run(checkpoint, weights)
+  partial = f"{out}.partial" if out else None
+  if partial:  # missing directories of `out` are made (checks.output_file checked the parent)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  settings = {"checkpoint": checkpoint, "prompt": prompt, "infill": infill, "seed": seed,
+              "mode": mode, **options}
+  written = [0]
+
+  def keep_finished():
+    if partial and written[0]:
+      os.replace(partial, out)
+      print(f"kept the {written[0]} finished samples in {out}", file=sys.stderr)
+    elif partial:
+      os.remove(partial)
+  update = progress(-(-num_samples // min(batch_size, num_samples)))
+  with open(partial or os.devnull, "w") as f, interrupts.on_interrupt(keep_finished):
+    for i, r in enumerate(sample_texts(
+        params, config.model, tokenizer, num_samples=num_samples, batch_size=batch_size,
+        prompt=prompt, infill=infill, infill_span=infill_span, seed=seed, progress=update,
+        mode=mode, **options)):
+      show(f"--- sample {i} ({describe(r, mode, settings)}) ---\n{r.get('marked', r['text'])}\n")
+      f.write(json.dumps({**r, "tokenizer": config.data.tokenizer, **settings,
+                          "steps": r.get("steps")}) + "\n")
+      f.flush()
+      written[0] += 1
+  if partial:
+    os.replace(partial, out)
+  return written[0]

@@ -337,3 +337,14 @@ def init_params(cfg: ml_collections.ConfigDict, key: jax.Array) -> Any:
   dummy = jnp.zeros((1, t), jnp.int32)
   return model.init(key, dummy, jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (1, t)))["params"]
 
+
+
+def describe(cfg: ml_collections.ConfigDict) -> str:
+  """`ao-mdm info`: the model's shape, parameter count and training FLOPs per token."""
+  validate_model_config(cfg)
+  shapes = nn.unbox(jax.eval_shape(lambda k: init_params(cfg, k), jax.random.key(0)))
+  n = count_params(shapes)
+  fpt = flops_per_token(cfg, n)
+  return (f"variant={cfg.variant} L={cfg.n_layer} D={cfg.n_embd} H={cfg.n_head} "
+          f"T={cfg.block_size} V={cfg.vocab_size}\nparameters: {n:,}\n"
+          f"training FLOPs per token: {fpt:,.0f} ({fpt / 1e9:.3f} GFLOP)")

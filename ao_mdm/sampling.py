@@ -1,4 +1,4 @@
-"""Parallel multi-token decoding with a KV cache (DESIGN.md section 4), one jitted loop.
+"""Parallel multi-token decoding with a KV cache (docs/design.md, "Sampling"), one jitted loop.
 
 Step i turns the known count n_{i-1} into n_i. Its chunk holds the real slots whose inputs became
 known in the previous step (their K/V go into the cache), the last of which (slot n_{i-1}) is the
@@ -9,24 +9,24 @@ import dataclasses
 import functools
 import itertools
 import json
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from ao_mdm import checks
+from ao_mdm import decoding
 from ao_mdm import model as model_lib
 
-SCHEDULES = ("linear", "cosine")
 CACHE_BUCKETS = 4  # decode loops, each reading only the cache prefix its steps can see
-ORDER_MODES = ("random", "l2r")
 
 
 def schedule_counts(t: int, known: int, steps: int, schedule: str) -> np.ndarray:
   """Cumulative known counts n_0 = P, ..., n_S = T after each of S steps."""
-  if schedule not in SCHEDULES:
-    raise ValueError(f"schedule={schedule!r}; accepted: {', '.join(SCHEDULES)}")
+  if schedule not in checks.SCHEDULES:
+    raise ValueError(f"schedule={schedule!r}; accepted: {', '.join(checks.SCHEDULES)}")
   if not 0 <= known < t:
     raise ValueError(f"{known} known tokens leave nothing to generate in T={t} positions")
   if not 1 <= steps <= t - known:
@@ -61,111 +61,9 @@ class Plan:
       real = max(n - c + 1 for n, c in zip(counts[:-1], starts))
     else:  # every step recomputes all real slots: the encoder-only cost model
       starts, real = (0,) * len(k), t
-    # Step i reads cache slots < starts[i]; group the steps into CACHE_BUCKETS cache lengths.
-    bounds = [-(-t * g // CACHE_BUCKETS) for g in range(1, CACHE_BUCKETS + 1)]
-    bucket = [min(b for b in bounds if b >= c) for c in starts]
-    segments = []
-    for i, length in enumerate(bucket):
-      if segments and segments[-1][2] == length:
-        segments[-1] = (segments[-1][0], i + 1, length)
-      else:
-        segments.append((i, i + 1, length))
-    return Plan(counts, starts, int(real), int(k.max()) - 1, tuple(segments))
-
-
-TOP_P_RULES = ("authors", "nucleus")
-
-
-def filter_logits(logits_NV: jax.Array, top_p: jax.Array, top_k: jax.Array,
-                  rule: str = "authors") -> jax.Array:
-  """Keep the top_k largest (0: all), then apply top-p by `rule`; top_p >= 1 keeps everything.
-
-  "authors" (their catsample.py, the default): drop every token whose inclusive cumulative
-  probability exceeds top_p, the one that crosses it included, but always keep the most likely.
-  "nucleus": keep the smallest set of most likely tokens whose probability reaches top_p.
-  """
-  v = logits_NV.shape[-1]
-  sorted_NV = jnp.sort(logits_NV, axis=-1)[:, ::-1]
-  kth = jnp.take(sorted_NV, jnp.clip(top_k - 1, 0, v - 1), axis=-1)[:, None]
-  logits_NV = jnp.where((top_k > 0) & (logits_NV < kth), -jnp.inf, logits_NV)
-  sorted_NV = jnp.where((top_k > 0) & (sorted_NV < kth), -jnp.inf, sorted_NV)
-  probs_NV = jax.nn.softmax(sorted_NV, axis=-1)
-  cum_NV = jnp.cumsum(probs_NV, axis=-1)
-  if rule == "authors":
-    keep_NV = (cum_NV <= top_p) | (jnp.arange(v) == 0)
-  else:
-    keep_NV = cum_NV - probs_NV < top_p  # the mass of strictly more likely tokens
-  kept = jnp.sum(keep_NV | (top_p >= 1), axis=-1, keepdims=True)  # a prefix, always >= 1
-  cutoff = jnp.take_along_axis(sorted_NV, kept - 1, axis=-1)
-  return jnp.where(logits_NV < cutoff, -jnp.inf, logits_NV)
-
-
-def sample_tokens(key: jax.Array, logits_NV: jax.Array, temperature: jax.Array, top_p: jax.Array,
-                  top_k: jax.Array, use_filter: bool, rule: str = "authors",
-                  vocab_limit: Optional[int] = None) -> jax.Array:
-  """Argmax when temperature == 0, else a draw from softmax(logits / temperature), filtered.
-
-  Ids >= vocab_limit (e.g. the padding rows 50257..50303 of GPT-2's padded vocab) are never picked.
-  """
-  logits_NV = logits_NV.astype(jnp.float32)
-  if vocab_limit is not None and vocab_limit < logits_NV.shape[-1]:
-    logits_NV = jnp.where(jnp.arange(logits_NV.shape[-1]) < vocab_limit, logits_NV, -jnp.inf)
-  scaled = logits_NV / jnp.maximum(temperature, 1e-6)
-  if use_filter:
-    scaled = filter_logits(scaled, top_p, top_k, rule)
-  # A categorical draw is the argmax of Gumbel-perturbed logits (as jax.random.categorical).
-  drawn = scaled + jax.random.gumbel(key, scaled.shape, scaled.dtype)
-  return first_argmax(jnp.where(temperature > 0, drawn, logits_NV))
-
-
-def first_argmax(x_NV: jax.Array) -> jax.Array:
-  """jnp.argmax over the last axis (first index of the maximum), as two plain reductions:
-  XLA:CPU runs argmax's (value, index) reduction unvectorised, several times slower."""
-  v = x_NV.shape[-1]
-  top_N1 = jnp.max(x_NV, axis=-1, keepdims=True)
-  first = jnp.min(jnp.where(x_NV == top_N1, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
-  return jnp.minimum(first, v - 1)  # a row of NaNs has no maximum
-
-
-def make_orders(key: jax.Array, known_BT: jax.Array, mode: str) -> jax.Array:
-  """Known positions first (left to right), then the unknown ones at random or left to right."""
-  b, t = known_BT.shape
-  pos = jnp.arange(t, dtype=jnp.float32)
-  rest = jax.random.uniform(key, (b, t)) * t if mode == "random" else jnp.broadcast_to(pos, (b, t))
-  return jnp.argsort(jnp.where(known_BT, pos - 2 * t, rest), axis=1).astype(jnp.int32)
-
-
-def _embed_stack(module, prev_tok, prev_pos, target, cache, mask):
-  x, c = module.embed(prev_tok, prev_pos, target)
-  h, kv = module.stack(x, c, cache, mask)
-  return h, c, kv
-
-
-def prefilled_cache(apply: Callable, cfg: ml_collections.ConfigDict, tokens_BT: jax.Array,
-                    order_BT: jax.Array, known: int) -> dict:
-  """The empty [L, B, H, T, K] K/V cache with slots 0..known-1 (the known tokens) written.
-
-  `apply(prev_tok, prev_pos, target, cache, mask)` runs _embed_stack of the decode model.
-  """
-  dtype = model_lib.DTYPES[cfg.dtype]
-  b, t = tokens_BT.shape
-  shape = (cfg.n_layer, b, cfg.n_head, t, cfg.n_embd // cfg.n_head)
-  cache = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
-  if known:  # the slots of the known tokens are real and all their inputs are known
-    slots = jnp.broadcast_to(jnp.arange(known), (b, known))
-    _, _, kv = apply(*_slot_inputs(tokens_BT, order_BT, slots), order_BT[:, :known], None, None)
-    cache = {name: cache[name].at[:, :, :, :known].set(
-        kv[name].transpose(0, 1, 3, 2, 4).astype(dtype)) for name in cache}
-  return cache
-
-
-def _slot_inputs(tokens_BT, order_BT, slots_BW):
-  """Token and position fed at slots (slot 0: [None], position -1)."""
-  t = order_BT.shape[1]
-  prev_pos = jnp.take_along_axis(order_BT, jnp.clip(slots_BW - 1, 0, t - 1), axis=1)
-  prev_pos = jnp.where(slots_BW == 0, -1, prev_pos)
-  prev_tok = jnp.take_along_axis(tokens_BT, jnp.maximum(prev_pos, 0), axis=1)
-  return prev_tok, prev_pos
+    # Step i reads cache slots < starts[i]: CACHE_BUCKETS loops, one per cache length read.
+    return Plan(counts, starts, int(real), int(k.max()) - 1,
+                decoding.bucket_segments(starts, t, CACHE_BUCKETS))
 
 
 def _chunk_masks(plan: Plan, n: jax.Array, c: jax.Array, cache_len: int) -> dict:
@@ -182,13 +80,12 @@ def _chunk_masks(plan: Plan, n: jax.Array, c: jax.Array, cache_len: int) -> dict
 
 
 @functools.lru_cache(maxsize=32)
-def _decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_cache: bool,
+def decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_cache: bool,
              return_logits: bool, top_p_rule: str = "authors", vocab_limit: Optional[int] = None):
   """The jitted decode loop for one (model, plan): compiled once per batch shape."""
   cfg = ml_collections.ConfigDict(json.loads(cfg_json))
   model = model_lib.make_model(cfg, decode=True)
   t, v = cfg.block_size, cfg.vocab_size
-  dtype = model_lib.DTYPES[cfg.dtype]
   counts = jnp.asarray(plan.counts, jnp.int32)
   starts = jnp.asarray(plan.starts, jnp.int32)
   w_r, w_p = plan.real_width, plan.phantom_width
@@ -197,9 +94,10 @@ def _decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_c
   def run(params, tokens_BT, known_BT, key, temperature, top_p, top_k):
     b = tokens_BT.shape[0]
     k_order, k_steps = jax.random.split(key)
-    order_BT = make_orders(k_order, known_BT, order_mode)
-    apply = lambda *args: model.apply({"params": params}, *args, method=_embed_stack)
-    cache = prefilled_cache(apply, cfg, tokens_BT, order_BT, known) if use_cache else None
+    draw = decoding.Draw(temperature, top_p, top_k, use_filter, top_p_rule, vocab_limit)
+    order_BT = decoding.make_orders(k_order, known_BT, order_mode)
+    apply = decoding.stack_fn(model, params)
+    cache = decoding.prefilled_cache(apply, cfg, tokens_BT, order_BT, known) if use_cache else None
 
     def step(i, carry, cache_len):
       tokens_BT, cache, logits_BTV = carry
@@ -207,7 +105,8 @@ def _decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_c
       real_W = c + jnp.arange(w_r)
       slots_W = jnp.concatenate([jnp.minimum(real_W, n), jnp.full((w_p,), n)])
       targets_W = jnp.minimum(jnp.concatenate([real_W, n + 1 + jnp.arange(w_p)]), t - 1)
-      prev_tok, prev_pos = _slot_inputs(tokens_BT, order_BT, jnp.broadcast_to(slots_W, (b, w_r + w_p)))
+      prev_tok, prev_pos = decoding.slot_inputs(tokens_BT, order_BT,
+                                                jnp.broadcast_to(slots_W, (b, w_r + w_p)))
       target_pos = jnp.take(order_BT, targets_W, axis=1)
       masks = _chunk_masks(plan, n, c, cache_len)
       if use_cache:
@@ -215,17 +114,13 @@ def _decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_c
       else:
         hidden, cond, kv = apply(prev_tok, prev_pos, target_pos, None, {"new": masks["new"]})
       if use_cache:  # the real slots' K/V join the cache; padding rows are dropped
-        write = jnp.where(real_W <= n, real_W, t)
-        cache = {name: cache[name].at[:, :, :, write].set(
-            kv[name][:, :, :w_r].transpose(0, 1, 3, 2, 4).astype(dtype), mode="drop")
-                 for name in cache}
+        cache = decoding.write_cache(cache, kv, jnp.where(real_W <= n, real_W, t))
       rows_Q = jnp.concatenate([(n - c)[None], w_r + jnp.arange(w_p)])  # slot n, then phantoms
       h_BQD = jnp.take(hidden, rows_Q, axis=1)
       cond_Q = None if cond is None else (cond[0], jnp.take(cond[1], rows_Q, axis=1))
       logits_BQV = model.apply({"params": params}, h_BQD, cond_Q, method="logits")
-      picked_BQ = sample_tokens(jax.random.fold_in(k_steps, i), logits_BQV.reshape(-1, v),
-                                temperature, top_p, top_k, use_filter, top_p_rule,
-                                vocab_limit).reshape(b, 1 + w_p)
+      picked_BQ = draw.tokens(jax.random.fold_in(k_steps, i),
+                              logits_BQV.reshape(-1, v)).reshape(b, 1 + w_p)
       q_slots = n + jnp.arange(1 + w_p)
       pos_BQ = jnp.take(order_BT, jnp.minimum(q_slots, t - 1), axis=1)
       pos_BQ = jnp.where(q_slots < n_next, pos_BQ, t)  # padding queries write nothing
@@ -246,74 +141,11 @@ def _decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_c
   return jax.jit(run)
 
 
-@dataclasses.dataclass
-class SampleOutput:
-  tokens: np.ndarray  # [B, T] int32
-  order: np.ndarray  # [B, T] int32: the generation order (known positions first)
-  logits: Optional[np.ndarray] = None  # [B, T, V] float32: logits each position was drawn from
-  stats: Optional[dict] = None  # mode-specific counts (speculative: forwards, accepted per row)
-
-
-def validate_sampling_args(steps: int, temperature: float, top_p: float, top_k: int,
-                           order: str, top_p_rule: str = "authors",
-                           schedule: str = "linear") -> None:
-  """One clear ValueError per bad sampling argument."""
-  if int(steps) < 1:
-    raise ValueError(f"steps={steps} must be >= 1")
-  if schedule not in SCHEDULES:
-    raise ValueError(f"schedule={schedule!r}; accepted: {', '.join(SCHEDULES)}")
-  if not temperature >= 0:
-    raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
-  if not 0 < top_p <= 1:
-    raise ValueError(f"top_p={top_p} must be in (0, 1]")
-  if int(top_k) < 0:
-    raise ValueError(f"top_k={top_k} must be >= 0 (0 is off)")
-  if order not in ORDER_MODES:
-    raise ValueError(f"order={order!r}; accepted: {', '.join(ORDER_MODES)}")
-  if top_p_rule not in TOP_P_RULES:
-    raise ValueError(f"top_p_rule={top_p_rule!r}; accepted: {', '.join(TOP_P_RULES)}")
-
-
-def known_arrays(t: int, batch: int, positions: Any = (), token_ids: Any = ()) -> tuple:
-  """[B, T] known tokens and mask from positions and ids shared by the batch."""
-  positions = [int(p) for p in positions]
-  token_ids = [int(x) for x in token_ids]
-  if len(positions) != len(token_ids):
-    raise ValueError(f"{len(positions)} known positions but {len(token_ids)} known tokens")
-  if len(positions) >= t:
-    raise ValueError(f"{len(positions)} known tokens do not fit in T={t} positions with at "
-                     f"least one left to generate (the prompt is too long)")
-  bad = [p for p in positions if not 0 <= p < t]
-  if bad:
-    raise ValueError(f"known positions {bad} are outside [0, {t})")
-  dup = sorted({p for p in positions if positions.count(p) > 1})
-  if dup:
-    raise ValueError(f"known positions {dup} are given more than once")
-  tokens = np.zeros((batch, t), np.int32)
-  mask = np.zeros((batch, t), bool)
-  tokens[:, positions] = token_ids
-  mask[:, positions] = True
-  return tokens, mask
-
-
-def known_inputs(cfg: ml_collections.ConfigDict, batch: int, positions: Any, token_ids: Any,
-                 vocab_limit: Optional[int]) -> tuple:
-  """known_arrays for a model config, refusing ids outside its vocab or at/above vocab_limit."""
-  tokens, mask = known_arrays(cfg.block_size, batch, positions, token_ids)
-  if np.any((tokens < 0) | (tokens >= cfg.vocab_size)):
-    raise ValueError(f"known token ids must be in [0, {cfg.vocab_size})")
-  if vocab_limit is not None and not 0 < vocab_limit <= cfg.vocab_size:
-    raise ValueError(f"vocab_limit={vocab_limit} must be in [1, {cfg.vocab_size}]")
-  if vocab_limit is not None and np.any(tokens[mask] >= vocab_limit):
-    raise ValueError(f"known token ids must be below vocab_limit={vocab_limit}")
-  return tokens, mask
-
-
 def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, steps: int,
            schedule: str = "linear", temperature: float = 1.0, top_p: float = 1.0,
            top_k: int = 0, seed: int = 0, known_positions: Any = (), known_tokens: Any = (),
            order: str = "random", use_cache: bool = True, return_logits: bool = False,
-           top_p_rule: str = "authors", vocab_limit: Optional[int] = None) -> SampleOutput:
+           top_p_rule: str = "authors", vocab_limit: Optional[int] = None) -> decoding.SampleOutput:
   """Generate [batch_size, T] token ids in `steps` parallel steps (model config `cfg`).
 
   Known tokens (a prompt or infill context, shared by the batch) come first in the order and are
@@ -321,16 +153,16 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
   use_cache=False recomputes every real slot at every step (the encoder-only cost model).
   vocab_limit: the tokenizer's vocab size when the model's is padded; larger ids are never drawn.
   """
-  validate_sampling_args(steps, temperature, top_p, top_k, order, top_p_rule, schedule)
+  checks.sampling_options(steps, temperature, top_p, top_k, order, top_p_rule, schedule)
   t = cfg.block_size
-  tokens, mask = known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
+  tokens, mask = decoding.known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
   plan = Plan.make(schedule_counts(t, int(mask[0].sum()), int(steps), schedule), use_cache)
-  decode = _decoder(cfg.to_json(), plan, order, top_p < 1 or top_k > 0, use_cache, return_logits,
+  decode = decoder(cfg.to_json(), plan, order, top_p < 1 or top_k > 0, use_cache, return_logits,
                     top_p_rule, vocab_limit)
   out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
   tokens_BT, order_BT, logits_BTV = jax.device_get(out)
-  return SampleOutput(tokens_BT, order_BT, logits_BTV)
+  return decoding.SampleOutput(tokens_BT, order_BT, logits_BTV)
 
 
 MASK = "[MASK]"

@@ -21,25 +21,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from ao_mdm import checks
+from ao_mdm import decoding
 from ao_mdm import model as model_lib
-from ao_mdm import sampling
-
-
-def _probs(logits_NV, temperature, top_p, top_k, use_filter, rule, vocab_limit):
-  """The distribution sampling.sample_tokens draws from (float32, rows sum to 1)."""
-  logits_NV = logits_NV.astype(jnp.float32)
-  if vocab_limit is not None and vocab_limit < logits_NV.shape[-1]:
-    logits_NV = jnp.where(jnp.arange(logits_NV.shape[-1]) < vocab_limit, logits_NV, -jnp.inf)
-  scaled = logits_NV / jnp.maximum(temperature, 1e-6)
-  if use_filter:
-    scaled = sampling.filter_logits(scaled, top_p, top_k, rule)
-  return jax.nn.softmax(scaled, axis=-1)
-
-
-def _draw(key, probs_NV):
-  """One categorical draw per row from probabilities (zeros never drawn)."""
-  logp = jnp.where(probs_NV > 0, jnp.log(jnp.maximum(probs_NV, 1e-38)), -jnp.inf)
-  return sampling.first_argmax(logp + jax.random.gumbel(key, logp.shape))
 
 
 def _layout(k: int) -> dict:
@@ -58,7 +42,7 @@ def _layout(k: int) -> dict:
 
 
 @functools.lru_cache(maxsize=16)
-def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str,
+def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str,
              vocab_limit: Optional[int], verify: bool = True):
   """The jitted speculative loop for one (model, k, prompt length).
 
@@ -67,18 +51,16 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
   cfg = ml_collections.ConfigDict(json.loads(cfg_json))
   model = model_lib.make_model(cfg, decode=True)
   t = cfg.block_size
-  dtype = model_lib.DTYPES[cfg.dtype]
   lay = _layout(k)
   base_W, ahead_W = jnp.asarray(lay["base"]), jnp.asarray(lay["ahead"])
   new_WW = jnp.asarray(lay["new"])
 
   def run(params, tokens_BT, known_BT, key, temperature, top_p, top_k):
     b = tokens_BT.shape[0]
-    order_BT = sampling.make_orders(key, known_BT, "l2r")
-    apply = lambda *args: model.apply({"params": params}, *args, method=sampling._embed_stack)
-    probs = lambda logits: _probs(logits, temperature, top_p, top_k, use_filter, top_p_rule,
-                                  vocab_limit)
-    cache = sampling.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
+    order_BT = decoding.make_orders(key, known_BT, "l2r")
+    apply = decoding.stack_fn(model, params)
+    probs = decoding.Draw(temperature, top_p, top_k, use_filter, top_p_rule, vocab_limit).probs
+    cache = decoding.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
     rows_B1 = jnp.arange(b)[:, None]
     k_loop, k_first = jax.random.split(key)
 
@@ -89,9 +71,7 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
       k_accept, k_fix, k_draft = jax.random.split(step_key, 3)
       # Inputs of the real slots n..n+k: the last known token, then the drafts.
       slot_BW = n_B[:, None] + base_W[None, :]
-      prev_pos_BW = jnp.where(slot_BW > 0, jnp.take_along_axis(
-          order_BT, jnp.clip(slot_BW - 1, 0, t - 1), axis=1), -1)
-      prev_tok_BW = jnp.take_along_axis(tokens_BT, jnp.maximum(prev_pos_BW, 0), axis=1)
+      prev_tok_BW, prev_pos_BW = decoding.slot_inputs(tokens_BT, order_BT, slot_BW)
       draft_in_BW = jnp.take_along_axis(drafts_BK, jnp.clip(base_W - 1, 0, k - 1)[None, :]
                                         .repeat(b, 0), axis=1)
       prev_tok_BW = jnp.where(base_W[None, :] > 0, draft_in_BW, prev_tok_BW)
@@ -105,7 +85,7 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
       p_d = jnp.take_along_axis(p_BRV[:, :k], drafts_BK[..., None], axis=2)[..., 0]
       q_d = jnp.take_along_axis(q_BKV, drafts_BK[..., None], axis=2)[..., 0]
       u_BK = jax.random.uniform(k_accept, (b, k))
-      greedy_ok = drafts_BK == sampling.first_argmax(p_BRV[:, :k])
+      greedy_ok = drafts_BK == decoding.first_argmax(p_BRV[:, :k])
       ok_BK = jnp.where(temperature > 0, u_BK * q_d < p_d, greedy_ok) | (not verify)
       ok_BK &= jnp.arange(k)[None, :] < m_B[:, None]
       a_B = jnp.sum(jnp.cumprod(ok_BK.astype(jnp.int32), axis=1), axis=1)
@@ -116,7 +96,8 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
       q_a = jnp.take_along_axis(q_BKV, jnp.minimum(a_B, k - 1)[:, None, None], axis=1)[:, 0]
       resid = jnp.maximum(p_a - jnp.where((a_B < m_B)[:, None], q_a, 0.0), 0.0)
       resid = jnp.where(jnp.sum(resid, -1, keepdims=True) > 0, resid, p_a)
-      fix_B = jnp.where(temperature > 0, _draw(k_fix, resid), sampling.first_argmax(p_a))
+      fix_B = jnp.where(temperature > 0, decoding.draw_from_probs(k_fix, resid),
+                        decoding.first_argmax(p_a))
       # Write the accepted drafts and the new token at order[n .. n+a].
       j_K1 = jnp.arange(k + 1)[None, :]
       new_tok = jnp.where(j_K1 < a_B[:, None], jnp.pad(drafts_BK, ((0, 0), (0, 1))),
@@ -126,17 +107,13 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
       pos_new = jnp.where(live, jnp.take_along_axis(order_BT, jnp.minimum(slot_new, t - 1), 1), t)
       tokens_BT = tokens_BT.at[rows_B1, pos_new].set(new_tok, mode="drop")
       # Real slots n..n+a had correct inputs: their K/V join the cache.
-      write_BR = jnp.where(live, slot_new, t)
-      kv_new = {name: kv[name][:, :, :k + 1] for name in kv}  # [L, B, R, H, K]
-      lb = jnp.arange(cfg.n_layer)[:, None, None]
-      cache = {name: cache[name].at[lb, rows_B1[None], :, write_BR[None]].set(
-          kv_new[name].astype(dtype), mode="drop") for name in cache}
+      cache = decoding.write_cache(cache, kv, jnp.where(live, slot_new, t))
       # Drafts and proposals for positions n+1..n+2k: the old drafts, real slot n+k's
       # conditional, the phantoms; positions n+a+1..n+a+k are the next drafts.
       cand_q = jnp.concatenate([q_BKV, probs_BWV[:, k:]], axis=1)
-      fresh = jnp.where(temperature > 0,
-                        _draw(k_draft, probs_BWV[:, k:].reshape(b * (k + 1), -1)).reshape(b, -1),
-                        sampling.first_argmax(probs_BWV[:, k:]))
+      drawn = decoding.draw_from_probs(k_draft, probs_BWV[:, k:].reshape(b * (k + 1), -1))
+      fresh = jnp.where(temperature > 0, drawn.reshape(b, -1),
+                        decoding.first_argmax(probs_BWV[:, k:]))
       cand_tok = jnp.concatenate([drafts_BK, fresh], axis=1)
       next_BK = a_B[:, None] + 1 + jnp.arange(k)[None, :]
       drafts_next = jnp.take_along_axis(cand_tok, next_BK, axis=1)
@@ -171,7 +148,7 @@ def _decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: st
 def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, draft: int = 4,
            temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
            known_positions: Any = (), known_tokens: Any = (), top_p_rule: str = "authors",
-           vocab_limit: Optional[int] = None) -> sampling.SampleOutput:
+           vocab_limit: Optional[int] = None) -> decoding.SampleOutput:
   """L2R samples ([batch_size, T]) by self-speculative decoding with `draft` tokens per forward.
 
   Known tokens come first in the order (as in sampling.sample); the rest left to right. The
@@ -179,16 +156,16 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, draf
   draft of each forward: how many were verified, accepted, and the sum of their acceptance
   probabilities sum_x min(p, q).
   """
-  sampling.validate_sampling_args(1, temperature, top_p, top_k, "l2r", top_p_rule)
+  checks.sampling_options(1, temperature, top_p, top_k, "l2r", top_p_rule)
   t = cfg.block_size
   if not 1 <= int(draft) <= t - 1:
     raise ValueError(f"draft={draft} must be in [1, {t - 1}] (T - 1)")
-  tokens, mask = sampling.known_inputs(cfg, batch_size, known_positions, known_tokens,
+  tokens, mask = decoding.known_inputs(cfg, batch_size, known_positions, known_tokens,
                                        vocab_limit)
-  decode = _decoder(cfg.to_json(), int(draft), int(mask[0].sum()), top_p < 1 or top_k > 0,
+  decode = decoder(cfg.to_json(), int(draft), int(mask[0].sum()), top_p < 1 or top_k > 0,
                     top_p_rule, vocab_limit)
   out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
   tokens_BT, order_BT, stats, iterations = jax.device_get(out)
-  return sampling.SampleOutput(tokens_BT, order_BT, stats={
+  return decoding.SampleOutput(tokens_BT, order_BT, stats={
       **{name: np.asarray(v) for name, v in stats.items()}, "iterations": int(iterations)})

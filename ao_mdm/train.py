@@ -413,7 +413,8 @@ def _maybe_log(pending: tuple, window: Optional[tuple], t, log_metrics: Callable
 
 def _init_params(config: ml_collections.ConfigDict, init_from: str) -> Any:
   """The params of an export or import, refused unless the model shape matches the config."""
-  saved, params = checkpoints.load_params(init_from, log=_log)
+  saved, params = checkpoints.load_params(  # read straight into the training mesh's layout
+      init_from, log=_log, shardings=lambda c: evaluation.param_shardings(c.model, config.mesh))
   diffs = _model_differences(saved.model, config.model)
   if diffs:
     raise ValueError(f"--init_from {init_from} holds a different model: " + "; ".join(diffs))

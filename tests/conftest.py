@@ -1,5 +1,8 @@
-"""Session fixtures for the data tests: one TFDS dir and one small SentencePiece model."""
+"""The suite's shared set-up: one XLA compilation cache for every process of a test run, and
+session fixtures for the data tests (one TFDS dir, one small SentencePiece model)."""
 import os
+import shutil
+import tempfile
 
 import ml_collections
 import pytest
@@ -11,6 +14,22 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from ao_mdm.data import tokenizer as tokenizer_lib
 
 VOCAB = 512
+
+
+def pytest_configure(config):
+  """Every process of this run (the tests, the `ao-mdm` commands they start, the multi-process
+  workers) shares one persistent compilation cache, so the same small program compiles once per
+  run rather than once per process. Set before JAX is imported; removed at the end."""
+  if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    config.ao_mdm_cache = tempfile.mkdtemp(prefix="ao_mdm_test_xla_cache_")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = config.ao_mdm_cache
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+
+
+def pytest_unconfigure(config):
+  if getattr(config, "ao_mdm_cache", None):
+    shutil.rmtree(config.ao_mdm_cache, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -249,7 +249,7 @@ def test_every_bad_input_gives_one_error_line_and_changes_nothing(files):
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous_step(files, tmp_path):
   run = str(tmp_path / "run")
   shutil.copytree(files["run"], run)
-  for d, _, names in os.walk(os.path.join(run, "checkpoints", "2", "state")):
+  for d, _, names in os.walk(os.path.join(run, "checkpoints", "2", "ema")):  # what export reads
     for name in names:
       with open(os.path.join(d, name), "wb") as f:
         f.write(b"garbage")

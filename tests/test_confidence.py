@@ -69,7 +69,7 @@ def _naive_greedy(cfg, params, steps, score, known_positions=(), known_tokens=()
     orders = np.concatenate([orders, np.repeat(orders[-1:], t - len(unknown), 0)])
     logits = forward(jnp.asarray(np.repeat(tokens[None], t, 0)),
                      jnp.asarray(orders))[:len(unknown), n]
-    conf = np.asarray(confidence._score(logits, score))
+    conf = np.asarray(confidence.confidence_score(logits, score))
     best = np.argsort(-conf, kind="stable")[:n_next - n]
     for i in best:
       tokens[unknown[i]] = int(np.argmax(logits[i]))

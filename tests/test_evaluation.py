@@ -132,3 +132,17 @@ def test_unigram_nll_is_add_one_smoothed():
   blocks = np.array([[0, 1], [2, 0]])
   expected = -(2 * np.log(0.5) + np.log(0.25) + np.log(0.125)) / 4
   assert evaluation.unigram_nll(counts, blocks) == pytest.approx(expected, rel=1e-12)
+
+
+def test_scorer_scores_in_float32_whatever_the_model_trains_in(scorer):
+  """Validation during training and `ao-mdm eval` agree: both score through a float32 Scorer by
+  default, also for a model that trains in bfloat16."""
+  bf16 = scorer.cfg.copy_and_resolve_references()
+  bf16.dtype = "bfloat16"
+  x, order = tokens(), evaluation.random_orders(5, 3, T)
+  same = evaluation.Scorer(scorer.params, bf16)
+  assert same.cfg.dtype == "float32"
+  np.testing.assert_array_equal(same.slot_nll(x, order), scorer.slot_nll(x, order))
+  low = evaluation.Scorer(scorer.params, bf16, dtype="bfloat16").slot_nll(x, order)
+  assert not np.array_equal(low, scorer.slot_nll(x, order))  # the dtype is what changed
+  np.testing.assert_allclose(low, scorer.slot_nll(x, order), rtol=0.1)

@@ -25,7 +25,7 @@ def _config(variant: str, block_size: int = 12, vocab_size: int = 96):
   return c
 
 
-def _params(config, seed: int) -> dict:
+def random_params(config, seed: int) -> dict:
   """A random model of ours: every leaf random (norm scales near 1, biases non-zero)."""
   shapes = flax.linen.unbox(jax.eval_shape(
       lambda: model_lib.init_params(config.model, jax.random.key(0))))
@@ -88,7 +88,7 @@ def _save(tmp_path, ckpt, name="ckpt.pt") -> str:
 @pytest.mark.parametrize("weights", ["model", "ema"])
 def test_import_matches_params_and_reference_forward(tmp_path, variant, weights):
   config = _config(variant)
-  params, ema = _params(config, 1), _params(config, 2)
+  params, ema = random_params(config, 1), random_params(config, 2)
   path = _save(tmp_path, _reference_checkpoint(config, params, ema))
   out = str(tmp_path / "export")
   got_config, got = torch_import.import_torch(path, out, weights=weights, config=config)
@@ -108,7 +108,7 @@ def test_import_matches_params_and_reference_forward(tmp_path, variant, weights)
 
 def test_model_args_bias_false(tmp_path):
   config = _config("ao")
-  params = _params(config, 3)
+  params = random_params(config, 3)
   for name in ("qkv", "attn_out", "mlp_in", "mlp_out"):  # the reference has no such biases
     params["blocks"][name]["bias"] = np.zeros_like(params["blocks"][name]["bias"])
   ckpt = _reference_checkpoint(config, params, params, bias=False)
@@ -122,7 +122,7 @@ def test_model_args_bias_false(tmp_path):
 
 def test_config_follows_model_args(tmp_path, capsys):
   ckpt_config = _config("sigma", block_size=12, vocab_size=96)
-  params = _params(ckpt_config, 4)
+  params = random_params(ckpt_config, 4)
   path = _save(tmp_path, _reference_checkpoint(ckpt_config, params, params))
   given = _config("sigma", block_size=8, vocab_size=64)
   got_config, got = torch_import.import_torch(path, str(tmp_path / "out"), config=given)
@@ -137,7 +137,7 @@ def test_config_follows_model_args(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def ao_checkpoint():
   config = _config("ao")
-  return config, _reference_checkpoint(config, _params(config, 5), _params(config, 6))
+  return config, _reference_checkpoint(config, random_params(config, 5), random_params(config, 6))
 
 
 def _refused(tmp_path, ckpt, config, match, weights="ema", variant=None, error=ValueError):
@@ -238,7 +238,7 @@ def test_non_empty_out_refused(tmp_path, ao_checkpoint):
 
 def test_untied_sigma_head_refused(tmp_path):
   config = _config("sigma")
-  params = _params(config, 7)
+  params = random_params(config, 7)
   ckpt = _reference_checkpoint(config, params, params)
   ckpt["model"]["lm_head.weight"] = ckpt["model"]["lm_head.weight"] + 1.0
   _refused(tmp_path, ckpt, config, "lm_head.weight differs from transformer.wte.weight",

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from ao_mdm import checks
+from ao_mdm import decoding
 from ao_mdm import model as model_lib
 from ao_mdm import sampling
 from ao_mdm.config import base_config
@@ -57,8 +59,8 @@ CASES = {  # name: (order mode, known positions)
 
 # Every case, S in {T, T/4, T/16} and both schedules for AO-GPT; sigma-GPT at S = T/4.
 EQUALITY = [("ao", case, div, sched) for case in CASES for div in (1, 4, 16)
-            for sched in sampling.SCHEDULES] + [
-                ("sigma", case, 4, sched) for case in CASES for sched in sampling.SCHEDULES]
+            for sched in checks.SCHEDULES] + [
+                ("sigma", case, 4, sched) for case in CASES for sched in checks.SCHEDULES]
 
 
 @pytest.mark.parametrize("variant,case,steps_div,schedule", EQUALITY)
@@ -72,7 +74,7 @@ def test_cached_equals_naive(variant, case, steps_div, schedule):
                         seed=1, known_positions=positions, known_tokens=ids, order=mode,
                         return_logits=True)
   counts = sampling.schedule_counts(T, len(positions), steps, schedule)
-  known, _ = sampling.known_arrays(T, 3, positions, ids)
+  known, _ = decoding.known_arrays(T, 3, positions, ids)
   ref_tokens, ref_logits = naive_greedy(cfg, params, known, out.order, counts)
   np.testing.assert_array_equal(out.tokens, ref_tokens)
   unknown = np.setdiff1d(np.arange(T), positions)
@@ -98,7 +100,7 @@ def test_l2r_full_steps_is_autoregressive_decoding():
   np.testing.assert_array_equal(out.tokens, tokens)
 
 
-@pytest.mark.parametrize("schedule", sampling.SCHEDULES)
+@pytest.mark.parametrize("schedule", checks.SCHEDULES)
 @pytest.mark.parametrize("known", [0, 5])
 def test_schedule_counts_and_fill(schedule, known):
   cfg, params = cached_model("ao")
@@ -150,14 +152,13 @@ TOP_P_CASES = [  # (p, ids kept by the authors' rule, ids kept by the nucleus ru
 def test_top_p_rules_on_a_hand_computed_example(p, authors, nucleus):
   logits = jnp.log(jnp.asarray([[0.1, 0.4, 0.05, 0.3, 0.15]]))
   for rule, expected in (("authors", authors), ("nucleus", nucleus)):
-    kept = np.asarray(sampling.filter_logits(logits, jnp.float32(p), jnp.int32(0), rule))[0]
+    kept = np.asarray(decoding.filter_logits(logits, jnp.float32(p), jnp.int32(0), rule))[0]
     assert set(np.flatnonzero(np.isfinite(kept))) == expected, rule
-    drawn = np.asarray(sampling.sample_tokens(
-        jax.random.key(0), jnp.repeat(logits, 4000, 0), jnp.float32(1), jnp.float32(p),
-        jnp.int32(0), True, rule))
+    draw = decoding.Draw(jnp.float32(1), jnp.float32(p), jnp.int32(0), True, rule)
+    drawn = np.asarray(draw.tokens(jax.random.key(0), jnp.repeat(logits, 4000, 0)))
     assert set(np.unique(drawn)) == expected, rule
-  drawn = np.asarray(sampling.sample_tokens(jax.random.key(1), jnp.repeat(logits, 4000, 0),
-                                            jnp.float32(1), jnp.float32(1), jnp.int32(2), True))
+  draw = decoding.Draw(jnp.float32(1), jnp.float32(1), jnp.int32(2), True)
+  drawn = np.asarray(draw.tokens(jax.random.key(1), jnp.repeat(logits, 4000, 0)))
   assert set(np.unique(drawn)) == {1, 3}  # top-k
 
 
@@ -190,7 +191,7 @@ def test_new_seed_does_not_recompile():
   cfg, params = cached_model("ao")
   kwargs = dict(batch_size=2, steps=8, known_positions=[0, 1], known_tokens=[1, 2])
   sampling.sample(params, cfg, seed=0, **kwargs)
-  decoder = sampling._decoder(cfg.to_json(), sampling.Plan.make(
+  decoder = sampling.decoder(cfg.to_json(), sampling.Plan.make(
       sampling.schedule_counts(T, 2, 8, "linear")), "random", False, True, False, "authors", None)
   before = decoder._cache_size()
   sampling.sample(params, cfg, seed=1, **kwargs)
@@ -231,4 +232,4 @@ def test_first_argmax_matches_jnp_argmax_with_ties():
   x = rng.integers(0, 4, (64, 37)).astype(np.float32)  # many ties
   x[3] = -np.inf
   x[5, 10:] = np.inf
-  np.testing.assert_array_equal(sampling.first_argmax(jnp.asarray(x)), np.argmax(x, axis=-1))
+  np.testing.assert_array_equal(decoding.first_argmax(jnp.asarray(x)), np.argmax(x, axis=-1))

@@ -36,7 +36,7 @@ def _l2r_joint(cfg, params):
 def _chi_square(cfg, params, verify, n):
   seqs, joint = _l2r_joint(cfg, params)
   assert n * joint.min() >= 5, "too few samples for the chi-square test"
-  decode = speculative._decoder(cfg.to_json(), cfg.block_size - 1, 0, False, "authors", None,
+  decode = speculative.decoder(cfg.to_json(), cfg.block_size - 1, 0, False, "authors", None,
                                 verify=verify)
   tokens, _, st, _ = decode(params, jnp.zeros((n, cfg.block_size), jnp.int32),
                             jnp.zeros((n, cfg.block_size), bool), jax.random.key(7),

@@ -15,7 +15,7 @@ def _validation_lines(n):
   """The first n sentences of the held-out validation speeches."""
   lines = []
   for doc in corpus.sotu_documents("validation"):
-    lines.extend(s for s in tokenizer_lib._SENTENCE_END.split(doc) if s.strip())
+    lines.extend(tokenizer_lib.sentences(doc))
   return lines[:n]
 
 

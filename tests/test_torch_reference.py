@@ -14,7 +14,7 @@ from ao_mdm.config import base_config
 
 torch = pytest.importorskip("torch")
 from ao_mdm import torch_reference  # pylint: disable=g-import-not-at-top  (needs torch)
-from test_import_torch import _params as _random_params  # pylint: disable=g-import-not-at-top
+from test_import_torch import random_params  # pylint: disable=g-import-not-at-top
 
 
 def _config(microbatches: int = 1) -> ml_collections.ConfigDict:
@@ -37,7 +37,7 @@ def _tokens(config, seed: int = 0) -> np.ndarray:
 
 def test_loss_matches_ours():
   config = _config()
-  params, tokens = _random_params(config, 1), _tokens(config)
+  params, tokens = random_params(config, 1), _tokens(config)
   rng = np.random.default_rng(2)
   order = np.stack([rng.permutation(32), np.arange(32), rng.permutation(32),
                     rng.permutation(32)]).astype(np.int32)
@@ -66,7 +66,7 @@ def _step_orders(config, state, tokens_BT) -> np.ndarray:
 def test_two_train_steps_match_ours(microbatches):
   config = _config(microbatches)
   program = train.make_program(config, devices=jax.devices()[:1])
-  params = _random_params(config, 3)
+  params = random_params(config, 3)
   state = program.init_state()
   state = state.replace(params=jax.device_put(params, program.shardings.params),
                         ema_params=jax.device_put(params, program.shardings.ema_params))

@@ -1,8 +1,11 @@
 """The training loop end to end on the embedded corpus, at a very small size."""
 import json
+import os
+import shutil
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from ao_mdm import checkpoints, train, train_state
@@ -54,6 +57,34 @@ def test_export_roundtrip(data_dir, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, ema, exported)
   with pytest.raises(FileExistsError, match="exists and is not an empty directory"):
     checkpoints.export(workdir, out)
+
+
+def test_checkpoints_keep_the_ema_apart_and_older_ones_still_load(data_dir, tmp_path):
+  """A step holds `ema` beside `state` (the rest of the train state); `load_params` reads only
+  the set it is asked for, and a checkpoint with the EMA inside `state` (before the split) loads
+  for sampling and for resuming alike."""
+  cfg = small_config(data_dir, steps=2)
+  workdir = str(tmp_path / "run")
+  train.train_and_evaluate(cfg, workdir)
+  step_dir = os.path.join(workdir, "checkpoints", "2")
+  assert {"state", "ema", "data", "config"} <= set(os.listdir(step_dir))
+  state = checkpoints.restore(checkpoints.train_manager(workdir), 2,
+                              train_state.abstract_state(cfg))
+  equal = lambda a, b: jax.tree.map(np.testing.assert_array_equal, a, b)
+  equal(checkpoints.load_params(workdir, "ema")[1], state.ema_params)
+  equal(checkpoints.load_params(workdir, "params")[1], state.params)
+  assert not np.array_equal(state.params["token_embed"], state.ema_params["token_embed"])
+  shutil.move(os.path.join(step_dir, "state"), str(tmp_path / "state"))  # the EMA alone is read
+  equal(checkpoints.load_params(workdir, "ema", log=print)[1], state.ema_params)
+  old = str(tmp_path / "old")  # the layout before the split: the EMA inside `state`
+  mgr = ocp.CheckpointManager(os.path.join(old, "checkpoints"), item_names=("state", "config"))
+  mgr.save(2, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                      config=ocp.args.JsonSave(json.loads(cfg.to_json()))))
+  mgr.wait_until_finished()
+  equal(checkpoints.load_params(old, "ema")[1], state.ema_params)
+  equal(checkpoints.load_params(old, "params")[1], state.params)
+  equal(checkpoints.restore(checkpoints.train_manager(old), 2, train_state.abstract_state(cfg)),
+        state)
 
 
 def test_bad_train_configs(data_dir, tmp_path):

@@ -30,13 +30,14 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Optional
 
 import numpy as np
 
 from ao_mdm import interrupts
 from ao_mdm.data import datasets
+from ao_mdm.data import tokenizer as tokenizer_lib
 from ao_mdm.data.tokenizer import Tokenizer
 
 FORMAT = 1
@@ -550,6 +551,19 @@ def ensure(data_config: Any, tokenizer: Tokenizer, split: str, *, workers: int =
 
 
 # The authors' evaluation packing.
+
+def prepare_command(config: Any, splits: list, workers: Optional[int], workdir: Optional[str],
+                    process_id: Optional[int], num_processes: Optional[int]) -> Iterator[str]:
+  """`ao-mdm prepare`: prepares each split (this host's share), yielding a line per split done."""
+  index, count = launcher_process(process_id, num_processes)
+  tokenizer = tokenizer_lib.run_tokenizer(config, workdir)
+  for split in splits:
+    done = prepare(config.data, tokenizer, split, workers=workers or 0, process_index=index,
+                   process_count=count)
+    if done is not None:
+      yield (f"{split}: {done.documents:,} documents, {done.tokens:,} tokens in "
+             f"{len(done.manifest['shards'])} shards, verified: {done.directory}")
+
 
 def paper_blocks(tokens: np.ndarray, eos_id: int, block_size: int, num_proc: int = 8,
                  batch_docs: int = 1000) -> np.ndarray:

@@ -1,0 +1,207 @@
+"""What the three decoders (sampling, speculative, confidence) share: slot inputs, the K/V
+cache, the draw from filtered probabilities, cache-length buckets, known-token inputs.
+
+The cache is a plain dict {"k", "v"} of [L, B, H, T, K] arrays (heads-major, so each head's
+prefix is contiguous); the layer stack returns a chunk's K/V as [L, B, W, H, K].
+"""
+import dataclasses
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from ao_mdm import model as model_lib
+
+@dataclasses.dataclass
+class SampleOutput:
+  tokens: np.ndarray  # [B, T] int32
+  order: np.ndarray  # [B, T] int32: the generation order (known positions first)
+  logits: Optional[np.ndarray] = None  # [B, T, V] float32: logits each position was drawn from
+  stats: Optional[dict] = None  # mode-specific counts (speculative: forwards, accepted per row)
+
+
+def first_argmax(x_NV: jax.Array) -> jax.Array:
+  """jnp.argmax over the last axis (first index of the maximum), as two plain reductions:
+  XLA:CPU runs argmax's (value, index) reduction unvectorised, several times slower."""
+  v = x_NV.shape[-1]
+  top_N1 = jnp.max(x_NV, axis=-1, keepdims=True)
+  first = jnp.min(jnp.where(x_NV == top_N1, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
+  return jnp.minimum(first, v - 1)  # a row of NaNs has no maximum
+
+
+def filter_logits(logits_NV: jax.Array, top_p: jax.Array, top_k: jax.Array,
+                  rule: str = "authors") -> jax.Array:
+  """Keep the top_k largest (0: all), then apply top-p by `rule`; top_p >= 1 keeps everything.
+
+  "authors" (their catsample.py, the default): drop every token whose inclusive cumulative
+  probability exceeds top_p, the one that crosses it included, but always keep the most likely.
+  "nucleus": keep the smallest set of most likely tokens whose probability reaches top_p.
+  """
+  v = logits_NV.shape[-1]
+  sorted_NV = jnp.sort(logits_NV, axis=-1)[:, ::-1]
+  kth = jnp.take(sorted_NV, jnp.clip(top_k - 1, 0, v - 1), axis=-1)[:, None]
+  logits_NV = jnp.where((top_k > 0) & (logits_NV < kth), -jnp.inf, logits_NV)
+  sorted_NV = jnp.where((top_k > 0) & (sorted_NV < kth), -jnp.inf, sorted_NV)
+  probs_NV = jax.nn.softmax(sorted_NV, axis=-1)
+  cum_NV = jnp.cumsum(probs_NV, axis=-1)
+  if rule == "authors":
+    keep_NV = (cum_NV <= top_p) | (jnp.arange(v) == 0)
+  else:
+    keep_NV = cum_NV - probs_NV < top_p  # the mass of strictly more likely tokens
+  kept = jnp.sum(keep_NV | (top_p >= 1), axis=-1, keepdims=True)  # a prefix, always >= 1
+  cutoff = jnp.take_along_axis(sorted_NV, kept - 1, axis=-1)
+  return jnp.where(logits_NV < cutoff, -jnp.inf, logits_NV)
+
+
+@dataclasses.dataclass(frozen=True)
+class Draw:
+  """How a token is drawn from logits: temperature (0: greedy), top-p and top-k filtering by
+  `rule`, and ids >= vocab_limit (the padding rows of a padded vocab) never drawn."""
+  temperature: Any
+  top_p: Any
+  top_k: Any
+  use_filter: bool = False  # static: whether top_p < 1 or top_k > 0
+  rule: str = "authors"
+  vocab_limit: Optional[int] = None
+
+  def scaled(self, logits_NV: jax.Array) -> jax.Array:
+    """float32 logits / temperature, filtered: the draw is from their softmax."""
+    logits_NV = self.limited(logits_NV)
+    scaled = logits_NV / jnp.maximum(self.temperature, 1e-6)
+    if self.use_filter:
+      scaled = filter_logits(scaled, self.top_p, self.top_k, self.rule)
+    return scaled
+
+  def limited(self, logits_NV: jax.Array) -> jax.Array:
+    logits_NV = logits_NV.astype(jnp.float32)
+    v = logits_NV.shape[-1]
+    if self.vocab_limit is not None and self.vocab_limit < v:
+      logits_NV = jnp.where(jnp.arange(v) < self.vocab_limit, logits_NV, -jnp.inf)
+    return logits_NV
+
+  def probs(self, logits_NV: jax.Array) -> jax.Array:
+    """The distribution `tokens` draws from (float32, rows sum to 1)."""
+    return jax.nn.softmax(self.scaled(logits_NV), axis=-1)
+
+  def tokens(self, key: jax.Array, logits_NV: jax.Array) -> jax.Array:
+    """Argmax when temperature == 0, else a draw from softmax(scaled logits)."""
+    scaled = self.scaled(logits_NV)
+    # A categorical draw is the argmax of Gumbel-perturbed logits (as jax.random.categorical).
+    drawn = scaled + jax.random.gumbel(key, scaled.shape, scaled.dtype)
+    return first_argmax(jnp.where(self.temperature > 0, drawn, self.limited(logits_NV)))
+
+
+def draw_from_probs(key: jax.Array, probs_NV: jax.Array) -> jax.Array:
+  """One categorical draw per row from probabilities (zeros never drawn)."""
+  logp = jnp.where(probs_NV > 0, jnp.log(jnp.maximum(probs_NV, 1e-38)), -jnp.inf)
+  return first_argmax(logp + jax.random.gumbel(key, logp.shape))
+
+
+def make_orders(key: jax.Array, known_BT: jax.Array, mode: str) -> jax.Array:
+  """Known positions first (left to right), then the unknown ones at random or left to right."""
+  b, t = known_BT.shape
+  pos = jnp.arange(t, dtype=jnp.float32)
+  rest = jax.random.uniform(key, (b, t)) * t if mode == "random" else jnp.broadcast_to(pos, (b, t))
+  return jnp.argsort(jnp.where(known_BT, pos - 2 * t, rest), axis=1).astype(jnp.int32)
+
+
+def slot_inputs(tokens_BT: jax.Array, order_BT: jax.Array, slots_BW: jax.Array) -> tuple:
+  """(token, position) fed at the given slots: model.slot_inputs read at those slots."""
+  prev_tok_BT, prev_pos_BT = model_lib.slot_inputs(tokens_BT, order_BT)
+  slots_BW = jnp.clip(slots_BW, 0, order_BT.shape[1] - 1)
+  return (jnp.take_along_axis(prev_tok_BT, slots_BW, axis=1),
+          jnp.take_along_axis(prev_pos_BT, slots_BW, axis=1))
+
+
+def embed_stack(module: Any, prev_tok: jax.Array, prev_pos: jax.Array, target: jax.Array,
+                cache: Optional[dict], mask: Optional[dict]) -> tuple:
+  """(hidden, conditioning, chunk K/V) of the decode model (a `method=` of model.apply)."""
+  x, c = module.embed(prev_tok, prev_pos, target)
+  h, kv = module.stack(x, c, cache, mask)
+  return h, c, kv
+
+
+def stack_fn(model: Any, params: Any) -> Callable:
+  """`apply(prev_tok, prev_pos, target, cache, mask)`: embed_stack of the decode model."""
+  return lambda *args: model.apply({"params": params}, *args, method=embed_stack)
+
+
+def write_cache(cache: dict, kv: dict, slots: jax.Array) -> dict:
+  """The cache with the chunk's first W slots of K/V ([L, B, W', H, K], W' >= W) written at
+  cache slots `slots`: [W] shared by the batch or [B, W] per row; slots >= T are dropped."""
+  out = {}
+  for name, c in cache.items():
+    new = kv[name][:, :, :slots.shape[-1]].astype(c.dtype)
+    if slots.ndim == 1:
+      out[name] = c.at[:, :, :, slots].set(new.transpose(0, 1, 3, 2, 4), mode="drop")
+    else:
+      layers = jnp.arange(c.shape[0])[:, None, None]
+      rows = jnp.arange(c.shape[1])[None, :, None]
+      out[name] = c.at[layers, rows, :, slots[None]].set(new, mode="drop")
+  return out
+
+
+def prefilled_cache(apply: Callable, cfg: ml_collections.ConfigDict, tokens_BT: jax.Array,
+                    order_BT: jax.Array, known: int) -> dict:
+  """The empty [L, B, H, T, K] K/V cache with slots 0..known-1 (the known tokens) written;
+  `apply` is stack_fn(model, params)."""
+  dtype = model_lib.DTYPES[cfg.dtype]
+  b, t = tokens_BT.shape
+  shape = (cfg.n_layer, b, cfg.n_head, t, cfg.n_embd // cfg.n_head)
+  cache = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+  if known:  # the slots of the known tokens are real and all their inputs are known
+    slots = jnp.broadcast_to(jnp.arange(known), (b, known))
+    _, _, kv = apply(*slot_inputs(tokens_BT, order_BT, slots), order_BT[:, :known], None, None)
+    cache = write_cache(cache, kv, jnp.arange(known))
+  return cache
+
+
+def bucket_segments(sizes: Sequence[int], total: int, buckets: int) -> tuple:
+  """Consecutive steps grouped by the smallest of `buckets` bounds (ceil(total * g / buckets))
+  that holds each step's size: ((first step, end step, bound), ...), one loop each."""
+  bounds = [-(-total * g // buckets) for g in range(1, buckets + 1)]
+  segments = []
+  for i, size in enumerate(sizes):
+    bound = min(b for b in bounds if b >= size)
+    if segments and segments[-1][2] == bound:
+      segments[-1] = (segments[-1][0], i + 1, bound)
+    else:
+      segments.append((i, i + 1, bound))
+  return tuple(segments)
+
+
+def known_arrays(t: int, batch: int, positions: Any = (), token_ids: Any = ()) -> tuple:
+  """[B, T] known tokens and mask from positions and ids shared by the batch."""
+  positions = [int(p) for p in positions]
+  token_ids = [int(x) for x in token_ids]
+  if len(positions) != len(token_ids):
+    raise ValueError(f"{len(positions)} known positions but {len(token_ids)} known tokens")
+  if len(positions) >= t:
+    raise ValueError(f"{len(positions)} known tokens do not fit in T={t} positions with at "
+                     f"least one left to generate (the prompt is too long)")
+  bad = [p for p in positions if not 0 <= p < t]
+  if bad:
+    raise ValueError(f"known positions {bad} are outside [0, {t})")
+  dup = sorted({p for p in positions if positions.count(p) > 1})
+  if dup:
+    raise ValueError(f"known positions {dup} are given more than once")
+  tokens = np.zeros((batch, t), np.int32)
+  mask = np.zeros((batch, t), bool)
+  tokens[:, positions] = token_ids
+  mask[:, positions] = True
+  return tokens, mask
+
+
+def known_inputs(cfg: ml_collections.ConfigDict, batch: int, positions: Any, token_ids: Any,
+                 vocab_limit: Optional[int]) -> tuple:
+  """known_arrays for a model config, refusing ids outside its vocab or at/above vocab_limit."""
+  tokens, mask = known_arrays(cfg.block_size, batch, positions, token_ids)
+  if np.any((tokens < 0) | (tokens >= cfg.vocab_size)):
+    raise ValueError(f"known token ids must be in [0, {cfg.vocab_size})")
+  if vocab_limit is not None and not 0 < vocab_limit <= cfg.vocab_size:
+    raise ValueError(f"vocab_limit={vocab_limit} must be in [1, {cfg.vocab_size}]")
+  if vocab_limit is not None and np.any(tokens[mask] >= vocab_limit):
+    raise ValueError(f"known token ids must be below vocab_limit={vocab_limit}")
+  return tokens, mask

@@ -1,0 +1,127 @@
+"""The `ao-mdm` commands, the flags each reads and every flag's help text (free of JAX)."""
+from absl import flags
+from ml_collections import config_flags
+
+MODES = ("parallel", "speculative", "confidence")  # of `ao-mdm sample`
+MODE_OPTIONS = {  # the options each mode's sampler takes
+    "parallel": ("steps", "schedule", "temperature", "top_p", "top_k", "order", "top_p_rule"),
+    "speculative": ("temperature", "top_p", "top_k", "top_p_rule", "draft"),
+    "confidence": ("steps", "schedule", "temperature", "top_p", "top_k", "top_p_rule", "score"),
+}
+
+COMMANDS = {
+    "train": "train a model: --config=configs/tiny.py --workdir=DIR [--config.x.y=value ...]",
+    "prepare": "tokenize a config's dataset once into token shards that train and eval read: "
+               "--config=... [--splits=train,validation --workers=N --workdir=DIR]",
+    "info": "parameter count and FLOPs per token of a config: --config=...",
+    "tokenizer": "train a SentencePiece tokenizer: --corpus=sotu|PATH --vocab_size=N --out=DIR",
+    "export": "write the EMA params alone: --workdir=DIR --out=DIR [--weights=ema|params]",
+    "sample": "sample texts: --checkpoint=DIR [--prompt=TEXT | --infill='a [MASK] b'] [--steps=64 ...]",
+    "eval": "perplexities: --checkpoint=DIR [--datasets=sotu,wikitext2 | --text_file=PATH] "
+            "[--protocol=paper|custom --ensemble=8,64]; or --generated=FILE.jsonl --scorer=DIR",
+    "import-torch": "convert a reference PyTorch checkpoint: --checkpoint=ckpt.pt --out=DIR "
+                    "[--weights=ema|model] [--variant=ao|sigma]",
+    "import-gpt2": "convert a local Hugging Face GPT-2 (e.g. gpt2-large) into a scorer for "
+                   "eval --generated: --hf_dir=DIR --out=DIR",
+    "compile": "ahead-of-time compile of the train step for a TPU topology: --config=... "
+               "--topology=v5e:4x4",
+    "bench": "benchmarks: `bench sample --config=configs/bench_sampler.py [--mode=speculative "
+             "--checkpoint=DIR]`, `bench train --config=configs/bench_train.py`, "
+             "`bench data --config=configs/bench_data.py`",
+}
+# The flags each command reads; any other flag of ours given to it is an error.
+SAMPLE_OPTIONS = ("prompt", "infill", "infill_span", "mode", "num_samples",
+                  *sorted({name for names in MODE_OPTIONS.values() for name in names}))
+COMMAND_FLAGS = {
+    "train": ("config", "workdir", "init_from", "start_over", "coordinator", "num_processes",
+              "process_id", "init_timeout"),
+    "prepare": ("config", "splits", "workers", "workdir", "num_processes", "process_id"),
+    "info": ("config",),
+    "tokenizer": ("corpus", "vocab_size", "out"),
+    "export": ("workdir", "out", "weights"),
+    "sample": ("checkpoint", "weights", *SAMPLE_OPTIONS, "batch_size", "seed", "out"),
+    "eval": ("checkpoint", "weights", "datasets", "text_file", "lambada_file", "protocol", "split",
+             "orders", "ensemble", "max_blocks", "batch_size", "seed", "generated", "scorer"),
+    "import-torch": ("checkpoint", "out", "weights", "variant"),
+    "import-gpt2": ("hf_dir", "out"),
+    "compile": ("config", "topology"),
+    "bench": ("config", "baseline", "mode", "checkpoint", "weights"),
+}
+BENCHES = ("sample", "train", "data")
+
+
+def define_flags() -> None:
+  """Defines every flag of every command (absl's global FLAGS)."""
+  config_flags.DEFINE_config_file("config", None, "ml_collections config file.",
+                                  lock_config=True)
+  flags.DEFINE_string("workdir", None, "Training work dir (checkpoints, tokenizer, logs).")
+  flags.DEFINE_string("out", None, "Output path.")
+  flags.DEFINE_string("corpus", "sotu", "Dataset registry name or a local text file.")
+  flags.DEFINE_integer("vocab_size", 2048, "Tokenizer vocab size (a multiple of 128).")
+  flags.DEFINE_enum("weights", "ema", ["ema", "params", "model"],
+                    "Which params: of a training work dir, ema | params (an export or import "
+                    "holds one set: ema); import-torch: which of the PyTorch checkpoint's to "
+                    "import, ema | model.")
+  flags.DEFINE_enum("variant", None, ["ao", "sigma"], "import-torch: model variant (default: "
+                    "detected from the keys).")
+  flags.DEFINE_string("checkpoint", None, "A training work dir or an export (import-torch: "
+                      "the authors' PyTorch ckpt.pt file).")
+  flags.DEFINE_string("prompt", "", "sample: text the samples start with.")
+  flags.DEFINE_string("infill", "", "sample: text with [MASK] spans to fill in.")
+  flags.DEFINE_integer("infill_span", 8, "sample: tokens generated per [MASK].")
+  flags.DEFINE_enum("mode", "parallel", ["parallel", "speculative", "confidence"],
+                    "sample: parallel = S steps in a random (or L2R) order; speculative = exact "
+                    "L2R samples, --draft tokens drafted and verified per forward; confidence = "
+                    "S steps, the most confident positions first.")
+  flags.DEFINE_integer("steps", 64, "sample: decoding steps S (parallel, confidence).")
+  flags.DEFINE_integer("draft", 4, "sample: tokens drafted per forward (speculative).")
+  flags.DEFINE_enum("score", "max_prob", ["max_prob", "entropy"],
+                    "sample: confidence of a prediction (confidence mode): its largest "
+                    "probability, or minus its entropy.")
+  flags.DEFINE_enum("schedule", "linear", ["linear", "cosine"], "sample: unmasking schedule.")
+  flags.DEFINE_float("temperature", 1.0, "sample: softmax temperature; 0 is greedy.")
+  flags.DEFINE_float("top_p", 1.0, "sample: top-p mass in (0, 1]; 1 filters nothing.")
+  flags.DEFINE_enum("top_p_rule", "authors", ["authors", "nucleus"],
+                    "sample: authors = drop every token whose inclusive cumulative probability "
+                    "exceeds top_p, keeping the most likely (the authors' catsample.py); nucleus = "
+                    "keep the smallest set whose probability reaches top_p.")
+  flags.DEFINE_integer("top_k", 0, "sample: keep the k most likely tokens; 0 is off.")
+  flags.DEFINE_enum("order", "random", ["random", "l2r"], "sample: order of the unknown tokens.")
+  flags.DEFINE_integer("num_samples", 4, "sample: how many samples.")
+  flags.DEFINE_integer("batch_size", 4, "sample: samples per batch; eval: blocks per batch.")
+  flags.DEFINE_integer("seed", 0, "Random seed.")
+  flags.DEFINE_string("datasets", "sotu", "eval: comma-separated dataset registry names.")
+  flags.DEFINE_string("text_file", None, "eval: a local UTF-8 text file (one document per line).")
+  flags.DEFINE_enum("protocol", "paper", ["paper", "custom"],
+                    "eval: paper = the authors' protocol (split per dataset: wikitext2 train, "
+                    "others test; any-order on 128 shuffled blocks, all of PTB, one order each; "
+                    "L2R and ensemble on the whole split); custom = --split, --max_blocks, "
+                    "--orders.")
+  flags.DEFINE_string("split", "validation", "eval (custom protocol): dataset split.")
+  flags.DEFINE_integer("orders", 4, "eval (custom protocol): random orders per sequence for the "
+                       "any-order perplexity.")
+  flags.DEFINE_string("ensemble", "", "eval: context-order ensemble sizes M, e.g. 8,64; costs "
+                      "about M/2 full forwards per target token.")
+  flags.DEFINE_integer("max_blocks", 64, "eval (custom protocol): at most this many blocks per "
+                       "dataset (0: all).")
+  flags.DEFINE_string("lambada_file", None, "eval: OpenAI's lambada_test.jsonl (local) for "
+                      "--datasets=lambada.")
+  flags.DEFINE_string("hf_dir", None, "import-gpt2: a local Hugging Face GPT-2 directory.")
+  flags.DEFINE_string("generated", None, "eval: samples (ao-mdm sample --out) to score.")
+  flags.DEFINE_string("scorer", None, "eval: scores --generated samples left to right: an "
+                      "import-gpt2 export (the paper: GPT-2 Large) or an ao_mdm checkpoint.")
+  flags.DEFINE_string("topology", None, "compile: a TPU topology such as v5e:4x4.")
+  flags.DEFINE_enum("baseline", "none", ["none", "torch"],
+                    "bench train: torch = also train the same model, step and batch in plain "
+                    "PyTorch (eager, float32, all cores; needs the [torch] extra) and print its "
+                    "tokens/s and ours over it.")
+  flags.DEFINE_string("splits", "train,validation", "prepare: comma-separated splits.")
+  flags.DEFINE_integer("workers", None, "prepare: worker processes (default: every core).")
+  flags.DEFINE_string("init_from", None, "train: start from the params of an export or import.")
+  flags.DEFINE_boolean("start_over", False, "train: when no checkpoint of --workdir can be "
+                       "read, move them aside and train from step 0 (otherwise an error).")
+  flags.DEFINE_string("coordinator", None, "Multi-process: coordinator HOST:PORT (process 0).")
+  flags.DEFINE_integer("num_processes", None, "Multi-process: number of processes.")
+  flags.DEFINE_integer("process_id", None, "Multi-process: this process's index.")
+  flags.DEFINE_integer("init_timeout", 180, "Multi-process: seconds to wait for the other "
+                       "processes and the coordinator before giving up.")
