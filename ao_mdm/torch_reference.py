@@ -7,8 +7,9 @@ with `torch_import.to_torch_state_dict`, so both sides start from the same weigh
 
 Like the authors' model it runs T+1 slots (X in array names, docs/design.md "Shape letters"):
 slot 0 is the [None] token, slot s >= 1 holds the token at order[s-1] and predicts the token at
-order[s]; the last slot has no target and its output is dropped. The forward covers both variants; the training step (`Trainer`) is for
-AO-GPT (`variant="ao"`) only. Needs the `[torch]` extra: import this module lazily.
+order[s]; the last slot has no target and its output is dropped. The forward covers both
+variants; the training step (`Trainer`) is for AO-GPT (`variant="ao"`) only. Needs the `[torch]`
+extra: import this module lazily.
 """
 import math
 import time
