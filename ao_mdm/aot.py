@@ -2,7 +2,7 @@
 
 With `libtpu` installed (`pip install -e '.[tpu]'`), `jax.experimental.topologies` describes TPU
 devices without having any; the train step is lowered and compiled for them, and XLA's memory
-analysis says whether one step fits per-chip HBM (DESIGN.md section 5).
+analysis says whether one step fits per-chip HBM (docs/launching.md).
 """
 import collections
 import importlib.util

@@ -1,4 +1,5 @@
-"""Perplexities (L2R, any-order, context-order ensemble) and generative perplexity (DESIGN 3).
+"""Perplexities (L2R, any-order, context-order ensemble) and generative perplexity
+(docs/design.md, "Orders and evaluation").
 
 All NLLs are in nats per token; a perplexity is exp(mean NLL) over every scored token.
 """
@@ -64,8 +65,8 @@ class Scorer:
     """[B, T-1] L2R NLL of tokens 1..T-1 (the generative-perplexity interface)."""
     return l2r_nll(self, ids_BT)[:, 1:]
 
-  def slot_nll(self, tokens_BT: np.ndarray, order_BL: np.ndarray) -> np.ndarray:
-    """[B, L] NLL of slot s (target order[s]) given the tokens at order[:s]; L <= T slots.
+  def slot_nll(self, tokens_BT: np.ndarray, order_Bt: np.ndarray) -> np.ndarray:
+    """[B, t] NLL of slot s (target order[s]) given the tokens at order[:s]; t <= T slots.
 
     Every process passes the same whole batch; each places its own part on the mesh.
     """
@@ -73,13 +74,13 @@ class Scorer:
     pad = -b % self.dp  # the batch is split over the data axes: pad it to a multiple
     if pad:
       tokens_BT = np.concatenate([tokens_BT, np.repeat(tokens_BT[:1], pad, 0)])
-      order_BL = np.concatenate([order_BL, np.repeat(order_BL[:1], pad, 0)])
+      order_Bt = np.concatenate([order_Bt, np.repeat(order_Bt[:1], pad, 0)])
     batch = sharding.batch_sharding(self.mesh, self.rules)
     place = lambda x: jax.make_array_from_callback(
         x.shape, batch, lambda index: x[index])
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
       out = self._nll(self.params, place(np.asarray(tokens_BT, np.int32)),
-                      place(np.asarray(order_BL, np.int32)))
+                      place(np.asarray(order_Bt, np.int32)))
     return np.asarray(jax.device_get(out), np.float64)[:b]
 
 
@@ -117,8 +118,8 @@ def ensemble_nll(scorer: Scorer, tokens_BT: np.ndarray, order_BT: np.ndarray, m:
   if m < 1:
     raise ValueError(f"ensemble size M={m} must be >= 1")
   b, t = tokens_BT.shape
-  logp_BTM = np.empty((b, t, m))
-  logp_BTM[:, :, 0] = -scorer.slot_nll(tokens_BT, order_BT)
+  logp_BTE = np.empty((b, t, m))
+  logp_BTE[:, :, 0] = -scorer.slot_nll(tokens_BT, order_BT)
   rng = np.random.default_rng(seed)
   bounds = sorted({-(-t * g // ENSEMBLE_BUCKETS) for g in range(1, ENSEMBLE_BUCKETS + 1)})
   slots_computed = b * t  # the original order: one full forward
@@ -126,17 +127,17 @@ def ensemble_nll(scorer: Scorer, tokens_BT: np.ndarray, order_BT: np.ndarray, m:
     jobs = [(bi, i, r) for i in range(lo, min(hi, t)) for bi in range(b) for r in range(1, m)]
     for start in range(0, len(jobs), max_rows):
       chunk = jobs[start:start + max_rows]
-      order_NL = np.empty((len(chunk), hi), np.int32)
+      order_Nt = np.empty((len(chunk), hi), np.int32)
       for row, (bi, i, _) in enumerate(chunk):
-        order_NL[row, :i] = rng.permutation(np.array(order_BT[bi, :i]))
-        order_NL[row, i:] = order_BT[bi, i:hi]  # slot i holds the target; later slots unused
-      nll = scorer.slot_nll(tokens_BT[[bi for bi, _, _ in chunk]], order_NL)
+        order_Nt[row, :i] = rng.permutation(np.array(order_BT[bi, :i]))
+        order_Nt[row, i:] = order_BT[bi, i:hi]  # slot i holds the target; later slots unused
+      nll = scorer.slot_nll(tokens_BT[[bi for bi, _, _ in chunk]], order_Nt)
       for row, (bi, i, r) in enumerate(chunk):
-        logp_BTM[bi, i, r] = -nll[row, i]
+        logp_BTE[bi, i, r] = -nll[row, i]
       slots_computed += len(chunk) * hi
   # -log(mean_m p_m), computed stably from log-probabilities.
-  top = logp_BTM.max(-1, keepdims=True)
-  ens = -(top[..., 0] + np.log(np.mean(np.exp(logp_BTM - top), axis=-1)))
+  top = logp_BTE.max(-1, keepdims=True)
+  ens = -(top[..., 0] + np.log(np.mean(np.exp(logp_BTE - top), axis=-1)))
   cost = {"slot_forwards": slots_computed, "full_forward_equivalents_per_target":
           slots_computed / (b * t) / t}
   return ens, cost
@@ -148,7 +149,7 @@ def evaluate_blocks(scorer: Scorer, blocks_NT: np.ndarray, *, orders: int = 1,
                     progress: Optional[Callable] = None, per_sequence: bool = False) -> dict:
   """L2R and ensemble perplexities over every block; any-order over `any_order_blocks` of them.
 
-  The any-order estimate (K random orders per block, with its standard error) uses a seeded
+  The any-order estimate (`orders` random orders per block, with its standard error) uses a seeded
   shuffle of the blocks cut to `any_order_blocks` (None: all), as the authors' loaders do. The
   ensemble draws one random order per block and reshuffles its contexts (paper eq. 7).
   `progress(n)` is called as blocks are done; the total is `evaluation_units(...)`. The orders
@@ -185,9 +186,9 @@ def evaluate_blocks(scorer: Scorer, blocks_NT: np.ndarray, *, orders: int = 1,
     if progress:
       progress(b)
   l2r = np.concatenate(l2r)
-  ao = np.concatenate(any_order)  # [N_ao, K]
+  ao = np.concatenate(any_order)  # [sequences, orders]
   m_ao = len(ao)
-  # Standard error of the any-order mean NLL over sequences (each averaged over its K orders).
+  # Standard error of the any-order mean NLL over sequences (each averaged over its orders).
   se_nll = ao.mean(1).std(ddof=1) / math.sqrt(m_ao) if m_ao > 1 else float("nan")
   out = {"l2r_ppl": math.exp(l2r.mean()), "l2r_nll": float(l2r.mean()),
          "any_order_ppl": math.exp(ao.mean()), "any_order_nll": float(ao.mean()),

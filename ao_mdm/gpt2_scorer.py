@@ -1,6 +1,6 @@
 """GPT-2 in Flax (the Hugging Face architecture), imported from a local HF directory, to score
-samples by generative perplexity. Names carry shapes: B batch, T tokens, D width, F MLP width,
-H heads, K head dim, V vocab.
+samples by generative perplexity. Names carry shapes in the letters of docs/design.md ("Shape
+letters"): B batch, T tokens, D width, F MLP width, H heads, K head dim, V vocab, 3 for q, k, v.
 """
 import dataclasses
 import json
@@ -71,8 +71,9 @@ class Block(nn.Module):
   def __call__(self, x_BTD: jax.Array, _: Any) -> tuple[jax.Array, None]:
     b, t, d = x_BTD.shape
     h = self.cfg.n_head
-    qkv_BT3D = nn.Dense(3 * d, name="c_attn")(_layer_norm(self.cfg, "ln_1")(x_BTD))
-    q_BTHK, k_BTHK, v_BTHK = [y.reshape(b, t, h, d // h) for y in jnp.split(qkv_BT3D, 3, -1)]
+    qkv = nn.Dense(3 * d, name="c_attn")(_layer_norm(self.cfg, "ln_1")(x_BTD))
+    qkv_BT3HK = qkv.reshape(b, t, 3, h, d // h)  # the HF layout: q, k, v, each head-major
+    q_BTHK, k_BTHK, v_BTHK = qkv_BT3HK[:, :, 0], qkv_BT3HK[:, :, 1], qkv_BT3HK[:, :, 2]
     a_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True)  # 1/sqrt(K)
     x_BTD = x_BTD + nn.Dense(d, name="attn_proj")(a_BTHK.reshape(b, t, d))
     y_BTF = nn.gelu(nn.Dense(4 * d, name="c_fc")(_layer_norm(self.cfg, "ln_2")(x_BTD)),

@@ -1,8 +1,11 @@
-"""AO-GPT and the sigma-GPT baseline (DESIGN.md section 2): one forward for training and decoding.
+"""AO-GPT and the sigma-GPT baseline (docs/design.md, "The model"): one forward for training and
+decoding.
 
 Slots: slot 0 is the learned [None] token, slot s >= 1 holds the token at position order[s-1], and
-slot s predicts the token at position order[s]. Array names carry their shapes: B batch, T slots,
-W slots of a decode chunk, D width, C conditioning width, H heads, K head dim, V vocab, L layers.
+slot s predicts the token at position order[s]. Array names carry their shapes in the letters of
+docs/design.md ("Shape letters"): B batch, T slots, t the first t <= T slots, W slots of a decode
+chunk, P cache prefix read, D width, C conditioning width, J modulation vectors, H heads, K head
+dim, V vocab, L layers.
 
 AO-GPT's conditioning `cond` is a pair (c_TC, target_BW): silu of the target-position embedding
 table and each slot's target position. An AdaLN layer's output depends on the target position
@@ -80,11 +83,11 @@ class Norm(nn.Module):
 
 
 def attention(q_BWHK, k_BWHK, v_BWHK, mask_WW, cache_k_BHTK=None, cache_v_BHTK=None,
-              cache_mask_WS=None):
-  """Softmax attention of W queries over W new keys and, when decoding, the first S cached keys.
+              cache_mask_WP=None):
+  """Softmax attention of W queries over W new keys and, when decoding, the first P cached keys.
 
-  The cache is heads-major ([B, H, T, K]) so that scoring it is a plain batched matmul; S is the
-  cache mask's length (cache_mask_WS), and reading the prefix here, inside the layer, lets XLA
+  The cache is heads-major ([B, H, T, K]) so that scoring it is a plain batched matmul; P is the
+  cache mask's length (cache_mask_WP), and reading the prefix here, inside the layer, lets XLA
   take it from the whole cache in one slice. The scores are split into the cache part and the
   new part so the cache is never concatenated.
   """
@@ -95,14 +98,14 @@ def attention(q_BWHK, k_BWHK, v_BWHK, mask_WW, cache_k_BHTK=None, cache_v_BHTK=N
   if cache_k_BHTK is None:
     p_BHWW = jax.nn.softmax(s_BHWW, axis=-1)
     return jnp.einsum("bhqs,bshk->bqhk", p_BHWW.astype(dtype), v_BWHK)
-  s = cache_mask_WS.shape[-1]
-  k_BHSK, v_BHSK = cache_k_BHTK[:, :, :s], cache_v_BHTK[:, :, :s]
+  prefix = cache_mask_WP.shape[-1]
+  k_BHPK, v_BHPK = cache_k_BHTK[:, :, :prefix], cache_v_BHTK[:, :, :prefix]
   q_BHWK = q_BWHK.transpose(0, 2, 1, 3)
-  s_BHWS = jnp.einsum("bhqk,bhsk->bhqs", q_BHWK, k_BHSK.astype(dtype)).astype(jnp.float32)
-  s_BHWS = jnp.where(cache_mask_WS, s_BHWS * scale, -jnp.inf)
-  p = jax.nn.softmax(jnp.concatenate([s_BHWS, s_BHWW], axis=-1), axis=-1).astype(dtype)
-  out_BHWK = jnp.einsum("bhqs,bhsk->bhqk", p[..., :s], v_BHSK.astype(dtype))
-  return out_BHWK.transpose(0, 2, 1, 3) + jnp.einsum("bhqs,bshk->bqhk", p[..., s:], v_BWHK)
+  s_BHWP = jnp.einsum("bhqk,bhsk->bhqs", q_BHWK, k_BHPK.astype(dtype)).astype(jnp.float32)
+  s_BHWP = jnp.where(cache_mask_WP, s_BHWP * scale, -jnp.inf)
+  p = jax.nn.softmax(jnp.concatenate([s_BHWP, s_BHWW], axis=-1), axis=-1).astype(dtype)
+  out_BHWK = jnp.einsum("bhqs,bhsk->bhqk", p[..., :prefix], v_BHPK.astype(dtype))
+  return out_BHWK.transpose(0, 2, 1, 3) + jnp.einsum("bhqs,bshk->bqhk", p[..., prefix:], v_BWHK)
 
 
 class Dense(nn.Module):
@@ -129,16 +132,16 @@ class Dense(nn.Module):
 
 
 def per_slot(dense: nn.Module, cond: tuple) -> list:
-  """dense(c) ([.., N, D]) for each slot's target position, as N arrays [B, W, D].
+  """dense(c) ([.., J, D]) for each slot's target position, as J arrays [B, W, D].
 
   Gathered from the table one part at a time, so that XLA fuses each gather into its consumer.
   """
   c_TC, target_BW = cond
   if target_BW.size > c_TC.shape[0]:
-    mod_TND = dense(c_TC)
-    return [jnp.take(mod_TND[:, i], target_BW, axis=0) for i in range(mod_TND.shape[1])]
-  mod_BWND = dense(jnp.take(c_TC, target_BW, axis=0))
-  return [mod_BWND[:, :, i] for i in range(mod_BWND.shape[2])]
+    mod_TJD = dense(c_TC)
+    return [jnp.take(mod_TJD[:, i], target_BW, axis=0) for i in range(mod_TJD.shape[1])]
+  mod_BWJD = dense(jnp.take(c_TC, target_BW, axis=0))
+  return [mod_BWJD[:, :, i] for i in range(mod_BWJD.shape[2])]
 
 
 class Block(nn.Module):
@@ -258,7 +261,7 @@ class AOGPT(nn.Module):
   def __call__(self, tokens_BT, order_BT):
     """Training forward: logits where slot s predicts the token at position order[s].
 
-    The order may stop early (L <= T slots, e.g. to score a target without later slots).
+    The order may stop early (t <= T slots, e.g. to score a target without later slots).
     """
     if tokens_BT.ndim != 2 or tokens_BT.shape[1] > self.cfg.block_size:
       raise ValueError(f"tokens have shape {tuple(tokens_BT.shape)}; expected [batch, T] with "
@@ -286,11 +289,11 @@ def slot_labels(tokens_BT: jax.Array, order_BT: jax.Array) -> jax.Array:
   return jnp.take_along_axis(tokens_BT, order_BT, axis=1)
 
 
-def slot_nll(model: AOGPT, params: Any, tokens_BT: jax.Array, order_BL: jax.Array) -> jax.Array:
-  """[B, L] float32 NLL of each slot's target, from integer labels (no one-hot over V)."""
-  logits_BLV = model.apply({"params": params}, tokens_BT, order_BL)
+def slot_nll(model: AOGPT, params: Any, tokens_BT: jax.Array, order_Bt: jax.Array) -> jax.Array:
+  """[B, t] float32 NLL of each slot's target, from integer labels (no one-hot over V)."""
+  logits_BtV = model.apply({"params": params}, tokens_BT, order_Bt)
   return optax.softmax_cross_entropy_with_integer_labels(
-      logits_BLV, slot_labels(tokens_BT, order_BL))
+      logits_BtV, slot_labels(tokens_BT, order_Bt))
 
 
 EMBEDDINGS = ("token_embed", "pos_embed", "none_embed", "target_embed")

@@ -1,4 +1,4 @@
-"""Generation orders (DESIGN.md section 3), sampled on device from a jax.random key."""
+"""Generation orders (docs/design.md, "Orders and evaluation"), sampled on device from a key."""
 import functools
 import json
 import os

@@ -1,4 +1,7 @@
-"""Device mesh, logical axis rules, host-local <-> global arrays, a device's matmul peak (DESIGN 5)."""
+"""Device mesh, logical axis rules, host-local <-> global arrays, a device's matmul peak.
+
+docs/design.md, "Sharding", has the mesh axes and the default rules.
+"""
 import os
 import time
 from typing import Any, Optional, Sequence
@@ -77,9 +80,9 @@ def data_parallel_size(mesh: Mesh, axis_rules: tuple) -> int:
   return int(np.prod([mesh.shape[a] for a in axes]))
 
 
-def global_batch(local_BT: np.ndarray, sharding: NamedSharding) -> jax.Array:
+def global_batch(local_bT: np.ndarray, sharding: NamedSharding) -> jax.Array:
   """Assemble the global batch from each process's local rows."""
-  return jax.make_array_from_process_local_data(sharding, local_BT)
+  return jax.make_array_from_process_local_data(sharding, local_bT)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -1,9 +1,10 @@
-"""Import of reference PyTorch checkpoints (scxue/AO-GPT-MDM, a nanoGPT fork; DESIGN.md section 7).
+"""Import of reference PyTorch checkpoints (scxue/AO-GPT-MDM, a nanoGPT fork).
 
 A reference checkpoint is a `torch.save` dict with `model` (state dict), `ema_model`
 ({decay, num_updates, shadow_params}: a list in `model.parameters()` order), `model_args`,
 `optimizer`, `iter_num` and `config`. `import_torch` maps it onto our parameter tree and writes
 an export (`<out>/0/{params, config}`); `to_torch_state_dict` is the inverse (reference layout).
+docs/checkpoints.md has the key mapping; docs/design.md, "Checkpoints", the formats.
 """
 import os
 import re
@@ -101,7 +102,7 @@ def _to_ours(row: _Row, w: np.ndarray, cfg: ml_collections.ConfigDict) -> np.nda
     return w.reshape(3, h, d // h)
   if row.conv == "attn_out":  # [D, D] with input (head, head dim) -> [H, K, D]
     return w.T.reshape(h, d // h, d)
-  if row.conv == "mod":  # [n D, C], chunks along the output -> [C, n, D]
+  if row.conv == "mod":  # [J D, C], J chunks along the output -> [C, J, D]
     return w.reshape(-1, d, w.shape[-1]).transpose(2, 0, 1)
   if row.conv == "mod_bias":
     return w.reshape(-1, d)

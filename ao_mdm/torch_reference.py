@@ -5,10 +5,11 @@ The one PyTorch forward of the project: the import tests check our key mapping a
 parameters carry the authors' state-dict names (scxue/AO-GPT-MDM) and are loaded from our params
 with `torch_import.to_torch_state_dict`, so both sides start from the same weights.
 
-Like the authors' model it runs T+1 slots: slot 0 is the [None] token, slot s >= 1 holds the
-token at order[s-1] and predicts the token at order[s]; the last slot has no target and its
-output is dropped. The forward covers both variants; the training step (`Trainer`) is for
-AO-GPT (`variant="ao"`) only. Needs the `[torch]` extra: import this module lazily.
+Like the authors' model it runs T+1 slots (X in array names, docs/design.md "Shape letters"):
+slot 0 is the [None] token, slot s >= 1 holds the token at order[s-1] and predicts the token at
+order[s]; the last slot has no target and its output is dropped. The forward covers both
+variants; the training step (`Trainer`) is for AO-GPT (`variant="ao"`) only. Needs the `[torch]`
+extra: import this module lazily.
 """
 import math
 import time
@@ -51,10 +52,10 @@ class Attention(nn.Module):
       self.q_norm = _norm(cfg, d // self.n_head)
       self.k_norm = _norm(cfg, d // self.n_head)
 
-  def forward(self, x_BSD: torch.Tensor) -> torch.Tensor:
-    b, s, d = x_BSD.shape
-    q, k, v = [z.view(b, s, self.n_head, d // self.n_head).transpose(1, 2)  # [B, H, S, K]
-               for z in self.c_attn(x_BSD).split(d, dim=2)]
+  def forward(self, x_BXD: torch.Tensor) -> torch.Tensor:
+    b, s, d = x_BXD.shape
+    q, k, v = [z.view(b, s, self.n_head, d // self.n_head).transpose(1, 2)  # [B, H, X, K]
+               for z in self.c_attn(x_BXD).split(d, dim=2)]
     if hasattr(self, "q_norm"):
       q, k = self.q_norm(q), self.k_norm(k)
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -83,13 +84,13 @@ class Block(nn.Module):
     if cfg.variant == "ao":
       self.adaLN = _adaln(cfg, 6)  # pylint: disable=invalid-name  (the authors' key)
 
-  def forward(self, x_BSD: torch.Tensor, c_BSC: torch.Tensor) -> torch.Tensor:
+  def forward(self, x_BXD: torch.Tensor, c_BXC: torch.Tensor) -> torch.Tensor:
     if not hasattr(self, "adaLN"):
-      x_BSD = x_BSD + self.attn(self.ln_1(x_BSD))
-      return x_BSD + self.mlp(self.ln_2(x_BSD))
-    shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN(c_BSC).chunk(6, dim=-1)
-    x_BSD = x_BSD + gate1 * self.attn(self.ln_1(x_BSD) * (1 + scale1) + shift1)
-    return x_BSD + gate2 * self.mlp(self.ln_2(x_BSD) * (1 + scale2) + shift2)
+      x_BXD = x_BXD + self.attn(self.ln_1(x_BXD))
+      return x_BXD + self.mlp(self.ln_2(x_BXD))
+    shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN(c_BXC).chunk(6, dim=-1)
+    x_BXD = x_BXD + gate1 * self.attn(self.ln_1(x_BXD) * (1 + scale1) + shift1)
+    return x_BXD + gate2 * self.mlp(self.ln_2(x_BXD) * (1 + scale2) + shift2)
 
 
 class FinalLayer(nn.Module):
@@ -100,9 +101,9 @@ class FinalLayer(nn.Module):
     self.ln_f = _norm(cfg, cfg.n_embd)
     self.adaLN_final = _adaln(cfg, 2)  # pylint: disable=invalid-name  (the authors' key)
 
-  def forward(self, x_BSD: torch.Tensor, c_BSC: torch.Tensor) -> torch.Tensor:
-    shift, scale = self.adaLN_final(c_BSC).chunk(2, dim=-1)
-    return self.ln_f(x_BSD) * (1 + scale) + shift
+  def forward(self, x_BXD: torch.Tensor, c_BXC: torch.Tensor) -> torch.Tensor:
+    shift, scale = self.adaLN_final(c_BXC).chunk(2, dim=-1)
+    return self.ln_f(x_BXD) * (1 + scale) + shift
 
 
 class TorchAOGPT(nn.Module):
@@ -134,14 +135,14 @@ class TorchAOGPT(nn.Module):
                     dim=1)
     pos = torch.cat([w.wpe.weight[:1].expand(b, 1, -1), w.wpe(orders_BT + 1)], dim=1)
     target = w.wtpe(orders_BT)
-    c_BSC = torch.cat([target, torch.zeros_like(target[:, :1])], dim=1)  # the last slot: none
-    x_BSD = tok + pos
+    c_BXC = torch.cat([target, torch.zeros_like(target[:, :1])], dim=1)  # the last slot: none
+    x_BXD = tok + pos
     if self.cfg.variant == "sigma":
-      x_BSD = x_BSD + c_BSC
+      x_BXD = x_BXD + c_BXC
     for block in w.h:
-      x_BSD = block(x_BSD, c_BSC)
-    x_BSD = w.final_layer(x_BSD, c_BSC) if self.cfg.variant == "ao" else w.ln_f(x_BSD)
-    return self.lm_head(x_BSD)
+      x_BXD = block(x_BXD, c_BXC)
+    x_BXD = w.final_layer(x_BXD, c_BXC) if self.cfg.variant == "ao" else w.ln_f(x_BXD)
+    return self.lm_head(x_BXD)
 
 
 def from_params(params: Any, config: ml_collections.ConfigDict) -> TorchAOGPT:

@@ -1,4 +1,4 @@
-"""The jitted train and eval steps and the training loop (DESIGN.md section 5)."""
+"""The jitted train and eval steps and the training loop (docs/design.md, "Training")."""
 import dataclasses
 import json
 import math

@@ -1,4 +1,4 @@
-"""The model against the facts of DESIGN.md section 2: sizes, causality in order space, slots."""
+"""The model against docs/design.md, "The model": sizes, causality in order space, slots."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp

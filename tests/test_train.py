@@ -99,7 +99,7 @@ def test_bad_train_configs(data_dir, tmp_path):
 
 
 # The authors decay exactly their >= 2-D tensors (configure_optimizers: p.dim() >= 2). Written out
-# by hand from their parameter list (DESIGN.md section 7), not recomputed by our rule.
+# by hand from their parameter list (docs/checkpoints.md), not recomputed by our rule.
 DECAYED = {
     "ao": {"token_embed", "pos_embed", "none_embed", "target_embed", "blocks/adaln/kernel",
            "blocks/qkv/kernel", "blocks/attn_out/kernel", "blocks/mlp_in/kernel",

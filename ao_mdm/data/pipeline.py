@@ -95,7 +95,8 @@ class ShuffledBatches(grain.MapDataset):
 def train_iterator(blocks: prepared.Blocks, *, global_batch_size: int, seed: int,
                    process_index: Optional[int] = None,
                    process_count: Optional[int] = None) -> grain.DatasetIterator:
-  """An endless, seeded, checkpointable iterator of this process's int32 [B/P, T] batches.
+  """An endless, seeded, checkpointable iterator of this process's int32 [b, T] batches
+  (b = global_batch_size / process_count).
 
   Blocks are shuffled globally with `seed`, a new order every epoch; the processes' shards are
   disjoint and together cover each epoch but for fewer than P blocks (ShuffledBatches). The
