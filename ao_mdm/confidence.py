@@ -81,15 +81,15 @@ def decoder(cfg_json: str, counts: tuple, score: str, use_filter: bool, top_p_ru
       logits_BUV = model.apply({"params": params}, hidden[:, r_width:], q_cond, method="logits")
       conf_BU = jnp.where(jnp.arange(u_width)[None, :] < t - n, confidence_score(logits_BUV, score),
                           -jnp.inf)
-      rank_BM = jnp.argsort(-conf_BU, axis=1, stable=True)[:, :m_width]  # ties: lower position
+      rank_BA = jnp.argsort(-conf_BU, axis=1, stable=True)[:, :m_width]  # ties: lower position
       picked = draw.tokens(jax.random.fold_in(key, i), jnp.take_along_axis(
-          logits_BUV, rank_BM[..., None], axis=1).reshape(b * m_width, -1)).reshape(b, m_width)
+          logits_BUV, rank_BA[..., None], axis=1).reshape(b * m_width, -1)).reshape(b, m_width)
       live = jnp.arange(m_width)[None, :] < m
-      pos_BM = jnp.where(live, jnp.take_along_axis(cand_BU, rank_BM, axis=1), t)
-      tokens_BT = tokens_BT.at[rows_B1, pos_BM].set(picked, mode="drop")
-      known_BT = known_BT.at[rows_B1, pos_BM].set(True, mode="drop")
-      slot_BM = jnp.where(live, n + jnp.arange(m_width)[None, :], t)
-      order_BT = order_BT.at[rows_B1, slot_BM].set(pos_BM, mode="drop")
+      pos_BA = jnp.where(live, jnp.take_along_axis(cand_BU, rank_BA, axis=1), t)
+      tokens_BT = tokens_BT.at[rows_B1, pos_BA].set(picked, mode="drop")
+      known_BT = known_BT.at[rows_B1, pos_BA].set(True, mode="drop")
+      slot_BA = jnp.where(live, n + jnp.arange(m_width)[None, :], t)
+      order_BT = order_BT.at[rows_B1, slot_BA].set(pos_BA, mode="drop")
       return tokens_BT, known_BT, order_BT, cache
 
     carry = (jnp.where(known_BT, tokens_BT, 0), known_BT, order_BT, cache)

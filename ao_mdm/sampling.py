@@ -102,9 +102,9 @@ def decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_ca
     def step(i, carry, cache_len):
       tokens_BT, cache, logits_BTV = carry
       n, n_next, c = counts[i], counts[i + 1], starts[i]
-      real_W = c + jnp.arange(w_r)
-      slots_W = jnp.concatenate([jnp.minimum(real_W, n), jnp.full((w_p,), n)])
-      targets_W = jnp.minimum(jnp.concatenate([real_W, n + 1 + jnp.arange(w_p)]), t - 1)
+      real_R = c + jnp.arange(w_r)
+      slots_W = jnp.concatenate([jnp.minimum(real_R, n), jnp.full((w_p,), n)])
+      targets_W = jnp.minimum(jnp.concatenate([real_R, n + 1 + jnp.arange(w_p)]), t - 1)
       prev_tok, prev_pos = decoding.slot_inputs(tokens_BT, order_BT,
                                                 jnp.broadcast_to(slots_W, (b, w_r + w_p)))
       target_pos = jnp.take(order_BT, targets_W, axis=1)
@@ -114,7 +114,7 @@ def decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_ca
       else:
         hidden, cond, kv = apply(prev_tok, prev_pos, target_pos, None, {"new": masks["new"]})
       if use_cache:  # the real slots' K/V join the cache; padding rows are dropped
-        cache = decoding.write_cache(cache, kv, jnp.where(real_W <= n, real_W, t))
+        cache = decoding.write_cache(cache, kv, jnp.where(real_R <= n, real_R, t))
       rows_Q = jnp.concatenate([(n - c)[None], w_r + jnp.arange(w_p)])  # slot n, then phantoms
       h_BQD = jnp.take(hidden, rows_Q, axis=1)
       cond_Q = None if cond is None else (cond[0], jnp.take(cond[1], rows_Q, axis=1))

@@ -65,14 +65,14 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
     k_loop, k_first = jax.random.split(key)
 
     def body(carry):
-      tokens_BT, cache, n_B, drafts_BK, q_BKV, it, stats = carry
+      tokens_BT, cache, n_B, drafts_BG, q_BGV, it, stats = carry
       m_B = jnp.clip(t - n_B, 0, k)  # drafts that fall inside the sequence
       step_key = jax.random.fold_in(k_loop, it)
       k_accept, k_fix, k_draft = jax.random.split(step_key, 3)
       # Inputs of the real slots n..n+k: the last known token, then the drafts.
       slot_BW = n_B[:, None] + base_W[None, :]
       prev_tok_BW, prev_pos_BW = decoding.slot_inputs(tokens_BT, order_BT, slot_BW)
-      draft_in_BW = jnp.take_along_axis(drafts_BK, jnp.clip(base_W - 1, 0, k - 1)[None, :]
+      draft_in_BW = jnp.take_along_axis(drafts_BG, jnp.clip(base_W - 1, 0, k - 1)[None, :]
                                         .repeat(b, 0), axis=1)
       prev_tok_BW = jnp.where(base_W[None, :] > 0, draft_in_BW, prev_tok_BW)
       target_BW = jnp.take_along_axis(order_BT, jnp.minimum(slot_BW + ahead_W, t - 1), axis=1)
@@ -82,42 +82,42 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
       probs_BWV = probs(model.apply({"params": params}, hidden, cond, method="logits"))
       p_BRV = probs_BWV[:, :k + 1]  # L2R conditionals at slots n..n+k
       # Verify: accept the longest prefix of drafts, each with probability min(1, p/q).
-      p_d = jnp.take_along_axis(p_BRV[:, :k], drafts_BK[..., None], axis=2)[..., 0]
-      q_d = jnp.take_along_axis(q_BKV, drafts_BK[..., None], axis=2)[..., 0]
-      u_BK = jax.random.uniform(k_accept, (b, k))
-      greedy_ok = drafts_BK == decoding.first_argmax(p_BRV[:, :k])
-      ok_BK = jnp.where(temperature > 0, u_BK * q_d < p_d, greedy_ok) | (not verify)
-      ok_BK &= jnp.arange(k)[None, :] < m_B[:, None]
-      a_B = jnp.sum(jnp.cumprod(ok_BK.astype(jnp.int32), axis=1), axis=1)
+      p_d = jnp.take_along_axis(p_BRV[:, :k], drafts_BG[..., None], axis=2)[..., 0]
+      q_d = jnp.take_along_axis(q_BGV, drafts_BG[..., None], axis=2)[..., 0]
+      u_BG = jax.random.uniform(k_accept, (b, k))
+      greedy_ok = drafts_BG == decoding.first_argmax(p_BRV[:, :k])
+      ok_BG = jnp.where(temperature > 0, u_BG * q_d < p_d, greedy_ok) | (not verify)
+      ok_BG &= jnp.arange(k)[None, :] < m_B[:, None]
+      a_B = jnp.sum(jnp.cumprod(ok_BG.astype(jnp.int32), axis=1), axis=1)
       # P(first draft accepted) = sum_x min(p, q): the drafts' quality, without sampling noise.
-      overlap_B = jnp.sum(jnp.minimum(p_BRV[:, 0], q_BKV[:, 0]), axis=-1)
+      overlap_B = jnp.sum(jnp.minimum(p_BRV[:, 0], q_BGV[:, 0]), axis=-1)
       # The token after the accepted drafts: from the residual after a rejection, else from p.
       p_a = jnp.take_along_axis(p_BRV, a_B[:, None, None], axis=1)[:, 0]
-      q_a = jnp.take_along_axis(q_BKV, jnp.minimum(a_B, k - 1)[:, None, None], axis=1)[:, 0]
+      q_a = jnp.take_along_axis(q_BGV, jnp.minimum(a_B, k - 1)[:, None, None], axis=1)[:, 0]
       resid = jnp.maximum(p_a - jnp.where((a_B < m_B)[:, None], q_a, 0.0), 0.0)
       resid = jnp.where(jnp.sum(resid, -1, keepdims=True) > 0, resid, p_a)
       fix_B = jnp.where(temperature > 0, decoding.draw_from_probs(k_fix, resid),
                         decoding.first_argmax(p_a))
       # Write the accepted drafts and the new token at order[n .. n+a].
-      j_K1 = jnp.arange(k + 1)[None, :]
-      new_tok = jnp.where(j_K1 < a_B[:, None], jnp.pad(drafts_BK, ((0, 0), (0, 1))),
+      j_1R = jnp.arange(k + 1)[None, :]
+      new_tok = jnp.where(j_1R < a_B[:, None], jnp.pad(drafts_BG, ((0, 0), (0, 1))),
                           fix_B[:, None])
-      slot_new = n_B[:, None] + j_K1
-      live = (j_K1 <= a_B[:, None]) & (slot_new < t)
+      slot_new = n_B[:, None] + j_1R
+      live = (j_1R <= a_B[:, None]) & (slot_new < t)
       pos_new = jnp.where(live, jnp.take_along_axis(order_BT, jnp.minimum(slot_new, t - 1), 1), t)
       tokens_BT = tokens_BT.at[rows_B1, pos_new].set(new_tok, mode="drop")
       # Real slots n..n+a had correct inputs: their K/V join the cache.
       cache = decoding.write_cache(cache, kv, jnp.where(live, slot_new, t))
       # Drafts and proposals for positions n+1..n+2k: the old drafts, real slot n+k's
       # conditional, the phantoms; positions n+a+1..n+a+k are the next drafts.
-      cand_q = jnp.concatenate([q_BKV, probs_BWV[:, k:]], axis=1)
+      cand_q = jnp.concatenate([q_BGV, probs_BWV[:, k:]], axis=1)
       drawn = decoding.draw_from_probs(k_draft, probs_BWV[:, k:].reshape(b * (k + 1), -1))
       fresh = jnp.where(temperature > 0, drawn.reshape(b, -1),
                         decoding.first_argmax(probs_BWV[:, k:]))
-      cand_tok = jnp.concatenate([drafts_BK, fresh], axis=1)
-      next_BK = a_B[:, None] + 1 + jnp.arange(k)[None, :]
-      drafts_next = jnp.take_along_axis(cand_tok, next_BK, axis=1)
-      q_next = jnp.take_along_axis(cand_q, next_BK[..., None], axis=1)
+      cand_tok = jnp.concatenate([drafts_BG, fresh], axis=1)
+      next_BG = a_B[:, None] + 1 + jnp.arange(k)[None, :]
+      drafts_next = jnp.take_along_axis(cand_tok, next_BG, axis=1)
+      q_next = jnp.take_along_axis(cand_q, next_BG[..., None], axis=1)
       done_before = n_B >= t
       n_next = jnp.where(done_before, n_B, n_B + a_B + 1)
       first = (m_B > 0) & ~done_before  # a first draft was verified
@@ -132,10 +132,10 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
     zeros_B = jnp.zeros((b,), jnp.int32)
     # First drafts: uniform over the allowed ids (a poor but exact proposal).
     limit = cfg.vocab_size if vocab_limit is None else vocab_limit
-    drafts_BK = jax.random.randint(k_first, (b, k), 0, limit)
-    q_BKV = jnp.broadcast_to(jnp.where(jnp.arange(cfg.vocab_size) < limit, 1.0 / limit, 0.0),
+    drafts_BG = jax.random.randint(k_first, (b, k), 0, limit)
+    q_BGV = jnp.broadcast_to(jnp.where(jnp.arange(cfg.vocab_size) < limit, 1.0 / limit, 0.0),
                              (b, k, cfg.vocab_size))
-    carry = (tokens_BT, cache, jnp.full((b,), known, jnp.int32), drafts_BK, q_BKV, jnp.int32(0),
+    carry = (tokens_BT, cache, jnp.full((b,), known, jnp.int32), drafts_BG, q_BGV, jnp.int32(0),
              {"forwards": zeros_B, "accepted": zeros_B, "first_drafts": zeros_B,
               "first_accepted": zeros_B, "first_overlap": jnp.zeros((b,), jnp.float32)})
     carry = jax.lax.while_loop(lambda c: jnp.any(c[2] < t), body, carry)
