@@ -31,7 +31,9 @@ RECIPE = dict(
     b1=0.9,  # train_AOGPT_CL.py: beta1
     b2=0.95,  # configs: beta2
     grad_clip=1.0,  # train_AOGPT_CL.py: grad_clip
-    ema_decay=0.9999,  # configs: ema_rate = 1 - 1e-4 (ema.py itself is not in the repository)
+    # configs: ema_rate = 1 - 1e-4; ema.py's update rule, warm-up min(rate, (1+n)/(10+n)),
+    # is ours (train.make_train_step).
+    ema_decay=0.9999,
     log_every=100, checkpoint_every=10_000, eval_every=2500, eval_batches=16,
 )
 
