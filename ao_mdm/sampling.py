@@ -24,21 +24,37 @@ ORDER_MODES = ("random", "l2r")
 
 
 def schedule_counts(t: int, known: int, steps: int, schedule: str) -> np.ndarray:
-  """Cumulative known counts n_0 = P, ..., n_S = T after each of S steps."""
+  """Cumulative known counts n_0 = P, ..., n_S = T after each of S steps, as the authors count.
+
+  Their model_AOGPT_generate.py (`generate`, `cond_generate`): time = torch.linspace(1, 0, S + 1)
+  in float32, cosine maps it to cos((1 - time) * pi * 0.5), and step i reveals up to
+  n_i = max(P + int((T - P) * (1 - time_i)), n_{i-1} + 1), every operation in float32 and int()
+  truncating; T is our block_size where they write 1024. With P = 0 this is their `generate`.
+  """
   if schedule not in SCHEDULES:
     raise ValueError(f"schedule={schedule!r}; accepted: {', '.join(SCHEDULES)}")
   if not 0 <= known < t:
     raise ValueError(f"{known} known tokens leave nothing to generate in T={t} positions")
   if not 1 <= steps <= t - known:
     raise ValueError(f"steps={steps} must be in [1, {t - known}] (the number of unknown tokens)")
-  time = np.linspace(1.0, 0.0, steps + 1)
-  frac = time if schedule == "linear" else np.cos((1.0 - time) * np.pi / 2)
+  f32 = np.float32
+  # torch.linspace(1, 0, S + 1) in float32: step = -1 / S; the first half of the points is
+  # 1 + step * j as one fused multiply-add (exact in float64, then one rounding), the second half
+  # 0 - step * (S - j) (equal to torch's values for every S up to 4096, checked on its CPU kernel).
+  j = np.arange(steps + 1)
+  step = np.float64(f32(-1.0) / f32(steps))
+  time = np.where(j < (steps + 1) // 2, (step * j + 1.0).astype(f32),
+                  (-(step * (steps - j))).astype(f32))
+  if schedule == "cosine":  # the argument in float32, its cosine rounded from float64
+    time = np.cos((((f32(1) - time) * f32(np.pi)) * f32(0.5)).astype(np.float64)).astype(f32)
+  # (T - P) * (1 - time_i) in float32, truncated as int() does (the values are >= 0).
+  reached = known + (f32(t - known) * (f32(1) - time[1:])).astype(np.int64)
   counts = [known]
-  for i in range(1, steps + 1):
-    # + 1e-9: the floor of the exact value (float64 makes 27 * (1 - 2/3) 8.999...).
-    exact = known + int(np.floor((t - known) * (1.0 - frac[i]) + 1e-9))
-    counts.append(max(exact, counts[-1] + 1))
-  counts[-1] = t
+  for n in reached.tolist():  # at least one new token per step
+    counts.append(max(n, counts[-1] + 1))
+  # time_S is 0 (or cos(pi/2) ~ -4e-8, 1.0 after the float32 subtraction): n_S = T; and for
+  # S <= T - P no earlier step reaches T (checked for every P and S with T up to 1024).
+  assert counts[-1] == t, (t, known, steps, schedule, counts)
   return np.asarray(counts, np.int32)
 
 
