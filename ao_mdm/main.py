@@ -88,7 +88,9 @@ def _define_flags() -> None:
                     "exceeds top_p, keeping the most likely (the authors' catsample.py); nucleus = "
                     "keep the smallest set whose probability reaches top_p.")
   flags.DEFINE_integer("top_k", 0, "sample: keep the k most likely tokens; 0 is off.")
-  flags.DEFINE_enum("order", "random", ["random", "l2r"], "sample: order of the unknown tokens.")
+  flags.DEFINE_enum("order", None, ["random", "l2r"],
+                    "sample: order of the unknown tokens; default: l2r after --prompt or "
+                    "--infill (as the authors' cond_generate), random without.")
   flags.DEFINE_integer("num_samples", 4, "sample: how many samples.")
   flags.DEFINE_integer("batch_size", 4, "sample: samples per batch; eval: blocks per batch.")
   flags.DEFINE_integer("seed", 0, "Random seed.")
@@ -366,10 +368,10 @@ def _sample() -> None:
       how = (f"speculative L2R, draft {FLAGS.draft}: {r['forwards']} forwards, "
              f"{r['accepted']} drafts accepted" if FLAGS.mode == "speculative" else
              f"steps={r['steps']}, "
-             f"{'confidence' if FLAGS.mode == 'confidence' else FLAGS.order} order")
+             f"{r.get('order', FLAGS.mode)} order")
       bar.write(f"--- sample {i} ({how}) ---\n{shown}\n")
       out.write(json.dumps({**r, "tokenizer": config.data.tokenizer, **settings,
-                            "steps": r.get("steps")}) + "\n")
+                            "steps": r.get("steps"), "order": r.get("order")}) + "\n")
       out.flush()
       written[0] += 1
   if partial:

@@ -270,10 +270,19 @@ class SampleOutput:
   stats: Optional[dict] = None  # mode-specific counts (speculative: forwards, accepted per row)
 
 
+def default_order(order: Optional[str], num_known: int) -> str:
+  """`order`, or for None the authors' choice: with known tokens (a prompt or infill context)
+  the unknown positions left to right, as their `cond_generate` (its random permutation is
+  commented out); without, a random order, as their `generate`."""
+  if order is None:
+    return "l2r" if num_known else "random"
+  return order
+
+
 def validate_sampling_args(steps: int, temperature: float, top_p: float, top_k: int,
-                           order: str, top_p_rule: str = "authors",
+                           order: Optional[str], top_p_rule: str = "authors",
                            schedule: str = "linear") -> None:
-  """One clear ValueError per bad sampling argument."""
+  """One clear ValueError per bad sampling argument (order None: default_order)."""
   if int(steps) < 1:
     raise ValueError(f"steps={steps} must be >= 1")
   if schedule not in SCHEDULES:
@@ -284,7 +293,7 @@ def validate_sampling_args(steps: int, temperature: float, top_p: float, top_k: 
     raise ValueError(f"top_p={top_p} must be in (0, 1]")
   if int(top_k) < 0:
     raise ValueError(f"top_k={top_k} must be >= 0 (0 is off)")
-  if order not in ORDER_MODES:
+  if order is not None and order not in ORDER_MODES:
     raise ValueError(f"order={order!r}; accepted: {', '.join(ORDER_MODES)}")
   if top_p_rule not in TOP_P_RULES:
     raise ValueError(f"top_p_rule={top_p_rule!r}; accepted: {', '.join(TOP_P_RULES)}")
@@ -328,18 +337,20 @@ def known_inputs(cfg: ml_collections.ConfigDict, batch: int, positions: Any, tok
 def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, steps: int,
            schedule: str = "linear", temperature: float = 1.0, top_p: float = 1.0,
            top_k: int = 0, seed: int = 0, known_positions: Any = (), known_tokens: Any = (),
-           order: str = "random", use_cache: bool = True, return_logits: bool = False,
+           order: Optional[str] = None, use_cache: bool = True, return_logits: bool = False,
            top_p_rule: str = "authors", vocab_limit: Optional[int] = None) -> SampleOutput:
   """Generate [batch_size, T] token ids in `steps` parallel steps (model config `cfg`).
 
   Known tokens (a prompt or infill context, shared by the batch) come first in the order and are
-  never changed; the rest are decoded at random or left to right. temperature=0 is greedy.
+  never changed; the rest are decoded at random or left to right (order="random" or "l2r"; None:
+  left to right with known tokens, random without, see default_order). temperature=0 is greedy.
   use_cache=False recomputes every real slot at every step (the encoder-only cost model).
   vocab_limit: the tokenizer's vocab size when the model's is padded; larger ids are never drawn.
   """
   validate_sampling_args(steps, temperature, top_p, top_k, order, top_p_rule, schedule)
   t = cfg.block_size
   tokens, mask = known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
+  order = default_order(order, int(mask[0].sum()))
   plan = Plan.make(schedule_counts(t, int(mask[0].sum()), int(steps), schedule), use_cache)
   decode = _decoder(cfg.to_json(), plan, order, top_p < 1 or top_k > 0, use_cache, return_logits,
                     top_p_rule, vocab_limit)

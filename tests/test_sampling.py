@@ -177,6 +177,25 @@ def test_schedule_counts_and_fill(schedule, known):
   assert np.all(np.isin(out.order[:, :known], positions))  # known positions come first
 
 
+def test_default_order_is_l2r_with_known_tokens_and_random_without():
+  """The authors' choices: cond_generate appends the missing positions in ascending order (its
+  randperm line commented out), generate draws a random permutation."""
+  cfg, params = cached_model("ao")
+  known = [3, 9, 10]
+  out = sampling.sample(params, cfg, batch_size=2, steps=4, known_positions=known,
+                        known_tokens=[1, 2, 3])
+  rest = np.setdiff1d(np.arange(T), known)
+  np.testing.assert_array_equal(out.order, np.broadcast_to(np.r_[known, rest], (2, T)))
+  free = sampling.sample(params, cfg, batch_size=2, steps=4).order
+  assert not np.any(np.all(free == np.arange(T), axis=1)) and not np.array_equal(free[0], free[1])
+  scrambled = sampling.sample(params, cfg, batch_size=2, steps=4, known_positions=known,
+                              known_tokens=[1, 2, 3], order="random").order
+  np.testing.assert_array_equal(scrambled[:, :3], np.broadcast_to(known, (2, 3)))
+  assert not np.array_equal(scrambled[0, 3:], rest)
+  assert sampling.default_order(None, 0) == "random" and sampling.default_order(None, 5) == "l2r"
+  assert sampling.default_order("random", 5) == "random"
+
+
 def test_every_unknown_position_filled_once():
   cfg, params = tiny_model(vocab=64)
   # A model whose every logit row is the same would hide a missed write; check the log instead.
@@ -245,7 +264,7 @@ def test_new_seed_does_not_recompile():
   kwargs = dict(batch_size=2, steps=8, known_positions=[0, 1], known_tokens=[1, 2])
   sampling.sample(params, cfg, seed=0, **kwargs)
   decoder = sampling._decoder(cfg.to_json(), sampling.Plan.make(
-      sampling.schedule_counts(T, 2, 8, "linear")), "random", False, True, False, "authors", None)
+      sampling.schedule_counts(T, 2, 8, "linear")), "l2r", False, True, False, "authors", None)
   before = decoder._cache_size()
   sampling.sample(params, cfg, seed=1, **kwargs)
   sampling.sample(params, cfg, seed=2, known_positions=[0, 1], known_tokens=[9, 9],
