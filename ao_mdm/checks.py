@@ -195,7 +195,7 @@ def sampling_options(steps, temperature: float, top_p: float, top_k: int, order:
     raise ValueError(f"top_p={top_p} must be in (0, 1]")
   if int(top_k) < 0:
     raise ValueError(f"top_k={top_k} must be >= 0 (0 is off)")
-  if order not in ORDERS:
+  if order is not None and order not in ORDERS:
     raise ValueError(f"order={order!r}; accepted: {', '.join(ORDERS)}")
   if top_p_rule not in TOP_P_RULES:
     raise ValueError(f"top_p_rule={top_p_rule!r}; accepted: {', '.join(TOP_P_RULES)}")

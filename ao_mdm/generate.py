@@ -27,7 +27,9 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
   used) as each batch finishes; `options` go to the mode's sampler: sampling.sample (parallel),
   speculative.sample (draft; the order is L2R, one token or more per forward) or
   confidence.sample (steps, score); options of another mode are ignored, unknown ones refused.
-  steps=None: DEFAULT_STEPS, or the number of unknown positions if fewer.
+  steps=None: DEFAULT_STEPS, or the number of unknown positions if fewer. order=None (parallel):
+  left to right after a prompt or infill, random without (sampling.default_order); the parallel
+  mode's records name the order used.
 
   Batch i uses seed + i * batch_size; ids beyond the tokenizer's vocab are never drawn.
   """
@@ -43,6 +45,8 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
                                          infill_span)
   if "steps" in options and options["steps"] is None:
     options["steps"] = min(DEFAULT_STEPS, cfg.block_size - len(positions))
+  if mode == "parallel":
+    options["order"] = sampling.default_order(options.get("order"), len(positions))
   batch_size = min(batch_size, num_samples)
   known = np.zeros(cfg.block_size, bool)
   known[positions] = True
@@ -57,6 +61,8 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
       record = {"text": text, "tokens": row.tolist()}
       if "steps" in options:
         record["steps"] = int(options["steps"])
+      if "order" in options:
+        record["order"] = options["order"]
       if out.stats:  # speculative: sequential forwards and draft counts of this sample
         record.update({k: v[i].item() for k, v in out.stats.items() if np.ndim(v)})
       if positions:
@@ -70,8 +76,7 @@ def describe(record: dict, mode: str, settings: dict) -> str:
   if mode == "speculative":
     return (f"speculative L2R, draft {settings['draft']}: {record['forwards']} forwards, "
             f"{record['accepted']} drafts accepted")
-  order = "confidence" if mode == "confidence" else settings["order"]
-  return f"steps={record['steps']}, {order} order"
+  return f"steps={record['steps']}, {record.get('order', mode)} order"
 
 
 def sample_command(checkpoint: str, weights: str, out: Optional[str], show: Callable,
@@ -102,7 +107,7 @@ def sample_command(checkpoint: str, weights: str, out: Optional[str], show: Call
         mode=mode, **options)):
       show(f"--- sample {i} ({describe(r, mode, settings)}) ---\n{r.get('marked', r['text'])}\n")
       f.write(json.dumps({**r, "tokenizer": config.data.tokenizer, **settings,
-                          "steps": r.get("steps")}) + "\n")
+                          "steps": r.get("steps"), "order": r.get("order")}) + "\n")
       f.flush()
       written[0] += 1
   if partial:

@@ -86,7 +86,9 @@ def define_flags() -> None:
                     "exceeds top_p, keeping the most likely (the authors' catsample.py); nucleus = "
                     "keep the smallest set whose probability reaches top_p.")
   flags.DEFINE_integer("top_k", 0, "sample: keep the k most likely tokens; 0 is off.")
-  flags.DEFINE_enum("order", "random", ["random", "l2r"], "sample: order of the unknown tokens.")
+  flags.DEFINE_enum("order", None, ["random", "l2r"],
+                    "sample: order of the unknown tokens; default: l2r after --prompt or "
+                    "--infill (as the authors' cond_generate), random without.")
   flags.DEFINE_integer("num_samples", 4, "sample: how many samples.")
   flags.DEFINE_integer("batch_size", 4, "sample: samples per batch; eval: blocks per batch.")
   flags.DEFINE_integer("seed", 0, "Random seed.")

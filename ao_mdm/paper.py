@@ -31,7 +31,9 @@ RECIPE = dict(
     b1=0.9,  # train_AOGPT_CL.py: beta1
     b2=0.95,  # configs: beta2
     grad_clip=1.0,  # train_AOGPT_CL.py: grad_clip
-    ema_decay=0.9999,  # configs: ema_rate = 1 - 1e-4 (ema.py itself is not in the repository)
+    # configs: ema_rate = 1 - 1e-4; ema.py's update rule, warm-up min(rate, (1+n)/(10+n)),
+    # is ours (train.make_train_step).
+    ema_decay=0.9999,
     log_every=100, checkpoint_every=10_000, eval_every=2500, eval_batches=16,
 )
 
@@ -44,8 +46,8 @@ NAMES = {
     "ao_medium": "AO-GPT Medium, mixed(0.9) orders: Tables 1 and 5",
     "ao_small_random": "AO-GPT Small, pure any-order (the authors' NoCL run): Tables 1 and 5",
     "ar_small": "L2R baseline, AO-GPT network, identity order: Table 1 (no authors' source)",
-    "sigma_small": "sigma-GPT Small, mixed(0.9) orders: Tables 1 and 5 (no authors' source)",
-    "sigma_medium": "sigma-GPT Medium, mixed(0.9) orders: Table 5 (no authors' source)",
+    "sigma_small": "sigma-GPT Small, random orders: Tables 1 and 5 (no authors' config)",
+    "sigma_medium": "sigma-GPT Medium, random orders: Table 5 (no authors' config)",
     "order_small_order1": "order study, the authors' fixed permutation order1: Fig. 2a",
     "order_small_order2": "order study, the authors' fixed permutation order2: Fig. 2a",
     "order_small_order3": "order study, the authors' fixed permutation order3: Fig. 2a",
@@ -71,6 +73,8 @@ def paper_config(name: str = "ao_small") -> ml_collections.ConfigDict:
   c.order.update(kind="mixed", random_ratio=0.9)
   if kind == "ar":
     c.order.kind = "l2r"
+  elif kind == "sigma":  # model_sigmaGPT.py: forward accepts mode 'AR' or 'Random' only (no
+    c.order.kind = "random"  # 'Random_CL', no random_ratio), so their baseline saw random orders
   elif rest == ["random"]:  # config ..._NoCL.py: random_ratio = 1.0, weight_decay = 3e-2
     c.order.random_ratio = 1.0
     c.train.weight_decay = 0.03

@@ -24,21 +24,37 @@ CACHE_BUCKETS = 4  # decode loops, each reading only the cache prefix its steps 
 
 
 def schedule_counts(t: int, known: int, steps: int, schedule: str) -> np.ndarray:
-  """Cumulative known counts n_0 = P, ..., n_S = T after each of S steps."""
+  """Cumulative known counts n_0 = P, ..., n_S = T after each of S steps, as the authors count.
+
+  Their model_AOGPT_generate.py (`generate`, `cond_generate`): time = torch.linspace(1, 0, S + 1)
+  in float32, cosine maps it to cos((1 - time) * pi * 0.5), and step i reveals up to
+  n_i = max(P + int((T - P) * (1 - time_i)), n_{i-1} + 1), every operation in float32 and int()
+  truncating; T is our block_size where they write 1024. With P = 0 this is their `generate`.
+  """
   if schedule not in checks.SCHEDULES:
     raise ValueError(f"schedule={schedule!r}; accepted: {', '.join(checks.SCHEDULES)}")
   if not 0 <= known < t:
     raise ValueError(f"{known} known tokens leave nothing to generate in T={t} positions")
   if not 1 <= steps <= t - known:
     raise ValueError(f"steps={steps} must be in [1, {t - known}] (the number of unknown tokens)")
-  time = np.linspace(1.0, 0.0, steps + 1)
-  frac = time if schedule == "linear" else np.cos((1.0 - time) * np.pi / 2)
+  f32 = np.float32
+  # torch.linspace(1, 0, S + 1) in float32: step = -1 / S; the first half of the points is
+  # 1 + step * j as one fused multiply-add (exact in float64, then one rounding), the second half
+  # 0 - step * (S - j) (equal to torch's values for every S up to 4096, checked on its CPU kernel).
+  j = np.arange(steps + 1)
+  step = np.float64(f32(-1.0) / f32(steps))
+  time = np.where(j < (steps + 1) // 2, (step * j + 1.0).astype(f32),
+                  (-(step * (steps - j))).astype(f32))
+  if schedule == "cosine":  # the argument in float32, its cosine rounded from float64
+    time = np.cos((((f32(1) - time) * f32(np.pi)) * f32(0.5)).astype(np.float64)).astype(f32)
+  # (T - P) * (1 - time_i) in float32, truncated as int() does (the values are >= 0).
+  reached = known + (f32(t - known) * (f32(1) - time[1:])).astype(np.int64)
   counts = [known]
-  for i in range(1, steps + 1):
-    # + 1e-9: the floor of the exact value (float64 makes 27 * (1 - 2/3) 8.999...).
-    exact = known + int(np.floor((t - known) * (1.0 - frac[i]) + 1e-9))
-    counts.append(max(exact, counts[-1] + 1))
-  counts[-1] = t
+  for n in reached.tolist():  # at least one new token per step
+    counts.append(max(n, counts[-1] + 1))
+  # time_S is 0 (or cos(pi/2) ~ -4e-8, 1.0 after the float32 subtraction): n_S = T; and for
+  # S <= T - P no earlier step reaches T (checked for every P and S with T up to 1024).
+  assert counts[-1] == t, (t, known, steps, schedule, counts)
   return np.asarray(counts, np.int32)
 
 
@@ -141,21 +157,32 @@ def decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_ca
   return jax.jit(run)
 
 
+def default_order(order: Optional[str], num_known: int) -> str:
+  """`order`, or for None the authors' choice: with known tokens (a prompt or infill context)
+  the unknown positions left to right, as their `cond_generate` (its random permutation is
+  commented out); without, a random order, as their `generate`."""
+  if order is None:
+    return "l2r" if num_known else "random"
+  return order
+
+
 def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, steps: int,
            schedule: str = "linear", temperature: float = 1.0, top_p: float = 1.0,
            top_k: int = 0, seed: int = 0, known_positions: Any = (), known_tokens: Any = (),
-           order: str = "random", use_cache: bool = True, return_logits: bool = False,
+           order: Optional[str] = None, use_cache: bool = True, return_logits: bool = False,
            top_p_rule: str = "authors", vocab_limit: Optional[int] = None) -> decoding.SampleOutput:
   """Generate [batch_size, T] token ids in `steps` parallel steps (model config `cfg`).
 
   Known tokens (a prompt or infill context, shared by the batch) come first in the order and are
-  never changed; the rest are decoded at random or left to right. temperature=0 is greedy.
+  never changed; the rest are decoded at random or left to right (order="random" or "l2r"; None:
+  left to right with known tokens, random without, see default_order). temperature=0 is greedy.
   use_cache=False recomputes every real slot at every step (the encoder-only cost model).
   vocab_limit: the tokenizer's vocab size when the model's is padded; larger ids are never drawn.
   """
   checks.sampling_options(steps, temperature, top_p, top_k, order, top_p_rule, schedule)
   t = cfg.block_size
   tokens, mask = decoding.known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
+  order = default_order(order, int(mask[0].sum()))
   plan = Plan.make(schedule_counts(t, int(mask[0].sum()), int(steps), schedule), use_cache)
   decode = decoder(cfg.to_json(), plan, order, top_p < 1 or top_k > 0, use_cache, return_logits,
                     top_p_rule, vocab_limit)

@@ -1,7 +1,9 @@
 """The paper's order and architecture findings at CPU scale (docs/reproducing.md): `configs/repro.py:NAME`.
 
 NAME: ar (L2R only), random (pure any-order, random_ratio=1.0), mixed (mixed(0.9), the paper's
-best), sigma (sigma-GPT with mixed(0.9)). Same model size, data and token budget for all four.
+best), sigma (sigma-GPT with mixed(0.9), so that it differs from mixed in the architecture only;
+the authors' sigma-GPT and configs/paper.py:sigma_* train random orders). Same model size, data
+and token budget for all four.
 """
 import ml_collections
 

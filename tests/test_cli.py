@@ -275,6 +275,8 @@ def test_sample_reads_the_run_quietly_and_writes_nothing_into_it(files, tmp_path
   assert len(records) == 2 and all(r["text"].startswith("The Congress") for r in records)
   assert all(r["marked"].startswith("The Congress[[") for r in records)
   assert "--- sample 1" in out.stdout and "The Congress[[" in out.stdout
+  # The unknown positions after a prompt go left to right unless --order says otherwise.
+  assert all(r["order"] == "l2r" for r in records) and "l2r order" in out.stdout
   assert os.listdir(path.parent) == ["samples.jsonl"]  # no .partial left
 
 
@@ -292,6 +294,7 @@ def test_sample_texts_library_call(files):
   assert len(records) == 3 and calls == [1, 1]
   for r in records:
     assert r["tokens"][:len(prompt_ids)] == prompt_ids
+    assert r["order"] == "l2r"  # the default after a prompt (the authors' cond_generate)
     assert len(r["tokens"]) == config.model.block_size and max(r["tokens"]) < tokenizer.vocab_size
 
 

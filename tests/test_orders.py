@@ -98,6 +98,10 @@ def test_paper_configs_build_and_validate():
     train.validate_train_config(c)
   study = paper.paper_config("order_small_order3")
   assert (study.order.kind, study.order.fixed) == ("fixed", "order3")
+  # model_sigmaGPT.forward takes mode 'AR' or 'Random' only: the authors' baseline saw random orders.
+  for name in ("sigma_small", "sigma_medium"):
+    assert paper.paper_config(name).order.kind == "random"
+  assert paper.paper_config("ao_small").order.to_dict()["random_ratio"] == 0.9
   # The order study stops at 20k steps of a 500k cosine: the lr has barely decayed at its end.
   lr = train_state.learning_rate_schedule(study.train)(study.train.num_steps)
   assert 0.99 * study.train.learning_rate < float(lr) < study.train.learning_rate

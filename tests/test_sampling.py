@@ -1,4 +1,6 @@
 """The cached parallel sampler against a naive sampler that reruns the training forward."""
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -100,17 +102,69 @@ def test_l2r_full_steps_is_autoregressive_decoding():
   np.testing.assert_array_equal(out.tokens, tokens)
 
 
+# By hand from the authors' formula (model_AOGPT_generate.py generate / cond_generate):
+# n_i = max(P + int((T - P) * (1 - time_i)), n_{i-1} + 1), time = linspace(1, 0, S + 1), cosine
+# time -> cos((1 - time) * pi * 0.5), all in float32. T = 16, S = 3:
+#   time = [1, 0.6666666, 0.33333334, 0] (1 - 1/3 = 0.66666665673... is a float32 tie, rounded to
+#   even: 0.66666663), so 1 - time_i = 0.33333337, 0.6666666, 1.
+#   linear P = 0: 16 * 0.33333337 = 5.333334 -> 5; 16 * 0.6666666 = 10.666666 -> 10.
+#   linear P = 4: 12 * 0.33333337 = 4.0000005 -> 4 + 4 = 8; 12 * 0.6666666 = 7.9999995 -> 4 + 7
+#     = 11 (exact arithmetic: 12).
+#   cosine: cos(0.52359885) = 0.8660254, 1 - c = 0.13397461; cos(1.0471975) = 0.50000006,
+#     1 - c = 0.49999994. P = 0: 2.1435938 -> 2, 7.999999 -> 7 (exact: 8); P = 4: 1.6076953
+#     -> 4 + 1 = 5, 5.999999 -> 4 + 5 = 9 (exact: 10).
+# T = 16, S = 8, cosine, P = 0: 16 (1 - cos(k pi / 16)) = 0.31, 1.22, 2.70, 4.69, 7.11, 9.88,
+#   12.88, 16: truncated 0, 1, 2, 4, 7, 9, 12, 16, and the one-token minimum lifts the first three
+#   to 1, 2, 3. P = 10, S = 6, cosine: every step is lifted to one token.
+BY_HAND = [  # (T, P, S, schedule, counts)
+    (16, 0, 3, "linear", [0, 5, 10, 16]),
+    (16, 4, 3, "linear", [4, 8, 11, 16]),
+    (16, 0, 3, "cosine", [0, 2, 7, 16]),
+    (16, 4, 3, "cosine", [4, 5, 9, 16]),
+    (16, 0, 8, "cosine", [0, 1, 2, 3, 4, 7, 9, 12, 16]),
+    (16, 0, 8, "linear", [0, 2, 4, 6, 8, 10, 12, 14, 16]),
+    (16, 10, 6, "cosine", [10, 11, 12, 13, 14, 15, 16]),
+    (16, 0, 1, "cosine", [0, 16]),
+    (16, 4, 1, "linear", [4, 16]),
+]
+
+
+@pytest.mark.parametrize("t,known,steps,schedule,counts", BY_HAND)
+def test_schedule_counts_by_hand(t, known, steps, schedule, counts):
+  np.testing.assert_array_equal(sampling.schedule_counts(t, known, steps, schedule), counts)
+
+
+def authors_counts(t, known, steps, schedule):
+  """The authors' counts, transcribed op by op in numpy float32 scalars."""
+  f32 = np.float32
+  delta = f32(f32(0) - f32(1)) / f32(steps)  # torch.linspace(1, 0, S + 1): (end - start) / S
+  time = []
+  for j in range(steps + 1):
+    if j < (steps + 1) // 2:  # start + delta * j, fused (float64 holds the product exactly)
+      time.append(f32(float(delta) * j + 1.0))
+    else:
+      time.append(f32(0) - delta * f32(steps - j))
+    if schedule == "cosine":
+      time[-1] = f32(math.cos(float(((f32(1) - time[-1]) * f32(math.pi)) * f32(0.5))))
+  counts = [known]
+  for i in range(1, steps + 1):
+    counts.append(max(known + int(f32(t - known) * (f32(1) - time[i])), counts[-1] + 1))
+  return counts
+
+
+@pytest.mark.parametrize("schedule", checks.SCHEDULES)
+@pytest.mark.parametrize("known", [0, 1, 7])
+def test_schedule_counts_equal_the_authors_formula_for_every_step_count(schedule, known):
+  t = 48
+  for steps in range(1, t - known + 1):
+    np.testing.assert_array_equal(sampling.schedule_counts(t, known, steps, schedule),
+                                  authors_counts(t, known, steps, schedule), err_msg=str(steps))
+
+
 @pytest.mark.parametrize("schedule", checks.SCHEDULES)
 @pytest.mark.parametrize("known", [0, 5])
 def test_schedule_counts_and_fill(schedule, known):
   cfg, params = cached_model("ao")
-  # Hand-computed for 32 positions in 3 steps: linear floor(n/3), floor(2n/3); cosine
-  # floor(n (1 - cos(pi/6))), floor(n (1 - cos(pi/3))) of the n unknown positions, in exact
-  # arithmetic (float64 alone would floor 32 * 0.5 to 15 and 27 / 3 to 8).
-  by_hand = {("linear", 0): [0, 10, 21, 32], ("cosine", 0): [0, 4, 16, 32],
-             ("linear", 5): [5, 14, 23, 32], ("cosine", 5): [5, 8, 18, 32]}
-  np.testing.assert_array_equal(sampling.schedule_counts(32, known, 3, schedule),
-                                by_hand[schedule, known])
   for steps in (1, 3, 9, T - known):
     counts = sampling.schedule_counts(T, known, steps, schedule)
     assert counts[0] == known and counts[-1] == T and len(counts) == steps + 1
@@ -123,6 +177,25 @@ def test_schedule_counts_and_fill(schedule, known):
   assert np.all(out.tokens[:, positions] == 7)
   np.testing.assert_array_equal(np.sort(out.order, 1), np.broadcast_to(np.arange(T), (4, T)))
   assert np.all(np.isin(out.order[:, :known], positions))  # known positions come first
+
+
+def test_default_order_is_l2r_with_known_tokens_and_random_without():
+  """The authors' choices: cond_generate appends the missing positions in ascending order (its
+  randperm line commented out), generate draws a random permutation."""
+  cfg, params = cached_model("ao")
+  known = [3, 9, 10]
+  out = sampling.sample(params, cfg, batch_size=2, steps=4, known_positions=known,
+                        known_tokens=[1, 2, 3])
+  rest = np.setdiff1d(np.arange(T), known)
+  np.testing.assert_array_equal(out.order, np.broadcast_to(np.r_[known, rest], (2, T)))
+  free = sampling.sample(params, cfg, batch_size=2, steps=4).order
+  assert not np.any(np.all(free == np.arange(T), axis=1)) and not np.array_equal(free[0], free[1])
+  scrambled = sampling.sample(params, cfg, batch_size=2, steps=4, known_positions=known,
+                              known_tokens=[1, 2, 3], order="random").order
+  np.testing.assert_array_equal(scrambled[:, :3], np.broadcast_to(known, (2, 3)))
+  assert not np.array_equal(scrambled[0, 3:], rest)
+  assert sampling.default_order(None, 0) == "random" and sampling.default_order(None, 5) == "l2r"
+  assert sampling.default_order("random", 5) == "random"
 
 
 def test_every_unknown_position_filled_once():
@@ -192,7 +265,7 @@ def test_new_seed_does_not_recompile():
   kwargs = dict(batch_size=2, steps=8, known_positions=[0, 1], known_tokens=[1, 2])
   sampling.sample(params, cfg, seed=0, **kwargs)
   decoder = sampling.decoder(cfg.to_json(), sampling.Plan.make(
-      sampling.schedule_counts(T, 2, 8, "linear")), "random", False, True, False, "authors", None)
+      sampling.schedule_counts(T, 2, 8, "linear")), "l2r", False, True, False, "authors", None)
   before = decoder._cache_size()
   sampling.sample(params, cfg, seed=1, **kwargs)
   sampling.sample(params, cfg, seed=2, known_positions=[0, 1], known_tokens=[9, 9],
