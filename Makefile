@@ -30,8 +30,11 @@ demo: $(STAMP)
 	$(BIN)/ao-mdm sample --checkpoint=runs/demo --num_samples=1 --mode=speculative --draft=4 --seed=4 \
 	  --prompt="Fellow citizens of the Senate and House of Representatives:"
 
+# Test files run on TEST_JOBS processes (pytest-xdist, whole files per process, one XLA
+# compilation cache for all of them: tests/conftest.py); the slow stage runs in one.
+TEST_JOBS ?= 2
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
 
 test-slow: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m "slow or not slow" tests

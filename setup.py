@@ -36,7 +36,7 @@ setup(
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": ["pytest>=9.2,<10", "scipy>=1.17.1,<2", "torch>=2.13,<3",
+        "test": ["pytest>=9.2,<10", "pytest-xdist>=3.8,<4", "scipy>=1.17.1,<2", "torch>=2.13,<3",
                  "transformers>=5.24,<6", "safetensors>=0.8,<1"],  # transformers: import-gpt2
         "tpu": ["libtpu>=0.0.42.1"],  # the TPU runtime; also lets `ao-mdm compile` run on a CPU
         "cuda": ["jax[cuda12]>=0.10.2,<0.12"],  # NVIDIA GPUs: the CUDA 12 plugin of the same jax

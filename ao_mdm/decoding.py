@@ -158,10 +158,16 @@ def prefilled_cache(apply: Callable, cfg: ml_collections.ConfigDict, tokens_BT: 
   return cache
 
 
+def bucket_bounds(total: int, buckets: int) -> list:
+  """The distinct sizes ceil(total * g / buckets), g = 1..buckets, ascending: the few static
+  shapes a program is compiled for instead of one per size."""
+  return sorted({-(-total * g // buckets) for g in range(1, buckets + 1)})
+
+
 def bucket_segments(sizes: Sequence[int], total: int, buckets: int) -> tuple:
-  """Consecutive steps grouped by the smallest of `buckets` bounds (ceil(total * g / buckets))
-  that holds each step's size: ((first step, end step, bound), ...), one loop each."""
-  bounds = [-(-total * g // buckets) for g in range(1, buckets + 1)]
+  """Consecutive steps grouped by the smallest bucket bound that holds each step's size:
+  ((first step, end step, bound), ...), one loop each."""
+  bounds = bucket_bounds(total, buckets)
   segments = []
   for i, size in enumerate(sizes):
     bound = min(b for b in bounds if b >= size)

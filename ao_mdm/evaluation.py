@@ -17,6 +17,7 @@ import numpy as np
 
 from ao_mdm import checkpoints
 from ao_mdm import checks
+from ao_mdm import decoding
 from ao_mdm import gpt2_scorer
 from ao_mdm import model as model_lib
 from ao_mdm import orders as orders_lib
@@ -121,7 +122,7 @@ def ensemble_nll(scorer: Scorer, tokens_BT: np.ndarray, order_BT: np.ndarray, m:
   logp_BTE = np.empty((b, t, m))
   logp_BTE[:, :, 0] = -scorer.slot_nll(tokens_BT, order_BT)
   rng = np.random.default_rng(seed)
-  bounds = sorted({-(-t * g // ENSEMBLE_BUCKETS) for g in range(1, ENSEMBLE_BUCKETS + 1)})
+  bounds = decoding.bucket_bounds(t, ENSEMBLE_BUCKETS)
   slots_computed = b * t  # the original order: one full forward
   for lo, hi in zip([0] + bounds[:-1], bounds):
     jobs = [(bi, i, r) for i in range(lo, min(hi, t)) for bi in range(b) for r in range(1, m)]
