@@ -19,12 +19,18 @@ VOCAB = 512
 def pytest_configure(config):
   """Every process of this run (the tests, the `ao-mdm` commands they start, the multi-process
   workers) shares one persistent compilation cache, so the same small program compiles once per
-  run rather than once per process. Set before JAX is imported; removed at the end."""
+  run rather than once per process, and compiles without LLVM's optimisations. Set before JAX
+  is imported; the cache is removed at the end."""
   if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     config.ao_mdm_cache = tempfile.mkdtemp(prefix="ao_mdm_test_xla_cache_")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = config.ao_mdm_cache
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+  # The suite's programs are tiny: LLVM's optimisation passes cost more than they save (about
+  # 1.5x on the whole suite); what a program computes does not depend on them.
+  if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_backend_optimization_level=0").strip()
 
 
 def pytest_unconfigure(config):
