@@ -7,16 +7,20 @@ TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: demo test test-slow install clean
 
-$(STAMP): setup.py constraints.txt
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+NEW_VENV = test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV); \
 	$(BIN)/python -m pip install -q --upgrade pip==25.3
+
+$(STAMP): setup.py constraints.txt
+	$(NEW_VENV)
 	$(BIN)/python -m pip install -q -c constraints.txt -e .
 	touch $(STAMP)
 
-# Tests also need pytest, scipy, torch (import-torch) and libtpu (TPU ahead-of-time compiles).
-$(TEST_STAMP): $(STAMP)
+# Tests also need pytest, scipy, torch (import-torch) and libtpu (TPU ahead-of-time compiles):
+# one install of the package with those extras, which is also the plain install.
+$(TEST_STAMP): setup.py constraints.txt
+	$(NEW_VENV)
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,tpu]"
-	touch $(TEST_STAMP)
+	touch $(STAMP) $(TEST_STAMP)
 
 install: $(STAMP)
 

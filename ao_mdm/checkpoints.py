@@ -283,7 +283,7 @@ def write_params_export(out: str, config: ml_collections.ConfigDict, params: Any
   out = os.path.abspath(out)
   tmp = f"{out}.tmp{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)
-  remove_tmp = lambda: shutil.rmtree(tmp, ignore_errors=True)
+  remove_tmp = lambda: interrupts.remove_tree(tmp)
   with interrupts.on_interrupt(remove_tmp):  # an error or Ctrl-C leaves no half-written export
     try:
       mgr = manager(tmp, max_to_keep=None, async_save=False, item_names=("params", "config"))

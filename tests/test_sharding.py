@@ -11,6 +11,8 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import default_compiler_flags
+
 WORKER = pathlib.Path(__file__).resolve().parent / "sharding_worker.py"
 TIMEOUT_S = 240
 
@@ -22,8 +24,7 @@ pytestmark = pytest.mark.slow
 def results(tmp_path_factory):
   out = tmp_path_factory.mktemp("sharding")
   env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") +
-                       " --xla_force_host_platform_device_count=8").strip()}
+         "XLA_FLAGS": f"{default_compiler_flags()} --xla_force_host_platform_device_count=8"}
   try:
     proc = subprocess.run([sys.executable, str(WORKER), str(out)], capture_output=True,
                           text=True, env=env, timeout=TIMEOUT_S)
