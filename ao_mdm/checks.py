@@ -5,11 +5,7 @@ Each raises one FileNotFoundError / FileExistsError / ValueError naming the flag
 import json
 import os
 
-from ao_mdm.options import COMMAND_FLAGS, MODE_OPTIONS, MODES
-
-SCHEDULES = ("linear", "cosine")
-ORDERS = ("random", "l2r")
-TOP_P_RULES = ("authors", "nucleus")
+from ao_mdm.options import COMMAND_FLAGS, MODE_OPTIONS, MODES, ORDERS, SCHEDULES, TOP_P_RULES
 
 
 def new_output_dir(path: str, flag: str = "--out") -> None:

@@ -3,6 +3,9 @@ from absl import flags
 from ml_collections import config_flags
 
 MODES = ("parallel", "speculative", "confidence")  # of `ao-mdm sample`
+SCHEDULES = ("linear", "cosine")
+ORDERS = ("random", "l2r")
+TOP_P_RULES = ("authors", "nucleus")
 MODE_OPTIONS = {  # the options each mode's sampler takes
     "parallel": ("steps", "schedule", "temperature", "top_p", "top_k", "order", "top_p_rule"),
     "speculative": ("temperature", "top_p", "top_k", "top_p_rule", "draft"),
@@ -69,7 +72,7 @@ def define_flags() -> None:
   flags.DEFINE_string("prompt", "", "sample: text the samples start with.")
   flags.DEFINE_string("infill", "", "sample: text with [MASK] spans to fill in.")
   flags.DEFINE_integer("infill_span", 8, "sample: tokens generated per [MASK].")
-  flags.DEFINE_enum("mode", "parallel", ["parallel", "speculative", "confidence"],
+  flags.DEFINE_enum("mode", "parallel", list(MODES),
                     "sample: parallel = S steps in a random (or L2R) order; speculative = exact "
                     "L2R samples, --draft tokens drafted and verified per forward; confidence = "
                     "S steps, the most confident positions first.")
@@ -78,15 +81,15 @@ def define_flags() -> None:
   flags.DEFINE_enum("score", "max_prob", ["max_prob", "entropy"],
                     "sample: confidence of a prediction (confidence mode): its largest "
                     "probability, or minus its entropy.")
-  flags.DEFINE_enum("schedule", "linear", ["linear", "cosine"], "sample: unmasking schedule.")
+  flags.DEFINE_enum("schedule", "linear", list(SCHEDULES), "sample: unmasking schedule.")
   flags.DEFINE_float("temperature", 1.0, "sample: softmax temperature; 0 is greedy.")
   flags.DEFINE_float("top_p", 1.0, "sample: top-p mass in (0, 1]; 1 filters nothing.")
-  flags.DEFINE_enum("top_p_rule", "authors", ["authors", "nucleus"],
+  flags.DEFINE_enum("top_p_rule", "authors", list(TOP_P_RULES),
                     "sample: authors = drop every token whose inclusive cumulative probability "
                     "exceeds top_p, keeping the most likely (the authors' catsample.py); nucleus = "
                     "keep the smallest set whose probability reaches top_p.")
   flags.DEFINE_integer("top_k", 0, "sample: keep the k most likely tokens; 0 is off.")
-  flags.DEFINE_enum("order", None, ["random", "l2r"],
+  flags.DEFINE_enum("order", None, list(ORDERS),
                     "sample: order of the unknown tokens; default: l2r after --prompt or "
                     "--infill (as the authors' cond_generate), random without.")
   flags.DEFINE_integer("num_samples", 4, "sample: how many samples.")
