@@ -1,7 +1,6 @@
 """Texts from a model in any decoding mode: the body of `ao-mdm sample` (docs/sampling.md)."""
 import json
 import os
-import sys
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
@@ -96,9 +95,10 @@ def sample_command(checkpoint: str, weights: str, out: Optional[str], show: Call
   def keep_finished():
     if partial and written[0]:
       os.replace(partial, out)
-      print(f"kept the {written[0]} finished samples in {out}", file=sys.stderr)
-    elif partial:
+      return f"kept the {written[0]} finished samples in {out}"
+    if partial:
       os.remove(partial)
+    return None
   update = progress(-(-num_samples // min(batch_size, num_samples)))
   with open(partial or os.devnull, "w") as f, interrupts.on_interrupt(keep_finished):
     for i, r in enumerate(sample_texts(

@@ -13,19 +13,28 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import Optional
 
 _CLEANUPS: list = []
 
 
 def _exit_now(signum, frame) -> None:
+  """Runs the cleanups with stderr silenced (threads of a library still at work, e.g. Orbax's
+  writers losing their temp dir, would print tracebacks), then says what they report."""
   del signum, frame
+  stderr = os.dup(2)
+  quiet = os.open(os.devnull, os.O_WRONLY)
+  sys.stderr.flush()
+  os.dup2(quiet, 2)
+  said = []
   for cleanup in reversed(_CLEANUPS):
     try:
-      cleanup()
+      said.append(cleanup())
     except Exception as e:  # pylint: disable=broad-except  (exit regardless)
-      print(f"cleanup after Ctrl-C failed: {e}", file=sys.stderr)
-  print("interrupted", file=sys.stderr, flush=True)
+      said.append(f"cleanup after Ctrl-C failed: {e}")
   sys.stdout.flush()
+  lines = [line for line in said if line] + ["interrupted"]
+  os.write(stderr, ("\n".join(lines) + "\n").encode())
   os._exit(130)  # pylint: disable=protected-access
 
 
@@ -44,8 +53,9 @@ def remove_tree(path: str, settle_s: float = 0.2, limit_s: float = 5.0) -> None:
 
 
 @contextlib.contextmanager
-def on_interrupt(cleanup: Callable[[], None]) -> Iterator[None]:
-  """Runs `cleanup` if Ctrl-C ends the process inside this block."""
+def on_interrupt(cleanup: Callable[[], Optional[str]]) -> Iterator[None]:
+  """Runs `cleanup` if Ctrl-C ends the process inside this block; a line it returns is printed
+  (on stderr, before "interrupted")."""
   _CLEANUPS.append(cleanup)
   try:
     yield
