@@ -59,7 +59,7 @@ def save(mgr: ocp.CheckpointManager, step: int, state: Any, data_iter: Any,
 
 def restore(mgr: ocp.CheckpointManager, step: int, target: Any, data_iter: Any = None) -> Any:
   """Restore the train state at `step` into `target` (and the data iterator in place)."""
-  split = _has_ema_item(mgr, step)
+  split = _has_item(mgr, step, "ema")
   items = {"state": ocp.args.StandardRestore(target.replace(ema_params=None) if split else target)}
   if split:
     items["ema"] = ocp.args.StandardRestore(target.ema_params)
@@ -69,9 +69,10 @@ def restore(mgr: ocp.CheckpointManager, step: int, target: Any, data_iter: Any =
   return restored.state.replace(ema_params=restored.ema) if split else restored.state
 
 
-def _has_ema_item(mgr: ocp.CheckpointManager, step: int) -> bool:
-  """Whether checkpoint `step` keeps its EMA params as their own item (the current layout)."""
-  return os.path.isdir(os.path.join(str(mgr.directory), str(step), "ema"))
+def _has_item(mgr: ocp.CheckpointManager, step: int, name: str) -> bool:
+  """Whether checkpoint `step` holds item `name` (`ema`: the current layout of a training
+  step; `params`: an export)."""
+  return os.path.isdir(os.path.join(str(mgr.directory), str(step), name))
 
 
 def read_config(mgr: ocp.CheckpointManager, step: int) -> ml_collections.ConfigDict:
@@ -234,7 +235,7 @@ def load_params(path: str, weights: str = "ema", log: Callable[[str], None] = pr
     raise ValueError(f"--weights={weights}; accepted here: ema, params (model is for "
                      "import-torch)")
   mgr = _reader(path)
-  is_export = os.path.isdir(os.path.join(str(mgr.directory), str(mgr.latest_step()), "params"))
+  is_export = _has_item(mgr, mgr.latest_step(), "params")
   if is_export and weights != "ema":
     raise ValueError(f"--weights={weights}: {path} is an export, which holds one set of params "
                      "(the EMA unless made from raw params); use --weights=ema")
@@ -244,7 +245,7 @@ def load_params(path: str, weights: str = "ema", log: Callable[[str], None] = pr
     if shardings is not None:
       abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                               abstract, shardings(config))
-    if is_export or (weights == "ema" and _has_ema_item(mgr, step)):
+    if is_export or (weights == "ema" and _has_item(mgr, step, "ema")):
       name = "params" if is_export else "ema"
       return mgr.restore(step, args=ocp.args.Composite(
           **{name: ocp.args.StandardRestore(abstract)}))[name]

@@ -5,7 +5,8 @@ Each raises one FileNotFoundError / FileExistsError / ValueError naming the flag
 import json
 import os
 
-from ao_mdm.options import COMMAND_FLAGS, MODE_OPTIONS, MODES, ORDERS, SCHEDULES, TOP_P_RULES
+from ao_mdm.options import (COMMAND_FLAGS, MODE_OPTION_NAMES, MODE_OPTIONS, MODES, ORDERS,
+                            SCHEDULES, TOP_P_RULES)
 
 
 def new_output_dir(path: str, flag: str = "--out") -> None:
@@ -294,7 +295,7 @@ def _sample_inputs(v: dict, given: set) -> None:
     raise ValueError("give --prompt or --infill, not both")
   if "infill_span" in given and not v["infill"]:
     raise ValueError("--infill_span applies with --infill")
-  mode_options(v["mode"], given & {name for names in MODE_OPTIONS.values() for name in names})
+  mode_options(v["mode"], given & MODE_OPTION_NAMES)
   sampling_options(v["steps"], v["temperature"], v["top_p"], v["top_k"], v["order"],
                    v["top_p_rule"], v["schedule"])
   sample_counts(v["num_samples"], v["batch_size"])

@@ -36,7 +36,7 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
   checks.mode_options(mode, set())
   sampler = {"parallel": sampling.sample, "speculative": speculative.sample,
              "confidence": confidence.sample}[mode]
-  unknown = set(options) - {k for keys in options_lib.MODE_OPTIONS.values() for k in keys}
+  unknown = set(options) - options_lib.MODE_OPTION_NAMES
   if unknown:
     raise TypeError(f"sample_texts got unknown options {sorted(unknown)}")
   options = {k: v for k, v in options.items() if k in options_lib.MODE_OPTIONS[mode]}

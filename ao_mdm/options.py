@@ -33,8 +33,9 @@ COMMANDS = {
              "`bench data --config=configs/bench_data.py`",
 }
 # The flags each command reads; any other flag of ours given to it is an error.
+MODE_OPTION_NAMES = frozenset(name for names in MODE_OPTIONS.values() for name in names)
 SAMPLE_OPTIONS = ("prompt", "infill", "infill_span", "mode", "num_samples",
-                  *sorted({name for names in MODE_OPTIONS.values() for name in names}))
+                  *sorted(MODE_OPTION_NAMES))
 COMMAND_FLAGS = {
     "train": ("config", "workdir", "init_from", "start_over", "coordinator", "num_processes",
               "process_id", "init_timeout"),
