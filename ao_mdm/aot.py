@@ -1,11 +1,14 @@
-"""Ahead-of-time compile of the sharded train step for a TPU topology, on a CPU host.
+"""Ahead-of-time compile for a TPU topology, on a CPU host: the sharded train step, or the
+cached sampler (`ao-mdm compile --program=sample`).
 
 With `libtpu` installed (`pip install -e '.[tpu]'`), `jax.experimental.topologies` describes TPU
-devices without having any; the train step is lowered and compiled for them, and XLA's memory
-analysis says whether one step fits per-chip HBM (docs/launching.md).
+devices without having any; the program is lowered and compiled for them, XLA's memory analysis
+says whether it fits per-chip HBM (docs/launching.md), and a roofline from the chip's published
+figures projects its time (docs/performance.md).
 """
 import collections
 import importlib.util
+import math
 import os
 import re
 import time
@@ -15,6 +18,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from ao_mdm import decoding
+from ao_mdm import model as model_lib
+from ao_mdm import sampling
 from ao_mdm import train
 
 GIB = 1024 ** 3
@@ -30,19 +36,27 @@ CHIP_SPECS = {"TPU v5 lite": (197e12, 819e9, 400e9), "TPU v5e": (197e12, 819e9, 
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
                 "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
-TOPOLOGY_EXAMPLES = "v5e:2x2, v5e:4x4, v4:2x2x2, v5p:2x2x1, v6e:4x4"
+TOPOLOGY_EXAMPLES = "v5e:1, v5e:2x2, v5e:4x4, v4:2x2x2, v5p:2x2x1, v6e:4x4"
 
 
 def tpu_devices(topology: str) -> list:
-  """Compile-only TPU devices of `topology` (e.g. 'v5e:4x4'); needs libtpu, no TPU."""
+  """Compile-only TPU devices of `topology` (e.g. 'v5e:4x4', or 'v5e:1' for one chip); needs
+  libtpu, no TPU."""
   if importlib.util.find_spec("libtpu") is None:
     raise ImportError("ahead-of-time TPU compilation needs libtpu: pip install -e '.[tpu]'")
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   # Only a compiler is needed here; without this a second JAX process on the host that also
   # loaded libtpu makes the plugin fail on /tmp/libtpu_lockfile.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  name, options = topology, {}
+  gen, _, shape = topology.partition(":")
+  dims = [int(x) for x in shape.split("x")] if re.fullmatch(r"\d+(x\d+)*", shape) else []
+  if dims and math.prod(dims) < 4:  # smaller than libtpu's default host (2x2): one small host
+    name = f"{gen}:{'x'.join(map(str, dims + [1] * (len(dims) == 1)))}"
+    options = {"chips_per_host_bounds": tuple((dims + [1, 1, 1])[:3])}
   try:
-    return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
+    return list(topologies.get_topology_desc(platform="tpu", topology_name=name,
+                                             **options).devices)
   except jax.errors.JaxRuntimeError as e:
     if "lockfile" in str(e):
       raise OSError(f"libtpu is locked by another process ({e}); set "
@@ -73,6 +87,98 @@ def memory_gib(compiled) -> dict:
   out["total"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temps"] + \
       out["generated_code"]
   return out
+
+
+def chip_figures(devices: list) -> tuple:
+  """(peak bf16 FLOP/s, HBM bytes/s, ICI bytes/s) per device, or None for an unknown chip."""
+  kind = devices[0].device_kind
+  if kind not in CHIP_SPECS:
+    return None
+  per_chip = collections.Counter(tuple(getattr(d, "coords", (d.id,))) for d in devices)
+  cores = max(per_chip.values())  # devices per chip share its figures
+  return tuple(x / cores for x in CHIP_SPECS[kind])
+
+
+def compile_sampler(config: ml_collections.ConfigDict, topology: str, name: str = "config", *,
+                    batch_size: int = 8, steps: int = 64, schedule: str = "linear",
+                    dtype: str = "float32") -> dict:
+  """Compile one unconditional generation of the cached sampler (every cache bucket of its plan)
+  for one device of `topology`; print and return its memory and roofline projection.
+
+  Per bucket and in total: the bytes the steps must read (weights + K/V cache prefix), their
+  FLOPs and max(bytes / HBM bandwidth, FLOPs / peak), from sampling.step_costs, next to one full
+  forward of the same batch. Peak is the chip's bf16 figure for both dtypes (XLA's default
+  precision multiplies float32 in bf16 passes on TPU); per-step overheads are not modelled.
+  """
+  devices = tpu_devices(topology)
+  device = devices[0]
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  cfg = decoding.with_dtype({}, config.model, dtype)[1]
+  abstract = jax.eval_shape(lambda: decoding.with_dtype(nn.unbox(model_lib.init_params(
+      config.model, jax.random.key(0))), config.model, dtype)[0])
+  t = cfg.block_size
+  plan = sampling.Plan.make(sampling.schedule_counts(t, 0, steps, schedule))
+  decoder = sampling.decoder(cfg.to_json(), plan, "random", False, True, False)
+  on_device = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+  args = (jax.tree.map(on_device, abstract),
+          on_device(jax.ShapeDtypeStruct((batch_size, t), jnp.int32)),
+          on_device(jax.ShapeDtypeStruct((batch_size, t), jnp.bool_)),
+          on_device(jax.eval_shape(lambda: jax.random.key(0))),
+          *(on_device(jax.ShapeDtypeStruct((), d)) for d in (jnp.float32, jnp.float32, jnp.int32)))
+  start = time.perf_counter()
+  compiled = decoder.lower(*args).compile()
+  hbm = hbm_per_device_gib(devices)
+  result = {"topology": topology, "device_kind": device.device_kind, "name": name,
+            "batch_size": batch_size, "steps": steps, "schedule": schedule, "dtype": dtype,
+            "block_size": t, "buckets": len(plan.segments), "hbm_gib": hbm,
+            "compile_seconds": time.perf_counter() - start, **memory_gib(compiled)}
+  figures = chip_figures(devices)
+  if figures:
+    peak, hbm_bw, _ = figures
+    seconds = lambda c: max(c["bytes"] / hbm_bw, c["flops"] / peak)
+    bound = lambda c: "hbm" if c["bytes"] / hbm_bw >= c["flops"] / peak else "compute"
+    buckets = [{**c, "step_s": seconds(c), "bound": bound(c)}
+               for c in sampling.step_costs(cfg, plan, batch_size)]
+    forward = sampling.forward_costs(cfg, batch_size)
+    total = {k: sum(c[k] * c["steps"] for c in buckets) for k in ("bytes", "flops", "step_s")}
+    result.update(peak_flops=peak, hbm_bandwidth=hbm_bw, buckets_detail=buckets,
+                  generation_bytes=total["bytes"], generation_flops=total["flops"],
+                  generation_s=total["step_s"], forward_bytes=forward["bytes"],
+                  forward_flops=forward["flops"], forward_s=seconds(forward),
+                  forward_bound=bound(forward))
+    result["generation_over_forward"] = result["generation_s"] / result["forward_s"]
+    result["tokens_per_s"] = batch_size * t / result["generation_s"]
+  print(format_sampler(result), flush=True)
+  if result["total"] > hbm:
+    raise ValueError(f"the sampler of {name} (batch {batch_size}, {dtype}) does not fit on "
+                     f"{topology}: it needs {result['total']:.2f} GiB per device but "
+                     f"{hbm:.1f} GiB of HBM are available; lower --batch_size")
+  return result
+
+
+def format_sampler(r: dict) -> str:
+  """The sampler compile as a small table: memory, then the roofline per bucket and in total."""
+  lines = [f"{r['topology']}: the cached sampler of {r['name']} on one {r['device_kind']}, batch "
+           f"{r['batch_size']} x T={r['block_size']}, S={r['steps']} {r['schedule']} steps, "
+           f"{r['dtype']}, {r['buckets']} cache buckets, compiled in "
+           f"{r['compile_seconds']:.1f} s",
+           f"per-device memory: {r['total']:.3f} GiB of {r['hbm_gib']:.1f} (arguments "
+           f"{r['arguments']:.3f}, temps {r['temps']:.3f})"]
+  if "buckets_detail" not in r:
+    return "\n".join(lines + ["(no published figures for this chip: no projection)"])
+  lines += ["roofline projection (a bound from published chip figures, not a measurement):",
+            f"  {'cache read':>10} {'steps':>6} {'bytes/step':>11} {'FLOPs/step':>11} "
+            f"{'step >=':>10}  bound"]
+  for c in r["buckets_detail"]:
+    lines.append(f"  {c['cache_len']:>10} {c['steps']:>6} {c['bytes']:>11.3e} {c['flops']:>11.3e} "
+                 f"{c['step_s'] * 1e6:>8.1f} us  {c['bound']}")
+  lines += [f"  generation: {r['generation_bytes']:.3e} bytes, {r['generation_flops']:.3e} FLOPs, "
+            f">= {r['generation_s'] * 1e3:.2f} ms ({r['tokens_per_s']:,.0f} tokens/s)",
+            f"  one full forward of the batch: {r['forward_bytes']:.3e} bytes, "
+            f"{r['forward_flops']:.3e} FLOPs, >= {r['forward_s'] * 1e3:.2f} ms "
+            f"({r['forward_bound']}-bound); generation / forward = "
+            f"{r['generation_over_forward']:.2f}x"]
+  return "\n".join(lines)
 
 
 def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
@@ -200,14 +306,10 @@ def roofline(compiled, config: ml_collections.ConfigDict, devices: list) -> dict
   which also counts whole loop buffers that are only sliced) is an upper estimate, printed
   beside it. Collective bytes come from the HLO with trip counts.
   """
-  from ao_mdm import model as model_lib  # pylint: disable=g-import-not-at-top
-  kind = devices[0].device_kind
-  if kind not in CHIP_SPECS:
+  figures = chip_figures(devices)
+  if figures is None:
     return {}
-  peak, hbm_bw, ici_bw = CHIP_SPECS[kind]
-  per_chip = collections.Counter(tuple(getattr(d, "coords", (d.id,))) for d in devices)
-  cores = max(per_chip.values())  # devices per chip share its figures
-  peak, hbm_bw, ici_bw = peak / cores, hbm_bw / cores, ici_bw / cores
+  peak, hbm_bw, ici_bw = figures
   n = len(devices)
   cost = compiled.cost_analysis()
   cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}

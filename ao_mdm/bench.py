@@ -34,97 +34,94 @@ def _compile(jitted, *args) -> tuple[Any, float]:
   return compiled, time.perf_counter() - start
 
 
-def step_floors(cfg: ml_collections.ConfigDict, params: Any, plan: sampling.Plan, b: int,
-                bandwidth: float, peak: float) -> np.ndarray:
-  """Seconds each cached decode step must take at least: max(bytes / bandwidth, FLOPs / peak).
-
-  Bytes: the weights a step multiplies by (blocks, final AdaLN and head; embedding rows are
-  gathered, not read whole) plus the K/V cache prefix it attends to. FLOPs: 2 per weight per
-  slot (every slot runs the blocks, only the 1 + W_p queries the head) plus attention
-  (4 L D per query-key pair).
-  """
-  itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
-  n_blocks = model_lib.count_params(params["blocks"])
-  n_head = model_lib.count_params({k: params[k] for k in ("final_adaln", "head") if k in params})
-  if cfg.variant == "sigma":  # the tied token embedding is the head
-    n_head = cfg.vocab_size * cfg.n_embd
-  w = plan.real_width + plan.phantom_width
-  floors = []
-  for first, end, cache_len in plan.segments:
-    cache_bytes = 2 * cfg.n_layer * b * cache_len * cfg.n_embd * itemsize
-    flops = 2 * b * (w * n_blocks + (1 + plan.phantom_width) * n_head) \
-        + 4 * cfg.n_layer * cfg.n_embd * b * w * (cache_len + w)
-    seconds = max((4 * (n_blocks + n_head) + cache_bytes) / bandwidth, flops / peak)
-    floors += [seconds] * (end - first)
-  return np.asarray(floors)
+def step_floors(cfg: ml_collections.ConfigDict, plan: sampling.Plan, b: int, bandwidth: float,
+                peak: float) -> np.ndarray:
+  """Seconds each cached decode step must take at least: max(bytes / bandwidth, FLOPs / peak),
+  with the bytes and FLOPs of sampling.step_costs."""
+  return np.concatenate([np.full(c["steps"], max(c["bytes"] / bandwidth, c["flops"] / peak))
+                         for c in sampling.step_costs(cfg, plan, b)])
 
 
-def bench_sample(config: ml_collections.ConfigDict) -> dict:
-  """Full forward, cached sampler and no-cache sampler at each S, in one run; prints JSON.
+def bench_sample(config: ml_collections.ConfigDict, dtypes: tuple = ("float32", "bfloat16")
+                 ) -> dict:
+  """Per decoding dtype: full forward and cached sampler at each S (float32 also the no-cache
+  sampler), in one run; prints JSON.
 
   Per S also the cached step time and its floor (see step_floors), from the matmul peak and
-  read bandwidth measured in the same run.
+  read bandwidth measured in the same run (the peak in float32).
   """
-  from ao_mdm import sharding  # pylint: disable=g-import-not-at-top
-  cfg, b = config.model, int(config.bench.batch_size)
-  t, repeats = cfg.block_size, int(config.bench.repeats)
-  params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
-  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (b, t)), jnp.int32)
+  from ao_mdm import decoding, sharding  # pylint: disable=g-import-not-at-top
+  b, t = int(config.bench.batch_size), config.model.block_size
+  repeats = int(config.bench.repeats)
+  params32 = nn.unbox(model_lib.init_params(config.model, jax.random.key(0)))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, config.model.vocab_size, (b, t)),
+                       jnp.int32)
   order = orders.random_orders(jax.random.key(1), b, t)
-  forward = jax.jit(lambda p, x, o: model_lib.make_model(cfg).apply({"params": p}, x, o))
-  fwd, fwd_compile = _compile(forward, params, tokens, order)
-  full_forward_s, _ = _timed(lambda _: fwd(params, tokens, order), repeats)
-  print(f"full forward B={b} T={t}: {full_forward_s:.4f} s (compile {fwd_compile:.1f} s)",
-        flush=True)
-  peak = sharding.matmul_peak(2048, model_lib.DTYPES[cfg.dtype])
+  peak = sharding.matmul_peak(2048, jnp.float32)
   bandwidth = sharding.read_bandwidth()
-  print(f"measured matmul peak {peak / 1e9:.1f} GFLOP/s, read bandwidth {bandwidth / 1e9:.1f} GB/s",
-        flush=True)
+  print(f"measured matmul peak {peak / 1e9:.1f} GFLOP/s (float32), read bandwidth "
+        f"{bandwidth / 1e9:.1f} GB/s", flush=True)
   zeros, known = jnp.zeros((b, t), jnp.int32), jnp.zeros((b, t), bool)
   scalars = (jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
-  results = {"full_forward_s": full_forward_s, "full_forward_compile_s": fwd_compile,
-             "matmul_peak_flops": peak, "read_bytes_per_s": bandwidth,
-             "batch_size": b, "block_size": t, "schedule": config.bench.schedule, "steps": {}}
-  for steps in config.bench.steps:
-    counts = sampling.schedule_counts(t, 0, int(steps), config.bench.schedule)
-    row = {}
-    for use_cache in (True, False):
-      run_counts = counts
-      if not use_cache and steps > config.bench.no_cache_max_steps:
-        run_counts = counts[:config.bench.no_cache_max_steps + 1]
-      plan = sampling.Plan.make(run_counts, use_cache)
-      if not use_cache:  # a truncated plan keeps the full-length recomputation of every step
-        plan = dataclasses.replace(plan, real_width=t)
-      decoder = sampling.decoder(cfg.to_json(), plan, "random", False, use_cache, False)
-      args = (params, zeros, known, jax.random.key(2), *scalars)
-      compiled, compile_s = _compile(decoder, *args)
-      elapsed, _ = _timed(lambda _: compiled(*args), repeats if use_cache else 1)
-      scale = (len(counts) - 1) / (len(run_counts) - 1)
-      if use_cache:
-        floor_ms = 1e3 * float(np.mean(step_floors(cfg, params, plan, b, bandwidth, peak)))
-        row.update(sampler_s=elapsed, compile_s=compile_s, step_ms=1e3 * elapsed / steps,
-                   step_floor_ms=floor_ms)
-      else:
-        row.update(no_cache_s=elapsed * scale, no_cache_compile_s=compile_s,
-                   no_cache_extrapolated=scale != 1)
-    row["sampler_over_full_forward"] = row["sampler_s"] / full_forward_s
-    row["no_cache_over_sampler"] = row["no_cache_s"] / row["sampler_s"]
-    results["steps"][str(steps)] = row
-    print(f"S={steps}: sampler {row['sampler_s']:.4f} s "
-          f"({row['sampler_over_full_forward']:.2f}x full forward, compile "
-          f"{row['compile_s']:.1f} s; step {row['step_ms']:.2f} ms, floor "
-          f"{row['step_floor_ms']:.2f} ms); no-cache {row['no_cache_s']:.3f} s"
-          f"{' (extrapolated)' if row['no_cache_extrapolated'] else ''} "
-          f"= {row['no_cache_over_sampler']:.1f}x the sampler", flush=True)
+  results = {"matmul_peak_flops": peak, "read_bytes_per_s": bandwidth, "batch_size": b,
+             "block_size": t, "schedule": config.bench.schedule, "dtypes": {}}
+  for dtype in dtypes:
+    params, cfg = decoding.with_dtype(params32, config.model, dtype)
+    forward = jax.jit(lambda p, x, o, cfg=cfg: model_lib.make_model(cfg).apply(
+        {"params": p}, x, o))
+    fwd, fwd_compile = _compile(forward, params, tokens, order)
+    full_forward_s, _ = _timed(lambda _: fwd(params, tokens, order), repeats)
+    print(f"{dtype}: full forward B={b} T={t}: {full_forward_s:.4f} s (compile "
+          f"{fwd_compile:.1f} s)", flush=True)
+    out = {"full_forward_s": full_forward_s, "full_forward_compile_s": fwd_compile, "steps": {}}
+    for steps in config.bench.steps:
+      counts = sampling.schedule_counts(t, 0, int(steps), config.bench.schedule)
+      row = {}
+      for use_cache in (True, False) if dtype == "float32" else (True,):
+        run_counts = counts
+        if not use_cache and steps > config.bench.no_cache_max_steps:
+          run_counts = counts[:config.bench.no_cache_max_steps + 1]
+        plan = sampling.Plan.make(run_counts, use_cache)
+        if not use_cache:  # a truncated plan keeps the full-length recomputation of every step
+          plan = dataclasses.replace(plan, real_width=t)
+        decoder = sampling.decoder(cfg.to_json(), plan, "random", False, use_cache, False)
+        args = (params, zeros, known, jax.random.key(2), *scalars)
+        compiled, compile_s = _compile(decoder, *args)
+        elapsed, _ = _timed(lambda _: compiled(*args), repeats if use_cache else 1)
+        scale = (len(counts) - 1) / (len(run_counts) - 1)
+        if use_cache:
+          floor_ms = 1e3 * float(np.mean(step_floors(cfg, plan, b, bandwidth, peak)))
+          row.update(sampler_s=elapsed, compile_s=compile_s, step_ms=1e3 * elapsed / steps,
+                     step_floor_ms=floor_ms, sampler_over_full_forward=elapsed / full_forward_s)
+        else:
+          row.update(no_cache_s=elapsed * scale, no_cache_compile_s=compile_s,
+                     no_cache_extrapolated=scale != 1,
+                     no_cache_over_sampler=elapsed * scale / row["sampler_s"])
+      line = (f"{dtype} S={steps}: sampler {row['sampler_s']:.4f} s "
+              f"({row['sampler_over_full_forward']:.2f}x full forward, compile "
+              f"{row['compile_s']:.1f} s; step {row['step_ms']:.2f} ms, floor "
+              f"{row['step_floor_ms']:.2f} ms)")
+      if "no_cache_s" in row:
+        line += (f"; no-cache {row['no_cache_s']:.3f} s"
+                 f"{' (extrapolated)' if row['no_cache_extrapolated'] else ''} "
+                 f"= {row['no_cache_over_sampler']:.1f}x the sampler")
+      fp32 = results["dtypes"].get("float32", {}).get("steps", {}).get(str(steps))
+      if fp32:
+        row["float32_over_this"] = fp32["sampler_s"] / row["sampler_s"]
+        line += f"; float32 / {dtype} {row['float32_over_this']:.2f}x"
+      out["steps"][str(steps)] = row
+      print(line, flush=True)
+    results["dtypes"][dtype] = out
   print(json.dumps(results), flush=True)
   return results
 
 
 def bench_speculative(config: ml_collections.ConfigDict, params: Any,
-                      cfg: ml_collections.ConfigDict) -> dict:
+                      cfg: ml_collections.ConfigDict, dtype: str = "float32") -> dict:
   """Self-speculative L2R decoding against plain cached L2R decoding (S = T), same model and
   batch, temperature 1 and top-p 1: forwards per sequence, tokens per forward, first-draft
-  acceptance and wall time, over `bench.seeds` batches (one sequence varies a lot)."""
+  acceptance and wall time, over `bench.seeds` batches (one sequence varies a lot), both
+  decoded in `dtype`."""
   from ao_mdm import speculative  # pylint: disable=g-import-not-at-top
   b, seeds, t = int(config.bench.batch_size), int(config.bench.seeds), cfg.block_size
   if seeds < 1:
@@ -134,14 +131,15 @@ def bench_speculative(config: ml_collections.ConfigDict, params: Any,
     fn(0)
     return _timed(fn, seeds)
   l2r_s, _ = timed(lambda seed: sampling.sample(params, cfg, batch_size=b, steps=t, order="l2r",
-                                                seed=seed))
+                                                seed=seed, dtype=dtype))
   print(f"cached L2R decoding B={b} T={t}: {l2r_s:.3f} s (median of {seeds} seeds), {t} "
         "forwards per sequence", flush=True)
-  results = {"batch_size": b, "block_size": t, "seeds": seeds, "l2r_s": l2r_s, "l2r_forwards": t,
-             "drafts": {}}
+  results = {"batch_size": b, "block_size": t, "seeds": seeds, "dtype": dtype, "l2r_s": l2r_s,
+             "l2r_forwards": t, "drafts": {}}
   for k in config.bench.drafts:
     elapsed, outs = timed(lambda seed, k=k: speculative.sample(params, cfg, batch_size=b,
-                                                                draft=int(k), seed=seed))
+                                                                draft=int(k), seed=seed,
+                                                                dtype=dtype))
     total = {name: float(np.sum([o.stats[name] for o in outs])) for name in outs[0].stats}
     forwards = total["forwards"] / (b * seeds)
     row = {"seconds": elapsed, "forwards_per_sequence": forwards,
@@ -247,8 +245,9 @@ def _torch_baseline(config: ml_collections.ConfigDict, params: Any, tokens_BT: n
 
 
 def run(what: str, config: ml_collections.ConfigDict, config_name: str, *, baseline: str,
-        mode: str, checkpoint: Optional[str], weights: str) -> None:
-  """`ao-mdm bench WHAT` (sample, train or data), its flags checked by checks.command_inputs."""
+        mode: str, checkpoint: Optional[str], weights: str, dtype: Optional[str]) -> None:
+  """`ao-mdm bench WHAT` (sample, train or data), its flags checked by checks.command_inputs;
+  `dtype` (bench sample): the decoding dtype, None for both."""
   if what == "data":
     from ao_mdm.data import bench_data  # pylint: disable=g-import-not-at-top
     bench_data.bench_data(config, config_name)
@@ -257,6 +256,6 @@ def run(what: str, config: ml_collections.ConfigDict, config_name: str, *, basel
   elif mode == "speculative":
     from ao_mdm import checkpoints  # pylint: disable=g-import-not-at-top
     saved, params = checkpoints.load_params(checkpoint, weights)
-    bench_speculative(config, params, saved.model)
+    bench_speculative(config, params, saved.model, dtype or "float32")
   else:
-    bench_sample(config)
+    bench_sample(config, (dtype,) if dtype else ("float32", "bfloat16"))

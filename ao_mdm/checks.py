@@ -162,8 +162,8 @@ def topology(name: str) -> None:
   """A TPU topology name, GENERATION:SHAPE, checked before libtpu loads."""
   import re  # pylint: disable=g-import-not-at-top
   if not re.fullmatch(r"v\d+[a-z]*:\d+(x\d+)*", name):
-    raise ValueError(f"--topology={name!r}: expected GENERATION:SHAPE, e.g. v5e:2x2, v5e:4x4, "
-                     "v4:2x2x2, v5p:2x2x1, v6e:4x4")
+    raise ValueError(f"--topology={name!r}: expected GENERATION:SHAPE, e.g. v5e:1, v5e:2x2, "
+                     "v5e:4x4, v4:2x2x2, v5p:2x2x1, v6e:4x4")
 
 
 def names(value: str) -> list:
@@ -247,8 +247,15 @@ def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
     _require(v, "config", *(("topology",) if command == "compile" else ()))
     if command == "compile":
       topology(v["topology"])
+      if v["program"] == "train":
+        _not_with(given, ("batch_size", "steps", "schedule", "dtype"),
+                  "to --program=train (the config sets its batch and compute dtype)")
+      elif v["steps"] < 1 or v["batch_size"] < 1:
+        raise ValueError(f"--steps={v['steps']} and --batch_size={v['batch_size']} must be >= 1")
   elif command == "bench":
     _require(v, "config")
+    if v["dtype"] and bench != "sample":
+      raise ValueError(f"--dtype={v['dtype']} applies to `ao-mdm bench sample` only")
     if v["baseline"] != "none" and bench != "train":
       raise ValueError(f"--baseline={v['baseline']} applies to `ao-mdm bench train` only")
     if v["mode"] != "parallel" and bench != "sample":

@@ -104,7 +104,8 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
            schedule: str = "linear", score: str = "max_prob", temperature: float = 1.0,
            top_p: float = 1.0, top_k: int = 0, seed: int = 0, known_positions: Any = (),
            known_tokens: Any = (), top_p_rule: str = "authors",
-           vocab_limit: Optional[int] = None) -> decoding.SampleOutput:
+           vocab_limit: Optional[int] = None,
+           dtype: str = "float32") -> decoding.SampleOutput:
   """[batch_size, T] samples in `steps` steps, committing the most confident positions first.
 
   The output's `order` is the order the positions were committed in (known ones first).
@@ -113,6 +114,7 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
   if score not in SCORES:
     raise ValueError(f"score={score!r}; accepted: {', '.join(SCORES)}")
   t = cfg.block_size
+  params, cfg = decoding.with_dtype(params, cfg, dtype)
   tokens, mask = decoding.known_inputs(cfg, batch_size, known_positions, known_tokens,
                                        vocab_limit)
   counts = sampling.schedule_counts(t, int(mask[0].sum()), int(steps), schedule)

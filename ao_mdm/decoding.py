@@ -22,6 +22,20 @@ class SampleOutput:
   stats: Optional[dict] = None  # mode-specific counts (speculative: forwards, accepted per row)
 
 
+def with_dtype(params: Any, cfg: ml_collections.ConfigDict, dtype: str) -> tuple:
+  """(params, cfg) to decode in `dtype`: float32 (the default, exact) or bfloat16, where the
+  params and the K/V cache are bf16 (half the bytes each step reads) and the logits, softmax and
+  draw stay float32. The training config's own compute dtype is not used for decoding."""
+  if dtype not in model_lib.DTYPES:
+    raise ValueError(f"dtype={dtype!r}; accepted: {', '.join(model_lib.DTYPES)}")
+  target = model_lib.DTYPES[dtype]
+  cast = lambda x: x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x
+  cfg = cfg.copy_and_resolve_references()
+  with cfg.unlocked():
+    cfg.dtype = dtype
+  return jax.tree.map(cast, params), cfg
+
+
 def first_argmax(x_NV: jax.Array) -> jax.Array:
   """jnp.argmax over the last axis (first index of the maximum), as two plain reductions:
   XLA:CPU runs argmax's (value, index) reduction unvectorised, several times slower."""

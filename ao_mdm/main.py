@@ -51,6 +51,7 @@ def _sample(f: dict) -> None:
   settings = {k: f[k] for k in options.SAMPLE_OPTIONS}
   if not FLAGS["steps"].present:
     settings["steps"] = None  # generate.DEFAULT_STEPS, or fewer if fewer positions are unknown
+  settings["dtype"] = f["dtype"] or "float32"
   bars = []
 
   def progress(total):
@@ -104,13 +105,18 @@ def _eval(f: dict) -> None:
 
 def _compile(f: dict) -> None:
   from ao_mdm import aot
-  aot.compile_for_topology(f["config"], f["topology"], name=FLAGS["config"].config_filename)
+  name = FLAGS["config"].config_filename
+  if f["program"] == "train":
+    aot.compile_for_topology(f["config"], f["topology"], name=name)
+  else:
+    aot.compile_sampler(f["config"], f["topology"], name, batch_size=f["batch_size"],
+                        steps=f["steps"], schedule=f["schedule"], dtype=f["dtype"] or "float32")
 
 
 def _bench(f: dict, what: str) -> None:
   from ao_mdm import bench
   bench.run(what, f["config"], FLAGS["config"].config_filename, baseline=f["baseline"],
-            mode=f["mode"], checkpoint=f["checkpoint"], weights=f["weights"])
+            mode=f["mode"], checkpoint=f["checkpoint"], weights=f["weights"], dtype=f["dtype"])
 
 
 HANDLERS = {"train": _train, "prepare": _prepare, "info": _info, "tokenizer": _tokenizer,

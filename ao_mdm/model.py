@@ -89,7 +89,7 @@ def attention(q_BWHK, k_BWHK, v_BWHK, mask_WW, cache_k_BHTK=None, cache_v_BHTK=N
   The cache is heads-major ([B, H, T, K]) so that scoring it is a plain batched matmul; P is the
   cache mask's length (cache_mask_WP), and reading the prefix here, inside the layer, lets XLA
   take it from the whole cache in one slice. The scores are split into the cache part and the
-  new part so the cache is never concatenated.
+  new part so the cache is never concatenated with the new keys.
   """
   dtype = q_BWHK.dtype
   scale = q_BWHK.shape[-1] ** -0.5
@@ -103,9 +103,13 @@ def attention(q_BWHK, k_BWHK, v_BWHK, mask_WW, cache_k_BHTK=None, cache_v_BHTK=N
   q_BHWK = q_BWHK.transpose(0, 2, 1, 3)
   s_BHWP = jnp.einsum("bhqk,bhsk->bhqs", q_BHWK, k_BHPK.astype(dtype)).astype(jnp.float32)
   s_BHWP = jnp.where(cache_mask_WP, s_BHWP * scale, -jnp.inf)
-  p = jax.nn.softmax(jnp.concatenate([s_BHWP, s_BHWW], axis=-1), axis=-1).astype(dtype)
-  out_BHWK = jnp.einsum("bhqs,bhsk->bhqk", p[..., :prefix], v_BHPK.astype(dtype))
-  return out_BHWK.transpose(0, 2, 1, 3) + jnp.einsum("bhqs,bshk->bqhk", p[..., prefix:], v_BWHK)
+  # One softmax over the cache and new keys, never concatenated (each query sees itself).
+  top_BHW1 = jnp.maximum(s_BHWP.max(-1, keepdims=True), s_BHWW.max(-1, keepdims=True))
+  e_BHWP, e_BHWW = jnp.exp(s_BHWP - top_BHW1), jnp.exp(s_BHWW - top_BHW1)
+  sum_BHW1 = e_BHWP.sum(-1, keepdims=True) + e_BHWW.sum(-1, keepdims=True)
+  p_BHWP, p_BHWW = (e_BHWP / sum_BHW1).astype(dtype), (e_BHWW / sum_BHW1).astype(dtype)
+  out_BHWK = jnp.einsum("bhqs,bhsk->bhqk", p_BHWP, v_BHPK.astype(dtype))
+  return out_BHWK.transpose(0, 2, 1, 3) + jnp.einsum("bhqs,bshk->bqhk", p_BHWW, v_BWHK)
 
 
 class Dense(nn.Module):
@@ -116,6 +120,7 @@ class Dense(nn.Module):
   std: float = 0.02
   n_in: int = 1
   use_bias: bool = True
+  float32_out: bool = False  # accumulate and return float32 (the head's logits)
 
   @nn.compact
   def __call__(self, x):
@@ -124,10 +129,11 @@ class Dense(nn.Module):
     kernel = self.param("kernel", _init(self.cfg, self.std, self.names), shape, jnp.float32)
     # One 2-D matmul: XLA:CPU transposes a 3-D operand for the kernel gradient (2x slower).
     x_NI = x.reshape(-1, math.prod(shape[:self.n_in])).astype(dtype)
-    y_NO = x_NI @ kernel.reshape(x_NI.shape[1], -1).astype(dtype)
+    y_NO = jnp.matmul(x_NI, kernel.reshape(x_NI.shape[1], -1).astype(dtype),
+                      preferred_element_type=jnp.float32 if self.float32_out else None)
     if self.use_bias:
       bias = self.param("bias", _zeros(self.names[self.n_in:]), tuple(self.features), jnp.float32)
-      y_NO = y_NO + bias.reshape(-1).astype(dtype)
+      y_NO = y_NO + bias.reshape(-1).astype(y_NO.dtype)
     return y_NO.reshape(x.shape[:-self.n_in] + tuple(self.features))
 
 
@@ -226,7 +232,7 @@ class AOGPT(nn.Module):
     self.ln_f = Norm(cfg)
     if cfg.variant == "ao":
       self.final_adaln = Dense(cfg, (2, d), ("cond", None, "embed"))
-      self.head = Dense(cfg, (cfg.vocab_size,), ("embed", "vocab"))
+      self.head = Dense(cfg, (cfg.vocab_size,), ("embed", "vocab"), float32_out=True)
 
   def embed(self, prev_tok_BW, prev_pos_BW, target_pos_BW):
     """Slot inputs (token + position of the previous order entry, -1 for [None]) and targets.
@@ -248,14 +254,16 @@ class AOGPT(nn.Module):
     return self.blocks(x_BWD, cond, cache, mask)
 
   def logits(self, h_BWD, cond):
-    """Final (modulated) norm and the output head; float32 logits."""
+    """Final (modulated) norm and the output head; float32 logits (a bf16 model's head
+    accumulates in float32)."""
     y = self.ln_f(h_BWD)
     if self.cfg.variant == "ao":
       shift, scale = per_slot(self.final_adaln, cond)
       y = y * (1 + scale) + shift
       out = self.head(y)
     else:
-      out = jnp.einsum("bwd,vd->bwv", y, self.token_embed.astype(y.dtype))
+      out = jnp.einsum("bwd,vd->bwv", y, self.token_embed.astype(y.dtype),
+                       preferred_element_type=jnp.float32)
     return nn.with_logical_constraint(out.astype(jnp.float32), ("batch", "length", "vocab"))
 
   def __call__(self, tokens_BT, order_BT):

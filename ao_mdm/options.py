@@ -7,9 +7,11 @@ SCHEDULES = ("linear", "cosine")
 ORDERS = ("random", "l2r")
 TOP_P_RULES = ("authors", "nucleus")
 MODE_OPTIONS = {  # the options each mode's sampler takes
-    "parallel": ("steps", "schedule", "temperature", "top_p", "top_k", "order", "top_p_rule"),
-    "speculative": ("temperature", "top_p", "top_k", "top_p_rule", "draft"),
-    "confidence": ("steps", "schedule", "temperature", "top_p", "top_k", "top_p_rule", "score"),
+    "parallel": ("steps", "schedule", "temperature", "top_p", "top_k", "order", "top_p_rule",
+                 "dtype"),
+    "speculative": ("temperature", "top_p", "top_k", "top_p_rule", "draft", "dtype"),
+    "confidence": ("steps", "schedule", "temperature", "top_p", "top_k", "top_p_rule", "score",
+                   "dtype"),
 }
 
 COMMANDS = {
@@ -26,8 +28,9 @@ COMMANDS = {
                     "[--weights=ema|model] [--variant=ao|sigma]",
     "import-gpt2": "convert a local Hugging Face GPT-2 (e.g. gpt2-large) into a scorer for "
                    "eval --generated: --hf_dir=DIR --out=DIR",
-    "compile": "ahead-of-time compile of the train step for a TPU topology: --config=... "
-               "--topology=v5e:4x4",
+    "compile": "ahead-of-time compile for a TPU topology, with memory and a roofline projection: "
+               "--config=... --topology=v5e:4x4 [--program=train|sample --batch_size=8 "
+               "--steps=64 --dtype=bfloat16]",
     "bench": "benchmarks: `bench sample --config=configs/bench_sampler.py [--mode=speculative "
              "--checkpoint=DIR]`, `bench train --config=configs/bench_train.py`, "
              "`bench data --config=configs/bench_data.py`",
@@ -48,10 +51,12 @@ COMMAND_FLAGS = {
              "orders", "ensemble", "max_blocks", "batch_size", "seed", "generated", "scorer"),
     "import-torch": ("checkpoint", "out", "weights", "variant"),
     "import-gpt2": ("hf_dir", "out"),
-    "compile": ("config", "topology"),
-    "bench": ("config", "baseline", "mode", "checkpoint", "weights"),
+    "compile": ("config", "topology", "program", "batch_size", "steps", "schedule", "dtype"),
+    "bench": ("config", "baseline", "mode", "checkpoint", "weights", "dtype"),
 }
 BENCHES = ("sample", "train", "data")
+PROGRAMS = ("train", "sample")  # of `ao-mdm compile`
+DTYPES = ("float32", "bfloat16")  # decoding dtypes (model.DTYPES)
 
 
 def define_flags() -> None:
@@ -116,7 +121,14 @@ def define_flags() -> None:
   flags.DEFINE_string("generated", None, "eval: samples (ao-mdm sample --out) to score.")
   flags.DEFINE_string("scorer", None, "eval: scores --generated samples left to right: an "
                       "import-gpt2 export (the paper: GPT-2 Large) or an ao_mdm checkpoint.")
+  flags.DEFINE_enum("dtype", None, list(DTYPES),
+                    "sample, bench sample, compile --program=sample: decode in float32 (the "
+                    "default; exact) or bfloat16 (params and K/V cache; logits and the draw stay "
+                    "float32). bench sample without it times both.")
   flags.DEFINE_string("topology", None, "compile: a TPU topology such as v5e:4x4.")
+  flags.DEFINE_enum("program", "train", list(PROGRAMS),
+                    "compile: the sharded train step, or the cached sampler (one generation of "
+                    "--batch_size samples in --steps steps, every cache bucket).")
   flags.DEFINE_enum("baseline", "none", ["none", "torch"],
                     "bench train: torch = also train the same model, step and batch in plain "
                     "PyTorch (eager, float32, all cores; needs the [torch] extra) and print its "

@@ -11,6 +11,7 @@ import itertools
 import json
 from typing import Any, Optional
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -80,6 +81,43 @@ class Plan:
     # Step i reads cache slots < starts[i]: CACHE_BUCKETS loops, one per cache length read.
     return Plan(counts, starts, int(real), int(k.max()) - 1,
                 decoding.bucket_segments(starts, t, CACHE_BUCKETS))
+
+
+def _weight_counts(cfg: ml_collections.ConfigDict) -> tuple[int, int]:
+  """(block weights, head weights: final AdaLN and head, or the tied embedding) of a config."""
+  shapes = nn.unbox(jax.eval_shape(lambda k: model_lib.init_params(cfg, k), jax.random.key(0)))
+  n_blocks = model_lib.count_params(shapes["blocks"])
+  if cfg.variant == "sigma":
+    return n_blocks, cfg.vocab_size * cfg.n_embd
+  return n_blocks, model_lib.count_params({k: shapes[k] for k in ("final_adaln", "head")})
+
+
+def step_costs(cfg: ml_collections.ConfigDict, plan: Plan, batch: int) -> list[dict]:
+  """What each cache bucket's steps must do at least, in cfg.dtype: `bytes` read per step (the
+  weights it multiplies by: blocks, final AdaLN and head, embedding rows being gathered; plus the
+  K/V cache prefix it attends to) and `flops` per step (2 per weight per slot, the head only for
+  the 1 + W_p queries; attention 4 L D per query-key pair). One dict per plan segment."""
+  itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
+  n_blocks, n_head = _weight_counts(cfg)
+  w = plan.real_width + plan.phantom_width
+  costs = []
+  for first, end, cache_len in plan.segments:
+    cache_bytes = 2 * cfg.n_layer * batch * cache_len * cfg.n_embd * itemsize
+    flops = 2 * batch * (w * n_blocks + (1 + plan.phantom_width) * n_head) \
+        + 4 * cfg.n_layer * cfg.n_embd * batch * w * (cache_len + w)
+    costs.append({"steps": end - first, "cache_len": cache_len, "flops": flops,
+                  "bytes": itemsize * (n_blocks + n_head) + cache_bytes,
+                  "cache_bytes": cache_bytes})
+  return costs
+
+
+def forward_costs(cfg: ml_collections.ConfigDict, batch: int) -> dict:
+  """The same counts for one full training forward of [batch, T] (attention over all T x T)."""
+  itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
+  n_blocks, n_head = _weight_counts(cfg)
+  t = cfg.block_size
+  return {"flops": 2 * batch * t * (n_blocks + n_head) + 4 * cfg.n_layer * cfg.n_embd * batch * t * t,
+          "bytes": itemsize * (n_blocks + n_head)}
 
 
 def _chunk_masks(plan: Plan, n: jax.Array, c: jax.Array, cache_len: int) -> dict:
@@ -170,7 +208,8 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
            schedule: str = "linear", temperature: float = 1.0, top_p: float = 1.0,
            top_k: int = 0, seed: int = 0, known_positions: Any = (), known_tokens: Any = (),
            order: Optional[str] = None, use_cache: bool = True, return_logits: bool = False,
-           top_p_rule: str = "authors", vocab_limit: Optional[int] = None) -> decoding.SampleOutput:
+           top_p_rule: str = "authors", vocab_limit: Optional[int] = None,
+           dtype: str = "float32") -> decoding.SampleOutput:
   """Generate [batch_size, T] token ids in `steps` parallel steps (model config `cfg`).
 
   Known tokens (a prompt or infill context, shared by the batch) come first in the order and are
@@ -181,6 +220,7 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
   """
   checks.sampling_options(steps, temperature, top_p, top_k, order, top_p_rule, schedule)
   t = cfg.block_size
+  params, cfg = decoding.with_dtype(params, cfg, dtype)
   tokens, mask = decoding.known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
   order = default_order(order, int(mask[0].sum()))
   plan = Plan.make(schedule_counts(t, int(mask[0].sum()), int(steps), schedule), use_cache)

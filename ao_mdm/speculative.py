@@ -148,7 +148,8 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
 def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, draft: int = 4,
            temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
            known_positions: Any = (), known_tokens: Any = (), top_p_rule: str = "authors",
-           vocab_limit: Optional[int] = None) -> decoding.SampleOutput:
+           vocab_limit: Optional[int] = None,
+           dtype: str = "float32") -> decoding.SampleOutput:
   """L2R samples ([batch_size, T]) by self-speculative decoding with `draft` tokens per forward.
 
   Known tokens come first in the order (as in sampling.sample); the rest left to right. The
@@ -158,6 +159,7 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, draf
   """
   checks.sampling_options(1, temperature, top_p, top_k, "l2r", top_p_rule)
   t = cfg.block_size
+  params, cfg = decoding.with_dtype(params, cfg, dtype)
   if not 1 <= int(draft) <= t - 1:
     raise ValueError(f"draft={draft} must be in [1, {t - 1}] (T - 1)")
   tokens, mask = decoding.known_inputs(cfg, batch_size, known_positions, known_tokens,

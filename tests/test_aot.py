@@ -84,3 +84,37 @@ def test_paper_configs_fit_v5e_4x4(name):
   c = paper_config(name)
   r = aot.compile_for_topology(c, "v5e:4x4")
   assert c.train.batch_size * c.model.block_size == 1_048_576 and r["total"] < r["hbm_gib"]
+
+
+@pytest.mark.slow
+def test_sampler_compiles_for_one_v5e_chip_in_both_dtypes(capsys):
+  c = tiny_config()
+  r32 = aot.compile_sampler(c, "v5e:1", batch_size=2, steps=8, dtype="float32")
+  r16 = aot.compile_sampler(c, "v5e:1", batch_size=2, steps=8, dtype="bfloat16")
+  out = capsys.readouterr().out
+  assert "the cached sampler" in out and "generation / forward" in out
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from ao_mdm import model as model_lib  # pylint: disable=g-import-not-at-top
+  n = model_lib.count_params(nn.unbox(jax.eval_shape(
+      lambda: model_lib.init_params(c.model, jax.random.key(0)))))
+  gib = 1024 ** 3
+  # The arguments are the params (4 or 2 bytes each, small arrays padded to TPU tiles) and the
+  # small token inputs.
+  assert 4 * n <= r32["arguments"] * gib < 1.5 * 4 * n
+  assert 2 * n <= r16["arguments"] * gib < 0.75 * r32["arguments"] * gib
+  for r, itemsize in ((r32, 4), (r16, 2)):
+    assert r["device_kind"] == "TPU v5 lite" and r["total"] < r["hbm_gib"]
+    assert sum(b["steps"] for b in r["buckets_detail"]) == 8
+    # The K/V cache prefix each bucket reads: 2 (K, V) x L x B x length x D.
+    for b in r["buckets_detail"]:
+      assert b["cache_bytes"] == 2 * 2 * 2 * b["cache_len"] * 32 * itemsize
+    assert r["generation_s"] == pytest.approx(sum(b["steps"] * b["step_s"]
+                                                  for b in r["buckets_detail"]))
+  assert r16["generation_bytes"] == pytest.approx(r32["generation_bytes"] / 2)
+  assert r16["generation_flops"] == r32["generation_flops"]
+
+
+def test_single_chip_topologies():
+  assert len(aot.tpu_devices("v5e:1")) == 1
+  assert aot.tpu_devices("v6e:1x1")[0].device_kind == "TPU v6 lite"

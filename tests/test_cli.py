@@ -213,6 +213,13 @@ BAD_INPUTS = [
     (["tokenizer", "--out={root}/full"], "exists and is not an empty directory"),
     (["compile", TINY], "missing --topology"),
     (["compile", TINY, "--topology=bogus"], "--topology='bogus': expected GENERATION:SHAPE"),
+    (["compile", TINY, "--topology=v5e:1", "--steps=8"],
+     "--steps do not apply to --program=train"),
+    (["compile", TINY, "--topology=v5e:1", "--program=sample", "--steps=0"],
+     "--steps=0 and --batch_size=4 must be >= 1"),
+    (["compile", TINY, "--topology=v5e:1", "--program=sample", "--dtype=float16"], "--dtype"),
+    (["bench", "train", TINY, "--dtype=bfloat16"], "applies to `ao-mdm bench sample` only"),
+    (["sample", "--checkpoint={run}", "--dtype=int8"], "--dtype"),
 ]
 
 
