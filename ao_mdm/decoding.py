@@ -1,8 +1,9 @@
 """What the three decoders (sampling, speculative, confidence) share: slot inputs, the K/V
 cache, the draw from filtered probabilities, cache-length buckets, known-token inputs.
 
-The cache is a plain dict {"k", "v"} of [L, B, H, T, K] arrays (heads-major, so each head's
-prefix is contiguous); the layer stack returns a chunk's K/V as [L, B, W, H, K].
+The cache is a plain dict of heads-major arrays, "k" [L, B, H, K, T] (keys transposed) and "v"
+[L, B, H, T, K], so that attention multiplies each with a plain batched matmul (model.attention);
+the layer stack returns a chunk's K/V as [L, B, W, H, K].
 """
 import dataclasses
 from typing import Any, Callable, Optional, Sequence
@@ -147,24 +148,29 @@ def write_cache(cache: dict, kv: dict, slots: jax.Array) -> dict:
   cache slots `slots`: [W] shared by the batch or [B, W] per row; slots >= T are dropped."""
   out = {}
   for name, c in cache.items():
-    new = kv[name][:, :, :slots.shape[-1]].astype(c.dtype)
+    new_LBWHK = kv[name][:, :, :slots.shape[-1]].astype(c.dtype)
     if slots.ndim == 1:
-      out[name] = c.at[:, :, :, slots].set(new.transpose(0, 1, 3, 2, 4), mode="drop")
-    else:
+      axes = (0, 1, 3, 4, 2) if name == "k" else (0, 1, 3, 2, 4)
+      at = c.at[..., slots] if name == "k" else c.at[:, :, :, slots]
+      out[name] = at.set(new_LBWHK.transpose(axes), mode="drop")
+    else:  # advanced indices split by the head axis: the result's axes are [L, B, W, H, K]
       layers = jnp.arange(c.shape[0])[:, None, None]
       rows = jnp.arange(c.shape[1])[None, :, None]
-      out[name] = c.at[layers, rows, :, slots[None]].set(new, mode="drop")
+      at = (c.at[layers, rows, :, :, slots[None]] if name == "k"
+            else c.at[layers, rows, :, slots[None]])
+      out[name] = at.set(new_LBWHK, mode="drop")
   return out
 
 
 def prefilled_cache(apply: Callable, cfg: ml_collections.ConfigDict, tokens_BT: jax.Array,
                     order_BT: jax.Array, known: int) -> dict:
-  """The empty [L, B, H, T, K] K/V cache with slots 0..known-1 (the known tokens) written;
-  `apply` is stack_fn(model, params)."""
+  """The empty K/V cache (k [L, B, H, K, T], v [L, B, H, T, K]) with slots 0..known-1 (the
+  known tokens) written; `apply` is stack_fn(model, params)."""
   dtype = model_lib.DTYPES[cfg.dtype]
   b, t = tokens_BT.shape
-  shape = (cfg.n_layer, b, cfg.n_head, t, cfg.n_embd // cfg.n_head)
-  cache = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+  lbh = (cfg.n_layer, b, cfg.n_head)
+  k_dim = cfg.n_embd // cfg.n_head
+  cache = {"k": jnp.zeros(lbh + (k_dim, t), dtype), "v": jnp.zeros(lbh + (t, k_dim), dtype)}
   if known:  # the slots of the known tokens are real and all their inputs are known
     slots = jnp.broadcast_to(jnp.arange(known), (b, known))
     _, _, kv = apply(*slot_inputs(tokens_BT, order_BT, slots), order_BT[:, :known], None, None)

@@ -82,33 +82,34 @@ class Norm(nn.Module):
     return y.astype(x.dtype)
 
 
-def attention(q_BWHK, k_BWHK, v_BWHK, mask_WW, cache_k_BHTK=None, cache_v_BHTK=None,
+def attention(q_BWHK, k_BWHK, v_BWHK, mask_WW, cache_k_BHKT=None, cache_v_BHTK=None,
               cache_mask_WP=None):
   """Softmax attention of W queries over W new keys and, when decoding, the first P cached keys.
 
-  The cache is heads-major ([B, H, T, K]) so that scoring it is a plain batched matmul; P is the
-  cache mask's length (cache_mask_WP), and reading the prefix here, inside the layer, lets XLA
-  take it from the whole cache in one slice. The scores are split into the cache part and the
-  new part so the cache is never concatenated with the new keys.
+  The cache is heads-major with the keys transposed (k [B, H, K, T], v [B, H, T, K]), so that
+  both products with it are plain batched matmuls over a contiguous axis; P is the cache mask's
+  length (cache_mask_WP), and reading the prefix here, inside the layer, lets XLA take it from
+  the whole cache in one slice. The scores are split into the cache part and the new part so the
+  cache is never concatenated with the new keys.
   """
   dtype = q_BWHK.dtype
   scale = q_BWHK.shape[-1] ** -0.5
   s_BHWW = jnp.einsum("bqhk,bshk->bhqs", q_BWHK, k_BWHK).astype(jnp.float32) * scale
   s_BHWW = jnp.where(mask_WW, s_BHWW, -jnp.inf)
-  if cache_k_BHTK is None:
+  if cache_k_BHKT is None:
     p_BHWW = jax.nn.softmax(s_BHWW, axis=-1)
     return jnp.einsum("bhqs,bshk->bqhk", p_BHWW.astype(dtype), v_BWHK)
   prefix = cache_mask_WP.shape[-1]
-  k_BHPK, v_BHPK = cache_k_BHTK[:, :, :prefix], cache_v_BHTK[:, :, :prefix]
+  k_BHKP, v_BHPK = cache_k_BHKT[..., :prefix], cache_v_BHTK[:, :, :prefix]
   q_BHWK = q_BWHK.transpose(0, 2, 1, 3)
-  s_BHWP = jnp.einsum("bhqk,bhsk->bhqs", q_BHWK, k_BHPK.astype(dtype)).astype(jnp.float32)
+  s_BHWP = jnp.einsum("bhqk,bhkp->bhqp", q_BHWK, k_BHKP.astype(dtype)).astype(jnp.float32)
   s_BHWP = jnp.where(cache_mask_WP, s_BHWP * scale, -jnp.inf)
   # One softmax over the cache and new keys, never concatenated (each query sees itself).
   top_BHW1 = jnp.maximum(s_BHWP.max(-1, keepdims=True), s_BHWW.max(-1, keepdims=True))
   e_BHWP, e_BHWW = jnp.exp(s_BHWP - top_BHW1), jnp.exp(s_BHWW - top_BHW1)
   sum_BHW1 = e_BHWP.sum(-1, keepdims=True) + e_BHWW.sum(-1, keepdims=True)
   p_BHWP, p_BHWW = (e_BHWP / sum_BHW1).astype(dtype), (e_BHWW / sum_BHW1).astype(dtype)
-  out_BHWK = jnp.einsum("bhqs,bhsk->bhqk", p_BHWP, v_BHPK.astype(dtype))
+  out_BHWK = jnp.einsum("bhqp,bhpk->bhqk", p_BHWP, v_BHPK.astype(dtype))
   return out_BHWK.transpose(0, 2, 1, 3) + jnp.einsum("bhqs,bshk->bqhk", p_BHWW, v_BWHK)
 
 
