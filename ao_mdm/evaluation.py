@@ -247,7 +247,8 @@ def generative_perplexity(scorer: Any, samples: Sequence[Sequence[int]],
   """Mean over samples of exp(mean NLL of tokens 1..n-1) under an L2R scorer, and unigram entropy.
 
   As the authors score with GPT-2 Large: the first token is not scored, and the reported figure
-  is the mean of per-sample perplexities. `scorer` is a Scorer or a gpt2_scorer.GPT2Scorer;
+  is the mean of per-sample perplexities (gen_ppl_sem: its standard error over the samples).
+  `scorer` is a Scorer or a gpt2_scorer.GPT2Scorer;
   samples may differ in length (re-tokenized text) and are batched by length.
   """
   if not samples or min(len(s) for s in samples) < 2:
@@ -270,8 +271,9 @@ def generative_perplexity(scorer: Any, samples: Sequence[Sequence[int]],
       ids = np.asarray([samples[i] for i in chunk], np.int32)
       ppl[chunk] = np.exp(scorer.token_nll(ids).mean(1))
   entropy = np.asarray([unigram_entropy(s) for s in samples])
-  return {"gen_ppl": float(ppl.mean()), "gen_ppl_median": float(np.median(ppl)),
-          "unigram_entropy": float(entropy.mean()), "samples": len(samples)}
+  sem = float(ppl.std(ddof=1) / np.sqrt(len(ppl))) if len(ppl) > 1 else float("nan")
+  return {"gen_ppl": float(ppl.mean()), "gen_ppl_sem": sem,
+          "gen_ppl_median": float(np.median(ppl)), "unigram_entropy": float(entropy.mean()), "samples": len(samples)}
 
 
 PROTOCOLS = ("paper", "custom")

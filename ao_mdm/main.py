@@ -83,7 +83,8 @@ def _eval(f: dict) -> None:
   from ao_mdm import evaluation
   if f["generated"]:
     r = evaluation.generated_command(f["generated"], f["scorer"], f["weights"], f["batch_size"])
-    print(f"generative perplexity {r['gen_ppl']:.2f} (median {r['gen_ppl_median']:.2f}), "
+    print(f"generative perplexity {r['gen_ppl']:.2f} +- {r['gen_ppl_sem']:.2f} (median "
+          f"{r['gen_ppl_median']:.2f}), "
           f"unigram entropy {r['unigram_entropy']:.3f} nats, {r['samples']} samples")
     print(json.dumps(r))
     return
