@@ -24,7 +24,7 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
                  mode: str = "parallel", **options) -> Iterator[dict]:
   """Yields `num_samples` texts ({text, tokens}, `marked` with a prompt or infill, the `steps`
   used) as each batch finishes; `options` go to the mode's sampler: sampling.sample (parallel),
-  speculative.sample (draft; the order is L2R, one token or more per forward) or
+  speculative.sample (draft, order: L2R by default; one token or more per forward) or
   confidence.sample (steps, score); options of another mode are ignored, unknown ones refused.
   steps=None: DEFAULT_STEPS, or the number of unknown positions if fewer. order=None (parallel):
   left to right after a prompt or infill, random without (sampling.default_order); the parallel
@@ -46,6 +46,8 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
     options["steps"] = min(DEFAULT_STEPS, cfg.block_size - len(positions))
   if mode == "parallel":
     options["order"] = sampling.default_order(options.get("order"), len(positions))
+  elif mode == "speculative":
+    options["order"] = options.get("order") or "l2r"
   batch_size = min(batch_size, num_samples)
   known = np.zeros(cfg.block_size, bool)
   known[positions] = True
@@ -73,7 +75,8 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
 def describe(record: dict, mode: str, settings: dict) -> str:
   """How a sample was made, as `ao-mdm sample` prints it above the text."""
   if mode == "speculative":
-    return (f"speculative L2R, draft {settings['draft']}: {record['forwards']} forwards, "
+    return (f"speculative, {record['order']} order, draft {settings['draft']}: "
+            f"{record['forwards']} forwards, "
             f"{record['accepted']} drafts accepted")
   return f"steps={record['steps']}, {record.get('order', mode)} order"
 

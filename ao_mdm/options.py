@@ -9,7 +9,7 @@ TOP_P_RULES = ("authors", "nucleus")
 MODE_OPTIONS = {  # the options each mode's sampler takes
     "parallel": ("steps", "schedule", "temperature", "top_p", "top_k", "order", "top_p_rule",
                  "dtype"),
-    "speculative": ("temperature", "top_p", "top_k", "top_p_rule", "draft", "dtype"),
+    "speculative": ("temperature", "top_p", "top_k", "top_p_rule", "draft", "order", "dtype"),
     "confidence": ("steps", "schedule", "temperature", "top_p", "top_k", "top_p_rule", "score",
                    "dtype"),
 }
@@ -80,7 +80,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("infill_span", 8, "sample: tokens generated per [MASK].")
   flags.DEFINE_enum("mode", "parallel", list(MODES),
                     "sample: parallel = S steps in a random (or L2R) order; speculative = exact "
-                    "L2R samples, --draft tokens drafted and verified per forward; confidence = "
+                    "samples of one-token-per-step decoding in an L2R (or random) order, --draft "
+                    "tokens drafted and verified per forward; confidence = "
                     "S steps, the most confident positions first.")
   flags.DEFINE_integer("steps", 64, "sample: decoding steps S (parallel, confidence).")
   flags.DEFINE_integer("draft", 4, "sample: tokens drafted per forward (speculative).")
@@ -96,8 +97,9 @@ def define_flags() -> None:
                     "keep the smallest set whose probability reaches top_p.")
   flags.DEFINE_integer("top_k", 0, "sample: keep the k most likely tokens; 0 is off.")
   flags.DEFINE_enum("order", None, list(ORDERS),
-                    "sample: order of the unknown tokens; default: l2r after --prompt or "
-                    "--infill (as the authors' cond_generate), random without.")
+                    "sample: order of the unknown tokens; default (parallel): l2r after --prompt "
+                    "or --infill (as the authors' cond_generate), random without; "
+                    "(speculative): l2r.")
   flags.DEFINE_integer("num_samples", 4, "sample: how many samples.")
   flags.DEFINE_integer("batch_size", 4, "sample: samples per batch; eval: blocks per batch.")
   flags.DEFINE_integer("seed", 0, "Random seed.")

@@ -1,16 +1,18 @@
-"""Self-speculative L2R decoding (docs/sampling.md): exact L2R samples, several tokens per forward.
+"""Self-speculative decoding (docs/sampling.md): exact samples of sequential decoding in a fixed
+order (L2R, or a random order of the unknown positions), several tokens per forward.
 
-An AO-GPT is also an L2R model, and both run through one KV cache. With the first n slots of the
-order known, one forward holds 2k + 1 slots: the real slots n..n+k (their inputs: the last known
-token, then the k drafts), whose L2R conditionals verify the drafts (speculative sampling: accept
-draft x with probability min(1, p(x)/q(x)), on the first rejection draw from max(0, p - q)
-normalised, after k acceptances draw one more from p), and k phantoms, copies of real slot
-n+k's input that target the k positions after n+k. Every position n+1..n+2k then has a draft
-with a known proposal q: the unverified old drafts, real slot n+k's conditional, the phantoms.
-With a drafts accepted, the drafts for n+a+1..n+a+k are taken from that list. A proposal may
-depend on anything but the draft itself (here: on rejected drafts), so the output is distributed
-exactly as L2R ancestral sampling with the same temperature and top-p. One forward per
-iteration; rows keep their own counts; the loop ends when every row is done.
+An AO-GPT is also a sequential model in any order, and both run through one KV cache. With the
+first n slots of the order known, one forward holds 2k + 1 slots: the real slots n..n+k (their
+inputs: the last known token, then the k drafts), whose conditionals verify the drafts
+(speculative sampling: accept draft x with probability min(1, p(x)/q(x)), on the first rejection
+draw from max(0, p - q) normalised, after k acceptances draw one more from p), and k phantoms,
+copies of real slot n+k's input that target the k order positions after n+k. Every order slot
+n+1..n+2k then has a draft with a known proposal q: the unverified old drafts, real slot n+k's
+conditional, the phantoms. With a drafts accepted, the drafts for n+a+1..n+a+k are taken from
+that list. A proposal may depend on anything but the draft itself (here: on rejected drafts), so
+the output is distributed exactly as ancestral sampling in that order with the same temperature
+and top-p. One forward per iteration; rows keep their own counts; the loop ends when every row
+is done.
 """
 import functools
 import json
@@ -43,8 +45,8 @@ def _layout(k: int) -> dict:
 
 @functools.lru_cache(maxsize=16)
 def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str,
-             vocab_limit: Optional[int], verify: bool = True):
-  """The jitted speculative loop for one (model, k, prompt length).
+             vocab_limit: Optional[int], verify: bool = True, order_mode: str = "l2r"):
+  """The jitted speculative loop for one (model, k, prompt length, order mode).
 
   verify=False accepts every draft (a wrong rule, for the exactness test to reject).
   """
@@ -57,7 +59,10 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
 
   def run(params, tokens_BT, known_BT, key, temperature, top_p, top_k):
     b = tokens_BT.shape[0]
-    order_BT = decoding.make_orders(key, known_BT, "l2r")
+    k_order = key
+    if order_mode == "random":  # an L2R order needs no key (and keeps its draws)
+      k_order, key = jax.random.split(key)
+    order_BT = decoding.make_orders(k_order, known_BT, order_mode)
     apply = decoding.stack_fn(model, params)
     probs = decoding.Draw(temperature, top_p, top_k, use_filter, top_p_rule, vocab_limit).probs
     cache = decoding.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
@@ -80,7 +85,7 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
                "cache": (jnp.arange(t)[None, :] < n_B[:, None])[:, None, None, :]}
       hidden, cond, kv = apply(prev_tok_BW, prev_pos_BW, target_BW, cache, masks)
       probs_BWV = probs(model.apply({"params": params}, hidden, cond, method="logits"))
-      p_BRV = probs_BWV[:, :k + 1]  # L2R conditionals at slots n..n+k
+      p_BRV = probs_BWV[:, :k + 1]  # the conditionals at order slots n..n+k
       # Verify: accept the longest prefix of drafts, each with probability min(1, p/q).
       p_d = jnp.take_along_axis(p_BRV[:, :k], drafts_BG[..., None], axis=2)[..., 0]
       q_d = jnp.take_along_axis(q_BGV, drafts_BG[..., None], axis=2)[..., 0]
@@ -147,17 +152,20 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
 
 def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, draft: int = 4,
            temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-           known_positions: Any = (), known_tokens: Any = (), top_p_rule: str = "authors",
-           vocab_limit: Optional[int] = None,
+           known_positions: Any = (), known_tokens: Any = (), order: Optional[str] = None,
+           top_p_rule: str = "authors", vocab_limit: Optional[int] = None,
            dtype: str = "float32") -> decoding.SampleOutput:
-  """L2R samples ([batch_size, T]) by self-speculative decoding with `draft` tokens per forward.
+  """Samples ([batch_size, T]) of sequential decoding in `order` ("l2r", the default, or
+  "random": a random order of the unknown positions per row) by self-speculative decoding with
+  `draft` tokens per forward.
 
-  Known tokens come first in the order (as in sampling.sample); the rest left to right. The
-  output's `stats` hold, per row, the forwards it took, the drafts it accepted, and for the first
-  draft of each forward: how many were verified, accepted, and the sum of their acceptance
-  probabilities sum_x min(p, q).
+  Known tokens come first in the order (as in sampling.sample). The output's `order` is the
+  order used, and its `stats` hold, per row, the forwards it took, the drafts it accepted, and
+  for the first draft of each forward: how many were verified, accepted, and the sum of their
+  acceptance probabilities sum_x min(p, q).
   """
-  checks.sampling_options(1, temperature, top_p, top_k, "l2r", top_p_rule)
+  order = order or "l2r"
+  checks.sampling_options(1, temperature, top_p, top_k, order, top_p_rule)
   t = cfg.block_size
   params, cfg = decoding.with_dtype(params, cfg, dtype)
   if not 1 <= int(draft) <= t - 1:
@@ -165,7 +173,7 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, draf
   tokens, mask = decoding.known_inputs(cfg, batch_size, known_positions, known_tokens,
                                        vocab_limit)
   decode = decoder(cfg.to_json(), int(draft), int(mask[0].sum()), top_p < 1 or top_k > 0,
-                    top_p_rule, vocab_limit)
+                    top_p_rule, vocab_limit, True, order)
   out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
   tokens_BT, order_BT, stats, iterations = jax.device_get(out)

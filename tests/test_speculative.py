@@ -1,4 +1,5 @@
-"""Self-speculative L2R decoding: exact in distribution, equal to L2R decoding when greedy."""
+"""Self-speculative decoding: exact in distribution, equal to sequential decoding when greedy, in
+L2R and in random orders with known tokens scattered."""
 import itertools
 
 import flax.linen as nn
@@ -63,6 +64,73 @@ def test_speculative_samples_follow_the_l2r_joint_and_always_accept_does_not():
         f"always accept: chi2={wrong_stat:.1f} p={wrong_p:.2e}")
   assert p > 1e-3 and accepted > 0.2  # drafts are accepted, and the output is still exact
   assert wrong_p < 1e-6
+
+
+def _order_joint(cfg, params, known_pos, known_tok):
+  """Every (order, sequence) of a random order of the unknown positions after the known ones,
+  with its probability: 1 / u! times the sequential joint prod_s p(x_order[s] | earlier)."""
+  v, t = cfg.vocab_size, cfg.block_size
+  unknown = [p for p in range(t) if p not in known_pos]
+  orders = [list(known_pos) + list(o) for o in itertools.permutations(unknown)]
+  fills = list(itertools.product(range(v), repeat=len(unknown)))
+  seqs = np.zeros((len(orders) * len(fills), t), np.int32)
+  seqs[:, known_pos] = known_tok
+  seqs[:, unknown] = np.tile(np.asarray(fills, np.int32), (len(orders), 1))
+  order = np.repeat(np.asarray(orders, np.int32), len(fills), axis=0)
+  nll = model_lib.slot_nll(model_lib.make_model(cfg), params, jnp.asarray(seqs),
+                           jnp.asarray(order))
+  logp = -np.asarray(nll, np.float64)[:, len(known_pos):].sum(1)
+  return seqs, order, np.exp(logp) / len(orders)
+
+
+def _order_chi_square(cfg, params, verify, n, known_pos, known_tok):
+  seqs, order, joint = _order_joint(cfg, params, known_pos, known_tok)
+  assert n * joint.min() >= 5, "too few samples for the chi-square test"
+  decode = speculative.decoder(cfg.to_json(), 2, len(known_pos), False, "authors", None,
+                                verify=verify, order_mode="random")
+  tokens = np.zeros((n, cfg.block_size), np.int32)
+  known = np.zeros((n, cfg.block_size), bool)
+  tokens[:, known_pos], known[:, known_pos] = known_tok, True
+  out_tok, out_order, _, _ = decode(params, jnp.asarray(tokens), jnp.asarray(known),
+                                    jax.random.key(3), jnp.float32(1.0), jnp.float32(1.0),
+                                    jnp.int32(0))
+  cell = {(tuple(o), tuple(x)): i for i, (o, x) in enumerate(zip(order.tolist(), seqs.tolist()))}
+  index = [cell[(tuple(o), tuple(x))] for o, x in zip(np.asarray(out_order).tolist(),
+                                                      np.asarray(out_tok).tolist())]
+  counts = np.bincount(index, minlength=len(seqs))
+  return stats.chisquare(counts, n * joint / joint.sum()).pvalue
+
+
+def test_random_order_speculative_samples_follow_the_sequential_joint():
+  """T = 4 with position 1 known: 3! orders x 3^3 fills; drafts of 2 tokens per forward."""
+  cfg, params = _model(v=3, t=4, scale=4.0, seed=2)
+  p = _order_chi_square(cfg, params, True, 30_000, [1], [2])
+  wrong_p = _order_chi_square(cfg, params, False, 30_000, [1], [2])
+  print(f"random-order speculative: p={p:.3f}; always accept: p={wrong_p:.2e}")
+  assert p > 1e-3 and wrong_p < 1e-6
+
+
+def naive_greedy(cfg, params, tokens, order, known):
+  """Greedy sequential decoding in `order`: one training forward per unknown slot."""
+  forward = jax.jit(lambda x, o: model_lib.make_model(cfg).apply({"params": params}, x, o))
+  tokens, rows = tokens.copy(), np.arange(len(tokens))
+  for s in range(known, cfg.block_size):
+    logits = np.asarray(forward(jnp.asarray(tokens), jnp.asarray(order)))[:, s]
+    tokens[rows, order[:, s]] = logits.argmax(-1)
+  return tokens
+
+
+def test_greedy_random_order_speculative_equals_greedy_sequential_decoding():
+  cfg, params = _model(v=64, t=16, scale=4.0, seed=1)
+  known = dict(known_positions=[0, 5, 6, 11], known_tokens=[5, 9, 3, 7])
+  out = speculative.sample(params, cfg, batch_size=3, draft=4, temperature=0.0, order="random",
+                           **known)
+  order = out.order
+  assert np.all(order[:, :4] == [0, 5, 6, 11]) and len({tuple(o) for o in order}) == 3
+  start = np.zeros_like(out.tokens)
+  start[:, known["known_positions"]] = known["known_tokens"]
+  np.testing.assert_array_equal(out.tokens, naive_greedy(cfg, params, start, order, 4))
+  assert np.all(out.stats["forwards"] <= 12)
 
 
 @pytest.mark.parametrize("draft", [4, pytest.param(1, marks=pytest.mark.slow)])
