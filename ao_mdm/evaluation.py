@@ -273,7 +273,8 @@ def generative_perplexity(scorer: Any, samples: Sequence[Sequence[int]],
   entropy = np.asarray([unigram_entropy(s) for s in samples])
   sem = float(ppl.std(ddof=1) / np.sqrt(len(ppl))) if len(ppl) > 1 else float("nan")
   return {"gen_ppl": float(ppl.mean()), "gen_ppl_sem": sem,
-          "gen_ppl_median": float(np.median(ppl)), "unigram_entropy": float(entropy.mean()), "samples": len(samples)}
+          "gen_ppl_median": float(np.median(ppl)), "unigram_entropy": float(entropy.mean()),
+          "samples": len(samples)}
 
 
 PROTOCOLS = ("paper", "custom")

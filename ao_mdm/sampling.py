@@ -116,7 +116,8 @@ def forward_costs(cfg: ml_collections.ConfigDict, batch: int) -> dict:
   itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
   n_blocks, n_head = _weight_counts(cfg)
   t = cfg.block_size
-  return {"flops": 2 * batch * t * (n_blocks + n_head) + 4 * cfg.n_layer * cfg.n_embd * batch * t * t,
+  attention = 4 * cfg.n_layer * cfg.n_embd * batch * t * t
+  return {"flops": 2 * batch * t * (n_blocks + n_head) + attention,
           "bytes": itemsize * (n_blocks + n_head)}
 
 
