@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from ao_mdm import decoding
+from ao_mdm import interrupts
 from ao_mdm import model as model_lib
 from ao_mdm import sampling
 from ao_mdm import train
@@ -55,8 +56,9 @@ def tpu_devices(topology: str) -> list:
     name = f"{gen}:{'x'.join(map(str, dims + [1] * (len(dims) == 1)))}"
     options = {"chips_per_host_bounds": tuple((dims + [1, 1, 1])[:3])}
   try:
-    return list(topologies.get_topology_desc(platform="tpu", topology_name=name,
-                                             **options).devices)
+    with interrupts.silenced_stderr():  # libtpu's start-up warnings about the host it is not on
+      return list(topologies.get_topology_desc(platform="tpu", topology_name=name,
+                                               **options).devices)
   except jax.errors.JaxRuntimeError as e:
     if "lockfile" in str(e):
       raise OSError(f"libtpu is locked by another process ({e}); set "

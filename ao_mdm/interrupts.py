@@ -18,24 +18,38 @@ from typing import Optional
 _CLEANUPS: list = []
 
 
+@contextlib.contextmanager
+def silenced_stderr() -> Iterator[int]:
+  """File descriptor 2 goes to /dev/null inside (C++ libraries write there directly, past
+  sys.stderr); yields a descriptor of the real stderr."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  quiet = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(quiet, 2)
+  os.close(quiet)
+  try:
+    yield saved
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
+
+
 def _exit_now(signum, frame) -> None:
   """Runs the cleanups with stderr silenced (threads of a library still at work, e.g. Orbax's
   writers losing their temp dir, would print tracebacks), then says what they report."""
   del signum, frame
-  stderr = os.dup(2)
-  quiet = os.open(os.devnull, os.O_WRONLY)
-  sys.stderr.flush()
-  os.dup2(quiet, 2)
-  said = []
-  for cleanup in reversed(_CLEANUPS):
-    try:
-      said.append(cleanup())
-    except Exception as e:  # pylint: disable=broad-except  (exit regardless)
-      said.append(f"cleanup after Ctrl-C failed: {e}")
-  sys.stdout.flush()
-  lines = [line for line in said if line] + ["interrupted"]
-  os.write(stderr, ("\n".join(lines) + "\n").encode())
-  os._exit(130)  # pylint: disable=protected-access
+  with silenced_stderr() as stderr:
+    said = []
+    for cleanup in reversed(_CLEANUPS):
+      try:
+        said.append(cleanup())
+      except Exception as e:  # pylint: disable=broad-except  (exit regardless)
+        said.append(f"cleanup after Ctrl-C failed: {e}")
+    sys.stdout.flush()
+    lines = [line for line in said if line] + ["interrupted"]
+    os.write(stderr, ("\n".join(lines) + "\n").encode())
+    os._exit(130)  # pylint: disable=protected-access
 
 
 def install() -> None:
