@@ -167,7 +167,7 @@ BAD_INPUTS = [
     (["sample", "--checkpoint={run}", "--mode=speculative", "--steps=8"],
      "--steps applies to --mode=parallel or --mode=confidence, not --mode=speculative"),
     (["sample", "--checkpoint={run}", "--mode=confidence", "--order=l2r"],
-     "--order applies to --mode=parallel, not --mode=confidence"),
+     "--order applies to --mode=parallel or --mode=speculative, not --mode=confidence"),
     (["sample", "--checkpoint={run}", "--infill=no mask here"], "has no [MASK] to fill in"),
     (["sample", "--checkpoint={run}", "--infill_span=4"], "--infill_span applies with --infill"),
     (["sample", "--checkpoint={run}", "--out={root}/a_file"], "exists; give a new path"),

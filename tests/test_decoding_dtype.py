@@ -75,7 +75,8 @@ def test_bf16_greedy_equals_fp32_greedy_where_margins_are_clear():
   np.testing.assert_array_equal(out16.tokens, out32.tokens)
 
 
-@pytest.mark.parametrize("mode", ["speculative", "confidence"])
+@pytest.mark.parametrize("mode", ["speculative", pytest.param("confidence",
+                                                              marks=pytest.mark.slow)])
 def test_bf16_greedy_equals_fp32_greedy_in_other_modes(mode):
   cfg, params = clear_margin_model()
   if mode == "speculative":

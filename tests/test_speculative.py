@@ -101,6 +101,7 @@ def _order_chi_square(cfg, params, verify, n, known_pos, known_tok):
   return stats.chisquare(counts, n * joint / joint.sum()).pvalue
 
 
+@pytest.mark.slow  # 20 s; the greedy random-order test below stays in the default stage
 def test_random_order_speculative_samples_follow_the_sequential_joint():
   """T = 4 with position 1 known: 3! orders x 3^3 fills; drafts of 2 tokens per forward."""
   cfg, params = _model(v=3, t=4, scale=4.0, seed=2)
