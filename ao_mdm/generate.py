@@ -10,6 +10,7 @@ import numpy as np
 from ao_mdm import checkpoints
 from ao_mdm import checks
 from ao_mdm import confidence
+from ao_mdm import decoding
 from ao_mdm import interrupts
 from ao_mdm import options as options_lib
 from ao_mdm import sampling
@@ -48,6 +49,8 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
     options["order"] = sampling.default_order(options.get("order"), len(positions))
   elif mode == "speculative":
     options["order"] = options.get("order") or "l2r"
+  # Cast once here: each batch's sampler then finds the params already in the decoding dtype.
+  params, cfg = decoding.with_dtype(params, cfg, options.get("dtype", "float32"))
   batch_size = min(batch_size, num_samples)
   known = np.zeros(cfg.block_size, bool)
   known[positions] = True
