@@ -40,7 +40,7 @@ def naive_greedy(cfg, params, known_tokens, order, counts):
   forward = jax.jit(lambda tok, o: model_lib.make_model(cfg).apply({"params": params}, tok, o))
   b = order.shape[0]
   tokens = known_tokens.copy()
-  logits_log = np.zeros((b, T, cfg.vocab_size), np.float32)
+  logits_log = np.zeros((b, cfg.block_size, cfg.vocab_size), np.float32)
   for n, n_next in zip(counts[:-1], counts[1:]):
     for m in range(n, n_next):
       o = np.concatenate([order[:, :n], order[:, m:m + 1], np.delete(order[:, n:], m - n, 1)], 1)

@@ -15,6 +15,7 @@ from ao_mdm import model as model_lib
 from ao_mdm import sampling
 from ao_mdm import speculative
 from ao_mdm.config import base_config
+from test_sampling import naive_greedy  # pylint: disable=g-bad-import-order
 
 
 def _model(v, t, scale, seed=0):
@@ -111,16 +112,6 @@ def test_random_order_speculative_samples_follow_the_sequential_joint():
   assert p > 1e-3 and wrong_p < 1e-6
 
 
-def naive_greedy(cfg, params, tokens, order, known):
-  """Greedy sequential decoding in `order`: one training forward per unknown slot."""
-  forward = jax.jit(lambda x, o: model_lib.make_model(cfg).apply({"params": params}, x, o))
-  tokens, rows = tokens.copy(), np.arange(len(tokens))
-  for s in range(known, cfg.block_size):
-    logits = np.asarray(forward(jnp.asarray(tokens), jnp.asarray(order)))[:, s]
-    tokens[rows, order[:, s]] = logits.argmax(-1)
-  return tokens
-
-
 def test_greedy_random_order_speculative_equals_greedy_sequential_decoding():
   cfg, params = _model(v=64, t=16, scale=4.0, seed=1)
   known = dict(known_positions=[0, 5, 6, 11], known_tokens=[5, 9, 3, 7])
@@ -130,7 +121,9 @@ def test_greedy_random_order_speculative_equals_greedy_sequential_decoding():
   assert np.all(order[:, :4] == [0, 5, 6, 11]) and len({tuple(o) for o in order}) == 3
   start = np.zeros_like(out.tokens)
   start[:, known["known_positions"]] = known["known_tokens"]
-  np.testing.assert_array_equal(out.tokens, naive_greedy(cfg, params, start, order, 4))
+  one_per_step = np.arange(4, cfg.block_size + 1)  # sequential: one token per step
+  want, _ = naive_greedy(cfg, params, start, order, one_per_step)
+  np.testing.assert_array_equal(out.tokens, want)
   assert np.all(out.stats["forwards"] <= 12)
 
 
