@@ -116,45 +116,69 @@ def bench_sample(config: ml_collections.ConfigDict, dtypes: tuple = ("float32", 
   return results
 
 
+def infill_context(params: Any, cfg: ml_collections.ConfigDict, seed: int = 0) -> tuple:
+  """(positions, tokens) of the speculative bench's infill: the first and last quarter of one
+  L2R sample of the model (temperature 1), so the middle half is decoded around real context."""
+  t = cfg.block_size
+  row = sampling.sample(params, cfg, batch_size=1, steps=t, order="l2r", seed=seed).tokens[0]
+  positions = [p for p in range(t) if p < t // 4 or p >= t - t // 4]
+  return positions, [int(row[p]) for p in positions]
+
+
 def bench_speculative(config: ml_collections.ConfigDict, params: Any,
-                      cfg: ml_collections.ConfigDict, dtype: str = "float32") -> dict:
-  """Self-speculative L2R decoding against plain cached L2R decoding (S = T), same model and
-  batch, temperature 1 and top-p 1: forwards per sequence, tokens per forward, first-draft
-  acceptance and wall time, over `bench.seeds` batches (one sequence varies a lot), both
-  decoded in `dtype`."""
+                      cfg: ml_collections.ConfigDict, dtype: str = "float32",
+                      draft_head: Any = None) -> dict:
+  """Speculative decoding against cached sequential decoding in the same order (one token per
+  forward), same model, temperature 1 and top-p 1, all decoded in `dtype`: per batch size
+  (bench.speculative_batches), order (L2R from scratch; infill: the middle half in a random
+  order, see infill_context), drafter (the model itself; the learned head, if given) and k
+  (bench.drafts): forwards per sequence, tokens per forward, first-draft acceptance and its
+  expectation sum min(p, q), and wall time, over bench.seeds batches (one sequence varies a
+  lot: counts are the mean, times the median)."""
   from ao_mdm import decoding, speculative  # pylint: disable=g-import-not-at-top
   params, cfg = decoding.with_dtype(params, cfg, dtype)  # once, outside the timed calls
-  b, seeds, t = int(config.bench.batch_size), int(config.bench.seeds), cfg.block_size
+  if draft_head is not None:
+    draft_head = decoding.with_dtype(draft_head, cfg, dtype)[0]
+  seeds, t = int(config.bench.seeds), cfg.block_size
   if seeds < 1:
     raise ValueError(f"bench.seeds={seeds} must be >= 1")
+  positions, ids = infill_context(params, cfg)
+  layouts = {"l2r": {"order": "l2r"},
+             "infill": {"order": "random", "known_positions": positions, "known_tokens": ids}}
+  drafters = {"self": None, **({"head": draft_head} if draft_head is not None else {})}
 
   def timed(fn):  # one call compiles, then one timed call per seed
     fn(0)
     return _timed(fn, seeds)
-  l2r_s, _ = timed(lambda seed: sampling.sample(params, cfg, batch_size=b, steps=t, order="l2r",
-                                                seed=seed, dtype=dtype))
-  print(f"cached L2R decoding B={b} T={t}: {l2r_s:.3f} s (median of {seeds} seeds), {t} "
-        "forwards per sequence", flush=True)
-  results = {"batch_size": b, "block_size": t, "seeds": seeds, "dtype": dtype, "l2r_s": l2r_s,
-             "l2r_forwards": t, "drafts": {}}
-  for k in config.bench.drafts:
-    elapsed, outs = timed(lambda seed, k=k: speculative.sample(params, cfg, batch_size=b,
-                                                                draft=int(k), seed=seed,
-                                                                dtype=dtype))
-    total = {name: float(np.sum([o.stats[name] for o in outs])) for name in outs[0].stats}
-    forwards = total["forwards"] / (b * seeds)
-    row = {"seconds": elapsed, "forwards_per_sequence": forwards,
-           "batch_forwards": total["iterations"] / seeds, "tokens_per_forward": t / forwards,
-           "accepted_per_forward": total["accepted"] / total["forwards"],
-           "first_draft_acceptance": total["first_accepted"] / total["first_drafts"],
-           "first_draft_overlap": total["first_overlap"] / total["first_drafts"],
-           "forward_reduction": t * seeds / total["iterations"], "speedup": l2r_s / elapsed}
-    results["drafts"][str(k)] = row
-    print(f"draft k={k}: {forwards:.1f} forwards per sequence ({row['tokens_per_forward']:.2f} "
-          f"tokens per forward; the batch ran {row['batch_forwards']:.1f}); first drafts "
-          f"accepted {row['first_draft_acceptance']:.3f} (sum min(p, q) "
-          f"{row['first_draft_overlap']:.3f}); {elapsed:.3f} s, speedup {row['speedup']:.2f}x "
-          "over cached L2R", flush=True)
+  results = {"block_size": t, "seeds": seeds, "dtype": dtype, "infill_known": len(positions),
+             "rows": []}
+  for b in config.bench.speculative_batches:
+    for layout, known in layouts.items():
+      unknown = t - len(known.get("known_positions", ()))
+      base_s, _ = timed(lambda seed, b=b, known=known, unknown=unknown: sampling.sample(
+          params, cfg, batch_size=b, steps=unknown, seed=seed, dtype=dtype, **known))
+      print(f"B={b} {layout}: cached sequential decoding {base_s:.3f} s ({unknown} forwards "
+            "per sequence)", flush=True)
+      for drafter, head in drafters.items():
+        for k in config.bench.drafts:
+          elapsed, outs = timed(lambda seed, b=b, known=known, k=k, head=head: speculative.sample(
+              params, cfg, batch_size=b, draft=int(k), seed=seed, dtype=dtype, draft_head=head,
+              **known))
+          total = {name: float(np.sum([o.stats[name] for o in outs])) for name in outs[0].stats}
+          forwards = total["forwards"] / (b * seeds)
+          row = {"batch_size": b, "order": layout, "drafter": drafter, "draft": int(k),
+                 "seconds": elapsed, "sequential_s": base_s, "forwards_per_sequence": forwards,
+                 "tokens_per_forward": unknown / forwards,
+                 "batch_forwards": total["iterations"] / seeds,
+                 "first_draft_acceptance": total["first_accepted"] / total["first_drafts"],
+                 "first_draft_overlap": total["first_overlap"] / total["first_drafts"],
+                 "speedup": base_s / elapsed}
+          results["rows"].append(row)
+          print(f"  {drafter}, k={k}: {row['tokens_per_forward']:.2f} tokens per forward "
+                f"({forwards:.1f} per sequence, the batch ran {row['batch_forwards']:.1f}); first "
+                f"drafts accepted {row['first_draft_acceptance']:.3f} (sum min(p, q) "
+                f"{row['first_draft_overlap']:.3f}); {elapsed:.3f} s, {row['speedup']:.2f}x "
+                "the speed of sequential decoding", flush=True)
   print(json.dumps(results), flush=True)
   return results
 
@@ -246,17 +270,20 @@ def _torch_baseline(config: ml_collections.ConfigDict, params: Any, tokens_BT: n
 
 
 def run(what: str, config: ml_collections.ConfigDict, config_name: str, *, baseline: str,
-        mode: str, checkpoint: Optional[str], weights: str, dtype: Optional[str]) -> None:
+        mode: str, checkpoint: Optional[str], weights: str, dtype: Optional[str],
+        draft_head: Optional[str] = None) -> None:
   """`ao-mdm bench WHAT` (sample, train or data), its flags checked by checks.command_inputs;
-  `dtype` (bench sample): the decoding dtype, None for both."""
+  `dtype` (bench sample): the decoding dtype, None for both; `draft_head` (speculative): the
+  directory of a learned head."""
   if what == "data":
     from ao_mdm.data import bench_data  # pylint: disable=g-import-not-at-top
     bench_data.bench_data(config, config_name)
   elif what == "train":
     bench_train(config, None if baseline == "none" else baseline)
   elif mode == "speculative":
-    from ao_mdm import checkpoints  # pylint: disable=g-import-not-at-top
+    from ao_mdm import checkpoints, draft  # pylint: disable=g-import-not-at-top
     saved, params = checkpoints.load_params(checkpoint, weights)
-    bench_speculative(config, params, saved.model, dtype or "float32")
+    head = draft.load(draft_head, saved.model, params) if draft_head else None
+    bench_speculative(config, params, saved.model, dtype or "float32", head)
   else:
     bench_sample(config, (dtype,) if dtype else ("float32", "bfloat16"))

@@ -212,7 +212,7 @@ def with_defaults(saved: dict) -> ml_collections.ConfigDict:
   return config
 
 
-def _reader(path: str) -> ocp.CheckpointManager:
+def reader(path: str) -> ocp.CheckpointManager:
   """A read-only manager over a training work dir or an export directory."""
   ckpt_dir = os.path.join(path, CHECKPOINT_SUBDIR)
   directory = ckpt_dir if os.path.isdir(ckpt_dir) else path
@@ -234,7 +234,7 @@ def load_params(path: str, weights: str = "ema", log: Callable[[str], None] = pr
   if weights not in ("ema", "params"):
     raise ValueError(f"--weights={weights}; accepted here: ema, params (model is for "
                      "import-torch)")
-  mgr = _reader(path)
+  mgr = reader(path)
   is_export = _has_item(mgr, mgr.latest_step(), "params")
   if is_export and weights != "ema":
     raise ValueError(f"--weights={weights}: {path} is an export, which holds one set of params "

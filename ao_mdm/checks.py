@@ -41,8 +41,9 @@ def _writable_parent(path: str, flag: str) -> None:
 def checkpoint(path: str, flag: str = "--checkpoint") -> None:
   """A training work dir (with checkpoints/) or an export: a directory holding step dirs."""
   if not os.path.isdir(path):
-    raise FileNotFoundError(f"{flag} {path!r} is not a directory; give a training --workdir or "
-                            "an `ao-mdm export` / `import-torch` output")
+    want = ("the --workdir of an `ao-mdm train-draft`" if flag == "--draft_head" else
+            "a training --workdir or an `ao-mdm export` / `import-torch` output")
+    raise FileNotFoundError(f"{flag} {path!r} is not a directory; give {want}")
   steps_dir = os.path.join(path, "checkpoints")
   root = steps_dir if os.path.isdir(steps_dir) else path
   if not _has_steps(root):
@@ -236,6 +237,15 @@ def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
     if v["init_from"]:
       checkpoint(v["init_from"], "--init_from")
     processes(v["coordinator"], v["num_processes"], v["process_id"], v["init_timeout"])
+  elif command == "train-draft":
+    _require(v, "checkpoint", "workdir")
+    checkpoint(v["checkpoint"])
+    if v["weights"] not in ("ema", "params"):
+      raise ValueError(f"--weights={v['weights']}; train-draft accepts ema or params")
+    for name in ("steps", "batch_size"):
+      if name in given and v[name] < 1:
+        raise ValueError(f"--{name}={v[name]} must be >= 1")
+    new_output_dir(v["workdir"], "--workdir")
   elif command == "prepare":
     _require(v, "config")
     _directory_flag(v["workdir"], "--workdir")
@@ -263,8 +273,12 @@ def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
     if v["mode"] == "speculative" and not v["checkpoint"]:
       raise ValueError("bench sample --mode=speculative needs --checkpoint (a trained model: "
                        "acceptance depends on it)")
+    if v["draft_head"] and v["mode"] != "speculative":
+      raise ValueError("--draft_head applies to `ao-mdm bench sample --mode=speculative`")
     if v["checkpoint"]:
       checkpoint(v["checkpoint"])
+    if v["draft_head"]:
+      checkpoint(v["draft_head"], "--draft_head")
   elif command == "tokenizer":
     _require(v, "out")
     if os.path.sep in v["corpus"] or os.path.isfile(v["corpus"]):
@@ -303,6 +317,8 @@ def _sample_inputs(v: dict, given: set) -> None:
   if "infill_span" in given and not v["infill"]:
     raise ValueError("--infill_span applies with --infill")
   mode_options(v["mode"], given & MODE_OPTION_NAMES)
+  if v["draft_head"]:
+    checkpoint(v["draft_head"], "--draft_head")
   sampling_options(v["steps"], v["temperature"], v["top_p"], v["top_k"], v["order"],
                    v["top_p_rule"], v["schedule"])
   sample_counts(v["num_samples"], v["batch_size"])

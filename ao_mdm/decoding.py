@@ -54,9 +54,9 @@ def filter_logits(logits_NV: jax.Array, top_p: jax.Array, top_k: jax.Array,
   probability exceeds top_p, the one that crosses it included, but always keep the most likely.
   "nucleus": keep the smallest set of most likely tokens whose probability reaches top_p.
   """
-  v = logits_NV.shape[-1]
-  sorted_NV = jnp.sort(logits_NV, axis=-1)[:, ::-1]
-  kth = jnp.take(sorted_NV, jnp.clip(top_k - 1, 0, v - 1), axis=-1)[:, None]
+  v = logits_NV.shape[-1]  # any leading axes (speculative decoding filters [B, W, V])
+  sorted_NV = jnp.sort(logits_NV, axis=-1)[..., ::-1]
+  kth = jnp.take(sorted_NV, jnp.clip(top_k - 1, 0, v - 1), axis=-1)[..., None]
   logits_NV = jnp.where((top_k > 0) & (logits_NV < kth), -jnp.inf, logits_NV)
   sorted_NV = jnp.where((top_k > 0) & (sorted_NV < kth), -jnp.inf, sorted_NV)
   probs_NV = jax.nn.softmax(sorted_NV, axis=-1)

@@ -11,6 +11,7 @@ from ao_mdm import checkpoints
 from ao_mdm import checks
 from ao_mdm import confidence
 from ao_mdm import decoding
+from ao_mdm import draft
 from ao_mdm import interrupts
 from ao_mdm import options as options_lib
 from ao_mdm import sampling
@@ -78,7 +79,8 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
 def describe(record: dict, mode: str, settings: dict) -> str:
   """How a sample was made, as `ao-mdm sample` prints it above the text."""
   if mode == "speculative":
-    return (f"speculative, {record['order']} order, draft {settings['draft']}: "
+    drafter = "learned head" if settings.get("draft_head") else "self-drafted"
+    return (f"speculative, {record['order']} order, draft {settings['draft']} ({drafter}): "
             f"{record['forwards']} forwards, "
             f"{record['accepted']} drafts accepted")
   return f"steps={record['steps']}, {record.get('order', mode)} order"
@@ -91,11 +93,13 @@ def sample_command(checkpoint: str, weights: str, out: Optional[str], show: Call
   """`ao-mdm sample`: each sample shown as it finishes and, with `out`, written as a JSON line
   to `out.partial`, renamed to `out` at the end; on Ctrl-C the finished ones are kept."""
   config, params, tokenizer = checkpoints.load_run(checkpoint, weights)
+  settings = {"checkpoint": checkpoint, "prompt": prompt, "infill": infill, "seed": seed,
+              "mode": mode, **options}
+  if options.get("draft_head"):  # the path is recorded; the sampler takes the params
+    options["draft_head"] = draft.load(options["draft_head"], config.model, params)
   partial = f"{out}.partial" if out else None
   if partial:  # missing directories of `out` are made (checks.output_file checked the parent)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  settings = {"checkpoint": checkpoint, "prompt": prompt, "infill": infill, "seed": seed,
-              "mode": mode, **options}
   written = [0]
 
   def keep_finished():

@@ -30,6 +30,13 @@ def _prepare(f: dict) -> None:
     print(line)
 
 
+def _train_draft(f: dict) -> None:
+  from ao_mdm import draft
+  given = {"num_steps": "steps", "batch_size": "batch_size", "seed": "seed"}
+  settings = draft.Settings(**{k: f[v] for k, v in given.items() if FLAGS[v].present})
+  print(f"wrote {draft.train_command(f['checkpoint'], f['workdir'], f['weights'], settings)}")
+
+
 def _info(f: dict) -> None:
   from ao_mdm import model
   print(model.describe(f["config"].model))
@@ -117,10 +124,11 @@ def _compile(f: dict) -> None:
 def _bench(f: dict, what: str) -> None:
   from ao_mdm import bench
   bench.run(what, f["config"], FLAGS["config"].config_filename, baseline=f["baseline"],
-            mode=f["mode"], checkpoint=f["checkpoint"], weights=f["weights"], dtype=f["dtype"])
+            mode=f["mode"], checkpoint=f["checkpoint"], weights=f["weights"], dtype=f["dtype"],
+            draft_head=f["draft_head"])
 
 
-HANDLERS = {"train": _train, "prepare": _prepare, "info": _info, "tokenizer": _tokenizer,
+HANDLERS = {"train": _train, "train-draft": _train_draft, "prepare": _prepare, "info": _info, "tokenizer": _tokenizer,
             "export": _export, "sample": _sample, "eval": _eval, "import-torch": _import_torch,
             "import-gpt2": _import_gpt2, "compile": _compile, "bench": _bench}
 
@@ -135,7 +143,8 @@ def _command_help(command: str) -> str:
   lines = [f"usage: ao-mdm {command} [--flags]", f"  {options.COMMANDS[command]}", "", "flags:"]
   for name in options.COMMAND_FLAGS[command]:
     flag = FLAGS[name]
-    default = "" if flag.default in (None, "") else f" (default: {flag.default})"
+    value = options.COMMAND_DEFAULTS.get(command, {}).get(name, flag.default)
+    default = "" if value in (None, "") else f" (default: {value})"
     lines.append(f"  --{name}: {flag.help}{default}")
   if "config" in options.COMMAND_FLAGS[command]:
     lines.append("  --config.KEY=VALUE: override any config field, e.g. --config.train.num_steps=100")

@@ -9,7 +9,8 @@ TOP_P_RULES = ("authors", "nucleus")
 MODE_OPTIONS = {  # the options each mode's sampler takes
     "parallel": ("steps", "schedule", "temperature", "top_p", "top_k", "order", "top_p_rule",
                  "dtype"),
-    "speculative": ("temperature", "top_p", "top_k", "top_p_rule", "draft", "order", "dtype"),
+    "speculative": ("temperature", "top_p", "top_k", "top_p_rule", "draft", "order", "dtype",
+                    "draft_head"),
     "confidence": ("steps", "schedule", "temperature", "top_p", "top_k", "top_p_rule", "score",
                    "dtype"),
 }
@@ -18,6 +19,8 @@ COMMANDS = {
     "train": "train a model: --config=configs/tiny.py --workdir=DIR [--config.x.y=value ...]",
     "prepare": "tokenize a config's dataset once into token shards that train and eval read: "
                "--config=... [--splits=train,validation --workers=N --workdir=DIR]",
+    "train-draft": "train a draft head for --mode=speculative on a run's training data, the "
+                   "model frozen: --checkpoint=RUN --workdir=DIR [--steps=600 --batch_size=32]",
     "info": "parameter count and FLOPs per token of a config: --config=...",
     "tokenizer": "train a SentencePiece tokenizer: --corpus=sotu|PATH --vocab_size=N --out=DIR",
     "export": "write the EMA params alone: --workdir=DIR --out=DIR [--weights=ema|params]",
@@ -43,6 +46,7 @@ COMMAND_FLAGS = {
     "train": ("config", "workdir", "init_from", "start_over", "coordinator", "num_processes",
               "process_id", "init_timeout"),
     "prepare": ("config", "splits", "workers", "workdir", "num_processes", "process_id"),
+    "train-draft": ("checkpoint", "workdir", "weights", "steps", "batch_size", "seed"),
     "info": ("config",),
     "tokenizer": ("corpus", "vocab_size", "out"),
     "export": ("workdir", "out", "weights"),
@@ -52,8 +56,10 @@ COMMAND_FLAGS = {
     "import-torch": ("checkpoint", "out", "weights", "variant"),
     "import-gpt2": ("hf_dir", "out"),
     "compile": ("config", "topology", "program", "batch_size", "steps", "schedule", "dtype"),
-    "bench": ("config", "baseline", "mode", "checkpoint", "weights", "dtype"),
+    "bench": ("config", "baseline", "mode", "checkpoint", "weights", "dtype", "draft_head"),
 }
+# Defaults of shared flags that mean something else in one command (its --help shows these).
+COMMAND_DEFAULTS = {"train-draft": {"steps": 600, "batch_size": 32}}
 BENCHES = ("sample", "train", "data")
 PROGRAMS = ("train", "sample")  # of `ao-mdm compile`
 DTYPES = ("float32", "bfloat16")  # decoding dtypes (model.DTYPES)
@@ -83,8 +89,12 @@ def define_flags() -> None:
                     "samples of one-token-per-step decoding in an L2R (or random) order, --draft "
                     "tokens drafted and verified per forward; confidence = "
                     "S steps, the most confident positions first.")
-  flags.DEFINE_integer("steps", 64, "sample: decoding steps S (parallel, confidence).")
+  flags.DEFINE_integer("steps", 64, "sample: decoding steps S (parallel, confidence); "
+                       "train-draft: training steps.")
   flags.DEFINE_integer("draft", 4, "sample: tokens drafted per forward (speculative).")
+  flags.DEFINE_string("draft_head", None, "sample, bench sample (speculative): a draft head "
+                      "written by `ao-mdm train-draft` (default: the model drafts for itself, "
+                      "one token early).")
   flags.DEFINE_enum("score", "max_prob", ["max_prob", "entropy"],
                     "sample: confidence of a prediction (confidence mode): its largest "
                     "probability, or minus its entropy.")
@@ -101,7 +111,8 @@ def define_flags() -> None:
                     "or --infill (as the authors' cond_generate), random without; "
                     "(speculative): l2r.")
   flags.DEFINE_integer("num_samples", 4, "sample: how many samples.")
-  flags.DEFINE_integer("batch_size", 4, "sample: samples per batch; eval: blocks per batch.")
+  flags.DEFINE_integer("batch_size", 4, "sample: samples per batch; eval: blocks per batch; "
+                       "train-draft: sequences per step.")
   flags.DEFINE_integer("seed", 0, "Random seed.")
   flags.DEFINE_string("datasets", "sotu", "eval: comma-separated dataset registry names.")
   flags.DEFINE_string("text_file", None, "eval: a local UTF-8 text file (one document per line).")

@@ -25,19 +25,22 @@ import numpy as np
 
 from ao_mdm import checks
 from ao_mdm import decoding
+from ao_mdm import draft as draft_lib
 from ao_mdm import model as model_lib
 
 
-def _layout(k: int) -> dict:
-  """Static slot layout of one forward: k + 1 real slots, then k phantoms of real slot k.
+def _layout(k: int, phantoms: bool = True) -> dict:
+  """Static slot layout of one forward: k + 1 real slots, then (self-drafting) k phantoms of
+  real slot k.
 
   Slot w copies the input of real slot `base[w]` and targets `base[w] + ahead[w]`; a real slot
   attends to the real slots up to itself, a phantom to the real slots before k and itself.
   """
-  base = np.concatenate([np.arange(k + 1), np.full(k, k)])
-  ahead = np.concatenate([np.zeros(k + 1, int), np.arange(1, k + 1)])
-  is_real = np.arange(2 * k + 1) < k + 1
-  j = np.arange(2 * k + 1)
+  n_ph = k if phantoms else 0
+  base = np.concatenate([np.arange(k + 1), np.full(n_ph, k)])
+  ahead = np.concatenate([np.zeros(k + 1, int), np.arange(1, n_ph + 1)])
+  is_real = np.arange(k + 1 + n_ph) < k + 1
+  j = np.arange(k + 1 + n_ph)
   new = np.where(is_real[:, None], is_real[None, :] & (j[None, :] <= j[:, None]),
                  (is_real[None, :] & (j[None, :] < base[:, None])) | (j[None, :] == j[:, None]))
   return {"base": base, "ahead": ahead, "new": new}
@@ -45,19 +48,42 @@ def _layout(k: int) -> dict:
 
 @functools.lru_cache(maxsize=16)
 def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str,
-             vocab_limit: Optional[int], verify: bool = True, order_mode: str = "l2r"):
-  """The jitted speculative loop for one (model, k, prompt length, order mode).
+             vocab_limit: Optional[int], verify: bool = True, order_mode: str = "l2r",
+             head: bool = False):
+  """The jitted speculative loop for one (model, k, prompt length, order mode, draft source):
+  run(params, head_params, tokens, known, key, temperature, top_p, top_k).
 
-  verify=False accepts every draft (a wrong rule, for the exactness test to reject).
+  head=True drafts with a learned head (ao_mdm/draft.py; head_params), else with phantoms
+  (head_params None). verify=False accepts every draft (a wrong rule, for the exactness test
+  to reject).
   """
   cfg = ml_collections.ConfigDict(json.loads(cfg_json))
   model = model_lib.make_model(cfg, decode=True)
   t = cfg.block_size
-  lay = _layout(k)
+  lay = _layout(k, phantoms=not head)
   base_W, ahead_W = jnp.asarray(lay["base"]), jnp.asarray(lay["ahead"])
   new_WW = jnp.asarray(lay["new"])
 
-  def run(params, tokens_BT, known_BT, key, temperature, top_p, top_k):
+  def head_drafts(params, head_params, hidden_BWD, a_B, n_B, fix_B, order_BT, key, temperature,
+                  probs):
+    """k drafts and their proposals [B, k, V], chained by the head from real slot a's hidden
+    state and the token just drawn there (order slot n + a)."""
+    at = lambda s_B: jnp.take_along_axis(order_BT, jnp.minimum(s_B, t - 1)[:, None], axis=1)
+    f_B1D = jnp.take_along_axis(hidden_BWD, a_B[:, None, None], axis=1)
+
+    def one(carry, j):
+      f_B1D, tok_B = carry
+      slot_B = n_B + a_B + j  # the order slot of tok_B
+      f_B1D, logits_B1V = draft_lib.step(model, params, head_params, f_B1D, tok_B[:, None],
+                                     at(slot_B), at(slot_B + 1))
+      q_BV = probs(logits_B1V[:, 0])
+      d_B = jnp.where(temperature > 0, decoding.draw_from_probs(jax.random.fold_in(key, j), q_BV),
+                      decoding.first_argmax(q_BV))
+      return (f_B1D, d_B), (d_B, q_BV)
+    _, (d_GB, q_GBV) = jax.lax.scan(one, (f_B1D, fix_B), jnp.arange(k))
+    return d_GB.T, q_GBV.transpose(1, 0, 2)
+
+  def run(params, head_params, tokens_BT, known_BT, key, temperature, top_p, top_k):
     b = tokens_BT.shape[0]
     k_order = key
     if order_mode == "random":  # an L2R order needs no key (and keeps its draws)
@@ -113,16 +139,20 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
       tokens_BT = tokens_BT.at[rows_B1, pos_new].set(new_tok, mode="drop")
       # Real slots n..n+a had correct inputs: their K/V join the cache.
       cache = decoding.write_cache(cache, kv, jnp.where(live, slot_new, t))
-      # Drafts and proposals for positions n+1..n+2k: the old drafts, real slot n+k's
-      # conditional, the phantoms; positions n+a+1..n+a+k are the next drafts.
-      cand_q = jnp.concatenate([q_BGV, probs_BWV[:, k:]], axis=1)
-      drawn = decoding.draw_from_probs(k_draft, probs_BWV[:, k:].reshape(b * (k + 1), -1))
-      fresh = jnp.where(temperature > 0, drawn.reshape(b, -1),
-                        decoding.first_argmax(probs_BWV[:, k:]))
-      cand_tok = jnp.concatenate([drafts_BG, fresh], axis=1)
-      next_BG = a_B[:, None] + 1 + jnp.arange(k)[None, :]
-      drafts_next = jnp.take_along_axis(cand_tok, next_BG, axis=1)
-      q_next = jnp.take_along_axis(cand_q, next_BG[..., None], axis=1)
+      if head:  # the head drafts n+a+1 .. n+a+k from real slot n+a, which drew the new token
+        drafts_next, q_next = head_drafts(params, head_params, hidden, a_B, n_B, fix_B, order_BT,
+                                          k_draft, temperature, probs)
+      else:
+        # Drafts and proposals for positions n+1..n+2k: the old drafts, real slot n+k's
+        # conditional, the phantoms; positions n+a+1..n+a+k are the next drafts.
+        cand_q = jnp.concatenate([q_BGV, probs_BWV[:, k:]], axis=1)
+        drawn = decoding.draw_from_probs(k_draft, probs_BWV[:, k:].reshape(b * (k + 1), -1))
+        fresh = jnp.where(temperature > 0, drawn.reshape(b, -1),
+                          decoding.first_argmax(probs_BWV[:, k:]))
+        cand_tok = jnp.concatenate([drafts_BG, fresh], axis=1)
+        next_BG = a_B[:, None] + 1 + jnp.arange(k)[None, :]
+        drafts_next = jnp.take_along_axis(cand_tok, next_BG, axis=1)
+        q_next = jnp.take_along_axis(cand_q, next_BG[..., None], axis=1)
       done_before = n_B >= t
       n_next = jnp.where(done_before, n_B, n_B + a_B + 1)
       first = (m_B > 0) & ~done_before  # a first draft was verified
@@ -154,10 +184,11 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, draf
            temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
            known_positions: Any = (), known_tokens: Any = (), order: Optional[str] = None,
            top_p_rule: str = "authors", vocab_limit: Optional[int] = None,
-           dtype: str = "float32") -> decoding.SampleOutput:
+           dtype: str = "float32", draft_head: Any = None) -> decoding.SampleOutput:
   """Samples ([batch_size, T]) of sequential decoding in `order` ("l2r", the default, or
-  "random": a random order of the unknown positions per row) by self-speculative decoding with
-  `draft` tokens per forward.
+  "random": a random order of the unknown positions per row) by speculative decoding with
+  `draft` tokens per forward, drafted by the model itself (phantom slots) or, given its params
+  `draft_head` (draft.load), by a learned draft head.
 
   Known tokens come first in the order (as in sampling.sample). The output's `order` is the
   order used, and its `stats` hold, per row, the forwards it took, the drafts it accepted, and
@@ -168,13 +199,15 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, draf
   checks.sampling_options(1, temperature, top_p, top_k, order, top_p_rule)
   t = cfg.block_size
   params, cfg = decoding.with_dtype(params, cfg, dtype)
+  if draft_head is not None:
+    draft_head = decoding.with_dtype(draft_head, cfg, dtype)[0]
   if not 1 <= int(draft) <= t - 1:
     raise ValueError(f"draft={draft} must be in [1, {t - 1}] (T - 1)")
   tokens, mask = decoding.known_inputs(cfg, batch_size, known_positions, known_tokens,
                                        vocab_limit)
   decode = decoder(cfg.to_json(), int(draft), int(mask[0].sum()), top_p < 1 or top_k > 0,
-                    top_p_rule, vocab_limit, True, order)
-  out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
+                    top_p_rule, vocab_limit, True, order, draft_head is not None)
+  out = decode(params, draft_head, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
   tokens_BT, order_BT, stats, iterations = jax.device_get(out)
   return decoding.SampleOutput(tokens_BT, order_BT, stats={

@@ -15,7 +15,9 @@ def get_config() -> ml_collections.ConfigDict:
   # The no-cache sampler costs one full forward per step; above this many steps it runs this
   # many steps of the real loop and scales the time by S / no_cache_max_steps.
   c.bench.no_cache_max_steps = 64
-  # `bench sample --mode=speculative --checkpoint=DIR`: draft lengths k against L2R decoding.
+  # `bench sample --mode=speculative --checkpoint=DIR`: draft lengths k and batch sizes, against
+  # sequential decoding in the same order.
   c.bench.drafts = (2, 4, 8)
+  c.bench.speculative_batches = (1, 4)
   c.bench.seeds = 8  # batches per figure, each timed (the median) and counted (the mean)
   return c

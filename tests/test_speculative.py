@@ -11,6 +11,7 @@ import pytest
 from scipy import stats
 
 from ao_mdm import bench
+from ao_mdm import draft
 from ao_mdm import model as model_lib
 from ao_mdm import sampling
 from ao_mdm import speculative
@@ -35,12 +36,19 @@ def _l2r_joint(cfg, params):
   return seqs, np.exp(-np.asarray(nll, np.float64).sum(1))
 
 
-def _chi_square(cfg, params, verify, n):
+def _head(cfg, seed=0, scale=4.0):
+  """A randomly initialised draft head, its weights scaled so that its drafts are far from
+  both uniform and the base's conditionals."""
+  head = draft.init_head(cfg, jax.random.key(100 + seed))
+  return jax.tree.map(lambda p: p * scale if p.ndim >= 2 else p, head)
+
+
+def _chi_square(cfg, params, verify, n, head=None):
   seqs, joint = _l2r_joint(cfg, params)
   assert n * joint.min() >= 5, "too few samples for the chi-square test"
   decode = speculative.decoder(cfg.to_json(), cfg.block_size - 1, 0, False, "authors", None,
-                                verify=verify)
-  tokens, _, st, _ = decode(params, jnp.zeros((n, cfg.block_size), jnp.int32),
+                                verify=verify, head=head is not None)
+  tokens, _, st, _ = decode(params, head, jnp.zeros((n, cfg.block_size), jnp.int32),
                             jnp.zeros((n, cfg.block_size), bool), jax.random.key(7),
                             jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
   index = np.asarray(tokens) @ (cfg.vocab_size ** np.arange(cfg.block_size)[::-1])
@@ -49,9 +57,11 @@ def _chi_square(cfg, params, verify, n):
   return result.statistic, result.pvalue, {name: np.asarray(x) for name, x in st.items()}
 
 
-def test_speculative_samples_follow_the_l2r_joint_and_always_accept_does_not():
+@pytest.mark.parametrize("drafter", ["self", "head"])
+def test_speculative_samples_follow_the_l2r_joint_and_always_accept_does_not(drafter):
   cfg, params = _model(v=4, t=3, scale=4.0)
-  stat, p, st = _chi_square(cfg, params, verify=True, n=20_000)
+  head = _head(cfg) if drafter == "head" else None
+  stat, p, st = _chi_square(cfg, params, verify=True, n=20_000, head=head)
   accepted = st["accepted"].mean()
   # A draft drawn from its proposal q is accepted with probability sum_x min(p, q): the count
   # of accepted first drafts must match the summed probabilities (binomial SE).
@@ -60,7 +70,7 @@ def test_speculative_samples_follow_the_l2r_joint_and_always_accept_does_not():
   se = np.sqrt(expected * (1 - expected / verified))
   print(f"first drafts: {hits} of {verified} accepted, expected {expected:.1f} +- {se:.1f}")
   assert abs(hits - expected) < 5 * se and 0.05 < hits / verified < 0.95
-  wrong_stat, wrong_p, _ = _chi_square(cfg, params, verify=False, n=20_000)
+  wrong_stat, wrong_p, _ = _chi_square(cfg, params, verify=False, n=20_000, head=head)
   print(f"speculative: chi2={stat:.1f} p={p:.3f} (accepted {accepted:.2f} drafts per row); "
         f"always accept: chi2={wrong_stat:.1f} p={wrong_p:.2e}")
   assert p > 1e-3 and accepted > 0.2  # drafts are accepted, and the output is still exact
@@ -84,15 +94,15 @@ def _order_joint(cfg, params, known_pos, known_tok):
   return seqs, order, np.exp(logp) / len(orders)
 
 
-def _order_chi_square(cfg, params, verify, n, known_pos, known_tok):
+def _order_chi_square(cfg, params, verify, n, known_pos, known_tok, head=None):
   seqs, order, joint = _order_joint(cfg, params, known_pos, known_tok)
   assert n * joint.min() >= 5, "too few samples for the chi-square test"
   decode = speculative.decoder(cfg.to_json(), 2, len(known_pos), False, "authors", None,
-                                verify=verify, order_mode="random")
+                                verify=verify, order_mode="random", head=head is not None)
   tokens = np.zeros((n, cfg.block_size), np.int32)
   known = np.zeros((n, cfg.block_size), bool)
   tokens[:, known_pos], known[:, known_pos] = known_tok, True
-  out_tok, out_order, _, _ = decode(params, jnp.asarray(tokens), jnp.asarray(known),
+  out_tok, out_order, _, _ = decode(params, head, jnp.asarray(tokens), jnp.asarray(known),
                                     jax.random.key(3), jnp.float32(1.0), jnp.float32(1.0),
                                     jnp.int32(0))
   cell = {(tuple(o), tuple(x)): i for i, (o, x) in enumerate(zip(order.tolist(), seqs.tolist()))}
@@ -102,21 +112,25 @@ def _order_chi_square(cfg, params, verify, n, known_pos, known_tok):
   return stats.chisquare(counts, n * joint / joint.sum()).pvalue
 
 
-@pytest.mark.slow  # 20 s; the greedy random-order test below stays in the default stage
-def test_random_order_speculative_samples_follow_the_sequential_joint():
+@pytest.mark.slow  # 20 s each; the greedy random-order tests stay in the default stage
+@pytest.mark.parametrize("drafter", ["self", "head"])
+def test_random_order_speculative_samples_follow_the_sequential_joint(drafter):
   """T = 4 with position 1 known: 3! orders x 3^3 fills; drafts of 2 tokens per forward."""
   cfg, params = _model(v=3, t=4, scale=4.0, seed=2)
-  p = _order_chi_square(cfg, params, True, 30_000, [1], [2])
-  wrong_p = _order_chi_square(cfg, params, False, 30_000, [1], [2])
+  head = _head(cfg, seed=2) if drafter == "head" else None
+  p = _order_chi_square(cfg, params, True, 30_000, [1], [2], head)
+  wrong_p = _order_chi_square(cfg, params, False, 30_000, [1], [2], head)
   print(f"random-order speculative: p={p:.3f}; always accept: p={wrong_p:.2e}")
   assert p > 1e-3 and wrong_p < 1e-6
 
 
-def test_greedy_random_order_speculative_equals_greedy_sequential_decoding():
+@pytest.mark.parametrize("drafter", ["self", "head"])
+def test_greedy_random_order_speculative_equals_greedy_sequential_decoding(drafter):
   cfg, params = _model(v=64, t=16, scale=4.0, seed=1)
   known = dict(known_positions=[0, 5, 6, 11], known_tokens=[5, 9, 3, 7])
+  head = _head(cfg, seed=1) if drafter == "head" else None
   out = speculative.sample(params, cfg, batch_size=3, draft=4, temperature=0.0, order="random",
-                           **known)
+                           draft_head=head, **known)
   order = out.order
   assert np.all(order[:, :4] == [0, 5, 6, 11]) and len({tuple(o) for o in order}) == 3
   start = np.zeros_like(out.tokens)
@@ -127,15 +141,30 @@ def test_greedy_random_order_speculative_equals_greedy_sequential_decoding():
   assert np.all(out.stats["forwards"] <= 12)
 
 
-@pytest.mark.parametrize("draft", [4, pytest.param(1, marks=pytest.mark.slow)])
-def test_greedy_speculative_equals_greedy_l2r(draft):
+@pytest.mark.parametrize("draft_len,drafter", [(4, "self"), (4, "head"),
+                                               pytest.param(1, "self", marks=pytest.mark.slow)])
+def test_greedy_speculative_equals_greedy_l2r(draft_len, drafter):
   cfg, params = _model(v=64, t=16, scale=4.0, seed=1)
   prompt = dict(known_positions=[0, 1, 2], known_tokens=[5, 9, 3])
   want = sampling.sample(params, cfg, batch_size=3, steps=13, temperature=0.0, order="l2r",
                          **prompt).tokens
-  out = speculative.sample(params, cfg, batch_size=3, draft=draft, temperature=0.0, **prompt)
+  head = _head(cfg, seed=1) if drafter == "head" else None
+  out = speculative.sample(params, cfg, batch_size=3, draft=draft_len, temperature=0.0,
+                           draft_head=head, **prompt)
   np.testing.assert_array_equal(out.tokens, want)
   assert np.all(out.stats["forwards"] <= 13)
+
+
+@pytest.mark.parametrize("drafter", ["self", "head"])
+def test_top_k_one_speculative_equals_greedy_l2r(drafter):
+  """top-k filtering reaches drafts and verifier alike ([B, W, V] logits): with k = 1 the
+  samples at temperature 1 are the greedy L2R tokens."""
+  cfg, params = _model(v=64, t=16, scale=4.0, seed=1)
+  want = sampling.sample(params, cfg, batch_size=2, steps=16, temperature=0.0, order="l2r").tokens
+  head = _head(cfg, seed=1) if drafter == "head" else None
+  out = speculative.sample(params, cfg, batch_size=2, draft=3, top_k=1, top_p=0.9,
+                           draft_head=head)
+  np.testing.assert_array_equal(out.tokens, want)
 
 
 def test_bad_draft_length():
@@ -147,10 +176,20 @@ def test_bad_draft_length():
 
 def test_bench_counts_every_seed():
   cfg, params = _model(v=16, t=8, scale=4.0)
-  config = ml_collections.ConfigDict({"bench": {"batch_size": 2, "seeds": 3, "drafts": (2,)}})
-  row = bench.bench_speculative(config, params, cfg)["drafts"]["2"]
-  outs = [speculative.sample(params, cfg, batch_size=2, draft=2, seed=s) for s in range(3)]
-  forwards = np.mean([o.stats["forwards"] for o in outs])
-  assert row["forwards_per_sequence"] == pytest.approx(forwards)
-  assert row["tokens_per_forward"] == pytest.approx(8 / forwards)
-  assert 0 <= row["first_draft_acceptance"] <= 1 and 0 < row["first_draft_overlap"] <= 1
+  config = ml_collections.ConfigDict({"bench": {"speculative_batches": (2,), "seeds": 3,
+                                                "drafts": (2,)}})
+  head = _head(cfg)
+  rows = bench.bench_speculative(config, params, cfg, draft_head=head)["rows"]
+  assert [(r["order"], r["drafter"]) for r in rows] == [
+      ("l2r", "self"), ("l2r", "head"), ("infill", "self"), ("infill", "head")]
+  positions, ids = bench.infill_context(params, cfg)
+  assert positions == [0, 1, 6, 7]
+  for row in rows:
+    known = {} if row["order"] == "l2r" else dict(known_positions=positions, known_tokens=ids)
+    outs = [speculative.sample(params, cfg, batch_size=2, draft=2, seed=s, order="random" if known
+                               else "l2r", draft_head=head if row["drafter"] == "head" else None,
+                               **known) for s in range(3)]
+    forwards = np.mean([o.stats["forwards"] for o in outs])
+    assert row["forwards_per_sequence"] == pytest.approx(forwards)
+    assert row["tokens_per_forward"] == pytest.approx((8 if not known else 4) / forwards)
+    assert 0 <= row["first_draft_acceptance"] <= 1 and 0 < row["first_draft_overlap"] <= 1

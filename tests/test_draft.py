@@ -1,0 +1,102 @@
+"""The learned draft head: it learns the base's conditionals, and `train-draft` writes a head
+that `sample` and `bench` load (refusing a head of another model shape). Exactness with a head
+is tested in test_speculative.py."""
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from ao_mdm import checkpoints, draft, speculative, train
+from ao_mdm.config import base_config
+from test_cli import ao_mdm  # pylint: disable=g-bad-import-order
+from test_speculative import _model  # pylint: disable=g-bad-import-order
+
+
+def test_the_head_learns_the_bases_conditionals():
+  """On a random base with sharp conditionals, training raises sum_x min(p, q) of every draft
+  of the chain, in both orders, far above the untrained head's."""
+  cfg, params = _model(v=64, t=16, scale=8.0, seed=1)
+  rng = np.random.default_rng(0)
+  batches = lambda: rng.integers(0, 64, (16, 16)).astype(np.int32)
+  validation = np.random.default_rng(1).integers(0, 64, (32, 16)).astype(np.int32)
+  settings = dict(batch_size=16, chain=2, eval_batches=2, log_every=1000, warmup_steps=10)
+  _, before = draft.fit(cfg, params, batches, validation,
+                        draft.Settings(num_steps=1, learning_rate=0.0, **settings), print)
+  _, after = draft.fit(cfg, params, batches, validation,
+                       draft.Settings(num_steps=150, **settings), print)
+  print(f"before: {draft.describe(before)}; after: {draft.describe(after)}")
+  for order in ("l2r", "random"):
+    assert np.all(np.asarray(after[order]) > np.asarray(before[order]) + 0.15)
+
+
+def test_bad_settings_are_refused():
+  with pytest.raises(ValueError, match=r"chain=16 must be in \[1, 15\]"):
+    draft.validate(draft.Settings(chain=16), 16)
+  with pytest.raises(ValueError, match="num_steps=0 must be >= 1"):
+    draft.validate(draft.Settings(num_steps=0), 16)
+
+
+@pytest.fixture(scope="module")
+def run(data_dir, tmp_path_factory):
+  c = base_config()
+  c.model.update(vocab_size=512, block_size=32, n_layer=2, n_embd=32, n_head=2, cond_dim=32)
+  c.train.update(batch_size=8, num_steps=2, warmup_steps=1, eval_batches=1, eval_every=0)
+  c.data.tfds_dir = data_dir
+  workdir = str(tmp_path_factory.mktemp("draft") / "run")
+  train.train_and_evaluate(c, workdir)
+  return workdir
+
+
+def test_train_command_writes_a_head_that_loads_and_decodes(run, tmp_path):
+  out = str(tmp_path / "head")
+  lines = []
+  settings = draft.Settings(num_steps=3, batch_size=8, chain=2, log_every=1, eval_batches=1)
+  assert draft.train_command(run, out, s=settings, log=lines.append) == out
+  assert any(line.startswith("train-draft step 3/3") for line in lines)
+  assert any(line.startswith("validation sum_x min(p, q)") for line in lines)
+  assert sorted(os.listdir(out)) == ["0"]  # written whole, under a temporary name first
+  config, params = checkpoints.load_params(run)
+  head = draft.load(out, config.model, params, log=lines.append)
+  init = draft.init_head(config.model, jax.random.key(0))
+  assert jax.tree.structure(head) == jax.tree.structure(init)
+  out_tokens = speculative.sample(params, config.model, batch_size=2, draft=3, draft_head=head,
+                                  temperature=0.0).tokens
+  want = speculative.sample(params, config.model, batch_size=2, draft=3, temperature=0.0).tokens
+  np.testing.assert_array_equal(out_tokens, want)  # greedy: the same tokens, any drafter
+  # Other params of the same shape: loads, with a note; another shape or a non-head: refused.
+  said = []
+  draft.load(out, config.model, jax.tree.map(lambda x: x + 1, params), log=said.append)
+  assert len(said) == 1 and said[0].startswith(f"note: draft head {out} was trained on other")
+  other = config.model.copy_and_resolve_references()
+  other.block_size = 64
+  with pytest.raises(ValueError, match="trained for another model shape .block_size 32 vs 64"):
+    draft.load(out, other, params)
+  export = checkpoints.export(run, str(tmp_path / "export"))
+  with pytest.raises(ValueError, match="is not a draft head"):
+    draft.load(export, config.model, params)
+  with pytest.raises(FileExistsError, match="exists and is not an empty directory"):
+    draft.train_command(run, out, s=settings)
+
+
+def test_cli_train_draft_errors_and_help(run, tmp_path):
+  out = ao_mdm("train-draft", "--help")
+  assert out.returncode == 0 and "--steps: " in out.stdout and "(default: 600)" in out.stdout
+  cases = [
+      (["train-draft", f"--checkpoint={run}"], "missing --workdir"),
+      (["train-draft", f"--checkpoint={run}", f"--workdir={run}"], "exists and is not an empty"),
+      (["train-draft", f"--checkpoint={run}", f"--workdir={tmp_path}/h", "--steps=0"],
+       "--steps=0 must be >= 1"),
+      (["train-draft", f"--checkpoint={run}", f"--workdir={tmp_path}/h", "--top_p=0.5"],
+       "--top_p not accepted by `ao-mdm train-draft`"),
+      (["sample", f"--checkpoint={run}", f"--draft_head={tmp_path}/none"],
+       "--draft_head applies to --mode=speculative"),
+      (["sample", f"--checkpoint={run}", "--mode=speculative", f"--draft_head={tmp_path}/none"],
+       "give the --workdir of an `ao-mdm train-draft`"),
+      (["sample", f"--checkpoint={run}", "--mode=speculative", f"--draft_head={run}"],
+       "is not a draft head"),
+  ]
+  for args, message in cases:
+    got = ao_mdm(*args)
+    assert got.returncode == 2 and message in got.stderr, (args, got.stderr)
+    assert got.stderr.count("\n") == 1 and got.stderr.startswith("error: ")
