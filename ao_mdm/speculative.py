@@ -1,5 +1,8 @@
-"""Self-speculative decoding (docs/sampling.md): exact samples of sequential decoding in a fixed
-order (L2R, or a random order of the unknown positions), several tokens per forward.
+"""Speculative decoding (docs/sampling.md): exact samples of sequential decoding in a fixed
+order (L2R, or a random order of the unknown positions), several tokens per forward, drafted
+by the model itself (below) or by a learned draft head (ao_mdm/draft.py: the forward then holds
+the k + 1 real slots only, and the head drafts the next k positions from the hidden state of
+the real slot that drew the newest token).
 
 An AO-GPT is also a sequential model in any order, and both run through one KV cache. With the
 first n slots of the order known, one forward holds 2k + 1 slots: the real slots n..n+k (their
@@ -64,23 +67,24 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
   base_W, ahead_W = jnp.asarray(lay["base"]), jnp.asarray(lay["ahead"])
   new_WW = jnp.asarray(lay["new"])
 
-  def head_drafts(params, head_params, hidden_BWD, a_B, n_B, fix_B, order_BT, key, temperature,
+  def head_drafts(params, head_params, hidden_BWD, a_B, n_B, fix_B, order_BT, u_GB, temperature,
                   probs):
     """k drafts and their proposals [B, k, V], chained by the head from real slot a's hidden
     state and the token just drawn there (order slot n + a)."""
     at = lambda s_B: jnp.take_along_axis(order_BT, jnp.minimum(s_B, t - 1)[:, None], axis=1)
     f_B1D = jnp.take_along_axis(hidden_BWD, a_B[:, None, None], axis=1)
 
-    def one(carry, j):
+    def one(carry, xs):
       f_B1D, tok_B = carry
+      j, u_B = xs
       slot_B = n_B + a_B + j  # the order slot of tok_B
       f_B1D, logits_B1V = draft_lib.step(model, params, head_params, f_B1D, tok_B[:, None],
-                                     at(slot_B), at(slot_B + 1))
+                                         at(slot_B), at(slot_B + 1))
       q_BV = probs(logits_B1V[:, 0])
-      d_B = jnp.where(temperature > 0, decoding.draw_from_probs(jax.random.fold_in(key, j), q_BV),
+      d_B = jnp.where(temperature > 0, decoding.draw_from_probs(u_B, q_BV),
                       decoding.first_argmax(q_BV))
       return (f_B1D, d_B), (d_B, q_BV)
-    _, (d_GB, q_GBV) = jax.lax.scan(one, (f_B1D, fix_B), jnp.arange(k))
+    _, (d_GB, q_GBV) = jax.lax.scan(one, (f_B1D, fix_B), (jnp.arange(k), u_GB))
     return d_GB.T, q_GBV.transpose(1, 0, 2)
 
   def run(params, head_params, tokens_BT, known_BT, key, temperature, top_p, top_k):
@@ -98,8 +102,10 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
     def body(carry):
       tokens_BT, cache, n_B, drafts_BG, q_BGV, it, stats = carry
       m_B = jnp.clip(t - n_B, 0, k)  # drafts that fall inside the sequence
-      step_key = jax.random.fold_in(k_loop, it)
-      k_accept, k_fix, k_draft = jax.random.split(step_key, 3)
+      # Every uniform of the iteration in one call: k to accept, 1 for the new token, the rest
+      # for the drafts (the head's k, or the k + 1 candidates of real slot n+k and the phantoms).
+      u_BU = jax.random.uniform(jax.random.fold_in(k_loop, it), (b, 2 * k + 1 + (not head)))
+      u_BG, u_fix_B, u_draw_BU = u_BU[:, :k], u_BU[:, k], u_BU[:, k + 1:]
       # Inputs of the real slots n..n+k: the last known token, then the drafts.
       slot_BW = n_B[:, None] + base_W[None, :]
       prev_tok_BW, prev_pos_BW = decoding.slot_inputs(tokens_BT, order_BT, slot_BW)
@@ -115,7 +121,6 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
       # Verify: accept the longest prefix of drafts, each with probability min(1, p/q).
       p_d = jnp.take_along_axis(p_BRV[:, :k], drafts_BG[..., None], axis=2)[..., 0]
       q_d = jnp.take_along_axis(q_BGV, drafts_BG[..., None], axis=2)[..., 0]
-      u_BG = jax.random.uniform(k_accept, (b, k))
       greedy_ok = drafts_BG == decoding.first_argmax(p_BRV[:, :k])
       ok_BG = jnp.where(temperature > 0, u_BG * q_d < p_d, greedy_ok) | (not verify)
       ok_BG &= jnp.arange(k)[None, :] < m_B[:, None]
@@ -127,7 +132,7 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
       q_a = jnp.take_along_axis(q_BGV, jnp.minimum(a_B, k - 1)[:, None, None], axis=1)[:, 0]
       resid = jnp.maximum(p_a - jnp.where((a_B < m_B)[:, None], q_a, 0.0), 0.0)
       resid = jnp.where(jnp.sum(resid, -1, keepdims=True) > 0, resid, p_a)
-      fix_B = jnp.where(temperature > 0, decoding.draw_from_probs(k_fix, resid),
+      fix_B = jnp.where(temperature > 0, decoding.draw_from_probs(u_fix_B, resid),
                         decoding.first_argmax(p_a))
       # Write the accepted drafts and the new token at order[n .. n+a].
       j_1R = jnp.arange(k + 1)[None, :]
@@ -141,12 +146,13 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
       cache = decoding.write_cache(cache, kv, jnp.where(live, slot_new, t))
       if head:  # the head drafts n+a+1 .. n+a+k from real slot n+a, which drew the new token
         drafts_next, q_next = head_drafts(params, head_params, hidden, a_B, n_B, fix_B, order_BT,
-                                          k_draft, temperature, probs)
+                                          u_draw_BU.T, temperature, probs)
       else:
         # Drafts and proposals for positions n+1..n+2k: the old drafts, real slot n+k's
         # conditional, the phantoms; positions n+a+1..n+a+k are the next drafts.
         cand_q = jnp.concatenate([q_BGV, probs_BWV[:, k:]], axis=1)
-        drawn = decoding.draw_from_probs(k_draft, probs_BWV[:, k:].reshape(b * (k + 1), -1))
+        drawn = decoding.draw_from_probs(u_draw_BU.reshape(-1),
+                                         probs_BWV[:, k:].reshape(b * (k + 1), -1))
         fresh = jnp.where(temperature > 0, drawn.reshape(b, -1),
                           decoding.first_argmax(probs_BWV[:, k:]))
         cand_tok = jnp.concatenate([drafts_BG, fresh], axis=1)

@@ -167,6 +167,20 @@ def test_top_k_one_speculative_equals_greedy_l2r(drafter):
   np.testing.assert_array_equal(out.tokens, want)
 
 
+def test_inverse_cdf_draw_follows_the_probabilities_and_never_draws_a_zero():
+  from ao_mdm import decoding  # pylint: disable=g-import-not-at-top
+  probs = jnp.asarray([0.0, 0.2, 0.0, 0.5, 0.3, 0.0])
+  n = 100_000
+  u = jax.random.uniform(jax.random.key(0), (n,))
+  drawn = np.asarray(decoding.draw_from_probs(u, jnp.broadcast_to(probs, (n, 6))))
+  counts = np.bincount(drawn, minlength=6)
+  assert counts[[0, 2, 5]].sum() == 0
+  assert stats.chisquare(counts[[1, 3, 4]], n * np.asarray([0.2, 0.5, 0.3])).pvalue > 1e-3
+  # u just below 1 (its product with the total can round up to it): the last nonzero token.
+  edge = decoding.draw_from_probs(jnp.asarray([0.0, 1 - 2**-24]), jnp.stack([probs, probs]))
+  np.testing.assert_array_equal(edge, [1, 4])
+
+
 def test_bad_draft_length():
   cfg = base_config().model
   cfg.block_size = 4
