@@ -30,14 +30,14 @@ from ao_mdm import orders
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """`ao-mdm train-draft` settings; --steps, --batch_size and --seed set the first three."""
+  """`ao-mdm train-draft` settings; --steps, --batch_size, --seed and --order set four."""
   num_steps: int = options.COMMAND_DEFAULTS["train-draft"]["steps"]
   batch_size: int = options.COMMAND_DEFAULTS["train-draft"]["batch_size"]
   seed: int = 0
   learning_rate: float = 3e-3
   warmup_steps: int = 50
   chain: int = 4  # draft steps unrolled in training, each fed the head's previous output
-  l2r_fraction: float = 0.5  # sequences in L2R order; the rest in uniformly random orders
+  l2r_fraction: float = 0.5  # sequences in L2R order, the rest in random orders (--order: 1 or 0)
   log_every: int = 100
   eval_batches: int = 4  # validation batches for the acceptance figures
 

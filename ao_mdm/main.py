@@ -33,7 +33,10 @@ def _prepare(f: dict) -> None:
 def _train_draft(f: dict) -> None:
   from ao_mdm import draft
   given = {"num_steps": "steps", "batch_size": "batch_size", "seed": "seed"}
-  settings = draft.Settings(**{k: f[v] for k, v in given.items() if FLAGS[v].present})
+  settings = {k: f[v] for k, v in given.items() if FLAGS[v].present}
+  if f["order"]:
+    settings["l2r_fraction"] = 1.0 if f["order"] == "l2r" else 0.0
+  settings = draft.Settings(**settings)
   print(f"wrote {draft.train_command(f['checkpoint'], f['workdir'], f['weights'], settings)}")
 
 

@@ -46,7 +46,7 @@ COMMAND_FLAGS = {
     "train": ("config", "workdir", "init_from", "start_over", "coordinator", "num_processes",
               "process_id", "init_timeout"),
     "prepare": ("config", "splits", "workers", "workdir", "num_processes", "process_id"),
-    "train-draft": ("checkpoint", "workdir", "weights", "steps", "batch_size", "seed"),
+    "train-draft": ("checkpoint", "workdir", "weights", "steps", "batch_size", "seed", "order"),
     "info": ("config",),
     "tokenizer": ("corpus", "vocab_size", "out"),
     "export": ("workdir", "out", "weights"),
@@ -109,7 +109,8 @@ def define_flags() -> None:
   flags.DEFINE_enum("order", None, list(ORDERS),
                     "sample: order of the unknown tokens; default (parallel): l2r after --prompt "
                     "or --infill (as the authors' cond_generate), random without; "
-                    "(speculative): l2r.")
+                    "(speculative): l2r. train-draft: the order the head is trained for "
+                    "(default: both, half the sequences each).")
   flags.DEFINE_integer("num_samples", 4, "sample: how many samples.")
   flags.DEFINE_integer("batch_size", 4, "sample: samples per batch; eval: blocks per batch; "
                        "train-draft: sequences per step.")

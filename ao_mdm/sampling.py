@@ -83,7 +83,7 @@ class Plan:
                 decoding.bucket_segments(starts, t, CACHE_BUCKETS))
 
 
-def _weight_counts(cfg: ml_collections.ConfigDict) -> tuple[int, int]:
+def weight_counts(cfg: ml_collections.ConfigDict) -> tuple[int, int]:
   """(block weights, head weights: final AdaLN and head, or the tied embedding) of a config."""
   shapes = nn.unbox(jax.eval_shape(lambda k: model_lib.init_params(cfg, k), jax.random.key(0)))
   n_blocks = model_lib.count_params(shapes["blocks"])
@@ -98,7 +98,7 @@ def step_costs(cfg: ml_collections.ConfigDict, plan: Plan, batch: int) -> list[d
   K/V cache prefix it attends to) and `flops` per step (2 per weight per slot, the head only for
   the 1 + W_p queries; attention 4 L D per query-key pair). One dict per plan segment."""
   itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
-  n_blocks, n_head = _weight_counts(cfg)
+  n_blocks, n_head = weight_counts(cfg)
   w = plan.real_width + plan.phantom_width
   costs = []
   for first, end, cache_len in plan.segments:
@@ -114,7 +114,7 @@ def step_costs(cfg: ml_collections.ConfigDict, plan: Plan, batch: int) -> list[d
 def forward_costs(cfg: ml_collections.ConfigDict, batch: int) -> dict:
   """The same counts for one full training forward of [batch, T] (attention over all T x T)."""
   itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
-  n_blocks, n_head = _weight_counts(cfg)
+  n_blocks, n_head = weight_counts(cfg)
   t = cfg.block_size
   attention = 4 * cfg.n_layer * cfg.n_embd * batch * t * t
   return {"flops": 2 * batch * t * (n_blocks + n_head) + attention,

@@ -80,7 +80,7 @@ TINY = "--config=configs/tiny.py"
 # (arguments, a part of the expected error line); {name} is a path from the `files` fixture.
 BAD_INPUTS = [
     # commands and flags
-    (["no-such-command"], "unknown command 'no-such-command'; accepted: train, prepare, info"),
+    (["no-such-command"], "unknown command 'no-such-command'; accepted: train, prepare, train-draft, info"),
     (["info", TINY, "stray"], "unexpected argument(s) 'stray'"),
     (["info", TINY, "--steps=3"], "--steps not accepted by `ao-mdm info`"),
     (["info", TINY, "--bogus=1"], "Unknown command line flag 'bogus'"),

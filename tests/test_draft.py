@@ -3,20 +3,22 @@ that `sample` and `bench` load (refusing a head of another model shape). Exactne
 is tested in test_speculative.py."""
 import os
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
 
-from ao_mdm import checkpoints, draft, speculative, train
+from ao_mdm import checkpoints, draft, sampling, speculative, train
+from ao_mdm import model as model_lib
 from ao_mdm.config import base_config
 from test_cli import ao_mdm  # pylint: disable=g-bad-import-order
-from test_speculative import _model  # pylint: disable=g-bad-import-order
+from test_speculative import random_model  # pylint: disable=g-bad-import-order
 
 
 def test_the_head_learns_the_bases_conditionals():
   """On a random base with sharp conditionals, training raises sum_x min(p, q) of every draft
   of the chain, in both orders, far above the untrained head's."""
-  cfg, params = _model(v=64, t=16, scale=8.0, seed=1)
+  cfg, params = random_model(v=64, t=16, scale=8.0, seed=1)
   rng = np.random.default_rng(0)
   batches = lambda: rng.integers(0, 64, (16, 16)).astype(np.int32)
   validation = np.random.default_rng(1).integers(0, 64, (32, 16)).astype(np.int32)
@@ -28,6 +30,18 @@ def test_the_head_learns_the_bases_conditionals():
   print(f"before: {draft.describe(before)}; after: {draft.describe(after)}")
   for order in ("l2r", "random"):
     assert np.all(np.asarray(after[order]) > np.asarray(before[order]) + 0.15)
+
+
+def test_a_sigma_gpt_head_decodes_greedy_l2r_exactly():
+  """sigma-GPT has no AdaLN: the head reads the target from the slot embedding alone."""
+  cfg, params = random_model(v=64, t=16, scale=4.0, seed=1)
+  cfg.variant = "sigma"
+  params = nn.unbox(model_lib.init_params(cfg, jax.random.key(3)))
+  head = draft.init_head(cfg, jax.random.key(4))
+  assert "adaln" not in head
+  want = sampling.sample(params, cfg, batch_size=2, steps=16, temperature=0.0, order="l2r").tokens
+  out = speculative.sample(params, cfg, batch_size=2, draft=3, temperature=0.0, draft_head=head)
+  np.testing.assert_array_equal(out.tokens, want)
 
 
 def test_bad_settings_are_refused():
@@ -82,6 +96,7 @@ def test_train_command_writes_a_head_that_loads_and_decodes(run, tmp_path):
 def test_cli_train_draft_errors_and_help(run, tmp_path):
   out = ao_mdm("train-draft", "--help")
   assert out.returncode == 0 and "--steps: " in out.stdout and "(default: 600)" in out.stdout
+  assert "train-draft: the order the head is trained for" in out.stdout
   cases = [
       (["train-draft", f"--checkpoint={run}"], "missing --workdir"),
       (["train-draft", f"--checkpoint={run}", f"--workdir={run}"], "exists and is not an empty"),

@@ -19,7 +19,7 @@ from ao_mdm.config import base_config
 from test_sampling import naive_greedy  # pylint: disable=g-bad-import-order
 
 
-def _model(v, t, scale, seed=0):
+def random_model(v, t, scale, seed=0):
   cfg = base_config().model
   cfg.update(vocab_size=v, block_size=t, n_layer=2, n_embd=32, n_head=4, cond_dim=16)
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(seed)))
@@ -36,7 +36,7 @@ def _l2r_joint(cfg, params):
   return seqs, np.exp(-np.asarray(nll, np.float64).sum(1))
 
 
-def _head(cfg, seed=0, scale=4.0):
+def random_head(cfg, seed=0, scale=4.0):
   """A randomly initialised draft head, its weights scaled so that its drafts are far from
   both uniform and the base's conditionals."""
   head = draft.init_head(cfg, jax.random.key(100 + seed))
@@ -57,10 +57,10 @@ def _chi_square(cfg, params, verify, n, head=None):
   return result.statistic, result.pvalue, {name: np.asarray(x) for name, x in st.items()}
 
 
-@pytest.mark.parametrize("drafter", ["self", "head"])
+@pytest.mark.parametrize("drafter", ["self", pytest.param("head", marks=pytest.mark.slow)])
 def test_speculative_samples_follow_the_l2r_joint_and_always_accept_does_not(drafter):
-  cfg, params = _model(v=4, t=3, scale=4.0)
-  head = _head(cfg) if drafter == "head" else None
+  cfg, params = random_model(v=4, t=3, scale=4.0)
+  head = random_head(cfg) if drafter == "head" else None
   stat, p, st = _chi_square(cfg, params, verify=True, n=20_000, head=head)
   accepted = st["accepted"].mean()
   # A draft drawn from its proposal q is accepted with probability sum_x min(p, q): the count
@@ -116,8 +116,8 @@ def _order_chi_square(cfg, params, verify, n, known_pos, known_tok, head=None):
 @pytest.mark.parametrize("drafter", ["self", "head"])
 def test_random_order_speculative_samples_follow_the_sequential_joint(drafter):
   """T = 4 with position 1 known: 3! orders x 3^3 fills; drafts of 2 tokens per forward."""
-  cfg, params = _model(v=3, t=4, scale=4.0, seed=2)
-  head = _head(cfg, seed=2) if drafter == "head" else None
+  cfg, params = random_model(v=3, t=4, scale=4.0, seed=2)
+  head = random_head(cfg, seed=2) if drafter == "head" else None
   p = _order_chi_square(cfg, params, True, 30_000, [1], [2], head)
   wrong_p = _order_chi_square(cfg, params, False, 30_000, [1], [2], head)
   print(f"random-order speculative: p={p:.3f}; always accept: p={wrong_p:.2e}")
@@ -126,9 +126,9 @@ def test_random_order_speculative_samples_follow_the_sequential_joint(drafter):
 
 @pytest.mark.parametrize("drafter", ["self", "head"])
 def test_greedy_random_order_speculative_equals_greedy_sequential_decoding(drafter):
-  cfg, params = _model(v=64, t=16, scale=4.0, seed=1)
+  cfg, params = random_model(v=64, t=16, scale=4.0, seed=1)
   known = dict(known_positions=[0, 5, 6, 11], known_tokens=[5, 9, 3, 7])
-  head = _head(cfg, seed=1) if drafter == "head" else None
+  head = random_head(cfg, seed=1) if drafter == "head" else None
   out = speculative.sample(params, cfg, batch_size=3, draft=4, temperature=0.0, order="random",
                            draft_head=head, **known)
   order = out.order
@@ -144,11 +144,11 @@ def test_greedy_random_order_speculative_equals_greedy_sequential_decoding(draft
 @pytest.mark.parametrize("draft_len,drafter", [(4, "self"), (4, "head"),
                                                pytest.param(1, "self", marks=pytest.mark.slow)])
 def test_greedy_speculative_equals_greedy_l2r(draft_len, drafter):
-  cfg, params = _model(v=64, t=16, scale=4.0, seed=1)
+  cfg, params = random_model(v=64, t=16, scale=4.0, seed=1)
   prompt = dict(known_positions=[0, 1, 2], known_tokens=[5, 9, 3])
   want = sampling.sample(params, cfg, batch_size=3, steps=13, temperature=0.0, order="l2r",
                          **prompt).tokens
-  head = _head(cfg, seed=1) if drafter == "head" else None
+  head = random_head(cfg, seed=1) if drafter == "head" else None
   out = speculative.sample(params, cfg, batch_size=3, draft=draft_len, temperature=0.0,
                            draft_head=head, **prompt)
   np.testing.assert_array_equal(out.tokens, want)
@@ -159,9 +159,9 @@ def test_greedy_speculative_equals_greedy_l2r(draft_len, drafter):
 def test_top_k_one_speculative_equals_greedy_l2r(drafter):
   """top-k filtering reaches drafts and verifier alike ([B, W, V] logits): with k = 1 the
   samples at temperature 1 are the greedy L2R tokens."""
-  cfg, params = _model(v=64, t=16, scale=4.0, seed=1)
+  cfg, params = random_model(v=64, t=16, scale=4.0, seed=1)
   want = sampling.sample(params, cfg, batch_size=2, steps=16, temperature=0.0, order="l2r").tokens
-  head = _head(cfg, seed=1) if drafter == "head" else None
+  head = random_head(cfg, seed=1) if drafter == "head" else None
   out = speculative.sample(params, cfg, batch_size=2, draft=3, top_k=1, top_p=0.9,
                            draft_head=head)
   np.testing.assert_array_equal(out.tokens, want)
@@ -189,10 +189,10 @@ def test_bad_draft_length():
 
 
 def test_bench_counts_every_seed():
-  cfg, params = _model(v=16, t=8, scale=4.0)
-  config = ml_collections.ConfigDict({"bench": {"speculative_batches": (2,), "seeds": 3,
+  cfg, params = random_model(v=16, t=8, scale=4.0)
+  config = ml_collections.ConfigDict({"bench": {"speculative_batches": (2,), "seeds": 2,
                                                 "drafts": (2,)}})
-  head = _head(cfg)
+  head = random_head(cfg)
   rows = bench.bench_speculative(config, params, cfg, draft_head=head)["rows"]
   assert [(r["order"], r["drafter"]) for r in rows] == [
       ("l2r", "self"), ("l2r", "head"), ("infill", "self"), ("infill", "head")]
@@ -202,7 +202,7 @@ def test_bench_counts_every_seed():
     known = {} if row["order"] == "l2r" else dict(known_positions=positions, known_tokens=ids)
     outs = [speculative.sample(params, cfg, batch_size=2, draft=2, seed=s, order="random" if known
                                else "l2r", draft_head=head if row["drafter"] == "head" else None,
-                               **known) for s in range(3)]
+                               **known) for s in range(2)]
     forwards = np.mean([o.stats["forwards"] for o in outs])
     assert row["forwards_per_sequence"] == pytest.approx(forwards)
     assert row["tokens_per_forward"] == pytest.approx((8 if not known else 4) / forwards)
