@@ -148,8 +148,9 @@ def fit(cfg: ml_collections.ConfigDict, params: Any, batches: Callable[[], np.nd
   @jax.jit
   def train_step(head_params, opt_state, params, tokens_BT, key):
     order_BT = mixed_orders(key, tokens_BT.shape[0], tokens_BT.shape[1], s.l2r_fraction)
-    loss = lambda hp: tuple(x.mean() if i == 0 else x for i, x in enumerate(
-        chain_losses(model, params, hp, tokens_BT, order_BT, s.chain)))
+    def loss(head_params):
+      kl_J, overlap_J = chain_losses(model, params, head_params, tokens_BT, order_BT, s.chain)
+      return kl_J.mean(), overlap_J
     (kl, overlap_J), grads = jax.value_and_grad(loss, has_aux=True)(head_params)
     updates, opt_state = tx.update(grads, opt_state, head_params)
     return optax.apply_updates(head_params, updates), opt_state, kl, overlap_J
@@ -169,8 +170,8 @@ def fit(cfg: ml_collections.ConfigDict, params: Any, batches: Callable[[], np.nd
     if (i + 1) % s.log_every == 0 or i + 1 == s.num_steps:
       rate = i / max(time.perf_counter() - start, 1e-9)
       log(f"train-draft step {i + 1}/{s.num_steps}: KL {float(kl):.4f}, sum min(p, q) per draft "
-          f"{' / '.join(f'{x:.3f}' for x in np.asarray(overlap_J))} (training batch, mixed "
-          f"orders), {rate:.1f} steps/s")
+          f"{' / '.join(f'{x:.3f}' for x in np.asarray(overlap_J))} (this batch), "
+          f"{rate:.1f} steps/s")
   figures = {}
   b, t = s.batch_size, cfg.block_size
   eval_key = jax.random.fold_in(key, s.num_steps + 1)
@@ -193,7 +194,6 @@ def fingerprint(params: Any) -> str:
 
 def describe(figures: dict) -> str:
   return "; ".join(f"{name}: " + " / ".join(f"{x:.3f}" for x in v) for name, v in figures.items())
-
 
 
 BASE_KEYS = ("variant", "vocab_size", "block_size", "n_embd", "cond_dim")  # what a head reads
@@ -222,7 +222,7 @@ def train_command(checkpoint: str, workdir: str, weights: str = "ema", s: Settin
       f"{s.num_steps} steps of {s.batch_size} x {t} tokens, chain {s.chain}")
   with interrupts.on_interrupt(lambda: f"nothing was written to {workdir}"):
     head_params, figures = fit(cfg, params, lambda: next(data), validation_BT, s, log)
-  log(f"validation sum_x min(p, q), the acceptance of drafts 1..{s.chain} (greedy-free): "
+  log(f"validation sum_x min(p, q), the acceptance of drafts 1..{s.chain} at temperature 1: "
       f"{describe(figures)} ({len(validation_BT)} blocks)")
   saved = ml_collections.ConfigDict({
       "model": cfg.to_dict(),
