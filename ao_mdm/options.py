@@ -69,7 +69,8 @@ def define_flags() -> None:
   """Defines every flag of every command (absl's global FLAGS)."""
   config_flags.DEFINE_config_file("config", None, "ml_collections config file.",
                                   lock_config=True)
-  flags.DEFINE_string("workdir", None, "Training work dir (checkpoints, tokenizer, logs).")
+  flags.DEFINE_string("workdir", None, "Training work dir (checkpoints, tokenizer, logs); "
+                      "train-draft: where the head is written (a new or empty directory).")
   flags.DEFINE_string("out", None, "Output path.")
   flags.DEFINE_string("corpus", "sotu", "Dataset registry name or a local text file.")
   flags.DEFINE_integer("vocab_size", 2048, "Tokenizer vocab size (a multiple of 128).")

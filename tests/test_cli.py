@@ -42,7 +42,7 @@ def test_command_help_lists_its_own_flags(command):
     assert "import-torch: which of the PyTorch checkpoint's to import, ema | model" in out.stdout
 
 
-def _tiny_config(data_dir):
+def tiny_config(data_dir):
   c = base_config()
   c.model.update(vocab_size=512, block_size=32, n_layer=2, n_embd=32, n_head=2, cond_dim=32)
   c.train.update(batch_size=8, num_steps=2, warmup_steps=1, eval_batches=1, eval_every=0,
@@ -56,7 +56,7 @@ def files(data_dir, tmp_path_factory):
   """A run with checkpoints at steps 1 and 2, its export, and assorted bad inputs."""
   root = tmp_path_factory.mktemp("cli")
   run = str(root / "run")
-  train.train_and_evaluate(_tiny_config(data_dir), run)
+  train.train_and_evaluate(tiny_config(data_dir), run)
   export = checkpoints.export(run, str(root / "export"))
   no_tokenizer = str(root / "no_tokenizer")
   shutil.copytree(export, no_tokenizer)

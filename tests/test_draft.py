@@ -10,8 +10,7 @@ import pytest
 
 from ao_mdm import checkpoints, draft, sampling, speculative, train
 from ao_mdm import model as model_lib
-from ao_mdm.config import base_config
-from test_cli import ao_mdm  # pylint: disable=g-bad-import-order
+from test_cli import ao_mdm, tiny_config  # pylint: disable=g-bad-import-order
 from test_speculative import random_model  # pylint: disable=g-bad-import-order
 
 
@@ -53,12 +52,8 @@ def test_bad_settings_are_refused():
 
 @pytest.fixture(scope="module")
 def run(data_dir, tmp_path_factory):
-  c = base_config()
-  c.model.update(vocab_size=512, block_size=32, n_layer=2, n_embd=32, n_head=2, cond_dim=32)
-  c.train.update(batch_size=8, num_steps=2, warmup_steps=1, eval_batches=1, eval_every=0)
-  c.data.tfds_dir = data_dir
   workdir = str(tmp_path_factory.mktemp("draft") / "run")
-  train.train_and_evaluate(c, workdir)
+  train.train_and_evaluate(tiny_config(data_dir), workdir)
   return workdir
 
 
@@ -93,6 +88,7 @@ def test_train_command_writes_a_head_that_loads_and_decodes(run, tmp_path):
     draft.train_command(run, out, s=settings)
 
 
+@pytest.mark.slow  # eight `ao-mdm` processes, about 30 s
 def test_cli_train_draft_errors_and_help(run, tmp_path):
   out = ao_mdm("train-draft", "--help")
   assert out.returncode == 0 and "--steps: " in out.stdout and "(default: 600)" in out.stdout
