@@ -57,6 +57,7 @@ def run(data_dir, tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow  # a training run and a head, 25 s: the default stage stays under 10 minutes
 def test_train_command_writes_a_head_that_loads_and_decodes(run, tmp_path):
   out = str(tmp_path / "head")
   lines = []

@@ -55,6 +55,7 @@ def test_text_file_eval_and_too_short_file(checkpoint, tmp_path):
   assert "tokens (EOS included); at least block_size=32 are needed for one block" in out.stderr
 
 
+@pytest.mark.slow  # 30 s: the default stage stays under 10 minutes
 def test_eight_devices_equal_one_and_mesh_errors(checkpoint, tmp_path):
   config, params = checkpoints.load_params(checkpoint)
   blocks = np.random.default_rng(0).integers(0, 512, (6, 32)).astype(np.int32)

@@ -90,8 +90,9 @@ def _running(workdir, data_dir):
   return proc
 
 
-@pytest.mark.parametrize("signum, code, said", [(signal.SIGTERM, 0, "preempted"),
-                                                (signal.SIGINT, 130, "interrupted")])
+@pytest.mark.parametrize("signum, code, said", [
+    pytest.param(signal.SIGTERM, 0, "preempted", marks=pytest.mark.slow),  # 22 s; Ctrl-C stays
+    (signal.SIGINT, 130, "interrupted")])
 def test_sigterm_and_ctrl_c_save_at_a_step_boundary(data_dir, tmp_path, signum, code, said):
   workdir = str(tmp_path / "run")
   proc = _running(workdir, data_dir)

@@ -188,6 +188,7 @@ def test_bad_draft_length():
     speculative.sample(None, cfg, batch_size=1, draft=4)  # refused before params are used
 
 
+@pytest.mark.slow  # seven compiles, 25 s: the default stage stays under 10 minutes
 def test_bench_counts_every_seed():
   cfg, params = random_model(v=16, t=8, scale=4.0)
   config = ml_collections.ConfigDict({"bench": {"speculative_batches": (2,), "seeds": 2,
