@@ -38,11 +38,15 @@ def _writable_parent(path: str, flag: str) -> None:
     raise ValueError(f"{flag} {path!r} cannot be written: {parent!r} is not a writable directory")
 
 
-def checkpoint(path: str, flag: str = "--checkpoint") -> None:
-  """A training work dir (with checkpoints/) or an export: a directory holding step dirs."""
+DRAFT_HEAD = "the --workdir of an `ao-mdm train-draft`"
+
+
+def checkpoint(path: str, flag: str = "--checkpoint",
+               want: str = "a training --workdir or an `ao-mdm export` / `import-torch` output"
+               ) -> None:
+  """A training work dir (with checkpoints/) or an export: a directory holding step dirs;
+  `want` says what to give instead."""
   if not os.path.isdir(path):
-    want = ("the --workdir of an `ao-mdm train-draft`" if flag == "--draft_head" else
-            "a training --workdir or an `ao-mdm export` / `import-torch` output")
     raise FileNotFoundError(f"{flag} {path!r} is not a directory; give {want}")
   steps_dir = os.path.join(path, "checkpoints")
   root = steps_dir if os.path.isdir(steps_dir) else path
@@ -278,7 +282,7 @@ def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
     if v["checkpoint"]:
       checkpoint(v["checkpoint"])
     if v["draft_head"]:
-      checkpoint(v["draft_head"], "--draft_head")
+      checkpoint(v["draft_head"], "--draft_head", DRAFT_HEAD)
   elif command == "tokenizer":
     _require(v, "out")
     if os.path.sep in v["corpus"] or os.path.isfile(v["corpus"]):
@@ -318,7 +322,7 @@ def _sample_inputs(v: dict, given: set) -> None:
     raise ValueError("--infill_span applies with --infill")
   mode_options(v["mode"], given & MODE_OPTION_NAMES)
   if v["draft_head"]:
-    checkpoint(v["draft_head"], "--draft_head")
+    checkpoint(v["draft_head"], "--draft_head", DRAFT_HEAD)
   sampling_options(v["steps"], v["temperature"], v["top_p"], v["top_k"], v["order"],
                    v["top_p_rule"], v["schedule"])
   sample_counts(v["num_samples"], v["batch_size"])

@@ -216,8 +216,7 @@ def train_command(checkpoint: str, workdir: str, weights: str = "ema", s: Settin
                                  seed=s.seed, process_index=0, process_count=1)
   validation_BT = pipeline.eval_blocks(splits["validation"], t,
                                        max_blocks=s.eval_batches * s.batch_size)
-  n_head = sum(int(x.size) for x in jax.tree.leaves(jax.eval_shape(
-      lambda: init_head(cfg, jax.random.key(0)))))
+  n_head = model_lib.count_params(jax.eval_shape(lambda: init_head(cfg, jax.random.key(0))))
   log(f"training a draft head ({n_head:,} parameters) on {checkpoint}'s {weights} params: "
       f"{s.num_steps} steps of {s.batch_size} x {t} tokens, chain {s.chain}")
   with interrupts.on_interrupt(lambda: f"nothing was written to {workdir}"):

@@ -50,8 +50,11 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
     options["order"] = sampling.default_order(options.get("order"), len(positions))
   elif mode == "speculative":
     options["order"] = options.get("order") or "l2r"
-  # Cast once here: each batch's sampler then finds the params already in the decoding dtype.
+  # Cast once here: each batch's sampler then finds the params (and a draft head's) already in
+  # the decoding dtype.
   params, cfg = decoding.with_dtype(params, cfg, options.get("dtype", "float32"))
+  if options.get("draft_head") is not None:
+    options["draft_head"] = decoding.with_dtype(options["draft_head"], cfg, cfg.dtype)[0]
   batch_size = min(batch_size, num_samples)
   known = np.zeros(cfg.block_size, bool)
   known[positions] = True
