@@ -43,5 +43,5 @@ setup(
         "torch": ["torch>=2.13,<3"],
         "repro": ["matplotlib>=3.11.2,<4"],  # plots of scripts/reproduce.py
     },
-    entry_points={"console_scripts": ["ao-mdm=ao_mdm.main:run"]},
+    entry_points={"console_scripts": ["ao-mdm=ao_mdm.cli.main:run"]},
 )

@@ -4,6 +4,8 @@ Shipped configs start from `base_config()` and override fields; they add no keys
 """
 import ml_collections
 
+DTYPES = ("float32", "bfloat16")  # model.dtype (compute) and the decoding dtypes
+
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()

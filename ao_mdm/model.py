@@ -20,11 +20,13 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from ao_mdm import config as config_lib
+
 VARIANTS = ("ao", "sigma")
 REMAT = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
          "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 ATTENTION = ("xla", "cudnn")
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+DTYPES = {name: jnp.dtype(name) for name in config_lib.DTYPES}
 NORM_EPS = 1e-5
 
 
@@ -267,10 +269,12 @@ class AOGPT(nn.Module):
                        preferred_element_type=jnp.float32)
     return nn.with_logical_constraint(out.astype(jnp.float32), ("batch", "length", "vocab"))
 
-  def __call__(self, tokens_BT, order_BT):
+  def __call__(self, tokens_BT, order_BT, return_hidden: bool = False):
     """Training forward: logits where slot s predicts the token at position order[s].
 
     The order may stop early (t <= T slots, e.g. to score a target without later slots).
+    With `return_hidden`, (logits, the final hidden states h_BTD before the output norm): what a
+    draft head reads (decode/draft.py).
     """
     if tokens_BT.ndim != 2 or tokens_BT.shape[1] > self.cfg.block_size:
       raise ValueError(f"tokens have shape {tuple(tokens_BT.shape)}; expected [batch, T] with "
@@ -282,7 +286,9 @@ class AOGPT(nn.Module):
     x_BTD, cond = self.embed(prev_tok_BT, prev_pos_BT, order_BT)
     h_BTD, kv = self.stack(x_BTD, cond)
     logits_BTV = self.logits(h_BTD, cond)
-    return (logits_BTV, kv) if self.decode else logits_BTV
+    if self.decode:
+      return logits_BTV, kv
+    return (logits_BTV, h_BTD) if return_hidden else logits_BTV
 
 
 def slot_inputs(tokens_BT: jax.Array, order_BT: jax.Array) -> tuple[jax.Array, jax.Array]:

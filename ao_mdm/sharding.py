@@ -14,7 +14,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from ao_mdm import checks
+from ao_mdm import hosts
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -104,7 +104,7 @@ def initialize_distributed(coordinator: Optional[str] = None, num_processes: Opt
                        f"[0, num_processes); got {num_processes}, {process_id}")
     kwargs = dict(coordinator_address=coordinator, num_processes=num_processes,
                   process_id=process_id)
-  elif checks.detected_launcher():
+  elif hosts.detected_launcher():
     kwargs = {}  # jax.distributed reads the coordinator from the launcher's variables
   else:
     return
@@ -117,7 +117,7 @@ def initialize_distributed(coordinator: Optional[str] = None, num_processes: Opt
       failure.append(e)
   thread = threading.Thread(target=join, daemon=True)
   thread.start()
-  where = coordinator or f"the coordinator of this {checks.detected_launcher()} job"
+  where = coordinator or f"the coordinator of this {hosts.detected_launcher()} job"
   try:
     thread.join(timeout)
   except KeyboardInterrupt:

@@ -27,8 +27,10 @@ def main() -> None:
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args()
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from ao_mdm import checkpoints, evaluation, generate  # pylint: disable=g-import-not-at-top
-  from ao_mdm import sampling  # pylint: disable=g-import-not-at-top
+  from ao_mdm.decode import generate  # pylint: disable=g-import-not-at-top
+  from ao_mdm.eval import perplexity as evaluation  # pylint: disable=g-import-not-at-top
+  from ao_mdm.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from ao_mdm.decode import parallel as sampling  # pylint: disable=g-import-not-at-top
   config, params, tokenizer = checkpoints.load_run(args.checkpoint, "ema")
   scorer_config, scorer_params = (config, params) if args.scorer is None else \
       checkpoints.load_params(args.scorer, "ema")

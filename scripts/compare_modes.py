@@ -25,7 +25,11 @@ def main() -> None:
   parser.add_argument("--samples", type=int, default=32)
   parser.add_argument("--out", default=os.path.join(ROOT, "docs", "results"))
   args = parser.parse_args()
-  from ao_mdm import checkpoints, confidence, evaluation, sampling, speculative
+  from ao_mdm.decode import confidence
+  from ao_mdm.decode import parallel as sampling
+  from ao_mdm.decode import speculative
+  from ao_mdm.eval import perplexity as evaluation
+  from ao_mdm.train import checkpoints
   config, params = checkpoints.load_params(args.checkpoint)
   scorer_config, scorer_params = checkpoints.load_params(args.scorer)
   scorer = evaluation.Scorer(scorer_params, scorer_config.model)

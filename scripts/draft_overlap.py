@@ -23,7 +23,8 @@ def early_predictions(params: Any, cfg: Any, samples: int, ahead: int, seed: int
   early predictions q and the L2R conditionals p ([samples, positions, V] float64)."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from ao_mdm import model as model_lib, sampling  # pylint: disable=g-import-not-at-top
+  from ao_mdm import model as model_lib  # pylint: disable=g-import-not-at-top
+  from ao_mdm.decode import parallel as sampling  # pylint: disable=g-import-not-at-top
   t = cfg.block_size
   steps = t // (ahead + 1)
   out = sampling.sample(params, cfg, batch_size=samples, steps=steps, order="l2r",
@@ -45,7 +46,7 @@ def main() -> None:
   parser.add_argument("--ahead", type=int, default=1, help="tokens skipped before the target")
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args()
-  from ao_mdm import checkpoints  # pylint: disable=g-import-not-at-top
+  from ao_mdm.train import checkpoints  # pylint: disable=g-import-not-at-top
   config, params = checkpoints.load_params(args.checkpoint, log=lambda _: None)
   t = config.model.block_size
   if not 1 <= args.ahead < t - 1 or args.samples < 1:

@@ -65,11 +65,12 @@ def train(run: str, seed: int, workdir: str, extra: tuple = ()) -> dict:
 
 
 def load(workdir: str) -> tuple:
-  from ao_mdm import checkpoints, evaluation  # pylint: disable=g-import-not-at-top
-  from ao_mdm.data import pipeline, prepared, tokenizer  # pylint: disable=g-import-not-at-top
+  from ao_mdm.eval import perplexity as evaluation  # pylint: disable=g-import-not-at-top
+  from ao_mdm.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import pipeline, prepare, tokenizer  # pylint: disable=g-import-not-at-top
   config, params = checkpoints.load_params(workdir)
   tok = tokenizer.load_saved_tokenizer(config.data, config.model.vocab_size, workdir)
-  blocks = pipeline.eval_blocks(prepared.ensure(config.data, tok, "validation"),
+  blocks = pipeline.eval_blocks(prepare.ensure(config.data, tok, "validation"),
                                 config.model.block_size, max_blocks=EVAL_BLOCKS)
   config.model.dtype = "float32"
   return config, evaluation.Scorer(params, config.model), tok, blocks
@@ -77,7 +78,7 @@ def load(workdir: str) -> tuple:
 
 def evaluate(workdir: str) -> dict:
   """L2R and any-order NLL per validation sequence (seeded orders: paired across runs)."""
-  from ao_mdm import evaluation  # pylint: disable=g-import-not-at-top
+  from ao_mdm.eval import perplexity as evaluation  # pylint: disable=g-import-not-at-top
   _, scorer, _, blocks = load(workdir)
   r = evaluation.evaluate_blocks(scorer, blocks, orders=ORDERS, batch_size=16, seed=0,
                                  per_sequence=True)
@@ -87,7 +88,7 @@ def evaluate(workdir: str) -> dict:
 
 
 def ensemble(workdir: str) -> dict:
-  from ao_mdm import evaluation  # pylint: disable=g-import-not-at-top
+  from ao_mdm.eval import perplexity as evaluation  # pylint: disable=g-import-not-at-top
   _, scorer, _, blocks = load(workdir)
   r = evaluation.evaluate_blocks(scorer, blocks[:ENSEMBLE_BLOCKS], orders=1, batch_size=4,
                                  seed=0, ensemble=ENSEMBLE)
@@ -97,7 +98,9 @@ def ensemble(workdir: str) -> dict:
 
 def quality(sampler_dir: str, scorer_dir: str) -> dict:
   """Generative perplexity (scored by the L2R run) and unigram entropy vs S and temperature."""
-  from ao_mdm import checkpoints, evaluation, generate  # pylint: disable=g-import-not-at-top
+  from ao_mdm.decode import generate  # pylint: disable=g-import-not-at-top
+  from ao_mdm.eval import perplexity as evaluation  # pylint: disable=g-import-not-at-top
+  from ao_mdm.train import checkpoints  # pylint: disable=g-import-not-at-top
   config, _, tok, _ = load(sampler_dir)
   _, params = checkpoints.load_params(sampler_dir)
   _, scorer, _, _ = load(scorer_dir)

@@ -9,7 +9,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 
-from ao_mdm import checkpoints, evaluation, sharding, train  # pylint: disable=g-import-not-at-top
+from ao_mdm import sharding  # pylint: disable=g-import-not-at-top
+from ao_mdm.eval import perplexity as evaluation  # pylint: disable=g-import-not-at-top
+from ao_mdm.train import checkpoints  # pylint: disable=g-import-not-at-top
+from ao_mdm.train import loop as train  # pylint: disable=g-import-not-at-top
 
 
 def error_of(fn):

@@ -3,7 +3,7 @@ import importlib.util
 
 import pytest
 
-from ao_mdm import aot
+from ao_mdm.train import aot
 from ao_mdm.config import base_config
 from ao_mdm.paper import paper_config
 

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from ao_mdm import checks
-from ao_mdm import sampling
+from ao_mdm.decode import options as checks
+from ao_mdm.decode import parallel as sampling
 
 torch = pytest.importorskip("torch")
 
@@ -166,7 +166,7 @@ def tiny():
     import flax  # pylint: disable=g-import-not-at-top
     import jax  # pylint: disable=g-import-not-at-top
     from ao_mdm import model as model_lib  # pylint: disable=g-import-not-at-top
-    from ao_mdm import torch_reference  # pylint: disable=g-import-not-at-top
+    from ao_mdm.interop import torch_reference  # pylint: disable=g-import-not-at-top
     from ao_mdm.config import base_config  # pylint: disable=g-import-not-at-top
     cfg = base_config().model
     cfg.update(block_size=T, vocab_size=64, n_layer=2, n_embd=32, n_head=4, cond_dim=16)

@@ -14,14 +14,15 @@ import jax
 import numpy as np
 import pytest
 
-from ao_mdm import checkpoints, train
+from ao_mdm.train import checkpoints
+from ao_mdm.train import loop as train
 from ao_mdm.config import base_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def ao_mdm(*args, timeout=300):
-  return subprocess.run([sys.executable, "-m", "ao_mdm.main", *args], capture_output=True,
+  return subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", *args], capture_output=True,
                         text=True, timeout=timeout, cwd=ROOT,
                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
 
@@ -289,7 +290,7 @@ def test_sample_reads_the_run_quietly_and_writes_nothing_into_it(files, tmp_path
 
 def test_sample_texts_library_call(files):
   """The library function behind `ao-mdm sample`: batches, prompt kept, ids within the vocab."""
-  from ao_mdm import generate  # pylint: disable=g-import-not-at-top
+  from ao_mdm.decode import generate  # pylint: disable=g-import-not-at-top
   from ao_mdm.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   config, params = checkpoints.load_params(files["export"])
   tokenizer = tok_lib.load_saved_tokenizer(config.data, config.model.vocab_size, files["export"])
@@ -321,7 +322,7 @@ def test_unreachable_coordinator_gives_up_in_time_and_ctrl_c_works(tmp_path):
   errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
   assert out.returncode == 2 and time.time() - start < 60 and "Traceback" not in out.stderr
   assert len(errors) == 1 and "no answer from 127.0.0.1:" in errors[0] and "within 3 s" in errors[0]
-  proc = subprocess.Popen([sys.executable, "-m", "ao_mdm.main", *joining, "--init_timeout=300"],
+  proc = subprocess.Popen([sys.executable, "-m", "ao_mdm.cli.main", *joining, "--init_timeout=300"],
                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env={**os.environ, "JAX_PLATFORMS": "cpu"})
   time.sleep(8)  # well inside the join
@@ -332,7 +333,7 @@ def test_unreachable_coordinator_gives_up_in_time_and_ctrl_c_works(tmp_path):
 
 
 def test_an_absent_platform_is_one_error_line():
-  out = subprocess.run([sys.executable, "-m", "ao_mdm.main", "info", TINY], capture_output=True,
+  out = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", "info", TINY], capture_output=True,
                        text=True, timeout=120, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "tpu"})
   if os.path.exists("/dev/accel0"):
     pytest.skip("this host has a TPU")
@@ -344,7 +345,7 @@ def test_an_absent_platform_is_one_error_line():
 def test_help_forms_and_a_closed_pipe():
   out = ao_mdm("help", "sample")
   assert out.returncode == 0 and out.stdout.startswith("usage: ao-mdm sample")
-  proc = subprocess.run(f"{sys.executable} -m ao_mdm.main --help | head -1", shell=True,
+  proc = subprocess.run(f"{sys.executable} -m ao_mdm.cli.main --help | head -1", shell=True,
                         capture_output=True, text=True, cwd=ROOT, timeout=60)
   assert proc.stdout.startswith("usage: ao-mdm") and "Traceback" not in proc.stderr
 
@@ -362,7 +363,7 @@ def test_tokenizer_errors_leave_nothing_behind(tmp_path):
            (["--corpus=" + str(tmp_path / "two.txt"), "--vocab_size=1000064"],
             "cannot train a vocab of 1000064 on this corpus: Vocabulary size too high")]
   for args, message in cases:
-    out = subprocess.run([sys.executable, "-m", "ao_mdm.main", "tokenizer",
+    out = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", "tokenizer",
                           f"--out={tmp_path / 'tok'}", *args], capture_output=True, text=True,
                          timeout=120, cwd=ROOT, env=env)
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ao_mdm import confidence
+from ao_mdm.decode import confidence
 from ao_mdm import model as model_lib
 from ao_mdm.config import base_config
 
@@ -54,7 +54,7 @@ def test_ties_break_by_position():
 def _naive_greedy(cfg, params, steps, score, known_positions=(), known_tokens=()):
   """Greedy confidence decoding by full forwards: each unknown p scored at slot n with the
   order so far plus p, the best n_i - n_{i-1} committed in confidence order."""
-  from ao_mdm import sampling
+  from ao_mdm.decode import parallel as sampling
   t = cfg.block_size
   # One compiled forward over t candidate rows (padded with copies): one row per unknown p.
   forward = jax.jit(lambda tok, o: model_lib.make_model(cfg).apply({"params": params}, tok, o))

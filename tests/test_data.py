@@ -5,11 +5,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from ao_mdm.data import bench_data
+from ao_mdm.cli import bench_data
 from ao_mdm.data import corpus
 from ao_mdm.data import datasets
 from ao_mdm.data import pipeline
-from ao_mdm.data import prepared
+from ao_mdm.data import prepare
 
 T = 64
 
@@ -32,7 +32,7 @@ def text_config(tmp_path_factory, data_dir):
 def _iterator(config, tok, data_dir, **kwargs):
   del data_dir  # config.tfds_dir
   kwargs = {"global_batch_size": 4, "seed": 0, "process_index": 0, "process_count": 1, **kwargs}
-  return pipeline.train_iterator(prepared.ensure(config, tok, "train").blocks(T), **kwargs)
+  return pipeline.train_iterator(prepare.ensure(config, tok, "train").blocks(T), **kwargs)
 
 
 def _take(it, n):
@@ -47,7 +47,7 @@ def test_batches_have_shape_and_dtype(text_config, sp_tokenizer, data_dir):
 
 
 def test_eval_blocks_are_documents_in_order(sotu_config, sp_tokenizer):
-  split = prepared.ensure(sotu_config, sp_tokenizer, "validation")
+  split = prepare.ensure(sotu_config, sp_tokenizer, "validation")
   blocks = pipeline.eval_blocks(split, 128)
   assert blocks.ndim == 2 and blocks.shape[1] == 128 and blocks.dtype == np.int32
   stream = blocks.reshape(-1)
@@ -65,7 +65,7 @@ def test_eval_blocks_are_documents_in_order(sotu_config, sp_tokenizer):
 def test_eval_blocks_too_few_tokens(tmp_path, sp_tokenizer, data_dir):
   path = tmp_path / "small.txt"
   path.write_text("one\ntwo\nthree\n", encoding="utf-8")
-  split = prepared.ensure(_text_config(path, data_dir), sp_tokenizer, "train")
+  split = prepare.ensure(_text_config(path, data_dir), sp_tokenizer, "train")
   for packing in pipeline.PACKINGS:
     with pytest.raises(ValueError, match=r"has \d+ tokens .*block_size=4096"):
       pipeline.eval_blocks(split, 4096, packing=packing)
@@ -80,7 +80,7 @@ def test_same_seed_same_batches(text_config, sp_tokenizer, data_dir):
 
 
 def test_process_shards_are_disjoint_and_cover_an_epoch(text_config, sp_tokenizer, data_dir):
-  blocks = prepared.ensure(text_config, sp_tokenizer, "train").blocks(T).array()
+  blocks = prepare.ensure(text_config, sp_tokenizer, "train").blocks(T).array()
   n = len(blocks)
   assert 100 < n < 2000 and n % 2  # an odd count: one block is left out of each epoch
   shards = []
@@ -201,7 +201,7 @@ def test_lambada_from_a_local_openai_jsonl(tmp_path):
 
 def test_token_counts_count_every_token_and_one_eos_per_document(text_config, sp_tokenizer,
                                                                 data_dir):
-  counts = prepared.ensure(text_config, sp_tokenizer, "train").token_counts()
+  counts = prepare.ensure(text_config, sp_tokenizer, "train").token_counts()
   docs = list(datasets.load_documents(text_config, "train", data_dir))
   naive = np.zeros(sp_tokenizer.vocab_size, np.int64)
   for doc in docs:

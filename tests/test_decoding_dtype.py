@@ -5,11 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ao_mdm import confidence
-from ao_mdm import decoding
+from ao_mdm.decode import confidence
+from ao_mdm.decode import common as decoding
 from ao_mdm import model as model_lib
-from ao_mdm import sampling
-from ao_mdm import speculative
+from ao_mdm.decode import parallel as sampling
+from ao_mdm.decode import speculative
 from ao_mdm.config import base_config
 
 T, V = 32, 16

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ao_mdm import train
+from ao_mdm.train import loop as train
 from ao_mdm.config import base_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -53,7 +53,7 @@ def test_every_documented_demo_command_runs(demo_run):
   def run(item):
     name, command = item
     args = [a.replace("runs/demo", demo_run) for a in shlex.split(command)[1:]]
-    out = subprocess.run([sys.executable, "-m", "ao_mdm.main", *args], cwd=ROOT, env=env,
+    out = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", *args], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     return name, command, out
   commands = demo_commands()

@@ -8,7 +8,11 @@ import jax
 import numpy as np
 import pytest
 
-from ao_mdm import checkpoints, draft, sampling, speculative, train
+from ao_mdm.decode import draft
+from ao_mdm.decode import parallel as sampling
+from ao_mdm.decode import speculative
+from ao_mdm.train import checkpoints
+from ao_mdm.train import loop as train
 from ao_mdm import model as model_lib
 from test_cli import ao_mdm, tiny_config  # pylint: disable=g-bad-import-order
 from test_speculative import random_model  # pylint: disable=g-bad-import-order

@@ -7,7 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from ao_mdm import checkpoints, evaluation, train
+from ao_mdm.eval import perplexity as evaluation
+from ao_mdm.train import checkpoints
+from ao_mdm.train import loop as train
 from ao_mdm.config import base_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,7 +27,7 @@ def checkpoint(data_dir, tmp_path_factory):
 
 
 def _eval(*args):
-  return subprocess.run([sys.executable, "-m", "ao_mdm.main", "eval", *args], capture_output=True,
+  return subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", "eval", *args], capture_output=True,
                         text=True, timeout=300, cwd=ROOT,
                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
 
@@ -89,7 +91,7 @@ def test_paper_protocol_splits_and_custom_flags(checkpoint):
 def test_commands_are_quiet_on_a_host_without_accelerators(checkpoint, tmp_path):
   """No Orbax/absl warnings and no libtpu start-up errors: only what the user asked for."""
   env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}  # detection, not forcing
-  out = subprocess.run([sys.executable, "-m", "ao_mdm.main", "sample", f"--checkpoint={checkpoint}",
+  out = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", "sample", f"--checkpoint={checkpoint}",
                         "--num_samples=1", "--steps=4", "--seed=3"], capture_output=True,
                        text=True, timeout=300, cwd=ROOT, env=env)
   assert out.returncode == 0, out.stderr

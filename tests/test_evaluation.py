@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ao_mdm import evaluation
+from ao_mdm.eval import perplexity as evaluation
 from ao_mdm import model as model_lib
 from ao_mdm.config import base_config
 
@@ -146,3 +146,21 @@ def test_scorer_scores_in_float32_whatever_the_model_trains_in(scorer):
   low = evaluation.Scorer(scorer.params, bf16, dtype="bfloat16").slot_nll(x, order)
   assert not np.array_equal(low, scorer.slot_nll(x, order))  # the dtype is what changed
   np.testing.assert_allclose(low, scorer.slot_nll(x, order), rtol=0.1)
+
+
+def test_the_placement_is_built_once(monkeypatch):
+  """Loading params into place and the Scorer that scores with them share one mesh and one
+  abstract state (eval_command builds both)."""
+  from ao_mdm import sharding  # pylint: disable=g-import-not-at-top
+  made = []
+  make_mesh = sharding.make_mesh
+  monkeypatch.setattr(sharding, "make_mesh", lambda *a, **k: made.append(1) or make_mesh(*a, **k))
+  cfg = base_config().model
+  cfg.update(block_size=T, vocab_size=64, n_layer=1, n_embd=16, n_head=2, cond_dim=8)
+  mesh_cfg = base_config().mesh
+  shardings = evaluation.param_shardings(cfg, mesh_cfg)
+  params = jax.device_put(nn.unbox(model_lib.init_params(cfg, jax.random.key(0))), shardings)
+  scorer = evaluation.Scorer(params, cfg, mesh_cfg)
+  assert len(made) == 1 and scorer.mesh is evaluation.placement(cfg, mesh_cfg)[0]
+  assert scorer.slot_nll(tokens(1), np.arange(T)[None]).shape == (1, T)
+

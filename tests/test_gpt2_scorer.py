@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 
-from ao_mdm import gpt2_scorer
+from ao_mdm.eval import gpt2_scorer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -135,7 +135,7 @@ def test_cli_scores_other_tokenizers_samples_as_gpt2_text(tmp_path):
                                    vocab_size=gpt2.VOCAB_SIZE)
   model = transformers.GPT2LMHeadModel(config).eval()
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  run = lambda *a: subprocess.run([sys.executable, "-m", "ao_mdm.main", *a], capture_output=True,
+  run = lambda *a: subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", *a], capture_output=True,
                                   text=True, timeout=300, cwd=root,
                                   env={**os.environ, "JAX_PLATFORMS": "cpu"})
   out = run("import-gpt2", f"--hf_dir={_save(model, tmp_path / 'hf')}", f"--out={tmp_path / 'sc'}")

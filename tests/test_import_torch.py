@@ -9,12 +9,13 @@ import jax
 import numpy as np
 import pytest
 
-from ao_mdm import checkpoints, torch_import
+from ao_mdm.interop import torch_import
+from ao_mdm.train import checkpoints
 from ao_mdm import model as model_lib
 from ao_mdm.config import base_config
 
 torch = pytest.importorskip("torch")
-from ao_mdm import torch_reference  # pylint: disable=g-import-not-at-top  (needs torch)
+from ao_mdm.interop import torch_reference  # pylint: disable=g-import-not-at-top  (needs torch)
 
 
 def _config(variant: str, block_size: int = 12, vocab_size: int = 96):

@@ -45,9 +45,9 @@ def _cycle(graph: dict):
 
 def test_no_import_cycles_and_no_library_module_imports_the_cli():
   graph = import_graph()
-  assert "ao_mdm.train" in graph and "ao_mdm.checkpoints" in graph["ao_mdm.train"]
+  assert "ao_mdm.train.loop" in graph and "ao_mdm.train.checkpoints" in graph["ao_mdm.train.loop"]
   assert _cycle(graph) is None, " -> ".join(_cycle(graph))
-  assert [m for m, deps in graph.items() if "ao_mdm.main" in deps] == []
+  assert [m for m, deps in graph.items() if "ao_mdm.cli.main" in deps] == []
   for path in PACKAGE.rglob("*.py"):  # the library never executes the repository's configs/
     if path.name == "checks.py":  # loads the user's --config file again to explain its errors
       continue

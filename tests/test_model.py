@@ -83,6 +83,25 @@ def test_target_conditioning(setup):
     np.testing.assert_allclose(out[0, :s], base[0, :s], atol=1e-5)
 
 
+def test_hidden_states_on_request(setup):
+  """return_hidden gives the same logits and the hidden states that `logits` reads them from
+  (what the draft head is trained on); the hidden states are those of the layer stack."""
+  cfg, params = setup
+  t = cfg.block_size
+  model = model_lib.make_model(cfg)
+  tokens = jnp.asarray(np.random.default_rng(4).integers(0, cfg.vocab_size, (2, t)), jnp.int32)
+  order = orders.random_orders(jax.random.key(4), 2, t)
+  logits, h_BTD = model.apply({"params": params}, tokens, order, return_hidden=True)
+  assert h_BTD.shape == (2, t, cfg.n_embd)
+  np.testing.assert_array_equal(logits, _forward(cfg, params, tokens, order))
+  prev_tok, prev_pos = model_lib.slot_inputs(tokens, order)
+  x_BTD, cond = model.apply({"params": params}, prev_tok, prev_pos, order, method="embed")
+  stacked, _ = model.apply({"params": params}, x_BTD, cond, method="stack")
+  np.testing.assert_allclose(h_BTD, stacked, atol=1e-6)
+  np.testing.assert_allclose(model.apply({"params": params}, h_BTD, cond, method="logits"),
+                             logits, atol=1e-5)
+
+
 def test_slot_bookkeeping(setup):
   cfg, params = setup
   t = cfg.block_size
@@ -92,7 +111,7 @@ def test_slot_bookkeeping(setup):
   logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   tok, sig = np.asarray(tokens), np.asarray(order)
   by_hand = np.mean([[-logp[b, s, tok[b, sig[b, s]]] for s in range(t)] for b in range(2)])
-  from ao_mdm import train
+  from ao_mdm.train import step as train
   loss = float(jnp.mean(train.sequence_nll(model_lib.make_model(cfg), params, tokens, order)))
   np.testing.assert_allclose(loss, by_hand, rtol=1e-5)
   # Identity order: ordinary next-token prediction; slot 0 predicts x[0] from [None] alone.
@@ -142,7 +161,7 @@ def test_sequence_longer_than_block_size():
 def test_info_command_on_paper_configs(name, expected):
   import os, subprocess, sys
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  out = subprocess.run([sys.executable, "-m", "ao_mdm.main", "info",
+  out = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", "info",
                         f"--config={root}/configs/paper.py:{name}"],
                        capture_output=True, text=True, check=True, cwd=root).stdout
   assert f"parameters: {expected}\n" in out
@@ -152,7 +171,7 @@ def test_info_command_on_paper_configs(name, expected):
                                        ("unroll_layers", True)])
 def test_layer_schedules_give_the_same_gradients(key, value):
   """Remat policies and the unrolled layer scan change the schedule only."""
-  from ao_mdm import train
+  from ao_mdm.train import step as train
   cfg = small_cfg()
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.block_size)),
                        jnp.int32)

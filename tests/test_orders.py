@@ -92,7 +92,9 @@ def test_shipped_paper_orders_are_the_authors_literal_permutations():
 
 
 def test_paper_configs_build_and_validate():
-  from ao_mdm import paper, train, train_state
+  from ao_mdm import paper
+  from ao_mdm.train import state as train_state
+  from ao_mdm.train import step as train
   for name in paper.NAMES:
     c = paper.paper_config(name)
     train.validate_train_config(c)

@@ -16,6 +16,7 @@ import pytest
 
 from ao_mdm.data import datasets
 from ao_mdm.data import pipeline
+from ao_mdm.data import prepare
 from ao_mdm.data import prepared
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,10 +54,10 @@ def _files(split):
 _CHILD = """
 import json, sys
 import ml_collections
-from ao_mdm.data import prepared, tokenizer
+from ao_mdm.data import prepare, tokenizer
 config = ml_collections.ConfigDict(json.loads(sys.argv[1]))
 tok = tokenizer.SentencePieceTokenizer(sys.argv[2])
-prepared.prepare(config, tok, "train", workers=1, shard_docs=int(sys.argv[3]),
+prepare.prepare(config, tok, "train", workers=1, shard_docs=int(sys.argv[3]),
                  process_index=int(sys.argv[4]), process_count=int(sys.argv[5]))
 """
 
@@ -69,10 +70,10 @@ def _child(config, tok, shard_docs, index=0, count=1):
 
 
 def test_one_worker_two_workers_two_processes_same_bytes(corpus_file, sp_tokenizer, tmp_path):
-  one = prepared.prepare(_config(corpus_file, tmp_path / "tfds", tmp_path / "a"), sp_tokenizer,
+  one = prepare.prepare(_config(corpus_file, tmp_path / "tfds", tmp_path / "a"), sp_tokenizer,
                          "train", workers=1, shard_docs=SHARD_DOCS)
   assert len(one.manifest["shards"]) == 5 and one.documents == 304
-  two = prepared.prepare(_config(corpus_file, tmp_path / "tfds", tmp_path / "b"), sp_tokenizer,
+  two = prepare.prepare(_config(corpus_file, tmp_path / "tfds", tmp_path / "b"), sp_tokenizer,
                          "train", workers=2, shard_docs=SHARD_DOCS)
   config = _config(corpus_file, tmp_path / "tfds", tmp_path / "c")
   procs = [_child(config, sp_tokenizer, SHARD_DOCS, i, 2) for i in range(2)]
@@ -81,14 +82,14 @@ def test_one_worker_two_workers_two_processes_same_bytes(corpus_file, sp_tokeniz
   logs = []
   # Whichever process finished last wrote the manifest; if both finished together, this
   # completes it without tokenizing anything again.
-  hosts = prepared.prepare(config, sp_tokenizer, "train", shard_docs=SHARD_DOCS, log=logs.append)
+  hosts = prepare.prepare(config, sp_tokenizer, "train", shard_docs=SHARD_DOCS, log=logs.append)
   assert not any(line.startswith("prepared") for line in logs)
   assert _files(one) == _files(two) == _files(hosts)
 
 
 def test_stream_blocks_and_counts_equal_a_naive_packing(corpus_file, sp_tokenizer, tmp_path):
   config = _config(corpus_file, tmp_path / "tfds", tmp_path / "p")
-  split = prepared.prepare(config, sp_tokenizer, "train", shard_docs=SHARD_DOCS)
+  split = prepare.prepare(config, sp_tokenizer, "train", shard_docs=SHARD_DOCS)
   docs = list(datasets.load_documents(config, "train", config.tfds_dir))
   ids = [sp_tokenizer.encode(d) for d in docs]
   naive = np.concatenate([np.asarray(x + [sp_tokenizer.eos_id]) for x in ids])
@@ -126,18 +127,18 @@ def test_killed_prepare_is_not_accepted_and_a_rerun_completes(tmp_path, sp_token
   with pytest.raises(prepared.NotPrepared, match="is not prepared"):
     prepared.open_split(config, sp_tokenizer, "train")
   logs = []
-  split = prepared.prepare(config, sp_tokenizer, "train", shard_docs=8, log=logs.append)
+  split = prepare.prepare(config, sp_tokenizer, "train", shard_docs=8, log=logs.append)
   redone = int(logs[0].split()[1])
   assert logs[0].startswith("prepared") and redone == 357 - finished
   assert not glob.glob(os.path.join(directory, "*.tmp-*"))  # the killed process's temp files
-  reference = prepared.prepare(_config(path, tmp_path / "tfds", tmp_path / "q"), sp_tokenizer,
+  reference = prepare.prepare(_config(path, tmp_path / "tfds", tmp_path / "q"), sp_tokenizer,
                                "train", shard_docs=8)
   assert _files(split) == _files(reference)
 
 
 def test_corrupt_shard_and_mismatched_manifest(corpus_file, sp_tokenizer, tmp_path):
   config = _config(corpus_file, tmp_path / "tfds", tmp_path / "p")
-  split = prepared.prepare(config, sp_tokenizer, "train", shard_docs=SHARD_DOCS)
+  split = prepare.prepare(config, sp_tokenizer, "train", shard_docs=SHARD_DOCS)
   original = _files(split)
   shard = os.path.join(split.directory, "shard-00002.bin")
   with open(shard, "r+b") as f:  # same size, one token changed
@@ -152,14 +153,14 @@ def test_corrupt_shard_and_mismatched_manifest(corpus_file, sp_tokenizer, tmp_pa
   with pytest.raises(prepared.CorruptShard, match=r"shard-00002.bin is 50 bytes, its manifest"):
     prepared.open_split(config, sp_tokenizer, "train")
   logs = []  # `prepare` redoes the bad shard, and only it
-  repaired = prepared.prepare(config, sp_tokenizer, "train", shard_docs=SHARD_DOCS,
+  repaired = prepare.prepare(config, sp_tokenizer, "train", shard_docs=SHARD_DOCS,
                               log=logs.append)
   assert logs[1].startswith("prepared 1 of 5 shards") and _files(repaired) == original
   manifest_path = os.path.join(split.directory, "manifest.json")
   manifest = json.load(open(manifest_path))
   manifest["tokenizer_sha256"] = "0" * 64
   json.dump(manifest, open(manifest_path, "w"))
-  for call in (prepared.open_split, prepared.prepare):
+  for call in (prepared.open_split, prepare.prepare):
     with pytest.raises(ValueError, match=r"prepared with tokenizer_sha256='0000.*but this config "
                                          rf"gives tokenizer_sha256='{sp_tokenizer.sha256}'"):
       call(config, sp_tokenizer, "train")
@@ -172,11 +173,11 @@ def test_cli_refuses_corrupt_and_foreign_preparations(corpus_file, sp_tokenizer,
   (workdir / "tokenizer").mkdir(parents=True)
   tag = datasets.dataset_tag(config)
   shutil.copy(sp_tokenizer.model_path, workdir / "tokenizer" / f"sp_{tag}_512.model")
-  split = prepared.prepare(config, sp_tokenizer, "train")
+  split = prepare.prepare(config, sp_tokenizer, "train")
   with open(os.path.join(split.directory, "shard-00000.bin"), "r+b") as f:
     f.write(b"\0\0")
   before = sorted(os.listdir(workdir))
-  cmd = [sys.executable, "-m", "ao_mdm.main", "train", f"--config={ROOT}/configs/tiny.py",
+  cmd = [sys.executable, "-m", "ao_mdm.cli.main", "train", f"--config={ROOT}/configs/tiny.py",
          f"--workdir={workdir}", "--config.model.vocab_size=512",
          "--config.data.dataset=text_file", f"--config.data.text_file={corpus_file}",
          f"--config.data.tfds_dir={config.tfds_dir}",
@@ -187,7 +188,7 @@ def test_cli_refuses_corrupt_and_foreign_preparations(corpus_file, sp_tokenizer,
   assert out.returncode == 2 and len(errors) == 1 and "Traceback" not in out.stderr
   assert "shard-00000.bin has sha256" in errors[0] and "ao-mdm prepare" in errors[0]
   assert sorted(os.listdir(workdir)) == before  # no checkpoints/, logs or metrics
-  prepared.prepare(config, sp_tokenizer, "train", log=lambda _: None)  # redoes the shard
+  prepare.prepare(config, sp_tokenizer, "train", log=lambda _: None)  # redoes the shard
   manifest_path = os.path.join(split.directory, "manifest.json")
   manifest = json.load(open(manifest_path))
   json.dump({**manifest, "source": "text_file/other/1.0.0"}, open(manifest_path, "w"))
@@ -201,7 +202,7 @@ def test_cli_refuses_corrupt_and_foreign_preparations(corpus_file, sp_tokenizer,
 
 
 def test_sentencepiece_prepare_needs_a_workdir():
-  out = subprocess.run([sys.executable, "-m", "ao_mdm.main", "prepare",
+  out = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", "prepare",
                         f"--config={ROOT}/configs/tiny.py"], capture_output=True, text=True,
                        timeout=120, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert out.returncode == 2 and out.stderr.splitlines() == [
@@ -231,18 +232,18 @@ def test_ensure_across_processes(corpus_file, sp_tokenizer, tmp_path, shared, mo
   """Two processes (threads here, with a real barrier) on a shared or an unshared file system."""
   import concurrent.futures  # pylint: disable=g-import-not-at-top
   import threading  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(prepared, "SHARD_DOCS", SHARD_DOCS)
+  monkeypatch.setattr(prepare, "SHARD_DOCS", SHARD_DOCS)
   barrier = threading.Barrier(2, timeout=60)
   roots = [tmp_path / "p"] * 2 if shared else [tmp_path / "p0", tmp_path / "p1"]
 
   def run(index):
     config = _config(corpus_file, tmp_path / "tfds", roots[index])
-    return prepared.ensure(config, sp_tokenizer, "train", workers=1, process_index=index,
+    return prepare.ensure(config, sp_tokenizer, "train", workers=1, process_index=index,
                            process_count=2, barrier=lambda _: barrier.wait(), log=lambda _: None)
   datasets.load_documents(_config(corpus_file, tmp_path / "tfds", ""), "train",
                           str(tmp_path / "tfds"))  # build the source once, before both start
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     splits = list(pool.map(run, range(2)))
-  reference = prepared.prepare(_config(corpus_file, tmp_path / "tfds", tmp_path / "ref"),
+  reference = prepare.prepare(_config(corpus_file, tmp_path / "tfds", tmp_path / "ref"),
                                sp_tokenizer, "train", shard_docs=SHARD_DOCS)
   assert _files(splits[0]) == _files(splits[1]) == _files(reference)

@@ -12,7 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-from ao_mdm import checkpoints, train
+from ao_mdm.train import checkpoints
+from ao_mdm.train import loop as train
 from ao_mdm.config import base_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,7 +25,7 @@ SMALL = ["--config.model.vocab_size=512", "--config.model.block_size=32",
 
 
 def _command(workdir, tfds_dir, steps, every):
-  return [sys.executable, "-m", "ao_mdm.main", "train", f"--config={ROOT}/configs/tiny.py",
+  return [sys.executable, "-m", "ao_mdm.cli.main", "train", f"--config={ROOT}/configs/tiny.py",
           f"--workdir={workdir}", f"--config.data.tfds_dir={tfds_dir}",
           f"--config.train.num_steps={steps}", f"--config.train.checkpoint_every={every}", *SMALL]
 
@@ -50,7 +51,7 @@ def test_exact_resume_after_sigkill(data_dir, tmp_path):
   """`ao-mdm prepare`, then a straight run and a run killed and resumed read the same blocks."""
   straight = str(tmp_path / "straight")
   prepared_dir = f"--config.data.prepared_dir={tmp_path / 'prepared'}"
-  cmd = _command(straight, data_dir, 6, 3)  # [python, -m, ao_mdm.main, train, config, workdir, tfds]
+  cmd = _command(straight, data_dir, 6, 3)  # [python, -m, ao_mdm.cli.main, train, config, workdir, tfds]
   prepare = subprocess.run(cmd[:3] + ["prepare"] + cmd[4:7] + [prepared_dir, SMALL[0]],
                            capture_output=True, text=True, timeout=300)
   assert prepare.returncode == 0 and "train: " in prepare.stdout, prepare.stderr
@@ -126,7 +127,7 @@ def test_workdir_with_other_model_shape_is_refused(data_dir, tmp_path):
 
 
 def test_unknown_config_override_is_refused(tmp_path):
-  out = subprocess.run([sys.executable, "-m", "ao_mdm.main", "train",
+  out = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", "train",
                         f"--config={ROOT}/configs/tiny.py", f"--workdir={tmp_path}",
                         "--config.train.num_stepz=3"], capture_output=True, text=True, timeout=120)
   assert out.returncode != 0 and "num_stepz" in out.stderr
@@ -206,7 +207,7 @@ def test_ctrl_c_elsewhere_exits_130_and_leaves_no_partial_output(data_dir, tmp_p
       args = ([f"--workdir={run}", f"--out={out}"] if command == "export" else
               [f"--checkpoint={run}", f"--out={out}", "--num_samples=100000", "--batch_size=1",
                "--steps=4"])
-      proc = subprocess.Popen([sys.executable, "-m", "ao_mdm.main", command, *args], cwd=ROOT,
+      proc = subprocess.Popen([sys.executable, "-m", "ao_mdm.cli.main", command, *args], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "JAX_PLATFORMS": "cpu"})
       time.sleep(delay)

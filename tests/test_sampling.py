@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ao_mdm import checks
-from ao_mdm import decoding
+from ao_mdm.decode import options as checks
+from ao_mdm.decode import common as decoding
 from ao_mdm import model as model_lib
-from ao_mdm import sampling
+from ao_mdm.decode import parallel as sampling
 from ao_mdm.config import base_config
 
 T = 32

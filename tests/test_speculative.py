@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ao_mdm import bench
-from ao_mdm import draft
+from ao_mdm.cli import bench
+from ao_mdm.decode import draft
 from ao_mdm import model as model_lib
-from ao_mdm import sampling
-from ao_mdm import speculative
+from ao_mdm.decode import parallel as sampling
+from ao_mdm.decode import speculative
 from ao_mdm.config import base_config
 from test_sampling import naive_greedy  # pylint: disable=g-bad-import-order
 
@@ -168,7 +168,7 @@ def test_top_k_one_speculative_equals_greedy_l2r(drafter):
 
 
 def test_inverse_cdf_draw_follows_the_probabilities_and_never_draws_a_zero():
-  from ao_mdm import decoding  # pylint: disable=g-import-not-at-top
+  from ao_mdm.decode import common as decoding  # pylint: disable=g-import-not-at-top
   probs = jnp.asarray([0.0, 0.2, 0.0, 0.5, 0.3, 0.0])
   n = 100_000
   u = jax.random.uniform(jax.random.key(0), (n,))

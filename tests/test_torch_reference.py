@@ -8,12 +8,15 @@ import ml_collections
 import numpy as np
 import pytest
 
-from ao_mdm import bench, orders, torch_import, train
+from ao_mdm import orders
+from ao_mdm.cli import bench
+from ao_mdm.interop import torch_import
+from ao_mdm.train import step as train
 from ao_mdm import model as model_lib
 from ao_mdm.config import base_config
 
 torch = pytest.importorskip("torch")
-from ao_mdm import torch_reference  # pylint: disable=g-import-not-at-top  (needs torch)
+from ao_mdm.interop import torch_reference  # pylint: disable=g-import-not-at-top  (needs torch)
 from test_import_torch import random_params  # pylint: disable=g-import-not-at-top
 
 

@@ -8,7 +8,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from ao_mdm import checkpoints, train, train_state
+from ao_mdm.train import checkpoints
+from ao_mdm.train import loop as train
+from ao_mdm.train import state as train_state
 from ao_mdm.config import base_config
 
 

@@ -9,7 +9,6 @@ import hashlib
 import itertools
 import math
 import os
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -18,7 +17,7 @@ import tensorflow_datasets as tfds
 from etils import epath
 from tensorflow_datasets.core import utils as tfds_utils
 
-from ao_mdm import checks
+from ao_mdm import storage
 from ao_mdm.data import corpus
 from ao_mdm.data.detokenize import detokenize
 
@@ -194,7 +193,7 @@ class LambadaJsonl(_LocalBuilder, skip_registration=True):
 
 def read_jsonl_texts(path: str, field: str = "text") -> list[str]:
   """The `field` of every record of a local JSONL file (LAMBADA: OpenAI's lambada_test.jsonl)."""
-  records = checks.jsonl_records(path, "JSONL file (LAMBADA: lambada_test.jsonl)")
+  records = storage.jsonl_records(path, "JSONL file (LAMBADA: lambada_test.jsonl)")
   for number, r in enumerate(records, 1):
     if not isinstance(r.get(field), str):
       raise ValueError(f"{path}: record {number} has no {field!r} string")

@@ -1,4 +1,4 @@
-"""The grain input pipeline over prepared data (ao_mdm/data/prepared.py): blocks, a global
+"""The grain input pipeline over prepared data (data/prepared.py): blocks, a global
 seeded shuffle, disjoint per-process shards and batches; and evaluation blocks.
 
 Batches are numpy int32 arrays of shape [global_batch_size // process_count, block_size]. The

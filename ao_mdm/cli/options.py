@@ -2,18 +2,9 @@
 from absl import flags
 from ml_collections import config_flags
 
-MODES = ("parallel", "speculative", "confidence")  # of `ao-mdm sample`
-SCHEDULES = ("linear", "cosine")
-ORDERS = ("random", "l2r")
-TOP_P_RULES = ("authors", "nucleus")
-MODE_OPTIONS = {  # the options each mode's sampler takes
-    "parallel": ("steps", "schedule", "temperature", "top_p", "top_k", "order", "top_p_rule",
-                 "dtype"),
-    "speculative": ("temperature", "top_p", "top_k", "top_p_rule", "draft", "order", "dtype",
-                    "draft_head"),
-    "confidence": ("steps", "schedule", "temperature", "top_p", "top_k", "top_p_rule", "score",
-                   "dtype"),
-}
+from ao_mdm.config import DTYPES
+from ao_mdm.decode.options import (DEFAULT_STEPS, DRAFT_TRAINING, MODE_OPTION_NAMES, MODES,
+                                   ORDERS, SCHEDULES, SCORES, TOP_P_RULES)
 
 COMMANDS = {
     "train": "train a model: --config=configs/tiny.py --workdir=DIR [--config.x.y=value ...]",
@@ -39,7 +30,6 @@ COMMANDS = {
              "`bench data --config=configs/bench_data.py`",
 }
 # The flags each command reads; any other flag of ours given to it is an error.
-MODE_OPTION_NAMES = frozenset(name for names in MODE_OPTIONS.values() for name in names)
 SAMPLE_OPTIONS = ("prompt", "infill", "infill_span", "mode", "num_samples",
                   *sorted(MODE_OPTION_NAMES))
 COMMAND_FLAGS = {
@@ -59,10 +49,9 @@ COMMAND_FLAGS = {
     "bench": ("config", "baseline", "mode", "checkpoint", "weights", "dtype", "draft_head"),
 }
 # Defaults of shared flags that mean something else in one command (its --help shows these).
-COMMAND_DEFAULTS = {"train-draft": {"steps": 600, "batch_size": 32}}
+COMMAND_DEFAULTS = {"train-draft": DRAFT_TRAINING}
 BENCHES = ("sample", "train", "data")
 PROGRAMS = ("train", "sample")  # of `ao-mdm compile`
-DTYPES = ("float32", "bfloat16")  # decoding dtypes (model.DTYPES)
 
 
 def define_flags() -> None:
@@ -90,13 +79,13 @@ def define_flags() -> None:
                     "samples of one-token-per-step decoding in an L2R (or random) order, --draft "
                     "tokens drafted and verified per forward; confidence = "
                     "S steps, the most confident positions first.")
-  flags.DEFINE_integer("steps", 64, "sample: decoding steps S (parallel, confidence); "
+  flags.DEFINE_integer("steps", DEFAULT_STEPS, "sample: decoding steps S (parallel, confidence); "
                        "train-draft: training steps.")
   flags.DEFINE_integer("draft", 4, "sample: tokens drafted per forward (speculative).")
   flags.DEFINE_string("draft_head", None, "sample, bench sample (speculative): a draft head "
                       "written by `ao-mdm train-draft` (default: the model drafts for itself, "
                       "one token early).")
-  flags.DEFINE_enum("score", "max_prob", ["max_prob", "entropy"],
+  flags.DEFINE_enum("score", "max_prob", list(SCORES),
                     "sample: confidence of a prediction (confidence mode): its largest "
                     "probability, or minus its entropy.")
   flags.DEFINE_enum("schedule", "linear", list(SCHEDULES), "sample: unmasking schedule.")

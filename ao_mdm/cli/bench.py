@@ -15,7 +15,10 @@ import numpy as np
 
 from ao_mdm import model as model_lib
 from ao_mdm import orders
-from ao_mdm import sampling
+from ao_mdm.decode import common
+from ao_mdm.decode import parallel
+from ao_mdm.train import checkpoints
+from ao_mdm.train import step as train_step
 
 
 def _timed(fn: Callable[[int], Any], repeats: int) -> tuple[float, list]:
@@ -34,12 +37,12 @@ def _compile(jitted, *args) -> tuple[Any, float]:
   return compiled, time.perf_counter() - start
 
 
-def step_floors(cfg: ml_collections.ConfigDict, plan: sampling.Plan, b: int, bandwidth: float,
+def step_floors(cfg: ml_collections.ConfigDict, plan: parallel.Plan, b: int, bandwidth: float,
                 peak: float) -> np.ndarray:
   """Seconds each cached decode step must take at least: max(bytes / bandwidth, FLOPs / peak),
-  with the bytes and FLOPs of sampling.step_costs."""
+  with the bytes and FLOPs of parallel.step_costs."""
   return np.concatenate([np.full(c["steps"], max(c["bytes"] / bandwidth, c["flops"] / peak))
-                         for c in sampling.step_costs(cfg, plan, b)])
+                         for c in parallel.step_costs(cfg, plan, b)])
 
 
 def bench_sample(config: ml_collections.ConfigDict, dtypes: tuple = ("float32", "bfloat16")
@@ -50,7 +53,7 @@ def bench_sample(config: ml_collections.ConfigDict, dtypes: tuple = ("float32", 
   Per S also the cached step time and its floor (see step_floors), from the matmul peak and
   read bandwidth measured in the same run (the peak in float32).
   """
-  from ao_mdm import decoding, sharding  # pylint: disable=g-import-not-at-top
+  from ao_mdm import sharding  # pylint: disable=g-import-not-at-top
   b, t = int(config.bench.batch_size), config.model.block_size
   repeats = int(config.bench.repeats)
   params32 = nn.unbox(model_lib.init_params(config.model, jax.random.key(0)))
@@ -66,7 +69,7 @@ def bench_sample(config: ml_collections.ConfigDict, dtypes: tuple = ("float32", 
   results = {"matmul_peak_flops": peak, "read_bytes_per_s": bandwidth, "batch_size": b,
              "block_size": t, "schedule": config.bench.schedule, "dtypes": {}}
   for dtype in dtypes:
-    params, cfg = decoding.with_dtype(params32, config.model, dtype)
+    params, cfg = common.with_dtype(params32, config.model, dtype)
     forward = jax.jit(lambda p, x, o, cfg=cfg: model_lib.make_model(cfg).apply(
         {"params": p}, x, o))
     fwd, fwd_compile = _compile(forward, params, tokens, order)
@@ -75,16 +78,16 @@ def bench_sample(config: ml_collections.ConfigDict, dtypes: tuple = ("float32", 
           f"{fwd_compile:.1f} s)", flush=True)
     out = {"full_forward_s": full_forward_s, "full_forward_compile_s": fwd_compile, "steps": {}}
     for steps in config.bench.steps:
-      counts = sampling.schedule_counts(t, 0, int(steps), config.bench.schedule)
+      counts = parallel.schedule_counts(t, 0, int(steps), config.bench.schedule)
       row = {}
       for use_cache in (True, False) if dtype == "float32" else (True,):
         run_counts = counts
         if not use_cache and steps > config.bench.no_cache_max_steps:
           run_counts = counts[:config.bench.no_cache_max_steps + 1]
-        plan = sampling.Plan.make(run_counts, use_cache)
+        plan = parallel.Plan.make(run_counts, use_cache)
         if not use_cache:  # a truncated plan keeps the full-length recomputation of every step
           plan = dataclasses.replace(plan, real_width=t)
-        decoder = sampling.decoder(cfg.to_json(), plan, "random", False, use_cache, False)
+        decoder = parallel.decoder(cfg.to_json(), plan, "random", False, use_cache, False)
         args = (params, zeros, known, jax.random.key(2), *scalars)
         compiled, compile_s = _compile(decoder, *args)
         elapsed, _ = _timed(lambda _: compiled(*args), repeats if use_cache else 1)
@@ -122,16 +125,16 @@ def speculative_read_ratio(cfg: ml_collections.ConfigDict, k: int, batch: int,
   are bound by reading (an accelerator at small batch): the weights once and the whole K/V
   cache, plus per drafted token of a learned head the head and the model's final AdaLN and
   vocab head again (self-drafting reads nothing more)."""
-  plan = sampling.Plan.make(sampling.schedule_counts(cfg.block_size, 0, cfg.block_size,
+  plan = parallel.Plan.make(parallel.schedule_counts(cfg.block_size, 0, cfg.block_size,
                                                      "linear"))
-  costs = sampling.step_costs(cfg, plan, batch)
+  costs = parallel.step_costs(cfg, plan, batch)
   step = sum(c["bytes"] * c["steps"] for c in costs) / sum(c["steps"] for c in costs)
   itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
-  n_blocks, n_head = sampling.weight_counts(cfg)
+  n_blocks, n_head = parallel.weight_counts(cfg)
   iteration = itemsize * (n_blocks + n_head) + 2 * cfg.n_layer * batch * cfg.block_size \
       * cfg.n_embd * itemsize
   if head:
-    from ao_mdm import draft  # pylint: disable=g-import-not-at-top
+    from ao_mdm.decode import draft  # pylint: disable=g-import-not-at-top
     n_draft = model_lib.count_params(jax.eval_shape(lambda: draft.init_head(
         cfg, jax.random.key(0))))
     iteration += k * itemsize * (n_draft + n_head)
@@ -142,7 +145,7 @@ def infill_context(params: Any, cfg: ml_collections.ConfigDict, seed: int = 0) -
   """(positions, tokens) of the speculative bench's infill: the first and last quarter of one
   L2R sample of the model (temperature 1), so the middle half is decoded around real context."""
   t = cfg.block_size
-  row = sampling.sample(params, cfg, batch_size=1, steps=t, order="l2r", seed=seed).tokens[0]
+  row = parallel.sample(params, cfg, batch_size=1, steps=t, order="l2r", seed=seed).tokens[0]
   positions = [p for p in range(t) if p < t // 4 or p >= t - t // 4]
   return positions, [int(row[p]) for p in positions]
 
@@ -157,10 +160,10 @@ def bench_speculative(config: ml_collections.ConfigDict, params: Any,
   (bench.drafts): forwards per sequence, tokens per forward, first-draft acceptance and its
   expectation sum min(p, q), and wall time, over bench.seeds batches (one sequence varies a
   lot: counts are the mean; times: see `paired`)."""
-  from ao_mdm import decoding, speculative  # pylint: disable=g-import-not-at-top
-  params, cfg = decoding.with_dtype(params, cfg, dtype)  # once, outside the timed calls
+  from ao_mdm.decode import speculative  # pylint: disable=g-import-not-at-top
+  params, cfg = common.with_dtype(params, cfg, dtype)  # once, outside the timed calls
   if draft_head is not None:
-    draft_head = decoding.with_dtype(draft_head, cfg, dtype)[0]
+    draft_head = common.with_dtype(draft_head, cfg, dtype)[0]
   seeds, t = int(config.bench.seeds), cfg.block_size
   repeats = int(config.bench.get("repeats", 1))
   if seeds < 1:
@@ -189,7 +192,7 @@ def bench_speculative(config: ml_collections.ConfigDict, params: Any,
   for b in config.bench.speculative_batches:
     for layout, known in layouts.items():
       unknown = t - len(known.get("known_positions", ()))
-      sequential = lambda seed, b=b, known=known, unknown=unknown: sampling.sample(
+      sequential = lambda seed, b=b, known=known, unknown=unknown: parallel.sample(
           params, cfg, batch_size=b, steps=unknown, seed=seed, dtype=dtype, **known)
       print(f"B={b} {layout}: {unknown} unknown positions, sequential decoding {unknown} "
             "forwards per sequence", flush=True)
@@ -229,10 +232,10 @@ def bench_train(config: ml_collections.ConfigDict, baseline: Optional[str] = Non
 
   Any training config works; `config.bench` (repeats, matmul_size) is optional. With
   baseline="torch" the same model and step in plain PyTorch (eager, float32, all cores; see
-  ao_mdm/torch_reference.py) then trains from the same initial params on the same batch, and the
+  interop/torch_reference.py) then trains from the same initial params on the same batch, and the
   result adds its tokens/s and our speed over it.
   """
-  from ao_mdm import sharding, train  # pylint: disable=g-import-not-at-top
+  from ao_mdm import sharding  # pylint: disable=g-import-not-at-top
   if baseline not in (None, *BASELINES):
     raise ValueError(f"baseline={baseline!r}; accepted: {', '.join(BASELINES)} (or None)")
   if baseline and jax.process_count() > 1:
@@ -240,7 +243,7 @@ def bench_train(config: ml_collections.ConfigDict, baseline: Optional[str] = Non
                      f"{jax.process_count()} processes")
   if baseline:  # refuse a config the PyTorch step cannot run before ours runs
     _torch_reference().check_train_config(config)
-  program = train.make_program(config)
+  program = train_step.make_program(config)
   state, step = program.init_state(), program.step
   initial_params = jax.device_get(state.params) if baseline else None  # the step donates state
   b, t = config.train.batch_size, config.model.block_size
@@ -282,10 +285,10 @@ def bench_train(config: ml_collections.ConfigDict, baseline: Optional[str] = Non
 
 
 def _torch_reference():
-  """ao_mdm.torch_reference, or one clear ImportError when PyTorch is not installed."""
+  """ao_mdm.interop.torch_reference, or one clear ImportError when PyTorch is not installed."""
   if importlib.util.find_spec("torch") is None:
     raise ImportError("--baseline=torch needs PyTorch: pip install -e '.[torch]'")
-  from ao_mdm import torch_reference  # pylint: disable=g-import-not-at-top
+  from ao_mdm.interop import torch_reference  # pylint: disable=g-import-not-at-top
   return torch_reference
 
 
@@ -314,12 +317,12 @@ def run(what: str, config: ml_collections.ConfigDict, config_name: str, *, basel
   `dtype` (bench sample): the decoding dtype, None for both; `draft_head` (speculative): the
   directory of a learned head."""
   if what == "data":
-    from ao_mdm.data import bench_data  # pylint: disable=g-import-not-at-top
+    from ao_mdm.cli import bench_data  # pylint: disable=g-import-not-at-top
     bench_data.bench_data(config, config_name)
   elif what == "train":
     bench_train(config, None if baseline == "none" else baseline)
   elif mode == "speculative":
-    from ao_mdm import checkpoints, draft  # pylint: disable=g-import-not-at-top
+    from ao_mdm.decode import draft  # pylint: disable=g-import-not-at-top
     saved, params = checkpoints.load_params(checkpoint, weights)
     head = draft.load(draft_head, saved.model, params) if draft_head else None
     bench_speculative(config, params, saved.model, dtype or "float32", head)

@@ -9,29 +9,30 @@ import sys
 
 from absl import app, flags, logging
 
-from ao_mdm import checks
-from ao_mdm import options
+from ao_mdm.cli import checks
+from ao_mdm.cli import options
 
 FLAGS = flags.FLAGS
 
 
 def _train(f: dict) -> None:
-  from ao_mdm import sharding, train
+  from ao_mdm import sharding
+  from ao_mdm.train import loop
   sharding.initialize_distributed(f["coordinator"], f["num_processes"], f["process_id"],
                                   f["init_timeout"])
-  result = train.train_and_evaluate(f["config"], f["workdir"], f["init_from"], f["start_over"])
+  result = loop.train_and_evaluate(f["config"], f["workdir"], f["init_from"], f["start_over"])
   sys.exit(result.get("exit_code", 0))
 
 
 def _prepare(f: dict) -> None:
-  from ao_mdm.data import prepared
-  for line in prepared.prepare_command(f["config"], checks.names(f["splits"]), f["workers"],
+  from ao_mdm.data import prepare
+  for line in prepare.prepare_command(f["config"], checks.names(f["splits"]), f["workers"],
                                        f["workdir"], f["process_id"], f["num_processes"]):
     print(line)
 
 
 def _train_draft(f: dict) -> None:
-  from ao_mdm import draft
+  from ao_mdm.decode import draft
   given = {"num_steps": "steps", "batch_size": "batch_size", "seed": "seed"}
   settings = {k: f[v] for k, v in given.items() if FLAGS[v].present}
   if f["order"]:
@@ -51,16 +52,16 @@ def _tokenizer(f: dict) -> None:
 
 
 def _export(f: dict) -> None:
-  from ao_mdm import checkpoints
+  from ao_mdm.train import checkpoints
   print(checkpoints.export(f["workdir"], f["out"], f["weights"]))
 
 
 def _sample(f: dict) -> None:
   import tqdm
-  from ao_mdm import generate
+  from ao_mdm.decode import generate
   settings = {k: f[k] for k in options.SAMPLE_OPTIONS}
   if not FLAGS["steps"].present:
-    settings["steps"] = None  # generate.DEFAULT_STEPS, or fewer if fewer positions are unknown
+    settings["steps"] = None  # DEFAULT_STEPS, or fewer if fewer positions are unknown
   settings["dtype"] = f["dtype"] or "float32"
   bars = []
 
@@ -77,22 +78,22 @@ def _sample(f: dict) -> None:
 
 
 def _import_torch(f: dict) -> None:
-  from ao_mdm import torch_import
+  from ao_mdm.interop import torch_import
   torch_import.import_torch(f["checkpoint"], f["out"], f["weights"], f["variant"])
   print(f"wrote {f['out']}")
 
 
 def _import_gpt2(f: dict) -> None:
-  from ao_mdm import gpt2_scorer
+  from ao_mdm.eval import gpt2_scorer
   print(f"wrote {gpt2_scorer.import_hf_gpt2(f['hf_dir'], f['out'])}")
 
 
 def _eval(f: dict) -> None:
   import json
   import tqdm
-  from ao_mdm import evaluation
+  from ao_mdm.eval import perplexity
   if f["generated"]:
-    r = evaluation.generated_command(f["generated"], f["scorer"], f["weights"], f["batch_size"])
+    r = perplexity.generated_command(f["generated"], f["scorer"], f["weights"], f["batch_size"])
     print(f"generative perplexity {r['gen_ppl']:.2f} +- {r['gen_ppl_sem']:.2f} (median "
           f"{r['gen_ppl_median']:.2f}), "
           f"unigram entropy {r['unigram_entropy']:.3f} nats, {r['samples']} samples")
@@ -104,18 +105,18 @@ def _eval(f: dict) -> None:
     bars.append(tqdm.tqdm(total=total, desc=f"eval {name}", unit="block"))
     return bars[-1].update
   ensemble = checks.int_list(f["ensemble"], "--ensemble")
-  results, counts = evaluation.eval_command(
+  results, counts = perplexity.eval_command(
       f["checkpoint"], f["weights"], datasets=checks.names(f["datasets"]), ensemble=ensemble,
       progress=progress, **{k: f[k] for k in ("text_file", "lambada_file", "protocol", "split",
                                                "orders", "max_blocks", "batch_size", "seed")})
   for bar in bars:
     bar.close()
-  print(evaluation.format_table(results, ensemble, unigram=counts is not None))
+  print(perplexity.format_table(results, ensemble, unigram=counts is not None))
   print(json.dumps(results))
 
 
 def _compile(f: dict) -> None:
-  from ao_mdm import aot
+  from ao_mdm.train import aot
   name = FLAGS["config"].config_filename
   if f["program"] == "train":
     aot.compile_for_topology(f["config"], f["topology"], name=name)
@@ -125,7 +126,7 @@ def _compile(f: dict) -> None:
 
 
 def _bench(f: dict, what: str) -> None:
-  from ao_mdm import bench
+  from ao_mdm.cli import bench
   bench.run(what, f["config"], FLAGS["config"].config_filename, baseline=f["baseline"],
             mode=f["mode"], checkpoint=f["checkpoint"], weights=f["weights"], dtype=f["dtype"],
             draft_head=f["draft_head"])

@@ -24,8 +24,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from ao_mdm import model as model_lib
-from ao_mdm import torch_import
-from ao_mdm import train_state
+from ao_mdm.interop import torch_import
+from ao_mdm.train import state as train_state
 
 
 def _norm(cfg: ml_collections.ConfigDict, dim: int) -> nn.Module:

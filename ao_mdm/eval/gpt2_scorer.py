@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from ao_mdm import checks
+from ao_mdm import storage
 
 CONFIG_FILE = "gpt2_config.json"
 PARAMS_DIR = "params"
@@ -143,7 +143,7 @@ def _hf_params(sd: dict, cfg: GPT2Config, source: str) -> dict:
 
 def import_hf_gpt2(hf_dir: str, out: str) -> str:
   """Convert a local HF GPT-2 directory into `<out>/{gpt2_config.json, params}`; return `out`."""
-  checks.new_output_dir(out)
+  storage.new_output_dir(out)
   config_path = os.path.join(hf_dir, "config.json")
   if not os.path.isfile(config_path):
     raise FileNotFoundError(f"{config_path!r} not found (expected a Hugging Face GPT-2 directory)")

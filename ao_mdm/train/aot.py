@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from ao_mdm import decoding
 from ao_mdm import interrupts
 from ao_mdm import model as model_lib
-from ao_mdm import sampling
-from ao_mdm import train
+from ao_mdm.decode import common
+from ao_mdm.decode import parallel
+from ao_mdm.train import step as train_step
 
 GIB = 1024 ** 3
 # HBM per chip, by the `device_kind` JAX reports.
@@ -108,19 +108,19 @@ def compile_sampler(config: ml_collections.ConfigDict, topology: str, name: str 
   for one device of `topology`; print and return its memory and roofline projection.
 
   Per bucket and in total: the bytes the steps must read (weights + K/V cache prefix), their
-  FLOPs and max(bytes / HBM bandwidth, FLOPs / peak), from sampling.step_costs, next to one full
+  FLOPs and max(bytes / HBM bandwidth, FLOPs / peak), from parallel.step_costs, next to one full
   forward of the same batch. Peak is the chip's bf16 figure for both dtypes (XLA's default
   precision multiplies float32 in bf16 passes on TPU); per-step overheads are not modelled.
   """
   devices = tpu_devices(topology)
   device = devices[0]
   sharding = jax.sharding.SingleDeviceSharding(device)
-  cfg = decoding.with_dtype({}, config.model, dtype)[1]
-  abstract = jax.eval_shape(lambda: decoding.with_dtype(nn.unbox(model_lib.init_params(
+  cfg = common.with_dtype({}, config.model, dtype)[1]
+  abstract = jax.eval_shape(lambda: common.with_dtype(nn.unbox(model_lib.init_params(
       config.model, jax.random.key(0))), config.model, dtype)[0])
   t = cfg.block_size
-  plan = sampling.Plan.make(sampling.schedule_counts(t, 0, steps, schedule))
-  decoder = sampling.decoder(cfg.to_json(), plan, "random", False, True, False)
+  plan = parallel.Plan.make(parallel.schedule_counts(t, 0, steps, schedule))
+  decoder = parallel.decoder(cfg.to_json(), plan, "random", False, True, False)
   on_device = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
   args = (jax.tree.map(on_device, abstract),
           on_device(jax.ShapeDtypeStruct((batch_size, t), jnp.int32)),
@@ -140,8 +140,8 @@ def compile_sampler(config: ml_collections.ConfigDict, topology: str, name: str 
     seconds = lambda c: max(c["bytes"] / hbm_bw, c["flops"] / peak)
     bound = lambda c: "hbm" if c["bytes"] / hbm_bw >= c["flops"] / peak else "compute"
     buckets = [{**c, "step_s": seconds(c), "bound": bound(c)}
-               for c in sampling.step_costs(cfg, plan, batch_size)]
-    forward = sampling.forward_costs(cfg, batch_size)
+               for c in parallel.step_costs(cfg, plan, batch_size)]
+    forward = parallel.forward_costs(cfg, batch_size)
     total = {k: sum(c[k] * c["steps"] for c in buckets) for k in ("bytes", "flops", "step_s")}
     result.update(peak_flops=peak, hbm_bandwidth=hbm_bw, buckets_detail=buckets,
                   generation_bytes=total["bytes"], generation_flops=total["flops"],
@@ -190,7 +190,7 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
   Raises ValueError (naming `name`) if the step needs more than the chip's HBM.
   """
   devices = tpu_devices(topology)
-  program = train.make_program(config, devices)
+  program = train_step.make_program(config, devices)
   t = config.train
   tokens = jax.ShapeDtypeStruct((t.batch_size, config.model.block_size), jnp.int32,
                                 sharding=program.batch_sharding)

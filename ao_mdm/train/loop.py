@@ -1,197 +1,22 @@
-"""The jitted train and eval steps and the training loop (docs/design.md, "Training")."""
-import dataclasses
+"""The training loop: logging, validation, checkpoints, preemption (docs/design.md,
+"Training"); the step itself is train/step.py."""
 import json
 import math
 import os
 import time
 from typing import Any, Callable, Optional
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
-from ao_mdm import checkpoints
-from ao_mdm import checks
-from ao_mdm import evaluation
 from ao_mdm import model as model_lib
-from ao_mdm import orders
 from ao_mdm import sharding
-from ao_mdm import train_state
-from ao_mdm.train_state import TrainState
-
-
-def validate_train_config(config: ml_collections.ConfigDict) -> None:
-  """Raise one clear ValueError for training settings that cannot work."""
-  t = config.train
-  model_lib.validate_model_config(config.model)
-  orders.validate_order_config(config.order, config.model.block_size)
-  for key in ("batch_size", "num_steps", "microbatches", "log_every"):
-    if int(t[key]) < 1:
-      raise ValueError(f"train.{key}={t[key]} must be >= 1")
-  if int(t.lr_decay_steps) < 0:
-    raise ValueError(f"train.lr_decay_steps={t.lr_decay_steps} must be >= 0 (0: num_steps)")
-  if t.batch_size % t.microbatches:
-    raise ValueError(f"train.batch_size={t.batch_size} is not divisible by "
-                     f"train.microbatches={t.microbatches}")
-  if not 0.0 <= t.ema_decay < 1.0:
-    raise ValueError(f"train.ema_decay={t.ema_decay} must be in [0, 1)")
-  for key in ("learning_rate", "grad_clip"):
-    if not t[key] > 0:
-      raise ValueError(f"train.{key}={t[key]} must be > 0")
-  for key in ("min_lr", "weight_decay", "warmup_steps", "eval_every", "peak_flops_per_device"):
-    if not t[key] >= 0:
-      raise ValueError(f"train.{key}={t[key]} must be >= 0")
-  for key in ("b1", "b2"):
-    if not 0 <= t[key] < 1:
-      raise ValueError(f"train.{key}={t[key]} must be in [0, 1)")
-  for key in ("checkpoint_every", "keep_checkpoints", "eval_batches"):
-    if int(t[key]) < 1:
-      raise ValueError(f"train.{key}={t[key]} must be >= 1")
-
-
-def sequence_nll(model: nn.Module, params: Any, tokens_BT: jax.Array,
-                 order_BT: jax.Array) -> jax.Array:
-  """Mean NLL per sequence under the given order, float32, from integer labels."""
-  return jnp.mean(model_lib.slot_nll(model, params, tokens_BT, order_BT), axis=1)
-
-
-SHARE_KEYS = ("loss_sum", "count", "l2r_sum", "l2r_count", "ao_sum", "ao_count")
-
-
-def _split_shares(nll_B: jax.Array, l2r_B: jax.Array) -> dict:
-  """Sums and counts for the overall, L2R-order and any-order (non-identity) losses."""
-  l2r = l2r_B.astype(jnp.float32)
-  return {"loss_sum": jnp.sum(nll_B), "count": jnp.float32(nll_B.shape[0]),
-          "l2r_sum": jnp.sum(nll_B * l2r), "l2r_count": jnp.sum(l2r),
-          "ao_sum": jnp.sum(nll_B * (1 - l2r)), "ao_count": jnp.sum(1 - l2r)}
-
-
-def make_train_step(config: ml_collections.ConfigDict) -> Callable:
-  """(state, tokens_BT) -> (state, metrics); gradient accumulation inside via lax.scan."""
-  model = model_lib.make_model(config.model)
-  tx = train_state.make_optimizer(config.train)
-  order_fn = orders.make_order_fn(config.order, config.model.block_size)
-  n_micro = int(config.train.microbatches)
-  ema_decay = float(config.train.ema_decay)
-  schedule = train_state.learning_rate_schedule(config.train)
-
-  def micro_loss(params, tokens_bT, key, step):
-    order_bT = order_fn(key, tokens_bT.shape[0], step)
-    nll_b = sequence_nll(model, params, tokens_bT, order_bT)
-    shares = _split_shares(nll_b, orders.is_identity(order_bT))
-    return shares["loss_sum"], shares
-
-  def step(state: TrainState, tokens_BT: jax.Array):
-    b, t = tokens_BT.shape
-    # Micro-batch m takes rows m, m + M, ...: every micro-batch stays spread over the data axes.
-    tokens_MbT = tokens_BT.reshape(b // n_micro, n_micro, t).swapaxes(0, 1)
-    tokens_MbT = nn.with_logical_constraint(tokens_MbT, (None, "batch", "length"))
-    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    grad_fn = jax.grad(micro_loss, has_aux=True)
-
-    def accumulate(carry, xs):
-      tokens_bT, m = xs
-      grads, shares = grad_fn(state.params, tokens_bT, jax.random.fold_in(key, m), state.step)
-      return jax.tree.map(jnp.add, carry, (grads, shares)), None
-
-    zeros = (jax.tree.map(jnp.zeros_like, state.params),
-             {k: jnp.zeros((), jnp.float32) for k in SHARE_KEYS})
-    (grad_sum, shares), _ = jax.lax.scan(accumulate, zeros, (tokens_MbT, jnp.arange(n_micro)))
-    # Every sequence has T tokens, so weighting by token count is weighting by sequence.
-    grads = jax.tree.map(lambda g: g / shares["count"], grad_sum)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    n = (state.step + 1).astype(jnp.float32)
-    decay = jnp.minimum(ema_decay, (1.0 + n) / (10.0 + n))
-    ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state.ema_params, params)
-    metrics = {
-        "loss": shares["loss_sum"] / shares["count"],
-        # NaN when the batch holds no sequence of that kind (left out of the log).
-        "loss_l2r": shares["l2r_sum"] / jnp.where(shares["l2r_count"] > 0, shares["l2r_count"], jnp.nan),
-        "loss_any_order": shares["ao_sum"] / jnp.where(shares["ao_count"] > 0, shares["ao_count"], jnp.nan),
-        "l2r_fraction": shares["l2r_count"] / shares["count"],
-        "grad_norm": optax.global_norm(grads),
-        "learning_rate": schedule(state.step),
-    }
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                              ema_params=ema)
-    return new_state, metrics
-
-  return step
-
-
-@dataclasses.dataclass(frozen=True)
-class Program:
-  """The sharded training program of a config: one constructor for train, bench, compile, tests.
-
-  `step(state, tokens_BT)` runs the jitted train step on `mesh` with the state donated;
-  `step.jitted` is the jax.jit object (for lowering ahead of time).
-  """
-  config: ml_collections.ConfigDict
-  mesh: jax.sharding.Mesh
-  axis_rules: tuple
-  shardings: TrainState  # NamedSharding per leaf
-  batch_sharding: jax.sharding.NamedSharding
-  step: Callable
-
-  def init_state(self) -> TrainState:
-    return train_state.create_state(self.config, self.mesh, self.axis_rules)
-
-  def abstract_state(self) -> TrainState:
-    """ShapeDtypeStructs of the state carrying its shardings (restore and AOT targets)."""
-    abstract = jax.eval_shape(lambda: nn.unbox(train_state.init_state(
-        self.config, jax.random.key(0))))
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, self.shardings)
-
-  def check_fits(self) -> None:
-    """Refuses, before anything is allocated, a train state larger than a device's memory
-    (params, EMA and both Adam moments; activations come on top)."""
-    abstract = self.abstract_state()
-    need = sum(int(np.prod(a.sharding.shard_shape(a.shape))) * a.dtype.itemsize
-               for a in jax.tree.leaves(abstract))
-    device, where = self.mesh.devices.flat[0], "each device"
-    if device.platform == "cpu":  # the host's devices share its memory
-      import psutil  # pylint: disable=g-import-not-at-top
-      have, need, where = (psutil.virtual_memory().available, need * jax.local_device_count(),
-                           "this host")
-    else:
-      have = (device.memory_stats() or {}).get("bytes_limit", 0)
-    if have and need > have:
-      raise ValueError(
-          f"the train state of this config needs {need / 2**30:.1f} GiB on {where} "
-          f"({model_lib.count_params(abstract.params):,} parameters, with the EMA and both Adam "
-          f"moments), more than the {have / 2**30:.1f} GiB available; use a smaller model or "
-          "shard it over more devices (config.mesh)")
-
-  def global_batch(self, local_bT: np.ndarray) -> jax.Array:
-    """This process's rows of the global batch -> the global array on the mesh."""
-    return sharding.global_batch(local_bT, self.batch_sharding)
-
-
-def make_program(config: ml_collections.ConfigDict, devices: Optional[list] = None) -> Program:
-  """Validate the config, build the mesh over `devices` (default: all) and jit the step."""
-  validate_train_config(config)
-  t = config.train
-  mesh = sharding.make_mesh(config.mesh, devices=devices)
-  axis_rules = sharding.rules(config.mesh)
-  dp = sharding.data_parallel_size(mesh, axis_rules)
-  if t.batch_size % (dp * t.microbatches):
-    raise ValueError(f"train.batch_size={t.batch_size} must be divisible by the data-parallel "
-                     f"size {dp} times train.microbatches={t.microbatches}")
-  shardings = train_state.state_shardings(config, mesh, axis_rules)
-  batch = sharding.batch_sharding(mesh, axis_rules)
-  jitted = jax.jit(make_train_step(config), in_shardings=(shardings, batch),
-                   out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
-
-  def step(state, tokens_BT):
-    with jax.set_mesh(mesh), nn.logical_axis_rules(axis_rules):
-      return jitted(state, tokens_BT)
-  step.jitted = jitted
-  return Program(config, mesh, axis_rules, shardings, batch, step)
+from ao_mdm.eval import perplexity
+from ao_mdm.train import checkpoints
+from ao_mdm.train import step as train_step
+from ao_mdm.train import workdir as workdir_lib
 
 
 def format_metrics(m: dict) -> str:
@@ -224,11 +49,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   imported checkpoint (a warm start). If no checkpoint reads, it stops unless `start_over`.
   One run per work dir (checkpoints.WorkdirLock).
   """
-  if init_from and checks.has_checkpoints(workdir):
+  if init_from and workdir_lib.has_checkpoints(workdir):
     raise ValueError(f"--init_from {init_from} given, but --workdir {workdir} already holds "
                      "checkpoints; to resume that run, drop --init_from; to warm-start, give a "
                      "new --workdir")
-  program = make_program(config)
+  program = train_step.make_program(config)
   program.check_fits()
   init_params = _init_params(config, init_from) if init_from else None
   from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
@@ -241,7 +66,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     release()
 
 
-def _train(program: Program, workdir: str, init_params: Any, init_from: Optional[str],
+def _train(program: train_step.Program, workdir: str, init_params: Any, init_from: Optional[str],
            start_over: bool) -> dict:
   from clu import periodic_actions  # pylint: disable=g-import-not-at-top
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
@@ -295,16 +120,16 @@ def _train(program: Program, workdir: str, init_params: Any, init_from: Optional
       state = state.replace(params=params, ema_params=jax.tree.map(jnp.copy, params))
       _log(f"initialised params from {init_from}")
   # Validation goes through the scorer of `ao-mdm eval`, on the training mesh.
-  scorer = evaluation.Scorer(state.ema_params, config.model, config.mesh)
+  scorer = perplexity.Scorer(state.ema_params, config.model, config.mesh)
 
   counts = _unigram_counts(splits["train"], workdir)
-  unigram = {split: evaluation.unigram_nll(counts, blocks) for split, blocks in eval_sets.items()}
+  unigram = {split: perplexity.unigram_nll(counts, blocks) for split, blocks in eval_sets.items()}
 
   def run_eval(params, splits=("train", "validation")):
     scorer.set_params(params)
     out = {}
     for split in splits:
-      r = evaluation.evaluate_blocks(scorer, eval_sets[split], seed=config.seed,
+      r = perplexity.evaluate_blocks(scorer, eval_sets[split], seed=config.seed,
                                      batch_size=t.batch_size // t.microbatches)
       out[split] = {"l2r": r["l2r_nll"], "random": r["any_order_nll"], "unigram": unigram[split]}
     return out
@@ -414,7 +239,7 @@ def _maybe_log(pending: tuple, window: Optional[tuple], t, log_metrics: Callable
 def _init_params(config: ml_collections.ConfigDict, init_from: str) -> Any:
   """The params of an export or import, refused unless the model shape matches the config."""
   saved, params = checkpoints.load_params(  # read straight into the training mesh's layout
-      init_from, log=_log, shardings=lambda c: evaluation.param_shardings(c.model, config.mesh))
+      init_from, log=_log, shardings=lambda c: perplexity.param_shardings(c.model, config.mesh))
   diffs = _model_differences(saved.model, config.model)
   if diffs:
     raise ValueError(f"--init_from {init_from} holds a different model: " + "; ".join(diffs))
@@ -451,7 +276,7 @@ def _record_step(line: str) -> float:
 def _unigram_counts(train_split, workdir: str) -> np.ndarray:
   """Token counts of the training split (from its preparation), saved with the run and its
   export so that `ao-mdm eval` reports the same baseline."""
-  path = os.path.join(workdir, evaluation.UNIGRAM_FILE)
+  path = os.path.join(workdir, perplexity.UNIGRAM_FILE)
   if os.path.isfile(path):
     return np.load(path)
   counts = train_split.token_counts()
@@ -466,7 +291,7 @@ def _unigram_counts(train_split, workdir: str) -> np.ndarray:
 def _prepared(data_config: ml_collections.ConfigDict, tokenizer, split: str):
   """The prepared split, prepared here first if needed (each process its range of shards)."""
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  from ao_mdm.data import prepared  # pylint: disable=g-import-not-at-top
-  return prepared.ensure(data_config, tokenizer, split, process_index=jax.process_index(),
+  from ao_mdm.data import prepare  # pylint: disable=g-import-not-at-top
+  return prepare.ensure(data_config, tokenizer, split, process_index=jax.process_index(),
                          process_count=jax.process_count(),
                          barrier=multihost_utils.sync_global_devices, log=_log)

@@ -1,106 +1,15 @@
-"""Checks of user-given paths and flags, cheap and free of JAX, so a bad one fails fast.
+"""Checks of each command's flags, cheap and free of JAX, so a bad one fails fast (the paths
+through storage.py, work dirs and checkpoints through train/workdir.py).
 
 Each raises one FileNotFoundError / FileExistsError / ValueError naming the flag and the value.
 """
-import json
 import os
 
-from ao_mdm.options import (COMMAND_FLAGS, MODE_OPTION_NAMES, MODE_OPTIONS, MODES, ORDERS,
-                            SCHEDULES, TOP_P_RULES)
-
-
-def new_output_dir(path: str, flag: str = "--out") -> None:
-  """A directory to create: absent or empty, inside a writable directory."""
-  if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
-    raise FileExistsError(f"{flag} {path!r} exists and is not an empty directory; give a new path")
-  _writable_parent(path, flag)
-
-
-def new_output_file(path: str, flag: str = "--out") -> None:
-  """A file to create: absent (nothing is overwritten), inside a writable directory."""
-  output_file(path, flag)
-  if os.path.lexists(path):
-    raise FileExistsError(f"{flag} {path!r} exists; give a new path (nothing is overwritten)")
-
-
-def output_file(path: str, flag: str = "--out") -> None:
-  """A file to (over)write: not a directory, inside a writable directory."""
-  if os.path.isdir(path):
-    raise ValueError(f"{flag} {path!r} is a directory; give a file name")
-  _writable_parent(path, flag)
-
-
-def _writable_parent(path: str, flag: str) -> None:
-  parent = os.path.dirname(os.path.abspath(path))
-  while not os.path.exists(parent):  # missing directories are created
-    parent = os.path.dirname(parent)
-  if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-    raise ValueError(f"{flag} {path!r} cannot be written: {parent!r} is not a writable directory")
-
-
-DRAFT_HEAD = "the --workdir of an `ao-mdm train-draft`"
-
-
-def checkpoint(path: str, flag: str = "--checkpoint",
-               want: str = "a training --workdir or an `ao-mdm export` / `import-torch` output"
-               ) -> None:
-  """A training work dir (with checkpoints/) or an export: a directory holding step dirs;
-  `want` says what to give instead."""
-  if not os.path.isdir(path):
-    raise FileNotFoundError(f"{flag} {path!r} is not a directory; give {want}")
-  steps_dir = os.path.join(path, "checkpoints")
-  root = steps_dir if os.path.isdir(steps_dir) else path
-  if not _has_steps(root):
-    raise FileNotFoundError(f"{flag} {path!r} holds no checkpoint (no step directory in "
-                            f"{root!r})")
-
-
-def has_checkpoints(workdir: str) -> bool:
-  """Whether a training work dir already holds checkpoint steps."""
-  return _has_steps(os.path.join(workdir, "checkpoints"))
-
-
-def _has_steps(directory: str) -> bool:
-  return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
-
-
-def text_file(path: str, flag: str) -> None:
-  """An existing, readable UTF-8 file."""
-  if os.path.isdir(path):
-    raise ValueError(f"{flag} {path!r} is a directory; give a text file")
-  if os.path.exists(path) and not os.path.isfile(path):
-    raise ValueError(f"{flag} {path!r} is not a regular file (a pipe or device?); give a text file")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"{flag} {path!r}: no such file")
-  try:
-    with open(path, encoding="utf-8") as f:
-      while f.read(1 << 20):
-        pass
-  except UnicodeDecodeError as e:
-    raise ValueError(f"{flag} {path!r} is not UTF-8 text (byte {e.start}: {e.reason})") from None
-  except OSError as e:
-    raise ValueError(f"{flag} {path!r} cannot be read ({e.strerror})") from None
-
-
-def jsonl_records(path: str, what: str) -> list[dict]:
-  """The JSON objects of a JSON-lines file (blank lines skipped); `what` names it in errors."""
-  if not path or not os.path.isfile(path):
-    raise FileNotFoundError(f"{what} {path!r}: no such file")
-  records = []
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{what} {path} line {number} is not JSON ({e.msg})") from None
-      if not isinstance(record, dict):
-        raise ValueError(f"{what} {path} line {number} is not a JSON object")
-      records.append(record)
-  if not records:
-    raise ValueError(f"{what} {path} holds no records")
-  return records
+from ao_mdm import hosts
+from ao_mdm import storage
+from ao_mdm.cli.options import COMMAND_FLAGS
+from ao_mdm.decode.options import MODE_OPTION_NAMES, MODE_OPTIONS, MODES
+from ao_mdm.train import workdir as workdir_lib
 
 
 def processes(coordinator, num_processes, process_id, timeout: int) -> None:
@@ -116,7 +25,7 @@ def processes(coordinator, num_processes, process_id, timeout: int) -> None:
     if num_processes is None or process_id is None:
       raise ValueError("--coordinator needs --num_processes and --process_id")
   elif num_processes is not None or process_id is not None:
-    if (num_processes or 1) > 1 and not detected_launcher():
+    if (num_processes or 1) > 1 and not hosts.detected_launcher():
       raise ValueError(f"--num_processes={num_processes} needs --coordinator=HOST:PORT (no "
                        "SLURM job or multi-host TPU VM was detected to find one)")
   if num_processes is not None and num_processes < 1:
@@ -125,21 +34,9 @@ def processes(coordinator, num_processes, process_id, timeout: int) -> None:
     raise ValueError(f"--process_id={process_id} must be in [0, {num_processes or 1})")
 
 
-def detected_launcher() -> str:
-  """'slurm' or 'tpu' when this process was started as one of several by SLURM or on a
-  multi-host TPU VM (jax.distributed finds the coordinator itself), else ''."""
-  if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-    return "slurm"
-  if "," in os.environ.get("TPU_WORKER_HOSTNAMES", "") or os.environ.get(
-      "MEGASCALE_COORDINATOR_ADDRESS"):
-    return "tpu"
-  return ""
-
-
 def mode_options(mode: str, given: set) -> None:
-  """Refuses sampling options the chosen mode would ignore (e.g. --score outside confidence)."""
-  if mode not in MODES:
-    raise ValueError(f"mode={mode!r}; accepted: {', '.join(MODES)}")
+  """Refuses sampling options the chosen mode would ignore (e.g. --score outside confidence);
+  the mode itself is one of the --mode flag's choices."""
   for name in sorted(given - set(MODE_OPTIONS[mode])):
     modes = [m for m in MODES if name in MODE_OPTIONS[m]]
     raise ValueError(f"--{name} applies to --mode={' or --mode='.join(modes)}, not "
@@ -184,30 +81,6 @@ def int_list(value: str, flag: str) -> list:
   return [int(x) for x in items]
 
 
-def sampling_options(steps, temperature: float, top_p: float, top_k: int, order: str,
-                     top_p_rule: str = "authors", schedule: str = "linear") -> None:
-  """One clear ValueError per bad sampling option (steps=None: the default count)."""
-  if steps is not None and int(steps) < 1:
-    raise ValueError(f"steps={steps} must be >= 1")
-  if schedule not in SCHEDULES:
-    raise ValueError(f"schedule={schedule!r}; accepted: {', '.join(SCHEDULES)}")
-  if not temperature >= 0:
-    raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
-  if not 0 < top_p <= 1:
-    raise ValueError(f"top_p={top_p} must be in (0, 1]")
-  if int(top_k) < 0:
-    raise ValueError(f"top_k={top_k} must be >= 0 (0 is off)")
-  if order is not None and order not in ORDERS:
-    raise ValueError(f"order={order!r}; accepted: {', '.join(ORDERS)}")
-  if top_p_rule not in TOP_P_RULES:
-    raise ValueError(f"top_p_rule={top_p_rule!r}; accepted: {', '.join(TOP_P_RULES)}")
-
-
-def sample_counts(num_samples: int, batch_size: int) -> None:
-  if num_samples < 1 or batch_size < 1:
-    raise ValueError(f"--num_samples={num_samples} and --batch_size={batch_size} must be >= 1")
-
-
 def _require(v: dict, *flags) -> None:
   missing = [f"--{k}" for k in flags if v.get(k) in (None, "")]
   if missing:
@@ -221,11 +94,6 @@ def _not_with(given: set, flags, why: str) -> None:
     raise ValueError(f"{', '.join(others)} do not apply {why}")
 
 
-def _directory_flag(path, flag: str) -> None:
-  if path and os.path.exists(path) and not os.path.isdir(path):
-    raise ValueError(f"{flag} {path!r} is a file; give a directory")
-
-
 def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
   """Every check of a command's flags that needs no JAX, so a bad one fails in well under a
   second: `v` maps each flag name to its value, `given` names those set on the command line."""
@@ -236,23 +104,23 @@ def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
                      f"`ao-mdm {command} --help` lists its flags")
   if command == "train":
     _require(v, "config", "workdir")
-    _directory_flag(v["workdir"], "--workdir")
-    output_file(os.path.join(v["workdir"], "metrics.jsonl"), "--workdir")
+    storage.directory_flag(v["workdir"], "--workdir")
+    storage.output_file(os.path.join(v["workdir"], workdir_lib.METRICS), "--workdir")
     if v["init_from"]:
-      checkpoint(v["init_from"], "--init_from")
+      workdir_lib.check_checkpoint(v["init_from"], "--init_from")
     processes(v["coordinator"], v["num_processes"], v["process_id"], v["init_timeout"])
   elif command == "train-draft":
     _require(v, "checkpoint", "workdir")
-    checkpoint(v["checkpoint"])
+    workdir_lib.check_checkpoint(v["checkpoint"])
     if v["weights"] not in ("ema", "params"):
       raise ValueError(f"--weights={v['weights']}; train-draft accepts ema or params")
     for name in ("steps", "batch_size"):
       if name in given and v[name] < 1:
         raise ValueError(f"--{name}={v[name]} must be >= 1")
-    new_output_dir(v["workdir"], "--workdir")
+    storage.new_output_dir(v["workdir"], "--workdir")
   elif command == "prepare":
     _require(v, "config")
-    _directory_flag(v["workdir"], "--workdir")
+    storage.directory_flag(v["workdir"], "--workdir")
     if v["workers"] is not None and v["workers"] < 1:
       raise ValueError(f"--workers={v['workers']} must be >= 1")
     if not names(v["splits"]):
@@ -280,20 +148,20 @@ def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
     if v["draft_head"] and v["mode"] != "speculative":
       raise ValueError("--draft_head applies to `ao-mdm bench sample --mode=speculative`")
     if v["checkpoint"]:
-      checkpoint(v["checkpoint"])
+      workdir_lib.check_checkpoint(v["checkpoint"])
     if v["draft_head"]:
-      checkpoint(v["draft_head"], "--draft_head", DRAFT_HEAD)
+      workdir_lib.check_checkpoint(v["draft_head"], "--draft_head", workdir_lib.DRAFT_HEAD)
   elif command == "tokenizer":
     _require(v, "out")
     if os.path.sep in v["corpus"] or os.path.isfile(v["corpus"]):
-      text_file(v["corpus"], "--corpus")
-    new_output_dir(v["out"])
+      storage.text_file(v["corpus"], "--corpus")
+    storage.new_output_dir(v["out"])
   elif command == "export":
     _require(v, "workdir", "out")
     if v["weights"] not in ("ema", "params"):
       raise ValueError(f"--weights={v['weights']}; export accepts ema or params")
-    checkpoint(v["workdir"], "--workdir")
-    new_output_dir(v["out"])
+    workdir_lib.check_checkpoint(v["workdir"], "--workdir")
+    storage.new_output_dir(v["out"])
   elif command == "sample":
     _sample_inputs(v, given)
   elif command == "eval":
@@ -305,27 +173,22 @@ def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
     if not os.path.isfile(v["checkpoint"]):
       raise FileNotFoundError(f"--checkpoint {v['checkpoint']!r}: no such file (a PyTorch "
                               "ckpt.pt of the authors' code)")
-    new_output_dir(v["out"])
+    storage.new_output_dir(v["out"])
   elif command == "import-gpt2":
     _require(v, "hf_dir", "out")
-    new_output_dir(v["out"])
+    storage.new_output_dir(v["out"])
 
 
 def _sample_inputs(v: dict, given: set) -> None:
   _require(v, "checkpoint")
-  checkpoint(v["checkpoint"])
+  workdir_lib.check_checkpoint(v["checkpoint"])
   if v["out"]:
-    new_output_file(v["out"])
-  if v["prompt"] and v["infill"]:
-    raise ValueError("give --prompt or --infill, not both")
+    storage.new_output_file(v["out"])
   if "infill_span" in given and not v["infill"]:
     raise ValueError("--infill_span applies with --infill")
   mode_options(v["mode"], given & MODE_OPTION_NAMES)
   if v["draft_head"]:
-    checkpoint(v["draft_head"], "--draft_head", DRAFT_HEAD)
-  sampling_options(v["steps"], v["temperature"], v["top_p"], v["top_k"], v["order"],
-                   v["top_p_rule"], v["schedule"])
-  sample_counts(v["num_samples"], v["batch_size"])
+    workdir_lib.check_checkpoint(v["draft_head"], "--draft_head", workdir_lib.DRAFT_HEAD)
 
 
 def _eval_inputs(v: dict, given: set) -> None:
@@ -334,15 +197,15 @@ def _eval_inputs(v: dict, given: set) -> None:
                       "split", "orders", "ensemble", "max_blocks"),
               "with --generated (which scores samples under --scorer)")
     _require(v, "scorer")
-    text_file(v["generated"], "--generated")
+    storage.text_file(v["generated"], "--generated")
     if not os.path.isfile(os.path.join(v["scorer"], "gpt2_config.json")):  # not import-gpt2's
-      checkpoint(v["scorer"], "--scorer")
+      workdir_lib.check_checkpoint(v["scorer"], "--scorer")
     return
   _require(v, "checkpoint")
-  checkpoint(v["checkpoint"])
+  workdir_lib.check_checkpoint(v["checkpoint"])
   for name in ("text_file", "lambada_file"):
     if v[name]:
-      text_file(v[name], f"--{name}")
+      storage.text_file(v[name], f"--{name}")
   if v["text_file"]:
     _not_with(given, ("datasets", "lambada_file", "split", "max_blocks"),
               "with --text_file (which evaluates every block of that one file)")

@@ -11,17 +11,16 @@ from typing import Any, Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from ao_mdm import checkpoints
-from ao_mdm import checks
-from ao_mdm import decoding
-from ao_mdm import gpt2_scorer
 from ao_mdm import model as model_lib
 from ao_mdm import orders as orders_lib
 from ao_mdm import sharding
+from ao_mdm import storage
+from ao_mdm.decode import common
+from ao_mdm.eval import gpt2_scorer
+from ao_mdm.train import checkpoints
 
 ENSEMBLE_BUCKETS = 8  # slot-count buckets for the truncated ensemble forwards
 
@@ -37,10 +36,7 @@ class Scorer:
                dtype: str = "float32"):
     self.cfg = ml_collections.ConfigDict({**cfg.to_dict(), "dtype": dtype})
     self.model = model_lib.make_model(self.cfg)
-    mesh_cfg = mesh_cfg or _single_mesh_config()
-    self.mesh = sharding.make_mesh(mesh_cfg)
-    self.rules = sharding.rules(mesh_cfg)
-    self._param_shardings = param_shardings(cfg, mesh_cfg)
+    self.mesh, self.rules, self._param_shardings = placement(cfg, mesh_cfg)
     self.dp = sharding.data_parallel_size(self.mesh, self.rules)
     self.set_params(params)
 
@@ -85,11 +81,24 @@ class Scorer:
     return np.asarray(jax.device_get(out), np.float64)[:b]
 
 
+_PLACEMENTS: dict = {}  # (model config, mesh config) as JSON -> placement(...)
+
+
+def placement(cfg: ml_collections.ConfigDict, mesh_cfg=None) -> tuple:
+  """(mesh, axis rules, param shardings) of a Scorer of model `cfg` on `mesh_cfg`, built once
+  per pair in a process: loading a checkpoint into place and the Scorer share them."""
+  mesh_cfg = mesh_cfg or _single_mesh_config()
+  key = (cfg.to_json(), mesh_cfg.to_json())
+  if key not in _PLACEMENTS:
+    mesh, rules = sharding.make_mesh(mesh_cfg), sharding.rules(mesh_cfg)
+    boxed = jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.key(0)))
+    _PLACEMENTS[key] = mesh, rules, sharding.logical_shardings(boxed, mesh, rules)
+  return _PLACEMENTS[key]
+
+
 def param_shardings(cfg: ml_collections.ConfigDict, mesh_cfg=None) -> Any:
   """Where a Scorer on `mesh_cfg` keeps the params (a checkpoint is restored straight there)."""
-  mesh_cfg = mesh_cfg or _single_mesh_config()
-  boxed = jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.key(0)))
-  return sharding.logical_shardings(boxed, sharding.make_mesh(mesh_cfg), sharding.rules(mesh_cfg))
+  return placement(cfg, mesh_cfg)[2]
 
 
 def _single_mesh_config() -> ml_collections.ConfigDict:
@@ -122,7 +131,7 @@ def ensemble_nll(scorer: Scorer, tokens_BT: np.ndarray, order_BT: np.ndarray, m:
   logp_BTE = np.empty((b, t, m))
   logp_BTE[:, :, 0] = -scorer.slot_nll(tokens_BT, order_BT)
   rng = np.random.default_rng(seed)
-  bounds = decoding.bucket_bounds(t, ENSEMBLE_BUCKETS)
+  bounds = common.bucket_bounds(t, ENSEMBLE_BUCKETS)
   slots_computed = b * t  # the original order: one full forward
   for lo, hi in zip([0] + bounds[:-1], bounds):
     jobs = [(bi, i, r) for i in range(lo, min(hi, t)) for bi in range(b) for r in range(1, m)]
@@ -292,7 +301,7 @@ def eval_sets(data_cfg: ml_collections.ConfigDict, tokenizer: Any, block_size: i
   the split's token stream, and at most `max_blocks`.
   """
   from ao_mdm import paper  # pylint: disable=g-import-not-at-top
-  from ao_mdm.data import datasets, pipeline, prepared  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import datasets, pipeline, prepare  # pylint: disable=g-import-not-at-top
   if text_file:
     token_lists = [tokenizer.encode(d) for d in datasets.read_text_documents(text_file)]
     return {text_file: pipeline.pack_for_eval(token_lists, tokenizer.eos_id, block_size,
@@ -307,7 +316,7 @@ def eval_sets(data_cfg: ml_collections.ConfigDict, tokenizer: Any, block_size: i
                          "LAMBADA test file, one JSON object with a 'text' field per line)")
       cfg.text_file = lambada_file
     paper_protocol = protocol == "paper"
-    prepared_split = prepared.ensure(cfg, tokenizer,
+    prepared_split = prepare.ensure(cfg, tokenizer,
                                      paper.eval_split(name) if paper_protocol else split)
     sets[name] = pipeline.eval_blocks(
         prepared_split, block_size, max_blocks=None if paper_protocol else max_blocks,
@@ -345,7 +354,7 @@ def evaluate_sets(scorer: Scorer, sets: dict, *, protocol: str = "paper", orders
 
 def read_generated(path: str) -> list[dict]:
   """Records of `ao-mdm sample --out` (JSON lines with 'tokens' and 'text'), checked."""
-  records = checks.jsonl_records(path, "--generated")
+  records = storage.jsonl_records(path, "--generated")
   for number, r in enumerate(records, 1):
     tokens = r.get("tokens")
     missing = [what for what, ok in (
@@ -360,7 +369,6 @@ def read_generated(path: str) -> list[dict]:
 
 def generated_ids(records: list[dict], scorer: Any) -> list[list[int]]:
   """Token ids to score: the samples' own ids, or their text re-tokenized for a GPT-2 scorer."""
-  from ao_mdm import gpt2_scorer  # pylint: disable=g-import-not-at-top
   from ao_mdm.data import gpt2  # pylint: disable=g-import-not-at-top
   if (not isinstance(scorer, gpt2_scorer.GPT2Scorer)
       or all(r.get("tokenizer") == "gpt2" for r in records)):

@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from ao_mdm import checks
-from ao_mdm import decoding
 from ao_mdm import model as model_lib
+from ao_mdm.decode import common
+from ao_mdm.decode import options
 
 CACHE_BUCKETS = 4  # decode loops, each reading only the cache prefix its steps can see
 
@@ -32,8 +32,8 @@ def schedule_counts(t: int, known: int, steps: int, schedule: str) -> np.ndarray
   n_i = max(P + int((T - P) * (1 - time_i)), n_{i-1} + 1), every operation in float32 and int()
   truncating; T is our block_size where they write 1024. With P = 0 this is their `generate`.
   """
-  if schedule not in checks.SCHEDULES:
-    raise ValueError(f"schedule={schedule!r}; accepted: {', '.join(checks.SCHEDULES)}")
+  if schedule not in options.SCHEDULES:
+    raise ValueError(f"schedule={schedule!r}; accepted: {', '.join(options.SCHEDULES)}")
   if not 0 <= known < t:
     raise ValueError(f"{known} known tokens leave nothing to generate in T={t} positions")
   if not 1 <= steps <= t - known:
@@ -80,7 +80,7 @@ class Plan:
       starts, real = (0,) * len(k), t
     # Step i reads cache slots < starts[i]: CACHE_BUCKETS loops, one per cache length read.
     return Plan(counts, starts, int(real), int(k.max()) - 1,
-                decoding.bucket_segments(starts, t, CACHE_BUCKETS))
+                common.bucket_segments(starts, t, CACHE_BUCKETS))
 
 
 def weight_counts(cfg: ml_collections.ConfigDict) -> tuple[int, int]:
@@ -149,10 +149,10 @@ def decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_ca
   def run(params, tokens_BT, known_BT, key, temperature, top_p, top_k):
     b = tokens_BT.shape[0]
     k_order, k_steps = jax.random.split(key)
-    draw = decoding.Draw(temperature, top_p, top_k, use_filter, top_p_rule, vocab_limit)
-    order_BT = decoding.make_orders(k_order, known_BT, order_mode)
-    apply = decoding.stack_fn(model, params)
-    cache = decoding.prefilled_cache(apply, cfg, tokens_BT, order_BT, known) if use_cache else None
+    draw = common.Draw(temperature, top_p, top_k, use_filter, top_p_rule, vocab_limit)
+    order_BT = common.make_orders(k_order, known_BT, order_mode)
+    apply = common.stack_fn(model, params)
+    cache = common.prefilled_cache(apply, cfg, tokens_BT, order_BT, known) if use_cache else None
 
     def step(i, carry, cache_len):
       tokens_BT, cache, logits_BTV = carry
@@ -160,7 +160,7 @@ def decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_ca
       real_R = c + jnp.arange(w_r)
       slots_W = jnp.concatenate([jnp.minimum(real_R, n), jnp.full((w_p,), n)])
       targets_W = jnp.minimum(jnp.concatenate([real_R, n + 1 + jnp.arange(w_p)]), t - 1)
-      prev_tok, prev_pos = decoding.slot_inputs(tokens_BT, order_BT,
+      prev_tok, prev_pos = common.slot_inputs(tokens_BT, order_BT,
                                                 jnp.broadcast_to(slots_W, (b, w_r + w_p)))
       target_pos = jnp.take(order_BT, targets_W, axis=1)
       masks = _chunk_masks(plan, n, c, cache_len)
@@ -169,7 +169,7 @@ def decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_ca
       else:
         hidden, cond, kv = apply(prev_tok, prev_pos, target_pos, None, {"new": masks["new"]})
       if use_cache:  # the real slots' K/V join the cache; padding rows are dropped
-        cache = decoding.write_cache(cache, kv, jnp.where(real_R <= n, real_R, t))
+        cache = common.write_cache(cache, kv, jnp.where(real_R <= n, real_R, t))
       rows_Q = jnp.concatenate([(n - c)[None], w_r + jnp.arange(w_p)])  # slot n, then phantoms
       h_BQD = jnp.take(hidden, rows_Q, axis=1)
       cond_Q = None if cond is None else (cond[0], jnp.take(cond[1], rows_Q, axis=1))
@@ -210,7 +210,7 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
            top_k: int = 0, seed: int = 0, known_positions: Any = (), known_tokens: Any = (),
            order: Optional[str] = None, use_cache: bool = True, return_logits: bool = False,
            top_p_rule: str = "authors", vocab_limit: Optional[int] = None,
-           dtype: str = "float32") -> decoding.SampleOutput:
+           dtype: str = "float32") -> common.SampleOutput:
   """Generate [batch_size, T] token ids in `steps` parallel steps (model config `cfg`).
 
   Known tokens (a prompt or infill context, shared by the batch) come first in the order and are
@@ -219,10 +219,10 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
   use_cache=False recomputes every real slot at every step (the encoder-only cost model).
   vocab_limit: the tokenizer's vocab size when the model's is padded; larger ids are never drawn.
   """
-  checks.sampling_options(steps, temperature, top_p, top_k, order, top_p_rule, schedule)
+  options.sampling_options(steps, temperature, top_p, top_k, order, top_p_rule, schedule)
   t = cfg.block_size
-  params, cfg = decoding.with_dtype(params, cfg, dtype)
-  tokens, mask = decoding.known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
+  params, cfg = common.with_dtype(params, cfg, dtype)
+  tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
   order = default_order(order, int(mask[0].sum()))
   plan = Plan.make(schedule_counts(t, int(mask[0].sum()), int(steps), schedule), use_cache)
   decode = decoder(cfg.to_json(), plan, order, top_p < 1 or top_k > 0, use_cache, return_logits,
@@ -230,7 +230,7 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
   out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
   tokens_BT, order_BT, logits_BTV = jax.device_get(out)
-  return decoding.SampleOutput(tokens_BT, order_BT, logits_BTV)
+  return common.SampleOutput(tokens_BT, order_BT, logits_BTV)
 
 
 MASK = "[MASK]"
@@ -243,9 +243,9 @@ def layout_known(encode: Any, t: int, prompt: str = "", infill: str = "",
   Each [MASK] leaves `span` positions to generate; everything after the text is generated too.
   """
   if prompt and infill:
-    raise ValueError("give either a prompt or an infill text, not both")
+    raise ValueError("give a prompt (--prompt) or an infill text (--infill), not both")
   if span < 1:
-    raise ValueError(f"infill span={span} must be >= 1")
+    raise ValueError(f"--infill_span={span} must be >= 1")
   if infill and MASK not in infill:
     raise ValueError(f"the infill text has no {MASK} to fill in; give e.g. --infill='a {MASK} "
                      "b', or --prompt=TEXT to continue a text")

@@ -1,6 +1,6 @@
 """Orbax checkpoints: the training manager, loading params for eval/sampling, export.
 
-The import of the authors' PyTorch checkpoints is in torch_import.py.
+The import of the authors' PyTorch checkpoints is in interop/torch_import.py.
 
 A training work dir holds `checkpoints/<step>/{state, ema, data, config}`: `state` is the train
 state without its EMA params, which are the `ema` item, so that sampling and evaluation read
@@ -22,14 +22,15 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from ao_mdm import checks
 from ao_mdm import interrupts
-from ao_mdm import train_state
+from ao_mdm import storage
 from ao_mdm.data import tokenizer as tok_lib
+from ao_mdm.train import state as train_state
+from ao_mdm.train import workdir as workdir_lib
 
-CHECKPOINT_SUBDIR = "checkpoints"
-SET_ASIDE_SUBDIR = "checkpoints_set_aside"  # unreadable or foreign step dirs, never deleted
-LOCK_FILE = "train.lock"
+CHECKPOINT_SUBDIR = workdir_lib.CHECKPOINTS
+SET_ASIDE_SUBDIR = workdir_lib.SET_ASIDE
+LOCK_FILE = workdir_lib.LOCK
 _TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a step being written
 
 
@@ -272,7 +273,7 @@ def load_run(path: str, weights: str = "ema", **kwargs) -> tuple:
 
 def export(path: str, out: str, weights: str = "ema") -> str:
   """Write the EMA (or raw) params alone, with the config and tokenizer, as an Orbax checkpoint."""
-  checks.new_output_dir(out)  # before the restore, which may take minutes
+  storage.new_output_dir(out)  # before the restore, which may take minutes
   config, params = load_params(path, weights)
   return write_params_export(out, config, params, os.path.join(path, "tokenizer"))
 
@@ -280,7 +281,7 @@ def export(path: str, out: str, weights: str = "ema") -> str:
 def write_params_export(out: str, config: ml_collections.ConfigDict, params: Any,
                         tokenizer_dir: Optional[str] = None) -> str:
   """Write `<out>/0/{params, config}` (+ `tokenizer/`) via a temporary directory, then rename."""
-  checks.new_output_dir(out)
+  storage.new_output_dir(out)
   out = os.path.abspath(out)
   tmp = f"{out}.tmp{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)

@@ -18,10 +18,10 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from ao_mdm import checkpoints
-from ao_mdm import checks
 from ao_mdm import model as model_lib
+from ao_mdm import storage
 from ao_mdm.data import gpt2
+from ao_mdm.train import checkpoints
 
 TORCH_WEIGHTS = ("ema", "model")
 _ORIG_MOD = "_orig_mod."
@@ -271,7 +271,7 @@ def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optio
     raise ValueError(f"weights={weights!r}; accepted: {', '.join(TORCH_WEIGHTS)}")
   if variant not in (None, "ao", "sigma"):
     raise ValueError(f"variant={variant!r}; accepted: ao, sigma (or None to detect it)")
-  checks.new_output_dir(out)
+  storage.new_output_dir(out)
   ckpt = _load_torch_checkpoint(checkpoint)
   state = _strip_prefix(ckpt["model"], checkpoint)
   variant = _detect_variant(state, variant, checkpoint)

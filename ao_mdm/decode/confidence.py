@@ -1,4 +1,5 @@
-"""Confidence-ordered unmasking (docs/sampling.md): the order is chosen online, most confident first.
+"""Confidence-ordered unmasking (docs/sampling.md): the order is chosen online, most confident
+first.
 
 Step i scores every still-unknown position (one query slot per position, each a copy of the
 last known slot's input) and commits the n_i - n_{i-1} whose predictions are most confident
@@ -15,12 +16,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from ao_mdm import checks
-from ao_mdm import decoding
 from ao_mdm import model as model_lib
-from ao_mdm import sampling
+from ao_mdm.decode import common
+from ao_mdm.decode import options
+from ao_mdm.decode import parallel
 
-SCORES = ("max_prob", "entropy")
 QUERY_BUCKETS = 4  # decode loops, each with a query width for the unknown positions it can have
 
 
@@ -45,14 +45,14 @@ def decoder(cfg_json: str, counts: tuple, score: str, use_filter: bool, top_p_ru
   counts_j = jnp.asarray(counts, jnp.int32)
   prev_j = jnp.asarray((known,) + counts[:-2], jnp.int32)  # n_{i-2}: first slot of step i's chunk
   # (first step, end step, query width): a width for the unknown positions each step can have
-  segments = decoding.bucket_segments([t - n for n in counts[:-1]], t, QUERY_BUCKETS)
+  segments = common.bucket_segments([t - n for n in counts[:-1]], t, QUERY_BUCKETS)
 
   def run(params, tokens_BT, known_BT, key, temperature, top_p, top_k):
     b = tokens_BT.shape[0]
-    order_BT = decoding.make_orders(key, known_BT, "l2r")  # known first; the rest is chosen below
-    apply = decoding.stack_fn(model, params)
-    draw = decoding.Draw(temperature, top_p, top_k, use_filter, top_p_rule, vocab_limit)
-    cache = decoding.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
+    order_BT = common.make_orders(key, known_BT, "l2r")  # known first; the rest is chosen below
+    apply = common.stack_fn(model, params)
+    draw = common.Draw(temperature, top_p, top_k, use_filter, top_p_rule, vocab_limit)
+    cache = common.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
     rows_B1 = jnp.arange(b)[:, None]
 
     def step(i, carry, u_width):
@@ -63,7 +63,7 @@ def decoder(cfg_json: str, counts: tuple, score: str, use_filter: bool, top_p_ru
       # position (ascending), each a copy of slot n's input.
       real_R = c + jnp.arange(r_width)
       slots_W = jnp.concatenate([jnp.minimum(real_R, t - 1), jnp.full((u_width,), n)])
-      prev_tok, prev_pos = decoding.slot_inputs(tokens_BT, order_BT,
+      prev_tok, prev_pos = common.slot_inputs(tokens_BT, order_BT,
                                                 jnp.broadcast_to(slots_W, (b, w)))
       cand_BU = jnp.argsort(known_BT, axis=1, stable=True)[:, :u_width].astype(jnp.int32)
       target_BW = jnp.concatenate(
@@ -76,7 +76,7 @@ def decoder(cfg_json: str, counts: tuple, score: str, use_filter: bool, top_p_ru
           (j[None, :] <= j[:, None]) | ~is_real[:, None]))
       masks = {"new": new, "cache": jnp.broadcast_to(jnp.arange(t)[None, :] < c, (w, t))}
       hidden, cond, kv = apply(prev_tok, prev_pos, target_BW, cache, masks)
-      cache = decoding.write_cache(cache, kv, jnp.where(real_R < n, real_R, t))
+      cache = common.write_cache(cache, kv, jnp.where(real_R < n, real_R, t))
       q_cond = (cond[0], cond[1][:, r_width:])
       logits_BUV = model.apply({"params": params}, hidden[:, r_width:], q_cond, method="logits")
       conf_BU = jnp.where(jnp.arange(u_width)[None, :] < t - n, confidence_score(logits_BUV, score),
@@ -105,22 +105,22 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
            top_p: float = 1.0, top_k: int = 0, seed: int = 0, known_positions: Any = (),
            known_tokens: Any = (), top_p_rule: str = "authors",
            vocab_limit: Optional[int] = None,
-           dtype: str = "float32") -> decoding.SampleOutput:
+           dtype: str = "float32") -> common.SampleOutput:
   """[batch_size, T] samples in `steps` steps, committing the most confident positions first.
 
   The output's `order` is the order the positions were committed in (known ones first).
   """
-  checks.sampling_options(steps, temperature, top_p, top_k, "l2r", top_p_rule, schedule)
-  if score not in SCORES:
-    raise ValueError(f"score={score!r}; accepted: {', '.join(SCORES)}")
+  options.sampling_options(steps, temperature, top_p, top_k, "l2r", top_p_rule, schedule)
+  if score not in options.SCORES:
+    raise ValueError(f"score={score!r}; accepted: {', '.join(options.SCORES)}")
   t = cfg.block_size
-  params, cfg = decoding.with_dtype(params, cfg, dtype)
-  tokens, mask = decoding.known_inputs(cfg, batch_size, known_positions, known_tokens,
+  params, cfg = common.with_dtype(params, cfg, dtype)
+  tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens,
                                        vocab_limit)
-  counts = sampling.schedule_counts(t, int(mask[0].sum()), int(steps), schedule)
+  counts = parallel.schedule_counts(t, int(mask[0].sum()), int(steps), schedule)
   decode = decoder(cfg.to_json(), tuple(int(n) for n in counts), score,
                     top_p < 1 or top_k > 0, top_p_rule, vocab_limit)
   out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
   tokens_BT, order_BT = jax.device_get(out)
-  return decoding.SampleOutput(tokens_BT, order_BT)
+  return common.SampleOutput(tokens_BT, order_BT)

@@ -24,15 +24,15 @@ import optax
 import orbax.checkpoint as ocp
 
 from ao_mdm import model as model_lib
-from ao_mdm import options
 from ao_mdm import orders
+from ao_mdm.decode import options
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """`ao-mdm train-draft` settings; --steps, --batch_size, --seed and --order set four."""
-  num_steps: int = options.COMMAND_DEFAULTS["train-draft"]["steps"]
-  batch_size: int = options.COMMAND_DEFAULTS["train-draft"]["batch_size"]
+  num_steps: int = options.DRAFT_TRAINING["steps"]
+  batch_size: int = options.DRAFT_TRAINING["batch_size"]
   seed: int = 0
   learning_rate: float = 3e-3
   warmup_steps: int = 50
@@ -83,21 +83,13 @@ def step(model: nn.Module, params: Any, head_params: Any, f_BWD: jax.Array, tok_
   return f_BWD, model.apply({"params": params}, f_BWD, cond, method="logits")
 
 
-def _base_outputs(module: nn.Module, tokens_BT: jax.Array, order_BT: jax.Array) -> tuple:
-  """The base's final hidden states and logits at every slot (a `method=` of model.apply)."""
-  prev_tok_BT, prev_pos_BT = model_lib.slot_inputs(tokens_BT, order_BT)
-  x_BTD, cond = module.embed(prev_tok_BT, prev_pos_BT, order_BT)
-  h_BTD, _ = module.stack(x_BTD, cond)
-  return h_BTD, module.logits(h_BTD, cond)
-
-
 def chain_losses(model: nn.Module, params: Any, head_params: Any, tokens_BT: jax.Array,
                  order_BT: jax.Array, steps: int) -> tuple:
   """([J] mean KL(p || q), [J] mean sum_x min(p, q)) of draft j = 1..J against the base's
   conditional p at slot s + j, the chain starting from the base's hidden state at every slot s
   (teacher-forced tokens, the head's own hidden states)."""
-  h_BTD, logits_BTV = jax.lax.stop_gradient(
-      model.apply({"params": params}, tokens_BT, order_BT, method=_base_outputs))
+  logits_BTV, h_BTD = jax.lax.stop_gradient(
+      model.apply({"params": params}, tokens_BT, order_BT, return_hidden=True))
   logp_BTV = jax.nn.log_softmax(logits_BTV)
   prev_tok_BT, prev_pos_BT = model_lib.slot_inputs(tokens_BT, order_BT)
   t = tokens_BT.shape[1]
@@ -204,13 +196,14 @@ def train_command(checkpoint: str, workdir: str, weights: str = "ema", s: Settin
   """`ao-mdm train-draft`: fit a head to the run's EMA (or raw) params on its training split
   (prepared first if needed), print the validation figures, write it to `workdir` (an
   export-style Orbax checkpoint, written under a temporary name and renamed)."""
-  from ao_mdm import checkpoints, checks, interrupts  # pylint: disable=g-import-not-at-top
-  from ao_mdm.data import pipeline, prepared  # pylint: disable=g-import-not-at-top
-  checks.new_output_dir(workdir, "--workdir")
+  from ao_mdm import interrupts, storage  # pylint: disable=g-import-not-at-top
+  from ao_mdm.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import pipeline, prepare  # pylint: disable=g-import-not-at-top
+  storage.new_output_dir(workdir, "--workdir")
   config, params, tokenizer = checkpoints.load_run(checkpoint, weights, log=log)
   cfg, t = config.model, config.model.block_size
   validate(s, t)
-  splits = {name: prepared.ensure(config.data, tokenizer, name, log=log)
+  splits = {name: prepare.ensure(config.data, tokenizer, name, log=log)
             for name in ("train", "validation")}
   data = pipeline.train_iterator(splits["train"].blocks(t), global_batch_size=s.batch_size,
                                  seed=s.seed, process_index=0, process_count=1)
@@ -235,7 +228,7 @@ def load(path: str, cfg: ml_collections.ConfigDict, params: Any,
          log: Callable[[str], None] = print) -> Any:
   """The params of the head saved at `path` (by train_command) for the base model `cfg`;
   refused if it was made for another shape, a note if for other base params."""
-  from ao_mdm import checkpoints  # pylint: disable=g-import-not-at-top
+  from ao_mdm.train import checkpoints  # pylint: disable=g-import-not-at-top
   mgr = checkpoints.reader(path)
   step = mgr.latest_step()
   saved = mgr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config

@@ -165,11 +165,11 @@ def bench_data(config: ml_collections.ConfigDict, config_file: str) -> dict:
   """Prepare and iterator figures at each size of config.bench.sizes; prints one JSON line.
 
   `config_file` is the config's path: `ao-mdm prepare` runs on it as a user would run it."""
-  from ao_mdm.data import gpt2, prepared  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import gpt2, prepare, prepared  # pylint: disable=g-import-not-at-top
   b = config.bench
   root = b.dir or tempfile.mkdtemp(prefix="ao_mdm_bench_data_")
   os.makedirs(root, exist_ok=True)
-  cores = prepared.default_workers()
+  cores = prepare.default_workers()
   tokenizer = gpt2.GPT2Tokenizer()
   results = {"cores": cores, "block_size": int(config.model.block_size),
              "batch_size": int(b.batch_size), "sizes": {}}
@@ -191,7 +191,7 @@ def bench_data(config: ml_collections.ConfigDict, config_file: str) -> dict:
       for workers in sorted({1, cores}):
         prepared_dir = f"prepared_w{workers}"
         shutil.rmtree(os.path.join(root, prepared_dir), ignore_errors=True)
-        cmd = [sys.executable, "-m", "ao_mdm.main", "prepare", f"--config={config_file}",
+        cmd = [sys.executable, "-m", "ao_mdm.cli.main", "prepare", f"--config={config_file}",
                f"--config.data.text_file={text}",
                f"--config.data.tfds_dir={os.path.join(root, 'tfds')}",
                f"--config.data.prepared_dir={os.path.join(root, prepared_dir)}",

@@ -1,6 +1,6 @@
 """Speculative decoding (docs/sampling.md): exact samples of sequential decoding in a fixed
 order (L2R, or a random order of the unknown positions), several tokens per forward, drafted
-by the model itself (below) or by a learned draft head (ao_mdm/draft.py: the forward then holds
+by the model itself (below) or by a learned draft head (decode/draft.py: the forward then holds
 the k + 1 real slots only, and the head drafts the next k positions from the hidden state of
 the real slot that drew the newest token).
 
@@ -26,10 +26,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from ao_mdm import checks
-from ao_mdm import decoding
-from ao_mdm import draft as draft_lib
 from ao_mdm import model as model_lib
+from ao_mdm.decode import common
+from ao_mdm.decode import draft as draft_lib
+from ao_mdm.decode import options
 
 
 def _layout(k: int, phantoms: bool = True) -> dict:
@@ -56,7 +56,7 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
   """The jitted speculative loop for one (model, k, prompt length, order mode, draft source):
   run(params, head_params, tokens, known, key, temperature, top_p, top_k).
 
-  head=True drafts with a learned head (ao_mdm/draft.py; head_params), else with phantoms
+  head=True drafts with a learned head (decode/draft.py; head_params), else with phantoms
   (head_params None). verify=False accepts every draft (a wrong rule, for the exactness test
   to reject).
   """
@@ -81,8 +81,8 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
       f_B1D, logits_B1V = draft_lib.step(model, params, head_params, f_B1D, tok_B[:, None],
                                          at(slot_B), at(slot_B + 1))
       q_BV = probs(logits_B1V[:, 0])
-      d_B = jnp.where(temperature > 0, decoding.draw_from_probs(u_B, q_BV),
-                      decoding.first_argmax(q_BV))
+      d_B = jnp.where(temperature > 0, common.draw_from_probs(u_B, q_BV),
+                      common.first_argmax(q_BV))
       return (f_B1D, d_B), (d_B, q_BV)
     _, (d_GB, q_GBV) = jax.lax.scan(one, (f_B1D, fix_B), (jnp.arange(k), u_GB))
     return d_GB.T, q_GBV.transpose(1, 0, 2)
@@ -92,10 +92,10 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
     k_order = key
     if order_mode == "random":  # an L2R order needs no key (and keeps its draws)
       k_order, key = jax.random.split(key)
-    order_BT = decoding.make_orders(k_order, known_BT, order_mode)
-    apply = decoding.stack_fn(model, params)
-    probs = decoding.Draw(temperature, top_p, top_k, use_filter, top_p_rule, vocab_limit).probs
-    cache = decoding.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
+    order_BT = common.make_orders(k_order, known_BT, order_mode)
+    apply = common.stack_fn(model, params)
+    probs = common.Draw(temperature, top_p, top_k, use_filter, top_p_rule, vocab_limit).probs
+    cache = common.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
     rows_B1 = jnp.arange(b)[:, None]
     k_loop, k_first = jax.random.split(key)
 
@@ -108,7 +108,7 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
       u_BG, u_fix_B, u_draw_BU = u_BU[:, :k], u_BU[:, k], u_BU[:, k + 1:]
       # Inputs of the real slots n..n+k: the last known token, then the drafts.
       slot_BW = n_B[:, None] + base_W[None, :]
-      prev_tok_BW, prev_pos_BW = decoding.slot_inputs(tokens_BT, order_BT, slot_BW)
+      prev_tok_BW, prev_pos_BW = common.slot_inputs(tokens_BT, order_BT, slot_BW)
       draft_in_BW = jnp.take_along_axis(drafts_BG, jnp.clip(base_W - 1, 0, k - 1)[None, :]
                                         .repeat(b, 0), axis=1)
       prev_tok_BW = jnp.where(base_W[None, :] > 0, draft_in_BW, prev_tok_BW)
@@ -121,7 +121,7 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
       # Verify: accept the longest prefix of drafts, each with probability min(1, p/q).
       p_d = jnp.take_along_axis(p_BRV[:, :k], drafts_BG[..., None], axis=2)[..., 0]
       q_d = jnp.take_along_axis(q_BGV, drafts_BG[..., None], axis=2)[..., 0]
-      greedy_ok = drafts_BG == decoding.first_argmax(p_BRV[:, :k])
+      greedy_ok = drafts_BG == common.first_argmax(p_BRV[:, :k])
       ok_BG = jnp.where(temperature > 0, u_BG * q_d < p_d, greedy_ok) | (not verify)
       ok_BG &= jnp.arange(k)[None, :] < m_B[:, None]
       a_B = jnp.sum(jnp.cumprod(ok_BG.astype(jnp.int32), axis=1), axis=1)
@@ -132,8 +132,8 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
       q_a = jnp.take_along_axis(q_BGV, jnp.minimum(a_B, k - 1)[:, None, None], axis=1)[:, 0]
       resid = jnp.maximum(p_a - jnp.where((a_B < m_B)[:, None], q_a, 0.0), 0.0)
       resid = jnp.where(jnp.sum(resid, -1, keepdims=True) > 0, resid, p_a)
-      fix_B = jnp.where(temperature > 0, decoding.draw_from_probs(u_fix_B, resid),
-                        decoding.first_argmax(p_a))
+      fix_B = jnp.where(temperature > 0, common.draw_from_probs(u_fix_B, resid),
+                        common.first_argmax(p_a))
       # Write the accepted drafts and the new token at order[n .. n+a].
       j_1R = jnp.arange(k + 1)[None, :]
       new_tok = jnp.where(j_1R < a_B[:, None], jnp.pad(drafts_BG, ((0, 0), (0, 1))),
@@ -143,7 +143,7 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
       pos_new = jnp.where(live, jnp.take_along_axis(order_BT, jnp.minimum(slot_new, t - 1), 1), t)
       tokens_BT = tokens_BT.at[rows_B1, pos_new].set(new_tok, mode="drop")
       # Real slots n..n+a had correct inputs: their K/V join the cache.
-      cache = decoding.write_cache(cache, kv, jnp.where(live, slot_new, t))
+      cache = common.write_cache(cache, kv, jnp.where(live, slot_new, t))
       if head:  # the head drafts n+a+1 .. n+a+k from real slot n+a, which drew the new token
         drafts_next, q_next = head_drafts(params, head_params, hidden, a_B, n_B, fix_B, order_BT,
                                           u_draw_BU.T, temperature, probs)
@@ -151,10 +151,10 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
         # Drafts and proposals for positions n+1..n+2k: the old drafts, real slot n+k's
         # conditional, the phantoms; positions n+a+1..n+a+k are the next drafts.
         cand_q = jnp.concatenate([q_BGV, probs_BWV[:, k:]], axis=1)
-        drawn = decoding.draw_from_probs(u_draw_BU.reshape(-1),
+        drawn = common.draw_from_probs(u_draw_BU.reshape(-1),
                                          probs_BWV[:, k:].reshape(b * (k + 1), -1))
         fresh = jnp.where(temperature > 0, drawn.reshape(b, -1),
-                          decoding.first_argmax(probs_BWV[:, k:]))
+                          common.first_argmax(probs_BWV[:, k:]))
         cand_tok = jnp.concatenate([drafts_BG, fresh], axis=1)
         next_BG = a_B[:, None] + 1 + jnp.arange(k)[None, :]
         drafts_next = jnp.take_along_axis(cand_tok, next_BG, axis=1)
@@ -190,31 +190,31 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, draf
            temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
            known_positions: Any = (), known_tokens: Any = (), order: Optional[str] = None,
            top_p_rule: str = "authors", vocab_limit: Optional[int] = None,
-           dtype: str = "float32", draft_head: Any = None) -> decoding.SampleOutput:
+           dtype: str = "float32", draft_head: Any = None) -> common.SampleOutput:
   """Samples ([batch_size, T]) of sequential decoding in `order` ("l2r", the default, or
   "random": a random order of the unknown positions per row) by speculative decoding with
   `draft` tokens per forward, drafted by the model itself (phantom slots) or, given its params
   `draft_head` (draft.load), by a learned draft head.
 
-  Known tokens come first in the order (as in sampling.sample). The output's `order` is the
+  Known tokens come first in the order (as in parallel.sample). The output's `order` is the
   order used, and its `stats` hold, per row, the forwards it took, the drafts it accepted, and
   for the first draft of each forward: how many were verified, accepted, and the sum of their
   acceptance probabilities sum_x min(p, q).
   """
   order = order or "l2r"
-  checks.sampling_options(1, temperature, top_p, top_k, order, top_p_rule)
+  options.sampling_options(1, temperature, top_p, top_k, order, top_p_rule)
   t = cfg.block_size
-  params, cfg = decoding.with_dtype(params, cfg, dtype)
+  params, cfg = common.with_dtype(params, cfg, dtype)
   if draft_head is not None:
-    draft_head = decoding.with_dtype(draft_head, cfg, dtype)[0]
+    draft_head = common.with_dtype(draft_head, cfg, dtype)[0]
   if not 1 <= int(draft) <= t - 1:
     raise ValueError(f"draft={draft} must be in [1, {t - 1}] (T - 1)")
-  tokens, mask = decoding.known_inputs(cfg, batch_size, known_positions, known_tokens,
+  tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens,
                                        vocab_limit)
   decode = decoder(cfg.to_json(), int(draft), int(mask[0].sum()), top_p < 1 or top_k > 0,
                     top_p_rule, vocab_limit, True, order, draft_head is not None)
   out = decode(params, draft_head, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
   tokens_BT, order_BT, stats, iterations = jax.device_get(out)
-  return decoding.SampleOutput(tokens_BT, order_BT, stats={
+  return common.SampleOutput(tokens_BT, order_BT, stats={
       **{name: np.asarray(v) for name, v in stats.items()}, "iterations": int(iterations)})

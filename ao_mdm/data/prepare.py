@@ -1,0 +1,284 @@
+"""`ao-mdm prepare`: a split tokenized once into the token shards that data/prepared.py reads
+(layout there), by parallel workers and disjoint shard ranges per host; safe to kill and rerun.
+`ensure` is what `train` and `eval` call: the prepared split, prepared first if missing."""
+import concurrent.futures
+import hashlib
+import multiprocessing
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Optional
+
+import numpy as np
+
+from ao_mdm import hosts
+from ao_mdm import interrupts
+from ao_mdm.data import datasets
+from ao_mdm.data import prepared
+from ao_mdm.data import tokenizer as tokenizer_lib
+from ao_mdm.data.prepared import CorruptShard, NotPrepared, PreparedSplit
+from ao_mdm.data.tokenizer import Tokenizer
+
+SHARD_DOCS = 1024  # documents per shard: the unit of parallel work and of redoing after a kill
+_CHUNK_DOCS = 256  # documents read and tokenized at once by a worker
+
+
+class _ShardWriter:
+  """Tokenizes a range of documents into one shard file: run by each worker process."""
+
+  def __init__(self, docs: datasets.Documents, tokenizer: Tokenizer, directory: str):
+    self.docs, self.tokenizer, self.directory = docs, tokenizer, directory
+    self.dtype = prepared.token_dtype(tokenizer.vocab_size)
+
+  def __call__(self, job: tuple[int, int, int]) -> tuple[int, int]:
+    index, first, last = job
+    path = os.path.join(self.directory, prepared.shard_name(index))
+    tmp, h, tokens = prepared.tmp_path(path), hashlib.sha256(), 0
+    with open(tmp, "wb") as f:
+      for start in range(first, last, _CHUNK_DOCS):
+        ids = self.tokenizer.encode_batch(self.docs.read(start, min(start + _CHUNK_DOCS, last)),
+                                          num_threads=1)
+        chunk = _with_eos(ids, self.tokenizer.eos_id, self.dtype)
+        h.update(chunk)
+        f.write(chunk.data)
+        tokens += len(chunk)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+    prepared.write_json(path[:-len(".bin")] + ".json", {
+        "file": prepared.shard_name(index), "documents": [first, last], "tokens": tokens,
+        "bytes": tokens * self.dtype.itemsize, "sha256": h.hexdigest()})
+    return index, tokens
+
+
+def _with_eos(ids: list[list[int]], eos_id: int, dtype: np.dtype) -> np.ndarray:
+  """The documents' ids, each followed by EOS, as one array."""
+  ends = np.cumsum([len(x) + 1 for x in ids])
+  out = np.empty(int(ends[-1]) if len(ends) else 0, dtype)
+  start = 0
+  for x, end in zip(ids, ends):
+    out[start:end - 1] = x
+    start = end
+  out[ends - 1] = eos_id
+  return out
+
+
+_WORKER: list = []  # the _ShardWriter of a worker process, made by its initializer
+
+
+def _init_worker(*args) -> None:
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+  _WORKER[:] = [_ShardWriter(*args)]
+
+
+def _write_shard(job: tuple[int, int, int]) -> tuple[int, int]:
+  return _WORKER[0](job)
+
+
+def _check_shard(job: tuple[str, str, int]) -> tuple[str, str, np.ndarray]:
+  path, dtype, vocab = job
+  return (path, *prepared.sha256_and_counts(path, np.dtype(dtype), vocab, True))
+
+
+def _write_shards(jobs: list, workers: int, desc: str, writer_args: tuple):
+  """Yields (shard, tokens) for every job, unordered. This process writes shards and, with
+  workers > 1, so do workers - 1 spawned processes (not forked: JAX may already run threads
+  here); each takes the next job when it finishes one. A progress bar when jobs are many."""
+  import tqdm  # pylint: disable=g-import-not-at-top
+  pending, lock, done = iter(jobs), threading.Lock(), queue.SimpleQueue()
+
+  def take():
+    with lock:
+      return next(pending, None)
+
+  def submit(_=None):
+    job = take()
+    if job is not None:
+      pool.apply_async(_write_shard, (job,), callback=lambda r: (done.put(r), submit()),
+                       error_callback=done.put)
+
+  helpers = min(workers, len(jobs)) - 1
+  pool = multiprocessing.get_context("spawn").Pool(
+      helpers, initializer=_init_worker, initargs=writer_args) if helpers > 0 else None
+  for _ in range(max(helpers, 0)):
+    submit()
+  writer, yielded = _ShardWriter(*writer_args), 0
+  try:
+    with tqdm.tqdm(total=len(jobs), desc=desc, unit="shard", disable=len(jobs) < 8,
+                   mininterval=2.0) as bar, \
+        interrupts.on_interrupt(pool.terminate if pool else lambda: None):
+      while yielded < len(jobs):
+        job = take()
+        if job is not None:
+          done.put(writer(job))
+        while not done.empty() or (job is None and yielded < len(jobs)):
+          result = done.get()
+          if isinstance(result, BaseException):
+            raise result
+          yield result
+          bar.update()
+          yielded += 1
+  finally:
+    if pool is not None:
+      pool.terminate()
+      pool.join()
+
+
+def default_workers() -> int:
+  return len(os.sched_getaffinity(0))
+
+
+def _clean_stale(directory: str) -> None:
+  """Removes temporary files left by killed processes of this host (never a live one's)."""
+  host = socket.gethostname()
+  for name in os.listdir(directory):
+    match = prepared.TMP_NAME.search(name)
+    if not match or match[1] != host:
+      continue
+    try:
+      os.kill(int(match[2]), 0)
+    except ProcessLookupError:
+      os.remove(os.path.join(directory, name))
+    except PermissionError:
+      pass
+
+
+def _done(directory: str, index: int, first: int, last: int) -> bool:
+  """Shard `index` was written completely for documents [first, last)."""
+  side = prepared.read_json(os.path.join(directory, f"shard-{index:05d}.json"))
+  if side is None or side.get("documents") != [first, last]:
+    return False
+  try:
+    return os.path.getsize(os.path.join(directory, side["file"])) == side["bytes"]
+  except FileNotFoundError:
+    return False
+
+
+def prepare(data_config: Any, tokenizer: Tokenizer, split: str, *, workers: int = 0,
+            process_index: int = 0, process_count: int = 1, shard_docs: int = 0,
+            log: Callable = print) -> Optional[PreparedSplit]:
+  """Tokenizes this process's range of the split's shards; returns the split once every shard
+  of every process is present (None before). Safe to kill and run again: finished shards stay,
+  the rest are redone; a corrupt shard of a complete preparation is redone."""
+  shard_docs = shard_docs or SHARD_DOCS
+  if shard_docs < 1:
+    raise ValueError(f"shard_docs must be >= 1, got {shard_docs}")
+  if process_count < 1 or not 0 <= process_index < process_count:
+    raise ValueError(f"process_id must be in [0, {process_count}) with num_processes >= 1, "
+                     f"got process_id={process_index}, num_processes={process_count}")
+  workers = workers or default_workers()
+  tfds_dir = data_config.get("tfds_dir", "")
+  docs = datasets.load_documents(data_config, split, tfds_dir)
+  directory = prepared.split_dir(data_config, tokenizer, split)
+  try:
+    return prepared.open_split(data_config, tokenizer, split, docs, log)
+  except NotPrepared:
+    pass
+  except CorruptShard as e:  # redo that shard; the manifest goes until it is verified again
+    log(f"{e}: preparing it again")
+    for name in (prepared.MANIFEST, prepared.VERIFIED, f"shard-{e.index:05d}.json"):
+      if os.path.exists(os.path.join(directory, name)):
+        os.remove(os.path.join(directory, name))
+  os.makedirs(directory, exist_ok=True)
+  plan = prepared.make_plan(data_config, tokenizer, split, docs, shard_docs)
+  found = prepared.read_json(os.path.join(directory, prepared.PLAN))
+  if found is not None and found != plan:
+    prepared.check_identity(found, plan, os.path.join(directory, prepared.PLAN))
+    if found.get("shard_docs") != shard_docs:
+      raise ValueError(f"{directory} is partly prepared with shard_docs={found['shard_docs']}, "
+                       f"not {shard_docs}; use that value or remove the directory")
+  prepared.write_json(os.path.join(directory, prepared.PLAN), plan)
+  _clean_stale(directory)
+  n_shards = max(1, -(-len(docs) // shard_docs))
+  ranges = [(k, k * shard_docs, min(len(docs), (k + 1) * shard_docs)) for k in range(n_shards)]
+  mine = ranges[process_index * n_shards // process_count:
+                (process_index + 1) * n_shards // process_count]
+  jobs = [job for job in mine if not _done(directory, *job)]
+  start = time.perf_counter()
+  tokens = sum(t for _, t in _write_shards(jobs, workers, f"prepare {split}",
+                                           (docs, tokenizer, directory)))
+  if jobs:
+    seconds = time.perf_counter() - start
+    log(f"prepared {len(jobs)} of {n_shards} shards of {plan['dataset']}/{split}: "
+        f"{tokens:,} tokens in {seconds:.1f} s ({tokens / max(seconds, 1e-9) / 1e6:.2f}M tokens/s)")
+  missing = [k for k, first, last in ranges if not _done(directory, k, first, last)]
+  if missing:
+    log(f"{len(missing)} of {n_shards} shards of {plan['dataset']}/{split} are still to be "
+        f"prepared by other processes; the manifest is written when all are present")
+    return None
+  return _finalize(directory, plan, ranges, workers)
+
+
+def _finalize(directory: str, plan: dict, ranges: list, workers: int) -> PreparedSplit:
+  """Checks every shard against its record, counts the tokens, writes the manifest last."""
+  sides = [prepared.read_json(os.path.join(directory, f"shard-{k:05d}.json"))
+           for k, _, _ in ranges]
+  jobs = [(os.path.join(directory, s["file"]), plan["dtype"], plan["vocab_size"]) for s in sides]
+  sums, counts = {}, np.zeros(plan["vocab_size"], np.int64)
+  with concurrent.futures.ThreadPoolExecutor(min(workers, 8)) as pool:  # hashing frees the GIL
+    for path, sha, c in pool.map(_check_shard, jobs):
+      sums[path] = sha
+      counts += c
+  verified = {}
+  for (k, _, _), side, job in zip(ranges, sides, jobs):
+    if sums[job[0]] != side["sha256"]:
+      os.remove(os.path.join(directory, f"shard-{k:05d}.json"))
+      raise ValueError(f"prepared shard {job[0]} does not match its record (sha256 "
+                       f"{sums[job[0]][:16]}... vs {side['sha256'][:16]}...); run the same "
+                       "command again to redo it")
+    st = os.stat(job[0])
+    verified[side["file"]] = [st.st_size, st.st_mtime_ns]
+  if counts[plan["eos_id"]] != plan["documents"]:
+    raise ValueError(f"{directory}: {counts[plan['eos_id']]} EOS tokens for {plan['documents']} "
+                     "documents (the tokenizer emitted EOS inside a document)")
+  # np.save appends .npy to a name without it
+  tmp = prepared.tmp_path(os.path.join(directory, prepared.COUNTS)) + ".npy"
+  np.save(tmp, counts)
+  os.replace(tmp, os.path.join(directory, prepared.COUNTS))
+  with open(os.path.join(directory, prepared.COUNTS), "rb") as f:
+    counts_sha = hashlib.sha256(f.read()).hexdigest()
+  manifest = {**plan, "tokens": int(counts.sum()), "shards": sides,
+              "token_counts": {"file": prepared.COUNTS, "sha256": counts_sha}}
+  prepared.write_json(os.path.join(directory, prepared.VERIFIED), verified)
+  prepared.write_json(os.path.join(directory, prepared.MANIFEST), manifest)
+  return PreparedSplit(directory, manifest)
+
+
+def ensure(data_config: Any, tokenizer: Tokenizer, split: str, *, workers: int = 0,
+           process_index: int = 0, process_count: int = 1,
+           barrier: Optional[Callable[[str], None]] = None,
+           log: Callable = print) -> PreparedSplit:
+  """The prepared split, prepared first if needed (what `train` and `eval` call).
+
+  With several processes each prepares its range, then process 0 completes and finalizes; a
+  process that still finds no manifest (no shared file system) prepares the rest itself.
+  """
+  try:
+    return prepared.open_split(data_config, tokenizer, split, log=log)
+  except NotPrepared:
+    pass
+  done = prepare(data_config, tokenizer, split, workers=workers, process_index=process_index,
+                 process_count=process_count, log=log)
+  if process_count > 1:
+    barrier(f"prepared own range of {split}")
+    if process_index == 0 and done is None:
+      done = prepare(data_config, tokenizer, split, workers=workers, log=log)
+    barrier(f"prepared {split}")
+  return done or prepare(data_config, tokenizer, split, workers=workers, log=log)
+
+
+def prepare_command(config: Any, splits: list, workers: Optional[int], workdir: Optional[str],
+                    process_id: Optional[int], num_processes: Optional[int]) -> Iterator[str]:
+  """`ao-mdm prepare`: prepares each split (this host's share), yielding a line per split done."""
+  index, count = hosts.launcher_process(process_id, num_processes)
+  tokenizer = tokenizer_lib.run_tokenizer(config, workdir)
+  for split in splits:
+    done = prepare(config.data, tokenizer, split, workers=workers or 0, process_index=index,
+                   process_count=count)
+    if done is not None:
+      yield (f"{split}: {done.documents:,} documents, {done.tokens:,} tokens in "
+             f"{len(done.manifest['shards'])} shards, verified: {done.directory}")

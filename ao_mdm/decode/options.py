@@ -1,0 +1,48 @@
+"""The decoding modes and their options, with the checks of their values; free of JAX, so the
+command line lists and checks them before JAX loads (docs/sampling.md)."""
+
+MODES = ("parallel", "speculative", "confidence")  # of `ao-mdm sample`
+SCHEDULES = ("linear", "cosine")
+ORDERS = ("random", "l2r")
+TOP_P_RULES = ("authors", "nucleus")
+SCORES = ("max_prob", "entropy")  # confidence of a prediction (confidence mode)
+MODE_OPTIONS = {  # the options each mode's sampler takes
+    "parallel": ("steps", "schedule", "temperature", "top_p", "top_k", "order", "top_p_rule",
+                 "dtype"),
+    "speculative": ("temperature", "top_p", "top_k", "top_p_rule", "draft", "order", "dtype",
+                    "draft_head"),
+    "confidence": ("steps", "schedule", "temperature", "top_p", "top_k", "top_p_rule", "score",
+                   "dtype"),
+}
+MODE_OPTION_NAMES = frozenset(name for names in MODE_OPTIONS.values() for name in names)
+DEFAULT_STEPS = 64  # decoding steps when none are given (or the unknown positions, if fewer)
+DRAFT_TRAINING = {"steps": 600, "batch_size": 32}  # `ao-mdm train-draft`'s defaults
+
+
+def sampling_options(steps, temperature: float, top_p: float, top_k: int, order: str,
+                     top_p_rule: str = "authors", schedule: str = "linear") -> None:
+  """One clear ValueError per bad sampling option (steps=None: the default count)."""
+  if steps is not None and int(steps) < 1:
+    raise ValueError(f"steps={steps} must be >= 1")
+  if schedule not in SCHEDULES:
+    raise ValueError(f"schedule={schedule!r}; accepted: {', '.join(SCHEDULES)}")
+  if not temperature >= 0:
+    raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
+  if not 0 < top_p <= 1:
+    raise ValueError(f"top_p={top_p} must be in (0, 1]")
+  if int(top_k) < 0:
+    raise ValueError(f"top_k={top_k} must be >= 0 (0 is off)")
+  if order is not None and order not in ORDERS:
+    raise ValueError(f"order={order!r}; accepted: {', '.join(ORDERS)}")
+  if top_p_rule not in TOP_P_RULES:
+    raise ValueError(f"top_p_rule={top_p_rule!r}; accepted: {', '.join(TOP_P_RULES)}")
+
+
+def sample_counts(num_samples: int, batch_size: int) -> None:
+  if num_samples < 1 or batch_size < 1:
+    raise ValueError(f"--num_samples={num_samples} and --batch_size={batch_size} must be >= 1")
+
+
+def mode(name: str) -> None:
+  if name not in MODES:
+    raise ValueError(f"mode={name!r}; accepted: {', '.join(MODES)}")
