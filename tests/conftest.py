@@ -66,3 +66,23 @@ def sotu_config(data_dir):
 def sp_tokenizer(sotu_config, data_dir):
   """A vocab-512 SentencePiece model trained on the SOTU train split (builds the TFDS data)."""
   return tokenizer_lib.get_tokenizer(sotu_config, VOCAB, data_dir)
+
+
+@pytest.fixture(scope="session")
+def gcs_server():
+  """A real GCS server on 127.0.0.1 (fake-gcs-server, objects in memory) with the bucket
+  `bucket`; this process and the commands it starts reach it through STORAGE_EMULATOR_HOST
+  alone (subprocesses get it from os.environ)."""
+  from ao_mdm.storage import emulator, gcs  # pylint: disable=g-import-not-at-top
+  server = emulator.LocalServer(("bucket",))
+  saved = {k: os.environ.get(k) for k in (gcs.EMULATOR, "TENSORSTORE_GCS_HTTP_URL",
+                                          "GOOGLE_AUTH_TOKEN_FOR_TESTING", "FSSPEC_GCS_TOKEN")}
+  os.environ.update(server.env())
+  gcs.configure()
+  yield server
+  server.stop()
+  for key, value in saved.items():
+    if value is None:
+      os.environ.pop(key, None)
+    else:
+      os.environ[key] = value

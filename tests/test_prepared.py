@@ -196,8 +196,8 @@ def test_cli_refuses_corrupt_and_foreign_preparations(corpus_file, sp_tokenizer,
                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
   errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
   assert out.returncode == 2 and len(errors) == 1 and "Traceback" not in out.stderr
-  assert f"prepared with source='text_file/other/1.0.0', but this config gives source=" \
-         f"{manifest['source']!r}" in errors[0]
+  assert f"does not match its source: prepared with source='text_file/other/1.0.0', the " \
+         f"dataset now gives {manifest['source']!r}" in errors[0]
   assert sorted(os.listdir(workdir)) == before
 
 

@@ -48,3 +48,62 @@ def test_the_rule_catches_both_forms(tmp_path):
   finally:
     ROOT = root
   assert found == ["bad.py:2 imports _helper", "bad.py:3 uses sampling._decoder"]
+
+
+# File access on a path goes through ao_mdm/storage/ (local or gs://). These modules touch only
+# files that are no user's path, each for the reason given.
+FILE_ACCESS_ALLOWED = {
+    "ao_mdm/orders.py": "the package's own paper_orders.json",
+    "ao_mdm/data/gpt2.py": "the GPT-2 BPE files shipped in the package",
+    "ao_mdm/interrupts.py": "/dev/null, to silence stderr",
+    "ao_mdm/cli/main.py": "/dev/null, after a closed pipe",
+    "ao_mdm/cli/checks.py": "the --config file: Python code, loaded from local disk only",
+    "ao_mdm/cli/bench_data.py": "its own local scratch directory (bench.dir) and /proc",
+}
+_OS_FILE_CALLS = {"open", "replace", "rename", "remove", "unlink", "listdir", "makedirs", "mkdir",
+                  "rmdir", "stat", "walk", "preadv", "pread", "scandir"}
+
+
+def _file_access(path: pathlib.Path) -> list:
+  """open(...), os.path.*, file calls of os, shutil.* and glob.* in one file."""
+  found = []
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if not isinstance(node, ast.Call):
+      continue
+    f = node.func
+    name = None
+    if isinstance(f, ast.Name) and f.id == "open":
+      name = "open"
+    elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+      if (f.value.id == "os" and f.attr in _OS_FILE_CALLS) or f.value.id in ("shutil", "glob"):
+        name = f"{f.value.id}.{f.attr}"
+    elif (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Attribute)
+          and isinstance(f.value.value, ast.Name) and f.value.value.id == "os"
+          and f.value.attr == "path" and f.attr not in ("join", "basename", "dirname")):
+      name = f"os.path.{f.attr}"
+    if name:
+      found.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+  return found
+
+
+def test_file_access_goes_through_the_storage_layer():
+  package = ROOT / "ao_mdm"
+  found = [use for path in sorted(package.rglob("*.py"))
+           if "storage" not in path.relative_to(package).parts
+           and path.relative_to(ROOT).as_posix() not in FILE_ACCESS_ALLOWED
+           for use in _file_access(path)]
+  assert not found, "use ao_mdm.storage (fs, paths) for these:\n" + "\n".join(found)
+
+
+def test_the_file_access_rule_catches_each_form(tmp_path):
+  bad = tmp_path / "bad.py"
+  bad.write_text("import os, shutil\nopen('x')\nos.path.isfile('x')\nos.replace('a', 'b')\n"
+                 "shutil.rmtree('d')\nos.path.join('a', 'b')\nos.environ.get('X')\n")
+  global ROOT  # pylint: disable=global-statement
+  root, ROOT = ROOT, tmp_path
+  try:
+    found = _file_access(bad)
+  finally:
+    ROOT = root
+  assert found == ["bad.py:2 open", "bad.py:3 os.path.isfile", "bad.py:4 os.replace",
+                   "bad.py:5 shutil.rmtree"]

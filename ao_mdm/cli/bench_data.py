@@ -210,7 +210,7 @@ def bench_data(config: ml_collections.ConfigDict, config_file: str) -> dict:
       child = {"data": _data_config(config, text, root, f"prepared_w{cores}").to_dict(),
                "block_size": int(config.model.block_size), "batch": int(b.batch_size),
                "batches": int(b.iterator_batches), "array_record": array_record}
-      out = subprocess.run([sys.executable, "-c", "import sys; from ao_mdm.data import "
+      out = subprocess.run([sys.executable, "-c", "import sys; from ao_mdm.cli import "
                             "bench_data; bench_data.iterator_child(sys.argv[1])",
                             json.dumps(child)], capture_output=True, text=True, check=True)
       r["iterator"] = json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,13 +1,15 @@
 """Checks of each command's flags, cheap and free of JAX, so a bad one fails fast (the paths
-through storage.py, work dirs and checkpoints through train/workdir.py).
+through paths.py, work dirs and checkpoints through train/workdir.py).
 
 Each raises one FileNotFoundError / FileExistsError / ValueError naming the flag and the value.
 """
 import os
 
 from ao_mdm import hosts
-from ao_mdm import storage
-from ao_mdm.cli.options import COMMAND_FLAGS
+from ao_mdm.cli.options import COMMAND_FLAGS, PATH_FLAGS
+from ao_mdm.storage import fs
+from ao_mdm.storage import gcs
+from ao_mdm.storage import paths
 from ao_mdm.decode.options import MODE_OPTION_NAMES, MODE_OPTIONS, MODES
 from ao_mdm.train import workdir as workdir_lib
 
@@ -94,6 +96,20 @@ def _not_with(given: set, flags, why: str) -> None:
     raise ValueError(f"{', '.join(others)} do not apply {why}")
 
 
+def storage(v: dict, given: set) -> None:
+  """Before the other checks: how long a gs:// call may retry (--storage_timeout, passed on to
+  every Cloud Storage client of this process and its children), and every path flag in its
+  checked form (~ expanded; a misspelt gs:// URL refused)."""
+  if "storage_timeout" in given:
+    if v["storage_timeout"] < 1:
+      raise ValueError(f"--storage_timeout={v['storage_timeout']} must be >= 1 (seconds)")
+    os.environ[gcs.TIMEOUT_ENV] = str(v["storage_timeout"])
+  gcs.configure()
+  for name in PATH_FLAGS:
+    if v.get(name):
+      v[name] = paths.check(v[name], f"--{name}")
+
+
 def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
   """Every check of a command's flags that needs no JAX, so a bad one fails in well under a
   second: `v` maps each flag name to its value, `given` names those set on the command line."""
@@ -104,8 +120,8 @@ def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
                      f"`ao-mdm {command} --help` lists its flags")
   if command == "train":
     _require(v, "config", "workdir")
-    storage.directory_flag(v["workdir"], "--workdir")
-    storage.output_file(os.path.join(v["workdir"], workdir_lib.METRICS), "--workdir")
+    paths.directory(v["workdir"], "--workdir")
+    workdir_lib.check_writable(v["workdir"])
     if v["init_from"]:
       workdir_lib.check_checkpoint(v["init_from"], "--init_from")
     processes(v["coordinator"], v["num_processes"], v["process_id"], v["init_timeout"])
@@ -117,10 +133,10 @@ def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
     for name in ("steps", "batch_size"):
       if name in given and v[name] < 1:
         raise ValueError(f"--{name}={v[name]} must be >= 1")
-    storage.new_output_dir(v["workdir"], "--workdir")
+    paths.new_output_dir(v["workdir"], "--workdir")
   elif command == "prepare":
     _require(v, "config")
-    storage.directory_flag(v["workdir"], "--workdir")
+    paths.directory(v["workdir"], "--workdir")
     if v["workers"] is not None and v["workers"] < 1:
       raise ValueError(f"--workers={v['workers']} must be >= 1")
     if not names(v["splits"]):
@@ -153,15 +169,15 @@ def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
       workdir_lib.check_checkpoint(v["draft_head"], "--draft_head", workdir_lib.DRAFT_HEAD)
   elif command == "tokenizer":
     _require(v, "out")
-    if os.path.sep in v["corpus"] or os.path.isfile(v["corpus"]):
-      storage.text_file(v["corpus"], "--corpus")
-    storage.new_output_dir(v["out"])
+    if "/" in v["corpus"] or fs.isfile(v["corpus"]):
+      paths.text_file(v["corpus"], "--corpus")
+    paths.new_output_dir(v["out"])
   elif command == "export":
     _require(v, "workdir", "out")
     if v["weights"] not in ("ema", "params"):
       raise ValueError(f"--weights={v['weights']}; export accepts ema or params")
     workdir_lib.check_checkpoint(v["workdir"], "--workdir")
-    storage.new_output_dir(v["out"])
+    paths.new_output_dir(v["out"])
   elif command == "sample":
     _sample_inputs(v, given)
   elif command == "eval":
@@ -170,20 +186,23 @@ def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
     _require(v, "checkpoint", "out")
     if v["weights"] not in ("ema", "model"):
       raise ValueError(f"--weights={v['weights']}; import-torch accepts ema or model")
-    if not os.path.isfile(v["checkpoint"]):
+    if fs.isdir(v["checkpoint"]):
+      raise ValueError(f"--checkpoint {v['checkpoint']!r} is a directory; give the PyTorch "
+                       "ckpt.pt file of the authors' code")
+    if not fs.isfile(v["checkpoint"]):
       raise FileNotFoundError(f"--checkpoint {v['checkpoint']!r}: no such file (a PyTorch "
                               "ckpt.pt of the authors' code)")
-    storage.new_output_dir(v["out"])
+    paths.new_output_dir(v["out"])
   elif command == "import-gpt2":
     _require(v, "hf_dir", "out")
-    storage.new_output_dir(v["out"])
+    paths.new_output_dir(v["out"])
 
 
 def _sample_inputs(v: dict, given: set) -> None:
   _require(v, "checkpoint")
   workdir_lib.check_checkpoint(v["checkpoint"])
   if v["out"]:
-    storage.new_output_file(v["out"])
+    paths.new_output_file(v["out"])
   if "infill_span" in given and not v["infill"]:
     raise ValueError("--infill_span applies with --infill")
   mode_options(v["mode"], given & MODE_OPTION_NAMES)
@@ -197,15 +216,15 @@ def _eval_inputs(v: dict, given: set) -> None:
                       "split", "orders", "ensemble", "max_blocks"),
               "with --generated (which scores samples under --scorer)")
     _require(v, "scorer")
-    storage.text_file(v["generated"], "--generated")
-    if not os.path.isfile(os.path.join(v["scorer"], "gpt2_config.json")):  # not import-gpt2's
+    paths.text_file(v["generated"], "--generated")
+    if not fs.isfile(fs.join(v["scorer"], "gpt2_config.json")):  # not import-gpt2's
       workdir_lib.check_checkpoint(v["scorer"], "--scorer")
     return
   _require(v, "checkpoint")
   workdir_lib.check_checkpoint(v["checkpoint"])
   for name in ("text_file", "lambada_file"):
     if v[name]:
-      storage.text_file(v[name], f"--{name}")
+      paths.text_file(v[name], f"--{name}")
   if v["text_file"]:
     _not_with(given, ("datasets", "lambada_file", "split", "max_blocks"),
               "with --text_file (which evaluates every block of that one file)")

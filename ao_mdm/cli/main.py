@@ -27,7 +27,8 @@ def _train(f: dict) -> None:
 def _prepare(f: dict) -> None:
   from ao_mdm.data import prepare
   for line in prepare.prepare_command(f["config"], checks.names(f["splits"]), f["workers"],
-                                       f["workdir"], f["process_id"], f["num_processes"]):
+                                      f["workdir"], f["process_id"], f["num_processes"],
+                                      f["verify"]):
     print(line)
 
 
@@ -200,9 +201,11 @@ def _run(args: list) -> None:
       if len(argv) > 1:
         raise ValueError(f"unexpected argument(s) {' '.join(argv[1:])!r}; flags are --name=value")
       values = {name: FLAGS[name].value for name in ours}
-      checks.command_inputs(command, values, {n for n in ours if FLAGS[n].present}, what)
+      given = {n for n in ours if FLAGS[n].present}
+      checks.storage(values, given)
+      checks.command_inputs(command, values, given, what)
       HANDLERS[command](values, *([what] if what else []))
-    except (app.UsageError, ValueError, OSError, ImportError) as e:
+    except (app.UsageError, ValueError, OSError, ImportError, TimeoutError) as e:
       _fail(checks.error_text(e))
 
   app.run(main, argv=[f"ao-mdm {command} {what}".strip()] + rest, flags_parser=_parse_flags)

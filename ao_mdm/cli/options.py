@@ -34,20 +34,29 @@ SAMPLE_OPTIONS = ("prompt", "infill", "infill_span", "mode", "num_samples",
                   *sorted(MODE_OPTION_NAMES))
 COMMAND_FLAGS = {
     "train": ("config", "workdir", "init_from", "start_over", "coordinator", "num_processes",
-              "process_id", "init_timeout"),
-    "prepare": ("config", "splits", "workers", "workdir", "num_processes", "process_id"),
-    "train-draft": ("checkpoint", "workdir", "weights", "steps", "batch_size", "seed", "order"),
+              "process_id", "init_timeout", "storage_timeout"),
+    "prepare": ("config", "splits", "workers", "workdir", "num_processes", "process_id",
+                "verify", "storage_timeout"),
+    "train-draft": ("checkpoint", "workdir", "weights", "steps", "batch_size", "seed", "order",
+                    "storage_timeout"),
     "info": ("config",),
-    "tokenizer": ("corpus", "vocab_size", "out"),
-    "export": ("workdir", "out", "weights"),
-    "sample": ("checkpoint", "weights", *SAMPLE_OPTIONS, "batch_size", "seed", "out"),
+    "tokenizer": ("corpus", "vocab_size", "out", "storage_timeout"),
+    "export": ("workdir", "out", "weights", "storage_timeout"),
+    "sample": ("checkpoint", "weights", *SAMPLE_OPTIONS, "batch_size", "seed", "out",
+               "storage_timeout"),
     "eval": ("checkpoint", "weights", "datasets", "text_file", "lambada_file", "protocol", "split",
-             "orders", "ensemble", "max_blocks", "batch_size", "seed", "generated", "scorer"),
-    "import-torch": ("checkpoint", "out", "weights", "variant"),
-    "import-gpt2": ("hf_dir", "out"),
+             "orders", "ensemble", "max_blocks", "batch_size", "seed", "generated", "scorer",
+             "storage_timeout"),
+    "import-torch": ("checkpoint", "out", "weights", "variant", "storage_timeout"),
+    "import-gpt2": ("hf_dir", "out", "storage_timeout"),
     "compile": ("config", "topology", "program", "batch_size", "steps", "schedule", "dtype"),
-    "bench": ("config", "baseline", "mode", "checkpoint", "weights", "dtype", "draft_head"),
+    "bench": ("config", "baseline", "mode", "checkpoint", "weights", "dtype", "draft_head",
+              "storage_timeout"),
 }
+# Flags that name a path: each may be local or gs://BUCKET/..., with ~ expanded
+# (storage/paths.py checks their form before anything else).
+PATH_FLAGS = ("workdir", "out", "checkpoint", "init_from", "draft_head", "text_file",
+              "lambada_file", "generated", "scorer", "hf_dir")
 # Defaults of shared flags that mean something else in one command (its --help shows these).
 COMMAND_DEFAULTS = {"train-draft": DRAFT_TRAINING}
 BENCHES = ("sample", "train", "data")
@@ -138,6 +147,11 @@ def define_flags() -> None:
                     "PyTorch (eager, float32, all cores; needs the [torch] extra) and print its "
                     "tokens/s and ours over it.")
   flags.DEFINE_string("splits", "train,validation", "prepare: comma-separated splits.")
+  flags.DEFINE_boolean("verify", False, "prepare: hash every shard of a split prepared before "
+                       "(otherwise its sizes and versions are checked against the manifest).")
+  flags.DEFINE_integer("storage_timeout", 60, "Seconds a Cloud Storage (gs://) call may retry "
+                       "before the command fails with one error line (an unreachable server, a "
+                       "network outage); also AO_MDM_STORAGE_TIMEOUT.")
   flags.DEFINE_integer("workers", None, "prepare: worker processes (default: every core).")
   flags.DEFINE_string("init_from", None, "train: start from the params of an export or import.")
   flags.DEFINE_boolean("start_over", False, "train: when no checkpoint of --workdir can be "

@@ -4,8 +4,8 @@ Everything is read back as ArrayRecord through `as_data_source()` (random access
 """
 import dataclasses
 import functools
-import glob
 import hashlib
+import io
 import itertools
 import math
 import os
@@ -17,8 +17,9 @@ import tensorflow_datasets as tfds
 from etils import epath
 from tensorflow_datasets.core import utils as tfds_utils
 
-from ao_mdm import storage
 from ao_mdm.data import corpus
+from ao_mdm.storage import fs
+from ao_mdm.storage import paths
 from ao_mdm.data.detokenize import detokenize
 
 VALIDATION_FRACTION = 0.05
@@ -89,17 +90,20 @@ def read_text_documents(path: str) -> list[str]:
   return docs
 
 
+def _text_files(path: str) -> list[str]:
+  """The file itself, or the .txt files of a directory, sorted."""
+  if fs.isfile(path):
+    return [path]
+  if fs.isdir(path):
+    return [fs.join(path, name) for name in fs.listdir(path) if name.endswith(".txt")]
+  raise FileNotFoundError(f"text file not found: {path!r}")
+
+
 def iter_text_documents(path: str) -> Iterator[str]:
   """read_text_documents one at a time (a large file is never held in memory)."""
-  if os.path.isdir(path):
-    names = sorted(glob.glob(os.path.join(path, "*.txt")))
-  elif os.path.isfile(path):
-    names = [path]
-  else:
-    raise FileNotFoundError(f"text file not found: {path!r}")
-  for name in names:
+  for name in _text_files(path):
     try:
-      with open(name, encoding="utf-8") as f:
+      with fs.open_text(name) as f:
         if name != path:  # a directory: each file is one document
           text = f.read().strip("\n")
           if text.strip():
@@ -118,34 +122,28 @@ def text_source_hash(path: str) -> str:
   """A short hash of the content (file bytes, or names+bytes of a directory's .txt files)."""
   if not path:
     raise ValueError("data.text_file is empty; set it to a local text file or directory")
-  if os.path.isfile(path):  # hashed once per process while the file stays as it is
-    st = os.stat(path)
-    return _file_hash(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+  if fs.isfile(path):  # hashed once per process while the file stays as it is
+    st = fs.stat(path)
+    return _file_hash(fs.absolute(path), st.size, st.version)
   return _content_hash(path)
 
 
 @functools.lru_cache(maxsize=64)
-def _file_hash(path: str, size: int, mtime_ns: int) -> str:
-  del size, mtime_ns  # the cache key
+def _file_hash(path: str, size: int, version: int) -> str:
+  del size, version  # the cache key
   return _content_hash(path)
 
 
 def _content_hash(path: str) -> str:
   h = hashlib.sha256()
-  if os.path.isdir(path):
-    names = sorted(glob.glob(os.path.join(path, "*.txt")))
+  names = _text_files(path)
+  if names == [path]:
+    h.update(b"file\0" + fs.read_bytes(path))
+  else:
     h.update(b"dir\0")
     for name in names:
-      h.update(os.path.basename(name).encode() + b"\0")
-      with open(name, "rb") as f:
-        h.update(hashlib.sha256(f.read()).digest())
-  elif os.path.isfile(path):
-    h.update(b"file\0")
-    with open(path, "rb") as f:
-      for chunk in iter(lambda: f.read(1 << 20), b""):
-        h.update(chunk)
-  else:
-    raise FileNotFoundError(f"text file not found: {path!r}")
+      h.update(fs.basename(name).encode() + b"\0")
+      h.update(hashlib.sha256(fs.read_bytes(name)).digest())
   return h.hexdigest()[:16]
 
 
@@ -171,7 +169,7 @@ class TextFile(_LocalBuilder, skip_registration=True):
 
 def _file_config(path: str) -> TextFileConfig:
   """A builder config for a local source, named by the source's content hash."""
-  return TextFileConfig(name=f"h{text_source_hash(path)}", path=os.path.abspath(path))
+  return TextFileConfig(name=f"h{text_source_hash(path)}", path=fs.absolute(path))
 
 
 def text_file_builder(path: str, tfds_dir: str) -> TextFile:
@@ -193,7 +191,7 @@ class LambadaJsonl(_LocalBuilder, skip_registration=True):
 
 def read_jsonl_texts(path: str, field: str = "text") -> list[str]:
   """The `field` of every record of a local JSONL file (LAMBADA: OpenAI's lambada_test.jsonl)."""
-  records = storage.jsonl_records(path, "JSONL file (LAMBADA: lambada_test.jsonl)")
+  records = paths.jsonl_records(path, "JSONL file (LAMBADA: lambada_test.jsonl)")
   for number, r in enumerate(records, 1):
     if not isinstance(r.get(field), str):
       raise ValueError(f"{path}: record {number} has no {field!r} string")
@@ -257,9 +255,18 @@ def get_spec(name: str) -> DatasetSpec:
 
 
 def resolve_tfds_dir(tfds_dir: str) -> str:
-  """The TFDS data dir: the given one, else $TFDS_DATA_DIR, else ~/tensorflow_datasets."""
-  return os.path.expanduser(
-      tfds_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets")
+  """The TFDS data dir: the given one, else $TFDS_DATA_DIR, else ~/tensorflow_datasets. It is
+  local: `prepare` reads it on the hosts that prepare; what a multi-host run shares (and may
+  keep in a bucket) is data.prepared_dir."""
+  tfds_dir = paths.check(tfds_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets",
+                         "data.tfds_dir")
+  if fs.is_gcs(tfds_dir):
+    raise ValueError(f"data.tfds_dir={tfds_dir!r}: the TFDS data dir is read by `ao-mdm prepare` "
+                     "on the hosts that prepare and must be local; put data.prepared_dir in the "
+                     "bucket instead (every host reads the prepared shards from there)")
+  if fs.isfile(tfds_dir):
+    raise ValueError(f"data.tfds_dir={tfds_dir!r} (or TFDS_DATA_DIR) is a file; give a directory")
+  return tfds_dir
 
 
 def dataset_tag(data_config: Any) -> str:
@@ -274,7 +281,7 @@ def data_config_for(corpus_name_or_path: str) -> ml_collections.ConfigDict:
   """A `config.data` for a registry name or a local text path (the `tokenizer` command's input)."""
   if corpus_name_or_path in DATASETS and corpus_name_or_path != "text_file":
     dataset, text_file = corpus_name_or_path, ""
-  elif os.path.exists(corpus_name_or_path):
+  elif fs.exists(corpus_name_or_path):
     dataset, text_file = "text_file", corpus_name_or_path
   else:
     known = ", ".join(sorted(n for n in DATASETS if n != "text_file"))
@@ -286,15 +293,16 @@ def data_config_for(corpus_name_or_path: str) -> ml_collections.ConfigDict:
 
 def _catalog_builder(spec: DatasetSpec, tfds_dir: str) -> tfds.core.DatasetBuilder:
   """Opens a prepared catalog dataset from its directory (no registry, no network, no TF)."""
-  root = os.path.join(tfds_dir, spec.tfds_path)
-  infos = glob.glob(os.path.join(root, "**", "dataset_info.json"), recursive=True)
+  root = fs.join(tfds_dir, spec.tfds_path)
+  infos = [fs.join(root, f) for f in (fs.files(root) if fs.isdir(root) else [])
+           if fs.basename(f) == "dataset_info.json"]
   if not infos:
     raise FileNotFoundError(
         f"dataset {spec.name!r} is not prepared: nothing under {root}. Prepare it on a machine "
         f"with network access (e.g. `tfds build {spec.tfds_name} --data_dir {tfds_dir} "
         f"--file_format array_record`) and copy it there")
-  version_dirs = sorted((os.path.dirname(p) for p in infos),
-                        key=lambda d: tfds.core.Version(os.path.basename(d)))
+  version_dirs = sorted((fs.parent(p) for p in infos),
+                        key=lambda d: tfds.core.Version(fs.basename(d)))
   return tfds.builder_from_directory(version_dirs[-1])
 
 
@@ -347,39 +355,49 @@ def _fingerprint(builder: tfds.core.DatasetBuilder, split: str) -> str:
 def _prepare_local(builder: tfds.core.DatasetBuilder, rebuild: Callable, tfds_dir: str) -> None:
   """Writes a local source as a TFDS dataset, quietly; a failure leaves no empty directory."""
   import contextlib  # pylint: disable=g-import-not-at-top
-  existed = {d for d, _, _ in os.walk(tfds_dir)} if os.path.isdir(tfds_dir) else set()
+  existed = fs.local_dirs(tfds_dir)
   try:
-    os.makedirs(tfds_dir, exist_ok=True)
-    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+    fs.makedirs(tfds_dir)
+    with contextlib.redirect_stdout(io.StringIO()):
       tfds.display_progress_bar(False)
       builder.download_and_prepare(file_format="array_record")
   except PermissionError as e:
-    _remove_new_empty_dirs(tfds_dir, existed)
+    fs.remove_new_empty_dirs(tfds_dir, existed)
     raise ValueError(f"the TFDS data dir {tfds_dir!r} is not writable ({e.strerror}: "
                      f"{e.filename}); set data.tfds_dir or TFDS_DATA_DIR to a writable "
                      "directory") from None
   except OSError:
     # Several processes sharing a TFDS dir may race; the loser's final rename fails.
     if not rebuild().is_prepared():
-      _remove_new_empty_dirs(tfds_dir, existed)
+      fs.remove_new_empty_dirs(tfds_dir, existed)
       raise
   except BaseException:
-    _remove_new_empty_dirs(tfds_dir, existed)
+    fs.remove_new_empty_dirs(tfds_dir, existed)
     raise
 
 
-def _remove_new_empty_dirs(root: str, existed: set) -> None:
-  for d, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):  # deepest first
-    if d not in existed and not os.listdir(d):
-      os.rmdir(d)
-
-
-def load_documents(data_config: Any, split: str, tfds_dir: str) -> Documents:
-  """Documents of a split, detokenized; local builders are prepared on first use."""
+def check_split(data_config: Any, split: str) -> None:
+  """Refuses a split the dataset does not have."""
   spec = get_spec(data_config.dataset)
   if split not in spec.splits:
     raise ValueError(
         f"dataset {spec.name!r} has no split {split!r}; splits: {', '.join(spec.splits)}")
+
+
+def available(data_config: Any) -> bool:
+  """Whether this host has the dataset's source: a local source file that exists (the embedded
+  corpus always), or a catalog dataset prepared in the TFDS dir."""
+  spec = get_spec(data_config.dataset)
+  if spec.make_builder is not None:
+    return spec.name == "sotu" or bool(data_config.text_file) and fs.exists(data_config.text_file)
+  root = fs.join(resolve_tfds_dir(data_config.get("tfds_dir", "")), spec.tfds_path)
+  return fs.isdir(root) and any(fs.basename(f) == "dataset_info.json" for f in fs.files(root))
+
+
+def load_documents(data_config: Any, split: str, tfds_dir: str) -> Documents:
+  """Documents of a split, detokenized; local builders are prepared on first use."""
+  check_split(data_config, split)
+  spec = get_spec(data_config.dataset)
   tfds_dir = resolve_tfds_dir(tfds_dir)
   if spec.make_builder is not None:
     builder = spec.make_builder(data_config, tfds_dir)

@@ -22,6 +22,7 @@ from ao_mdm.data import prepared
 from ao_mdm.data import tokenizer as tokenizer_lib
 from ao_mdm.data.prepared import CorruptShard, NotPrepared, PreparedSplit
 from ao_mdm.data.tokenizer import Tokenizer
+from ao_mdm.storage import fs
 
 SHARD_DOCS = 1024  # documents per shard: the unit of parallel work and of redoing after a kill
 _CHUNK_DOCS = 256  # documents read and tokenized at once by a worker
@@ -36,20 +37,17 @@ class _ShardWriter:
 
   def __call__(self, job: tuple[int, int, int]) -> tuple[int, int]:
     index, first, last = job
-    path = os.path.join(self.directory, prepared.shard_name(index))
-    tmp, h, tokens = prepared.tmp_path(path), hashlib.sha256(), 0
-    with open(tmp, "wb") as f:
+    path = fs.join(self.directory, prepared.shard_name(index))
+    h, tokens = hashlib.sha256(), 0
+    with fs.open_write(path) as f:  # appears complete or not at all
       for start in range(first, last, _CHUNK_DOCS):
         ids = self.tokenizer.encode_batch(self.docs.read(start, min(start + _CHUNK_DOCS, last)),
                                           num_threads=1)
         chunk = _with_eos(ids, self.tokenizer.eos_id, self.dtype)
         h.update(chunk)
-        f.write(chunk.data)
+        f.write(chunk.tobytes())
         tokens += len(chunk)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-    prepared.write_json(path[:-len(".bin")] + ".json", {
+    fs.write_json(path[:-len(".bin")] + ".json", {
         "file": prepared.shard_name(index), "documents": [first, last], "tokens": tokens,
         "bytes": tokens * self.dtype.itemsize, "sha256": h.hexdigest()})
     return index, tokens
@@ -133,27 +131,30 @@ def default_workers() -> int:
 
 
 def _clean_stale(directory: str) -> None:
-  """Removes temporary files left by killed processes of this host (never a live one's)."""
+  """Removes local temporary files left by killed processes of this host (never a live one's;
+  on gs:// an unfinished upload leaves nothing)."""
+  if fs.is_gcs(directory):
+    return
   host = socket.gethostname()
-  for name in os.listdir(directory):
+  for name in fs.listdir(directory):
     match = prepared.TMP_NAME.search(name)
     if not match or match[1] != host:
       continue
     try:
       os.kill(int(match[2]), 0)
     except ProcessLookupError:
-      os.remove(os.path.join(directory, name))
+      fs.remove(fs.join(directory, name))
     except PermissionError:
       pass
 
 
 def _done(directory: str, index: int, first: int, last: int) -> bool:
   """Shard `index` was written completely for documents [first, last)."""
-  side = prepared.read_json(os.path.join(directory, f"shard-{index:05d}.json"))
+  side = prepared.read_json(fs.join(directory, f"shard-{index:05d}.json"))
   if side is None or side.get("documents") != [first, last]:
     return False
   try:
-    return os.path.getsize(os.path.join(directory, side["file"])) == side["bytes"]
+    return fs.stat(fs.join(directory, side["file"])).size == side["bytes"]
   except FileNotFoundError:
     return False
 
@@ -181,17 +182,17 @@ def prepare(data_config: Any, tokenizer: Tokenizer, split: str, *, workers: int 
   except CorruptShard as e:  # redo that shard; the manifest goes until it is verified again
     log(f"{e}: preparing it again")
     for name in (prepared.MANIFEST, prepared.VERIFIED, f"shard-{e.index:05d}.json"):
-      if os.path.exists(os.path.join(directory, name)):
-        os.remove(os.path.join(directory, name))
-  os.makedirs(directory, exist_ok=True)
+      fs.remove(fs.join(directory, name))
+  fs.makedirs(directory)
   plan = prepared.make_plan(data_config, tokenizer, split, docs, shard_docs)
-  found = prepared.read_json(os.path.join(directory, prepared.PLAN))
+  found = prepared.read_json(fs.join(directory, prepared.PLAN))
   if found is not None and found != plan:
-    prepared.check_identity(found, plan, os.path.join(directory, prepared.PLAN))
+    prepared.check_identity(found, plan, fs.join(directory, prepared.PLAN))
     if found.get("shard_docs") != shard_docs:
       raise ValueError(f"{directory} is partly prepared with shard_docs={found['shard_docs']}, "
                        f"not {shard_docs}; use that value or remove the directory")
-  prepared.write_json(os.path.join(directory, prepared.PLAN), plan)
+  if found != plan:
+    fs.write_json(fs.join(directory, prepared.PLAN), plan)
   _clean_stale(directory)
   n_shards = max(1, -(-len(docs) // shard_docs))
   ranges = [(k, k * shard_docs, min(len(docs), (k + 1) * shard_docs)) for k in range(n_shards)]
@@ -215,9 +216,8 @@ def prepare(data_config: Any, tokenizer: Tokenizer, split: str, *, workers: int 
 
 def _finalize(directory: str, plan: dict, ranges: list, workers: int) -> PreparedSplit:
   """Checks every shard against its record, counts the tokens, writes the manifest last."""
-  sides = [prepared.read_json(os.path.join(directory, f"shard-{k:05d}.json"))
-           for k, _, _ in ranges]
-  jobs = [(os.path.join(directory, s["file"]), plan["dtype"], plan["vocab_size"]) for s in sides]
+  sides = [prepared.read_json(fs.join(directory, f"shard-{k:05d}.json")) for k, _, _ in ranges]
+  jobs = [(fs.join(directory, s["file"]), plan["dtype"], plan["vocab_size"]) for s in sides]
   sums, counts = {}, np.zeros(plan["vocab_size"], np.int64)
   with concurrent.futures.ThreadPoolExecutor(min(workers, 8)) as pool:  # hashing frees the GIL
     for path, sha, c in pool.map(_check_shard, jobs):
@@ -226,25 +226,21 @@ def _finalize(directory: str, plan: dict, ranges: list, workers: int) -> Prepare
   verified = {}
   for (k, _, _), side, job in zip(ranges, sides, jobs):
     if sums[job[0]] != side["sha256"]:
-      os.remove(os.path.join(directory, f"shard-{k:05d}.json"))
+      fs.remove(fs.join(directory, f"shard-{k:05d}.json"))
       raise ValueError(f"prepared shard {job[0]} does not match its record (sha256 "
                        f"{sums[job[0]][:16]}... vs {side['sha256'][:16]}...); run the same "
                        "command again to redo it")
-    st = os.stat(job[0])
-    verified[side["file"]] = [st.st_size, st.st_mtime_ns]
+    st = fs.stat(job[0])
+    verified[side["file"]] = [st.size, st.version, side["sha256"]]
   if counts[plan["eos_id"]] != plan["documents"]:
     raise ValueError(f"{directory}: {counts[plan['eos_id']]} EOS tokens for {plan['documents']} "
                      "documents (the tokenizer emitted EOS inside a document)")
-  # np.save appends .npy to a name without it
-  tmp = prepared.tmp_path(os.path.join(directory, prepared.COUNTS)) + ".npy"
-  np.save(tmp, counts)
-  os.replace(tmp, os.path.join(directory, prepared.COUNTS))
-  with open(os.path.join(directory, prepared.COUNTS), "rb") as f:
-    counts_sha = hashlib.sha256(f.read()).hexdigest()
+  fs.write_npy(fs.join(directory, prepared.COUNTS), counts)
+  counts_sha = hashlib.sha256(fs.read_bytes(fs.join(directory, prepared.COUNTS))).hexdigest()
   manifest = {**plan, "tokens": int(counts.sum()), "shards": sides,
               "token_counts": {"file": prepared.COUNTS, "sha256": counts_sha}}
-  prepared.write_json(os.path.join(directory, prepared.VERIFIED), verified)
-  prepared.write_json(os.path.join(directory, prepared.MANIFEST), manifest)
+  fs.write_json(fs.join(directory, prepared.VERIFIED), verified)
+  fs.write_json(fs.join(directory, prepared.MANIFEST), manifest)  # last: the preparation counts
   return PreparedSplit(directory, manifest)
 
 
@@ -272,13 +268,27 @@ def ensure(data_config: Any, tokenizer: Tokenizer, split: str, *, workers: int =
 
 
 def prepare_command(config: Any, splits: list, workers: Optional[int], workdir: Optional[str],
-                    process_id: Optional[int], num_processes: Optional[int]) -> Iterator[str]:
-  """`ao-mdm prepare`: prepares each split (this host's share), yielding a line per split done."""
+                    process_id: Optional[int], num_processes: Optional[int],
+                    verify: bool = False) -> Iterator[str]:
+  """`ao-mdm prepare`: prepares each split (this host's share), yielding a line per split done.
+  A split prepared before is checked by size and version only, unless `verify` (every shard's
+  sha256 again); the line says which."""
+  for split in splits:  # every name is checked before any work
+    datasets.check_split(config.data, split)
   index, count = hosts.launcher_process(process_id, num_processes)
   tokenizer = tokenizer_lib.run_tokenizer(config, workdir)
   for split in splits:
-    done = prepare(config.data, tokenizer, split, workers=workers or 0, process_index=index,
-                   process_count=count)
+    try:
+      done = prepared.open_split(config.data, tokenizer, split)
+      if verify:
+        prepared.verify(done.directory, done.manifest, rehash=True)
+      how = ("already prepared; every shard hashed again: verified" if verify else
+             "already prepared; sizes and versions match the manifest (--verify hashes every "
+             "shard again)")
+    except (NotPrepared, CorruptShard):
+      done = prepare(config.data, tokenizer, split, workers=workers or 0, process_index=index,
+                     process_count=count)
+      how = "every shard hashed: verified"
     if done is not None:
       yield (f"{split}: {done.documents:,} documents, {done.tokens:,} tokens in "
-             f"{len(done.manifest['shards'])} shards, verified: {done.directory}")
+             f"{len(done.manifest['shards'])} shards, {how}: {done.directory}")

@@ -13,7 +13,8 @@ One directory per (dataset, tokenizer, split) under `data.prepared_dir` (default
     token_counts.npy     int64 [vocab] counts of every token of the split (the unigram baseline)
     manifest.json        written last, once every shard is present and verified; nothing
                          without it is accepted as prepared
-    verified.json        each shard's size and mtime when its sha256 was last checked
+    verified.json        each shard's size, version (mtime, or generation on gs://) and sha256
+                         when its hash last matched the manifest's
 
 Block i of T tokens is tokens [i T, (i + 1) T) of the stream (the rest is dropped), which
 equals packing the whole split in memory; one preparation serves every block size.
@@ -22,10 +23,7 @@ import bisect
 import concurrent.futures
 import hashlib
 import json
-import os
 import re
-import socket
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
@@ -33,6 +31,8 @@ import numpy as np
 
 from ao_mdm.data import datasets
 from ao_mdm.data.tokenizer import Tokenizer
+from ao_mdm.storage import fs
+from ao_mdm.storage import paths
 
 FORMAT = 1
 _READ_BYTES = 16 << 20  # bytes per read when checksumming and counting
@@ -40,6 +40,7 @@ MANIFEST = "manifest.json"
 PLAN = "plan.json"
 VERIFIED = "verified.json"
 COUNTS = "token_counts.npy"
+TMP_NAME = re.compile(r"\.tmp-(.+)-(\d+)\.[0-9a-f]{8}$")  # fs.tmp_name's, of a local write
 
 
 class NotPrepared(FileNotFoundError):
@@ -47,17 +48,16 @@ class NotPrepared(FileNotFoundError):
 
 
 def root_dir(data_config: Any) -> str:
-  """data.prepared_dir, or ao_mdm_prepared under the TFDS data dir."""
+  """data.prepared_dir (local or gs://), or ao_mdm_prepared under the TFDS data dir."""
   if data_config.get("prepared_dir"):
-    return os.path.expanduser(data_config.prepared_dir)
-  return os.path.join(datasets.resolve_tfds_dir(data_config.get("tfds_dir", "")),
-                      "ao_mdm_prepared")
+    return paths.check(data_config.prepared_dir, "data.prepared_dir")
+  return fs.join(datasets.resolve_tfds_dir(data_config.get("tfds_dir", "")), "ao_mdm_prepared")
 
 
 def split_dir(data_config: Any, tokenizer: Tokenizer, split: str) -> str:
   """Where a split prepared with this tokenizer lives."""
-  return os.path.join(root_dir(data_config), datasets.dataset_tag(data_config),
-                      f"{tokenizer.name}-{tokenizer.sha256[:16]}", split)
+  return fs.join(root_dir(data_config), datasets.dataset_tag(data_config),
+                 f"{tokenizer.name}-{tokenizer.sha256[:16]}", split)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -68,54 +68,50 @@ def shard_name(index: int) -> str:
   return f"shard-{index:05d}.bin"
 
 
-TMP_NAME = re.compile(r"\.tmp-(.+)-(\d+)\.[0-9a-f]{8}(\.npy)?$")
-
-
-def tmp_path(path: str) -> str:
-  """A temporary name beside `path` that says which host and process write it."""
-  return f"{path}.tmp-{socket.gethostname()}-{os.getpid()}.{os.urandom(4).hex()}"
-
-
-def write_json(path: str, obj: Any) -> None:
-  tmp = tmp_path(path)
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=1, sort_keys=True)
-    f.write("\n")
-  os.replace(tmp, path)
-
-
 def read_json(path: str) -> Optional[dict]:
+  """A JSON file of a preparation, None if it is missing."""
   try:
-    with open(path) as f:
-      return json.load(f)
+    return fs.read_json(path)
   except FileNotFoundError:
     return None
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{path} is not valid JSON ({e}); remove {os.path.dirname(path)} and "
-                     "prepare it again") from None
+    raise ValueError(f"{path} is not valid JSON ({e}); remove {fs.parent(path)} and prepare it "
+                     "again") from None
 
 
-def make_plan(data_config: Any, tokenizer: Tokenizer, split: str, docs: datasets.Documents,
-          shard_docs: int) -> dict:
-  """What identifies a preparation: checked against the manifest before any read."""
-  return {"format": FORMAT, "dataset": datasets.dataset_tag(data_config), "split": split,
-          "source": docs.fingerprint, "tokenizer": tokenizer.name,
-          "tokenizer_sha256": tokenizer.sha256, "vocab_size": int(tokenizer.vocab_size),
-          "eos_id": int(tokenizer.eos_id), "dtype": token_dtype(tokenizer.vocab_size).name,
-          "documents": len(docs), "shard_docs": int(shard_docs)}
+def make_plan(data_config: Any, tokenizer: Tokenizer, split: str,
+              docs: Optional[datasets.Documents], shard_docs: int) -> dict:
+  """What identifies a preparation: checked against the manifest before any read. Without the
+  source documents (a host that reads a preparation it did not make), the source's own
+  fields are left out."""
+  plan = {"format": FORMAT, "dataset": datasets.dataset_tag(data_config), "split": split,
+          "tokenizer": tokenizer.name, "tokenizer_sha256": tokenizer.sha256,
+          "vocab_size": int(tokenizer.vocab_size), "eos_id": int(tokenizer.eos_id),
+          "dtype": token_dtype(tokenizer.vocab_size).name, "shard_docs": int(shard_docs)}
+  if docs is not None:
+    plan.update(source=docs.fingerprint, documents=len(docs))
+  return plan
 
 
-IDENTITY = ("format", "dataset", "split", "source", "tokenizer", "tokenizer_sha256",
-             "vocab_size", "eos_id", "dtype")
+IDENTITY = ("format", "dataset", "split", "tokenizer", "tokenizer_sha256", "vocab_size",
+            "eos_id", "dtype")
+SOURCE = ("source", "documents")  # what the dataset itself gives
 
 
 def check_identity(found: dict, expected: dict, path: str) -> None:
-  for key in IDENTITY + ("documents",):
-    if found.get(key) != expected[key]:
+  """Refuses a preparation made for another config (or of a source that has changed since)."""
+  for key in IDENTITY + SOURCE:
+    if key not in expected or found.get(key) == expected[key]:
+      continue
+    if key in SOURCE:
       raise ValueError(
-          f"{path} was prepared with {key}={found.get(key)!r}, but this config gives "
-          f"{key}={expected[key]!r}; fix the config, or remove {os.path.dirname(path)} to "
-          "prepare it again")
+          f"{path} does not match its source: prepared with {key}={found.get(key)!r}, the "
+          f"dataset now gives {expected[key]!r}; remove {fs.parent(path)} and run `ao-mdm "
+          "prepare` again")
+    raise ValueError(
+        f"{path} was prepared with {key}={found.get(key)!r}, but this config gives "
+        f"{key}={expected[key]!r}; fix the config, or remove {fs.parent(path)} to prepare it "
+        "again")
 
 
 class CorruptShard(ValueError):
@@ -127,10 +123,10 @@ class CorruptShard(ValueError):
 
 
 def sha256_and_counts(path: str, dtype: np.dtype, vocab_size: int,
-                       counts: bool) -> tuple[str, Optional[np.ndarray]]:
+                      counts: bool) -> tuple[str, Optional[np.ndarray]]:
   """The file's sha256 and, with `counts`, the int64 [vocab] histogram of its tokens."""
   h, total = hashlib.sha256(), np.zeros(vocab_size, np.int64) if counts else None
-  with open(path, "rb") as f:
+  with fs.open_read(path) as f:
     while chunk := f.read(_READ_BYTES):
       h.update(chunk)
       if counts:
@@ -139,7 +135,9 @@ def sha256_and_counts(path: str, dtype: np.dtype, vocab_size: int,
 
 
 class PreparedSplit:
-  """A complete, verified preparation: the token stream, its blocks and its token counts."""
+  """A complete, verified preparation: the token stream, its blocks and its token counts.
+  Reads go through one fs.RangeReader: a pread locally, all of a call's ranges in flight at
+  once on gs://."""
 
   def __init__(self, directory: str, manifest: dict):
     self.directory = directory
@@ -150,42 +148,47 @@ class PreparedSplit:
     self.eos_id = int(manifest["eos_id"])
     self.name = f"split {manifest['split']!r} of dataset {manifest['dataset']!r}"
     shards = manifest["shards"]
-    self._paths = [os.path.join(directory, s["file"]) for s in shards]
+    self._paths = [fs.join(directory, s["file"]) for s in shards]
     self._starts = np.concatenate([[0], np.cumsum([s["tokens"] for s in shards])]).tolist()
-    self._fds: dict = {}
-    self._lock = threading.Lock()
+    self._reader = fs.RangeReader()
 
-  def __getstate__(self):  # file descriptors stay with their process
-    return {**self.__dict__, "_fds": {}, "_lock": None}
-
-  def __setstate__(self, state):
-    self.__dict__.update(state, _lock=threading.Lock())
-
-  def _fd(self, shard: int) -> int:
-    key = (os.getpid(), shard)
-    if key not in self._fds:
-      with self._lock:
-        if key not in self._fds:
-          self._fds[key] = os.open(self._paths[shard], os.O_RDONLY)
-    return self._fds[key]
-
-  def read(self, start: int, stop: int) -> np.ndarray:
-    """Tokens [start, stop) of the stream, in the file dtype; a block may span shards."""
+  def _ranges(self, start: int, stop: int) -> list[tuple[str, int, int]]:
+    """(file, first byte, end byte) of tokens [start, stop), which may span shards."""
     if not 0 <= start <= stop <= self.tokens:
       raise IndexError(f"tokens [{start}, {stop}) outside [0, {self.tokens}) of {self.name}")
-    out = np.empty(stop - start, self.dtype)
     shard, pos, size = bisect.bisect_right(self._starts, start) - 1, start, self.dtype.itemsize
+    ranges = []
     while pos < stop:
       end = min(stop, self._starts[shard + 1])
-      view = memoryview(out[pos - start:end - start]).cast("B")
-      if os.preadv(self._fd(shard), [view], (pos - self._starts[shard]) * size) != len(view):
-        raise CorruptShard(f"{self._paths[shard]} ended early (truncated while in use)", shard)
+      offset = pos - self._starts[shard]
+      ranges.append((self._paths[shard], offset * size, (offset + end - pos) * size))
       pos, shard = end, shard + 1
-    return out
+    return ranges
+
+  def read_many(self, spans: Sequence[tuple[int, int]]) -> list[np.ndarray]:
+    """Tokens [start, stop) of the stream for each span, in the file dtype, read at once."""
+    outs = [np.empty(stop - start, self.dtype) for start, stop in spans]
+    requests, views = [], []
+    for (start, _), out in zip(spans, outs):
+      pos = 0
+      for path, first, end in self._ranges(start, start + len(out)):
+        n = (end - first) // self.dtype.itemsize
+        requests.append((path, first, end))
+        views.append(memoryview(out[pos:pos + n]).cast("B"))
+        pos += n
+    try:
+      self._reader.read(requests, views)
+    except EOFError as e:
+      raise CorruptShard(str(e), self._paths.index(e.filename)) from None
+    return outs
+
+  def read(self, start: int, stop: int) -> np.ndarray:
+    """Tokens [start, stop) of the stream, in the file dtype."""
+    return self.read_many([(start, stop)])[0]
 
   def token_counts(self) -> np.ndarray:
     """int64 [vocab] counts of every token of the split, one EOS per document included."""
-    return np.load(os.path.join(self.directory, COUNTS))
+    return fs.read_npy(fs.join(self.directory, COUNTS))
 
   def blocks(self, block_size: int) -> "Blocks":
     return Blocks(self, block_size)
@@ -209,11 +212,10 @@ class Blocks(Sequence):
     return self.split.read(index * t, (index + 1) * t).astype(np.int32)
 
   def rows(self, indices: Sequence[int]) -> np.ndarray:
-    """Blocks `indices` as one int32 [len(indices), block_size] array."""
-    t, out = self.block_size, np.empty((len(indices), self.block_size), np.int32)
-    for row, index in enumerate(indices):
-      out[row] = self.split.read(index * t, (index + 1) * t)
-    return out
+    """Blocks `indices` as one int32 [len(indices), block_size] array, read at once."""
+    t = self.block_size
+    rows = self.split.read_many([(int(i) * t, (int(i) + 1) * t) for i in indices])
+    return np.stack(rows).astype(np.int32) if rows else np.empty((0, t), np.int32)
 
   def array(self, limit: Optional[int] = None) -> np.ndarray:
     """The first `limit` blocks (default: all) as one int32 [N, block_size] array."""
@@ -225,41 +227,45 @@ def open_split(data_config: Any, tokenizer: Tokenizer, split: str,
                docs: Optional[datasets.Documents] = None, log: Callable = print) -> PreparedSplit:
   """The verified preparation of a split; NotPrepared without a manifest.
 
-  Every shard's size is checked; its sha256 too unless its size and mtime are those recorded
-  when it was last verified (so a restart costs a stat per shard, not a read of the corpus).
+  Every shard's size is checked; its sha256 too unless the shard is the version (mtime, or
+  generation on gs://) whose hash matched the manifest's last time (so a restart costs a stat
+  per shard, not a read of the corpus). The source is compared when it is on this host; a host
+  that only reads what another prepared (a bucket) needs no copy of it.
   """
   directory = split_dir(data_config, tokenizer, split)
-  path = os.path.join(directory, MANIFEST)
+  path = fs.join(directory, MANIFEST)
   manifest = read_json(path)
   if manifest is None:
     raise NotPrepared(f"{split!r} of dataset {data_config.dataset!r} is not prepared "
                       f"(no {path}); `ao-mdm prepare --config=...` prepares it")
-  if docs is None:
+  if docs is None and datasets.available(data_config):
     docs = datasets.load_documents(data_config, split, data_config.get("tfds_dir", ""))
   check_identity(manifest, make_plan(data_config, tokenizer, split, docs, 0), path)
-  _verify(directory, manifest, log)
+  verify(directory, manifest, log)
   return PreparedSplit(directory, manifest)
 
 
-def _verify(directory: str, manifest: dict, log: Callable) -> None:
-  verified = read_json(os.path.join(directory, VERIFIED)) or {}
+def verify(directory: str, manifest: dict, log: Callable = print, rehash: bool = False) -> int:
+  """Checks every shard's size, and its sha256 unless this version of it already matched the
+  manifest's hash (`rehash`: every shard); returns the bytes hashed."""
+  verified = read_json(fs.join(directory, VERIFIED)) or {}
   to_hash = []
   for index, shard in enumerate(manifest["shards"]):
-    path = os.path.join(directory, shard["file"])
+    path = fs.join(directory, shard["file"])
     try:
-      st = os.stat(path)
+      st = fs.stat(path)
     except FileNotFoundError:
       raise CorruptShard(f"prepared shard {path} is missing; `ao-mdm prepare` redoes it",
                          index) from None
-    if st.st_size != shard["bytes"]:
-      raise CorruptShard(f"prepared shard {path} is {st.st_size} bytes, its manifest says "
+    if st.size != shard["bytes"]:
+      raise CorruptShard(f"prepared shard {path} is {st.size} bytes, its manifest says "
                          f"{shard['bytes']} (truncated or altered); `ao-mdm prepare` redoes it",
                          index)
-    if verified.get(shard["file"]) != [st.st_size, st.st_mtime_ns]:
+    if rehash or verified.get(shard["file"]) != [st.size, st.version, shard["sha256"]]:
       to_hash.append((index, path, st))
   if not to_hash:
-    return
-  n_bytes = sum(st.st_size for _, _, st in to_hash)
+    return 0
+  n_bytes = sum(st.size for _, _, st in to_hash)
   if n_bytes > 1 << 30:
     log(f"verifying {len(to_hash)} prepared shards ({n_bytes / 1e9:.1f} GB) in {directory}")
   dtype = np.dtype(manifest["dtype"])
@@ -270,11 +276,12 @@ def _verify(directory: str, manifest: dict, log: Callable) -> None:
       if got != want:
         raise CorruptShard(f"prepared shard {path} has sha256 {got[:16]}..., its manifest says "
                            f"{want[:16]}... (corrupted); `ao-mdm prepare` redoes it", index)
-      verified[manifest["shards"][index]["file"]] = [st.st_size, st.st_mtime_ns]
+      verified[manifest["shards"][index]["file"]] = [st.size, st.version, want]
   try:
-    write_json(os.path.join(directory, VERIFIED), verified)
+    fs.write_json(fs.join(directory, VERIFIED), verified)
   except OSError:  # a read-only copy: verified again next time
     pass
+  return n_bytes
 
 
 # The authors' evaluation packing.

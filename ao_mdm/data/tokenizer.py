@@ -1,13 +1,13 @@
 """Tokenizers: the `Tokenizer` interface, SentencePiece (trained on the project's corpus), caching."""
-import glob
 import hashlib
 import io
-import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import sentencepiece as spm
+
+from ao_mdm.storage import fs
 
 TOKENIZERS = ("sentencepiece", "gpt2")
 VOCAB_MULTIPLE = 128
@@ -37,16 +37,15 @@ class Tokenizer(Protocol):
 
 
 class SentencePieceTokenizer:
-  """A trained SentencePiece model loaded from a local file."""
+  """A trained SentencePiece model loaded from a file (local or gs://)."""
 
   name = "sentencepiece"
 
   def __init__(self, model_path: str):
-    if not os.path.isfile(model_path):
+    if not fs.isfile(model_path):
       raise FileNotFoundError(f"SentencePiece model not found: {model_path}")
     self.model_path = model_path
-    with open(model_path, "rb") as f:
-      model = f.read()
+    model = fs.read_bytes(model_path)
     self.sha256 = hashlib.sha256(model).hexdigest()
     self._sp = spm.SentencePieceProcessor(model_proto=model)
     self.vocab_size: int = self._sp.get_piece_size()
@@ -106,11 +105,7 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, out_path: str) ->
     why = str(e).strip().splitlines()[-1].rsplit("] ", 1)[-1]
     raise ValueError(f"SentencePiece cannot train a vocab of {vocab_size} on this corpus: "
                      f"{why}") from None
-  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-  tmp = f"{out_path}.tmp{os.getpid()}"
-  with open(tmp, "wb") as f:
-    f.write(model.getvalue())
-  os.replace(tmp, out_path)
+  fs.write_bytes(out_path, model.getvalue())
   return out_path
 
 
@@ -163,8 +158,8 @@ def get_tokenizer(data_config: Any, vocab_size: int, cache_dir: str) -> Tokenize
                        f">= {gpt2.VOCAB_SIZE} (the paper pads to 50304)")
     return gpt2.GPT2Tokenizer()
   check_vocab_size(vocab_size)
-  path = os.path.join(cache_dir, "tokenizer", f"sp_{_dataset_tag(data_config)}_{vocab_size}.model")
-  if not os.path.isfile(path):
+  path = fs.join(cache_dir, "tokenizer", f"sp_{_dataset_tag(data_config)}_{vocab_size}.model")
+  if not fs.isfile(path):
     from ao_mdm.data import datasets  # pylint: disable=g-import-not-at-top
     tfds_dir = datasets.resolve_tfds_dir(data_config.get("tfds_dir", ""))
     train_sentencepiece(datasets.load_documents(data_config, "train", tfds_dir), vocab_size, path)
@@ -190,9 +185,12 @@ def load_saved_tokenizer(data_config: Any, vocab_size: int, checkpoint: str) -> 
   """
   if data_config.tokenizer != "sentencepiece":
     return get_tokenizer(data_config, vocab_size, checkpoint)
-  found = sorted(glob.glob(os.path.join(checkpoint, "tokenizer", f"sp_*_{vocab_size}.model")))
+  directory = fs.join(checkpoint, "tokenizer")
+  found = [fs.join(directory, name) for name in (fs.listdir(directory) if fs.isdir(directory)
+                                                  else [])
+           if name.startswith("sp_") and name.endswith(f"_{vocab_size}.model")]
   if len(found) != 1:
-    what = "none" if not found else ", ".join(os.path.basename(f) for f in found)
+    what = "none" if not found else ", ".join(fs.basename(f) for f in found)
     raise FileNotFoundError(
         f"{checkpoint} needs exactly one SentencePiece tokenizer "
         f"tokenizer/sp_*_{vocab_size}.model (saved by `ao-mdm train` and copied by `ao-mdm "
@@ -204,7 +202,7 @@ def train_tokenizer_cli(corpus: str, vocab_size: int, out: str) -> str:
   """`ao-mdm tokenizer --corpus sotu|PATH --vocab-size N --out DIR`: trains, returns the model path."""
   from ao_mdm.data import datasets  # pylint: disable=g-import-not-at-top
   data_config = datasets.data_config_for(corpus)
-  path = os.path.join(out, f"sp_{_dataset_tag(data_config)}_{vocab_size}.model")
+  path = fs.join(out, f"sp_{_dataset_tag(data_config)}_{vocab_size}.model")
   tfds_dir = datasets.resolve_tfds_dir(data_config.get("tfds_dir", ""))
   train_sentencepiece(datasets.load_documents(data_config, "train", tfds_dir), vocab_size, path)
   return path

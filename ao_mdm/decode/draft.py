@@ -11,7 +11,6 @@ verification stays the base's, so samples are exact whatever the head predicts.
 """
 import dataclasses
 import hashlib
-import os
 import time
 from typing import Any, Callable
 
@@ -196,10 +195,11 @@ def train_command(checkpoint: str, workdir: str, weights: str = "ema", s: Settin
   """`ao-mdm train-draft`: fit a head to the run's EMA (or raw) params on its training split
   (prepared first if needed), print the validation figures, write it to `workdir` (an
   export-style Orbax checkpoint, written under a temporary name and renamed)."""
-  from ao_mdm import interrupts, storage  # pylint: disable=g-import-not-at-top
+  from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
+  from ao_mdm.storage import fs, paths  # pylint: disable=g-import-not-at-top
   from ao_mdm.train import checkpoints  # pylint: disable=g-import-not-at-top
   from ao_mdm.data import pipeline, prepare  # pylint: disable=g-import-not-at-top
-  storage.new_output_dir(workdir, "--workdir")
+  paths.new_output_dir(workdir, "--workdir")
   config, params, tokenizer = checkpoints.load_run(checkpoint, weights, log=log)
   cfg, t = config.model, config.model.block_size
   validate(s, t)
@@ -219,7 +219,7 @@ def train_command(checkpoint: str, workdir: str, weights: str = "ema", s: Settin
   saved = ml_collections.ConfigDict({
       "model": cfg.to_dict(),
       "draft_head": {"settings": dataclasses.asdict(s), "validation_overlap": figures,
-                     "base_checkpoint": os.path.abspath(checkpoint), "base_weights": weights,
+                     "base_checkpoint": fs.absolute(checkpoint), "base_weights": weights,
                      "base_fingerprint": fingerprint(params)}})
   return checkpoints.write_params_export(workdir, saved, head_params)
 

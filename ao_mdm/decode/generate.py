@@ -1,6 +1,5 @@
 """Texts from a model in any decoding mode: the body of `ao-mdm sample` (docs/sampling.md)."""
 import json
-import os
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
@@ -14,6 +13,7 @@ from ao_mdm.decode import draft
 from ao_mdm.decode import options as options_lib
 from ao_mdm.decode import parallel
 from ao_mdm.decode import speculative
+from ao_mdm.storage import fs
 from ao_mdm.train import checkpoints
 
 def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
@@ -102,35 +102,31 @@ def sample_command(checkpoint: str, weights: str, out: Optional[str], show: Call
   if options.get("draft_head"):  # the path is recorded; the sampler takes the params
     options["draft_head"] = draft.load(options["draft_head"], config.model, params)
   partial = f"{out}.partial" if out else None
-  written, file = [0], [None]  # missing directories of `out` are made with the file
+  written = [0]
 
   def keep_finished() -> Optional[str]:
-    """Closes the file; finished samples go to `out`. Says so unless all were written."""
-    if file[0] is None:
+    """The finished samples go to `out`; says so unless all of them were written."""
+    if not written[0] or not partial:
       return None
-    file[0].close()
-    os.replace(partial, out)
-    if written[0] < num_samples:
-      return f"kept the {written[0]} finished samples in {out}"
-    return None
+    fs.move(partial, out)
+    return f"kept the {written[0]} finished samples in {out}" if written[0] < num_samples else None
   updates = []  # the progress bar, made once sample_texts has checked the counts
   records = sample_texts(params, config.model, tokenizer, num_samples=num_samples,
                          batch_size=batch_size, prompt=prompt, infill=infill,
                          infill_span=infill_span, seed=seed, mode=mode,
                          progress=lambda n: updates[0](n), **options)
   updates.append(progress(-(-num_samples // min(batch_size, num_samples))))
+  if partial:  # a partial file of an earlier, killed call
+    fs.remove(partial)
   with interrupts.on_interrupt(keep_finished):
     try:
       for i, r in enumerate(records):
         show(f"--- sample {i} ({describe(r, mode, settings)}) ---\n"
              f"{r.get('marked', r['text'])}\n")
-        if partial:
-          if file[0] is None:  # opened with the first sample: an error before leaves nothing
-            os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-            file[0] = open(partial, "w")  # pylint: disable=consider-using-with
-          file[0].write(json.dumps({**r, "tokenizer": config.data.tokenizer, **settings,
-                                    "steps": r.get("steps"), "order": r.get("order")}) + "\n")
-          file[0].flush()
+        if partial:  # an error before the first sample leaves nothing
+          fs.append(partial, (json.dumps({**r, "tokenizer": config.data.tokenizer, **settings,
+                                          "steps": r.get("steps"),
+                                          "order": r.get("order")}) + "\n").encode())
         written[0] += 1
     except Exception:
       said = keep_finished()

@@ -3,9 +3,8 @@ samples by generative perplexity. Names carry shapes in the letters of docs/desi
 letters"): B batch, T tokens, D width, F MLP width, H heads, K head dim, V vocab, 3 for q, k, v.
 """
 import dataclasses
-import json
+import io
 import os
-import shutil
 from typing import Any
 
 import flax
@@ -16,7 +15,10 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from ao_mdm import storage
+from ao_mdm import interrupts
+from ao_mdm.storage import fs
+from ao_mdm.storage import gcs
+from ao_mdm.storage import paths
 
 CONFIG_FILE = "gpt2_config.json"
 PARAMS_DIR = "params"
@@ -104,14 +106,14 @@ def _param_shapes(cfg: GPT2Config) -> dict:
 
 def _read_hf_weights(hf_dir: str) -> dict:
   """The state dict of `model.safetensors` or else `pytorch_model.bin`, as float32 numpy."""
-  st, pt = os.path.join(hf_dir, "model.safetensors"), os.path.join(hf_dir, "pytorch_model.bin")
-  if os.path.isfile(st):
-    from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
-    sd = load_file(st)
-  elif os.path.isfile(pt):
+  st, pt = fs.join(hf_dir, "model.safetensors"), fs.join(hf_dir, "pytorch_model.bin")
+  if fs.isfile(st):
+    from safetensors.numpy import load  # pylint: disable=import-outside-toplevel
+    sd = load(fs.read_bytes(st))
+  elif fs.isfile(pt):
     import torch  # pylint: disable=import-outside-toplevel
-    sd = {k: v.float().numpy() for k, v in
-          torch.load(pt, map_location="cpu", weights_only=True).items()}
+    sd = {k: v.float().numpy() for k, v in torch.load(
+        io.BytesIO(fs.read_bytes(pt)), map_location="cpu", weights_only=True).items()}
   else:
     raise FileNotFoundError(f"{hf_dir!r} has neither model.safetensors nor pytorch_model.bin")
   return {k.removeprefix("transformer."): np.asarray(v, np.float32) for k, v in sd.items()}
@@ -142,36 +144,39 @@ def _hf_params(sd: dict, cfg: GPT2Config, source: str) -> dict:
 
 
 def import_hf_gpt2(hf_dir: str, out: str) -> str:
-  """Convert a local HF GPT-2 directory into `<out>/{gpt2_config.json, params}`; return `out`."""
-  storage.new_output_dir(out)
-  config_path = os.path.join(hf_dir, "config.json")
-  if not os.path.isfile(config_path):
+  """Convert a local HF GPT-2 directory into `<out>/{gpt2_config.json, params}`; return `out`.
+  The config, which marks an export, is written last (and locally the whole via a rename)."""
+  paths.new_output_dir(out)
+  config_path = fs.join(hf_dir, "config.json")
+  if not fs.isfile(config_path):
     raise FileNotFoundError(f"{config_path!r} not found (expected a Hugging Face GPT-2 directory)")
-  with open(config_path) as f:
-    hf_config = json.load(f)
+  hf_config = fs.read_json(config_path)
   cfg = GPT2Config.from_dict(hf_config, config_path)
   unsupported = {k: hf_config[k] for k, v in HF_FIXED.items() if hf_config.get(k, v) != v}
   if unsupported:
     raise ValueError(f"{config_path}: unsupported GPT-2 option(s) {unsupported}")
   params = _hf_params(_read_hf_weights(hf_dir), cfg, hf_dir)
-  out = os.path.abspath(out)
-  tmp = f"{out}.tmp{os.getpid()}"
-  shutil.rmtree(tmp, ignore_errors=True)
-  os.makedirs(tmp)
-  with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(os.path.join(tmp, PARAMS_DIR), params)
-    ckptr.wait_until_finished()
-  with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
-    json.dump({"kind": "gpt2", **dataclasses.asdict(cfg)}, f, indent=2)
-  os.replace(tmp, out)
+  out = fs.absolute(out)
+  tmp = out if fs.is_gcs(out) else f"{out}.tmp{os.getpid()}"
+  with interrupts.on_interrupt(lambda: interrupts.remove_tree(tmp)):
+    try:
+      gcs.configure()
+      with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(fs.join(tmp, PARAMS_DIR), params)
+        ckptr.wait_until_finished()
+      fs.write_json(fs.join(tmp, CONFIG_FILE), {"kind": "gpt2", **dataclasses.asdict(cfg)})
+      if tmp != out:
+        fs.move(tmp, out)
+    except BaseException:
+      interrupts.remove_tree(tmp)
+      raise
   return out
 
 
 def _export_config(path: str) -> dict | None:
   """The `gpt2_config.json` dict of an export at `path`, or None if there is none."""
   try:
-    with open(os.path.join(path, CONFIG_FILE)) as f:
-      d = json.load(f)
+    d = fs.read_json(fs.join(path, CONFIG_FILE))
   except (OSError, ValueError):
     return None
   return d if isinstance(d, dict) and d.get("kind") == "gpt2" else None
@@ -220,15 +225,16 @@ class GPT2Scorer:
 
 def load_gpt2_scorer(path: str) -> GPT2Scorer:
   """Load a GPT-2 export written by `import_hf_gpt2`."""
-  if not os.path.isdir(path):
+  if not fs.isdir(path):
     raise FileNotFoundError(f"GPT-2 export {path!r} not found")
   d = _export_config(path)
   if d is None:
     raise ValueError(f"{path!r} is not a GPT-2 export (no {CONFIG_FILE} of kind 'gpt2')")
-  cfg = GPT2Config.from_dict(d, os.path.join(path, CONFIG_FILE))
+  cfg = GPT2Config.from_dict(d, fs.join(path, CONFIG_FILE))
   try:
+    gcs.configure()
     with ocp.StandardCheckpointer() as ckptr:
-      params = ckptr.restore(os.path.join(os.path.abspath(path), PARAMS_DIR), _param_shapes(cfg))
+      params = ckptr.restore(fs.join(fs.absolute(path), PARAMS_DIR), _param_shapes(cfg))
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f"{path!r}: cannot restore the GPT-2 params: {e}") from e
   return GPT2Scorer(cfg, params)

@@ -5,7 +5,6 @@ All NLLs are in nats per token; a perplexity is exp(mean NLL) over every scored 
 """
 import functools
 import math
-import os
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -17,9 +16,10 @@ import numpy as np
 from ao_mdm import model as model_lib
 from ao_mdm import orders as orders_lib
 from ao_mdm import sharding
-from ao_mdm import storage
 from ao_mdm.decode import common
 from ao_mdm.eval import gpt2_scorer
+from ao_mdm.storage import fs
+from ao_mdm.storage import paths
 from ao_mdm.train import checkpoints
 
 ENSEMBLE_BUCKETS = 8  # slot-count buckets for the truncated ensemble forwards
@@ -240,8 +240,8 @@ def unigram_nll(counts_V: np.ndarray, blocks_NT: np.ndarray) -> float:
 
 def load_unigram_counts(checkpoint: str) -> Optional[np.ndarray]:
   """The training token counts saved with a run or export (None for runs made before them)."""
-  path = os.path.join(checkpoint, UNIGRAM_FILE)
-  return np.load(path) if os.path.isfile(path) else None
+  path = fs.join(checkpoint, UNIGRAM_FILE)
+  return fs.read_npy(path) if fs.isfile(path) else None
 
 
 def unigram_entropy(ids: Sequence[int]) -> float:
@@ -354,7 +354,7 @@ def evaluate_sets(scorer: Scorer, sets: dict, *, protocol: str = "paper", orders
 
 def read_generated(path: str) -> list[dict]:
   """Records of `ao-mdm sample --out` (JSON lines with 'tokens' and 'text'), checked."""
-  records = storage.jsonl_records(path, "--generated")
+  records = paths.jsonl_records(path, "--generated")
   for number, r in enumerate(records, 1):
     tokens = r.get("tokens")
     missing = [what for what, ok in (

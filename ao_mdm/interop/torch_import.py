@@ -6,7 +6,7 @@ A reference checkpoint is a `torch.save` dict with `model` (state dict), `ema_mo
 an export (`<out>/0/{params, config}`); `to_torch_state_dict` is the inverse (reference layout).
 docs/checkpoints.md has the key mapping; docs/design.md, "Checkpoints", the formats.
 """
-import os
+import io
 import re
 import zipfile
 from typing import Any, NamedTuple, Optional
@@ -19,8 +19,9 @@ import numpy as np
 from flax import traverse_util
 
 from ao_mdm import model as model_lib
-from ao_mdm import storage
 from ao_mdm.data import gpt2
+from ao_mdm.storage import fs
+from ao_mdm.storage import paths
 from ao_mdm.train import checkpoints
 
 TORCH_WEIGHTS = ("ema", "model")
@@ -153,13 +154,16 @@ def _load_torch_checkpoint(path: str) -> dict:
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ImportError("import-torch needs PyTorch: pip install -e '.[torch]'") from e
-  if not os.path.isfile(path):
+  if not fs.isfile(path):
     raise FileNotFoundError(f"no reference checkpoint file at {path!r}")
+  # A local zip-format file is mapped (only the tensors used are read, not the optimizer
+  # state); one in a bucket is read whole.
+  source = io.BytesIO(fs.read_bytes(path)) if fs.is_gcs(path) else path
   try:
     # weights_only: tensors, containers and plain values only; a pickled callable (code that
-    # would run on load) is refused before it runs. mmap (zip-format files): only the tensors
-    # used are read, not the optimizer state.
-    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    # would run on load) is refused before it runs.
+    ckpt = torch.load(source, map_location="cpu", weights_only=True,
+                      mmap=not fs.is_gcs(path) and zipfile.is_zipfile(path))
   except Exception as e:  # pylint: disable=broad-except
     found = re.search(r"GLOBAL ([\w.]+)", str(e))
     if found:  # a pickled callable: what would have run
@@ -271,7 +275,7 @@ def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optio
     raise ValueError(f"weights={weights!r}; accepted: {', '.join(TORCH_WEIGHTS)}")
   if variant not in (None, "ao", "sigma"):
     raise ValueError(f"variant={variant!r}; accepted: ao, sigma (or None to detect it)")
-  storage.new_output_dir(out)
+  paths.new_output_dir(out)
   ckpt = _load_torch_checkpoint(checkpoint)
   state = _strip_prefix(ckpt["model"], checkpoint)
   variant = _detect_variant(state, variant, checkpoint)

@@ -8,12 +8,8 @@ only the bytes they use (checkpoints written before the split hold the EMA insid
 still load). An export holds `<out>/0/{params, config}`. Both are read by `load_params`.
 """
 import concurrent.futures
-import errno
-import fcntl
 import json
 import os
-import shutil
-import socket
 import time
 from typing import Any, Callable, Optional
 
@@ -23,28 +19,32 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from ao_mdm import interrupts
-from ao_mdm import storage
 from ao_mdm.data import tokenizer as tok_lib
+from ao_mdm.storage import fs
+from ao_mdm.storage import gcs
+from ao_mdm.storage import lease as lease_lib
+from ao_mdm.storage import paths
 from ao_mdm.train import state as train_state
 from ao_mdm.train import workdir as workdir_lib
 
 CHECKPOINT_SUBDIR = workdir_lib.CHECKPOINTS
 SET_ASIDE_SUBDIR = workdir_lib.SET_ASIDE
 LOCK_FILE = workdir_lib.LOCK
-_TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a step being written
+_TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a step being written (locally)
+_COMMITTED = "commit_success.txt"  # Orbax's mark of a finished step on gs://
 
 
 def manager(directory: str, max_to_keep: Optional[int] = 3, async_save: bool = True,
             item_names: tuple = ("state", "ema", "data", "config")) -> ocp.CheckpointManager:
   """A CheckpointManager that keeps the newest `max_to_keep` complete checkpoints."""
+  gcs.configure()
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True)
-  return ocp.CheckpointManager(os.path.abspath(directory), options=options,
-                               item_names=item_names)
+  return ocp.CheckpointManager(fs.absolute(directory), options=options, item_names=item_names)
 
 
 def train_manager(workdir: str, max_to_keep: int = 3) -> ocp.CheckpointManager:
-  return manager(os.path.join(workdir, CHECKPOINT_SUBDIR), max_to_keep)
+  return manager(fs.join(workdir, CHECKPOINT_SUBDIR), max_to_keep)
 
 
 def save(mgr: ocp.CheckpointManager, step: int, state: Any, data_iter: Any,
@@ -73,7 +73,7 @@ def restore(mgr: ocp.CheckpointManager, step: int, target: Any, data_iter: Any =
 def _has_item(mgr: ocp.CheckpointManager, step: int, name: str) -> bool:
   """Whether checkpoint `step` holds item `name` (`ema`: the current layout of a training
   step; `params`: an export)."""
-  return os.path.isdir(os.path.join(str(mgr.directory), str(step), name))
+  return fs.isdir(fs.join(str(mgr.directory), str(step), name))
 
 
 def read_config(mgr: ocp.CheckpointManager, step: int) -> ml_collections.ConfigDict:
@@ -118,27 +118,28 @@ def restore_newest(mgr: ocp.CheckpointManager, load: Callable[[int, Any], Any],
 def set_aside(workdir: str, name: str, why: str, log: Callable[[str], None] = print) -> str:
   """Moves checkpoints/<name> to checkpoints_set_aside/ (renamed, never deleted), so that
   checkpointing goes on past it; returns the new path."""
-  os.makedirs(os.path.join(workdir, SET_ASIDE_SUBDIR), exist_ok=True)
-  target = os.path.join(workdir, SET_ASIDE_SUBDIR,
-                        f"{name}.{why}.{time.strftime('%Y%m%d-%H%M%S')}.{os.getpid()}")
-  os.replace(os.path.join(workdir, CHECKPOINT_SUBDIR, name), target)
+  target = fs.join(workdir, SET_ASIDE_SUBDIR,
+                   f"{name}.{why}.{time.strftime('%Y%m%d-%H%M%S')}.{os.getpid()}")
+  fs.move(fs.join(workdir, CHECKPOINT_SUBDIR, name), target)
   log(f"moved checkpoints/{name} ({why}) aside to {target}")
   return target
 
 
 def clean_workdir(workdir: str, log: Callable[[str], None] = print) -> None:
   """Before a run resumes (its lock held): removes unfinished checkpoint writes of killed runs
-  and sets aside step directories that are not training checkpoints (e.g. an export)."""
-  directory = os.path.join(workdir, CHECKPOINT_SUBDIR)
-  if not os.path.isdir(directory):
+  (a temporary name locally, no commit mark on gs://) and sets aside step directories that are
+  not training checkpoints (e.g. an export)."""
+  directory = fs.join(workdir, CHECKPOINT_SUBDIR)
+  if not fs.isdir(directory):
     return
-  for name in sorted(os.listdir(directory)):
-    path = os.path.join(directory, name)
-    if _TMP_SUFFIX in name:
-      shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+  for name in fs.listdir(directory):
+    path = fs.join(directory, name)
+    unfinished = _TMP_SUFFIX in name or (
+        fs.is_gcs(path) and name.isdigit() and not fs.isfile(fs.join(path, _COMMITTED)))
+    if unfinished:
+      fs.rmtree(path)
       log(f"removed checkpoints/{name}, a checkpoint write that did not finish")
-    elif name.isdigit() and not all(os.path.isdir(os.path.join(path, item))
-                                    for item in ("state", "config")):
+    elif name.isdigit() and not all(fs.isdir(fs.join(path, item)) for item in ("state", "config")):
       set_aside(workdir, name, "not-a-training-checkpoint", log)
 
 
@@ -152,46 +153,31 @@ def check_saved(mgr: ocp.CheckpointManager, step: int) -> None:
 
 
 class WorkdirLock:
-  """One training run per work dir: an flock on WORKDIR/train.lock, which names its holder.
+  """One training run per work dir: a lease on WORKDIR/train.lock, which names its holder
+  (storage/lease.py: an flock locally, a renewed object on gs://). A local work dir this lock
+  created is removed again if nothing else was written into it."""
 
-  The kernel drops the lock when its holder dies, so a killed run never leaves a stale lock.
-  A work dir this lock created is removed again if nothing else was written into it.
-  """
-
-  def __init__(self, workdir: str):
-    self.created = not os.path.exists(workdir)
-    os.makedirs(workdir, exist_ok=True)
-    self.workdir, self.path = workdir, os.path.join(workdir, LOCK_FILE)
-    self._file = open(self.path, "a+")  # pylint: disable=consider-using-with
+  def __init__(self, workdir: str, log: Callable[[str], None] = print):
+    self.created = not fs.exists(workdir)
+    fs.makedirs(workdir)
+    self.workdir, self.path = workdir, fs.join(workdir, LOCK_FILE)
     try:
-      fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-      if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-        return  # a file system without locks: nothing to check
-      self._file.seek(0)
-      holder = self._file.read().strip() or "another process"
-      self._file.close()
-      raise ValueError(f"--workdir {workdir} is in use by another `ao-mdm train` ({holder}); "
-                       "one run per work dir: wait for it, stop it, or use another --workdir"
-                       ) from None
-    self._file.seek(0)
-    self._file.truncate()
-    self._file.write(f"host {socket.gethostname()}, pid {os.getpid()}, since "
-                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    self._file.flush()
+      self.lease = lease_lib.Lease(self.path, "ao-mdm train", log=log)
+    except lease_lib.LeaseHeld as e:
+      raise ValueError(f"--workdir {workdir} is in use by another `ao-mdm train` ({e}); one run "
+                       "per work dir: wait for it, stop it, or use another --workdir") from None
+
+  @property
+  def lost(self) -> bool:
+    """Whether another process took the lock over (this one stalled past the lease)."""
+    return self.lease.lost
 
   def release(self) -> None:
-    """Removes the lock file while still holding its lock, then unlocks; a work dir the lock
-    created goes too if it is otherwise empty."""
-    if self._file.closed:
-      return
-    try:
-      os.remove(self.path)
-    except FileNotFoundError:
-      pass
-    self._file.close()
-    if self.created and not os.listdir(self.workdir):
-      os.rmdir(self.workdir)
+    """Gives the lock up; a local work dir the lock created goes too if it is otherwise empty."""
+    self.lease.release()
+    if self.created and not fs.is_gcs(self.workdir) and fs.isdir(self.workdir) \
+        and not fs.listdir(self.workdir):
+      fs.rmtree(self.workdir)
 
 
 def _first_line(e: Exception) -> str:
@@ -215,11 +201,12 @@ def with_defaults(saved: dict) -> ml_collections.ConfigDict:
 
 def reader(path: str) -> ocp.CheckpointManager:
   """A read-only manager over a training work dir or an export directory."""
-  ckpt_dir = os.path.join(path, CHECKPOINT_SUBDIR)
-  directory = ckpt_dir if os.path.isdir(ckpt_dir) else path
-  if not os.path.isdir(directory):
+  ckpt_dir = fs.join(path, CHECKPOINT_SUBDIR)
+  directory = ckpt_dir if fs.isdir(ckpt_dir) else path
+  if not fs.isdir(directory):
     raise FileNotFoundError(f"no checkpoint directory at {path!r}")
-  mgr = ocp.CheckpointManager(os.path.abspath(directory),
+  gcs.configure()
+  mgr = ocp.CheckpointManager(fs.absolute(directory),
                               options=ocp.CheckpointManagerOptions(read_only=True))
   if mgr.latest_step() is None:
     raise FileNotFoundError(f"{directory!r} holds no complete checkpoint")
@@ -273,29 +260,33 @@ def load_run(path: str, weights: str = "ema", **kwargs) -> tuple:
 
 def export(path: str, out: str, weights: str = "ema") -> str:
   """Write the EMA (or raw) params alone, with the config and tokenizer, as an Orbax checkpoint."""
-  storage.new_output_dir(out)  # before the restore, which may take minutes
+  paths.new_output_dir(out)  # before the restore, which may take minutes
   config, params = load_params(path, weights)
-  return write_params_export(out, config, params, os.path.join(path, "tokenizer"))
+  return write_params_export(out, config, params, fs.join(path, workdir_lib.TOKENIZER))
 
 
 def write_params_export(out: str, config: ml_collections.ConfigDict, params: Any,
                         tokenizer_dir: Optional[str] = None) -> str:
-  """Write `<out>/0/{params, config}` (+ `tokenizer/`) via a temporary directory, then rename."""
-  storage.new_output_dir(out)
-  out = os.path.abspath(out)
-  tmp = f"{out}.tmp{os.getpid()}"
-  shutil.rmtree(tmp, ignore_errors=True)
+  """Writes `<out>/0/{params, config}` (+ `tokenizer/`) so that nothing unfinished is ever
+  read as an export: locally into a temporary directory, renamed at the end; on gs:// in place,
+  the tokenizer first and Orbax's commit mark last. An error or Ctrl-C removes what was written."""
+  paths.new_output_dir(out)
+  out = fs.absolute(out)
+  tmp = out if fs.is_gcs(out) else f"{out}.tmp{os.getpid()}"
+  if tmp != out:
+    fs.rmtree(tmp)
   remove_tmp = lambda: interrupts.remove_tree(tmp)
-  with interrupts.on_interrupt(remove_tmp):  # an error or Ctrl-C leaves no half-written export
+  with interrupts.on_interrupt(remove_tmp):
     try:
+      if tokenizer_dir and fs.isdir(tokenizer_dir):  # samplers and evaluators read it here
+        fs.copytree(tokenizer_dir, fs.join(tmp, workdir_lib.TOKENIZER))
       mgr = manager(tmp, max_to_keep=None, async_save=False, item_names=("params", "config"))
       mgr.save(0, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
                                           config=ocp.args.JsonSave(json.loads(config.to_json()))))
       mgr.wait_until_finished()
       mgr.close()
-      if tokenizer_dir and os.path.isdir(tokenizer_dir):  # samplers and evaluators read it here
-        shutil.copytree(tokenizer_dir, os.path.join(tmp, "tokenizer"))
-      os.replace(tmp, out)
+      if tmp != out:
+        fs.move(tmp, out)
     except BaseException:
       remove_tmp()
       raise

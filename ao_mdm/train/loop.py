@@ -1,8 +1,6 @@
 """The training loop: logging, validation, checkpoints, preemption (docs/design.md,
 "Training"); the step itself is train/step.py."""
-import json
 import math
-import os
 import time
 from typing import Any, Callable, Optional
 
@@ -14,7 +12,9 @@ import numpy as np
 from ao_mdm import model as model_lib
 from ao_mdm import sharding
 from ao_mdm.eval import perplexity
+from ao_mdm.storage import fs
 from ao_mdm.train import checkpoints
+from ao_mdm.train import records
 from ao_mdm.train import step as train_step
 from ao_mdm.train import workdir as workdir_lib
 
@@ -34,12 +34,6 @@ def _log(message: str) -> None:
     print(message, flush=True)
 
 
-def _metric_writer(workdir: str):
-  from clu import metric_writers  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
-  return metric_writers.create_default_writer(
-      os.path.join(workdir, "tensorboard"), just_logging=jax.process_index() > 0)
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        init_from: Optional[str] = None, start_over: bool = False) -> dict:
   """Train on config.data, log, evaluate and checkpoint to workdir; return the eval losses.
@@ -57,18 +51,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   program.check_fits()
   init_params = _init_params(config, init_from) if init_from else None
   from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
-  lock = checkpoints.WorkdirLock(workdir) if jax.process_index() == 0 else None
+  lock = checkpoints.WorkdirLock(workdir, log=_log) if jax.process_index() == 0 else None
   release = lock.release if lock else lambda: None
   try:
     with interrupts.on_interrupt(release):  # a new work dir holding only the lock goes too
-      return _train(program, workdir, init_params, init_from, start_over)
+      return _train(program, workdir, init_params, init_from, start_over, lock)
   finally:
     release()
 
 
 def _train(program: train_step.Program, workdir: str, init_params: Any, init_from: Optional[str],
-           start_over: bool) -> dict:
-  from clu import periodic_actions  # pylint: disable=g-import-not-at-top
+           start_over: bool, lock: Optional[checkpoints.WorkdirLock]) -> dict:
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
   from ao_mdm.data import pipeline, tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
@@ -107,12 +100,11 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
     multihost_utils.sync_global_devices("unreadable checkpoints set aside")
     mgr.reload()
   start = None
-  metrics_path = os.path.join(workdir, "metrics.jsonl")
   if found is not None:
     start, _, state = found
     _log(f"resumed from step {start} in {workdir}")
     if jax.process_index() == 0:
-      _drop_metrics_after(metrics_path, start)
+      records.drop_after(workdir, start)
   else:
     state = program.init_state()
     if init_params is not None:
@@ -134,10 +126,8 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
       out[split] = {"l2r": r["l2r_nll"], "random": r["any_order_nll"], "unigram": unigram[split]}
     return out
 
-  writer = _metric_writer(workdir)
-  if jax.process_index() == 0:
-    writer.write_hparams({k: v for k, v in config.train.items()})
-  report = periodic_actions.ReportProgress(num_train_steps=t.num_steps, writer=writer)
+  run_log = records.RunLog(workdir, active=jax.process_index() == 0)
+  run_log.text(int(state.step), "config", f"```\n{config}\n```")
   tokens_per_step = t.batch_size * config.model.block_size
   flops_per_step = tokens_per_step * model_lib.flops_per_token(
       config.model, model_lib.count_params(state.params))
@@ -156,11 +146,8 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
       values["tokens_per_s"] = tokens_per_step / seconds
       if peak > 0:
         values["mfu"] = flops_per_step / seconds / peak
-    writer.write_scalars(step, values)
-    if jax.process_index() == 0:
-      with open(metrics_path, "a") as f:
-        strict = {k: v if math.isfinite(v) else None for k, v in values.items()}  # JSON: no NaN
-        f.write(json.dumps({"step": step, **strict}) + "\n")
+    run_log.scalars(step, values)
+    run_log.flush()
     _log(f"step {step}: {format_metrics(values)}")
 
   results = {}
@@ -177,17 +164,17 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
       state, metrics = program.step(state, tokens)
       if pending is not None:  # the previous step's metrics, read while this step runs
         window = _maybe_log(pending, window, t, log_metrics)
-        report(pending[0])
       pending = (step + 1, metrics)
       done = step + 1
       if t.eval_every and done % t.eval_every == 0 and done < t.num_steps:
         ev = run_eval(state.ema_params, ("validation",))["validation"]
         scalars = {"eval/l2r_loss": ev["l2r"], "eval/any_order_loss": ev["random"]}
-        writer.write_scalars(done, scalars)
-        if jax.process_index() == 0:
-          with open(metrics_path, "a") as f:
-            f.write(json.dumps({"step": done, **scalars}) + "\n")
+        run_log.scalars(done, scalars)
+        run_log.flush()
         _log(f"step {done} eval (EMA): validation l2r={ev['l2r']:.4f} random={ev['random']:.4f}")
+      if lock is not None and lock.lost:
+        raise OSError(f"another process took over the lock of --workdir {workdir} (this one "
+                      "stalled past its lease); stopping rather than write beside it")
       stop = stop_request.requested or mgr.reached_preemption(done)
       if stop or done % t.checkpoint_every == 0 or done == t.num_steps:
         if saved is not None:
@@ -197,6 +184,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
                         "directory at or above it?); training stops rather than go on unsaved")
         saved = done
       if stop:
+        _maybe_log(pending, window, t, log_metrics, force=True)  # the saved step is logged
         checkpoints.check_saved(mgr, done)
         how = "interrupted" if stop_request.exit_code else "preempted"
         _log(f"{how}: saved a checkpoint at step {done} in {workdir}; exiting")
@@ -208,7 +196,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
   finally:
     stop_request.restore()
     mgr.wait_until_finished()
-    writer.flush()
+    run_log.flush()
   results["final_ema"] = run_eval(state.ema_params)
   _log(f"final eval (EMA params): {_format_eval(results['final_ema'])}")
   v = results["final_ema"]["validation"]
@@ -251,40 +239,15 @@ def _format_eval(r: dict) -> str:
                    f"(unigram {v['unigram']:.4f})" for split, v in r.items())
 
 
-def _drop_metrics_after(path: str, step: int) -> None:
-  """Keeps the metrics.jsonl records of steps <= step: a resumed run writes the rest again.
-  (TensorBoard drops the later points itself when a step goes back.)"""
-  if not os.path.isfile(path):
-    return
-  with open(path) as f:
-    lines = f.readlines()
-  kept = [line for line in lines if _record_step(line) <= step]
-  if len(kept) < len(lines):
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-      f.writelines(kept)
-    os.replace(tmp, path)
-
-
-def _record_step(line: str) -> float:
-  try:
-    return json.loads(line)["step"]
-  except (ValueError, KeyError, TypeError):  # a line cut by a kill
-    return math.inf
-
-
 def _unigram_counts(train_split, workdir: str) -> np.ndarray:
   """Token counts of the training split (from its preparation), saved with the run and its
   export so that `ao-mdm eval` reports the same baseline."""
-  path = os.path.join(workdir, perplexity.UNIGRAM_FILE)
-  if os.path.isfile(path):
-    return np.load(path)
+  path = fs.join(workdir, perplexity.UNIGRAM_FILE)
+  if fs.isfile(path):
+    return fs.read_npy(path)
   counts = train_split.token_counts()
   if jax.process_index() == 0:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}.npy"
-    np.save(tmp, counts)
-    os.replace(tmp, path)
+    fs.write_npy(path, counts)
   return counts
 
 

@@ -1,6 +1,7 @@
 """The layout of a training work dir (docs/design.md, "Checkpoints"), free of JAX: the command
 line checks a --workdir or --checkpoint against it before anything is loaded."""
-import os
+from ao_mdm.storage import fs
+from ao_mdm.storage import paths
 
 CHECKPOINTS = "checkpoints"  # <step>/{state, ema, data, config}; an export: <out>/0/{params, ...}
 SET_ASIDE = "checkpoints_set_aside"  # unreadable or foreign step dirs, never deleted
@@ -14,11 +15,11 @@ DRAFT_HEAD = "the --workdir of an `ao-mdm train-draft`"
 
 def has_checkpoints(workdir: str) -> bool:
   """Whether a training work dir already holds checkpoint steps."""
-  return _has_steps(os.path.join(workdir, CHECKPOINTS))
+  return _has_steps(fs.join(workdir, CHECKPOINTS))
 
 
 def _has_steps(directory: str) -> bool:
-  return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+  return fs.isdir(directory) and any(name.isdigit() for name in fs.listdir(directory))
 
 
 def check_checkpoint(path: str, flag: str = "--checkpoint",
@@ -26,10 +27,25 @@ def check_checkpoint(path: str, flag: str = "--checkpoint",
                                  "output") -> None:
   """A training work dir (with checkpoints/) or an export: a directory holding step dirs;
   `want` says what to give instead."""
-  if not os.path.isdir(path):
+  if not fs.isdir(path):
     raise FileNotFoundError(f"{flag} {path!r} is not a directory; give {want}")
-  steps_dir = os.path.join(path, CHECKPOINTS)
-  root = steps_dir if os.path.isdir(steps_dir) else path
+  steps_dir = fs.join(path, CHECKPOINTS)
+  root = steps_dir if fs.isdir(steps_dir) else path
   if not _has_steps(root):
     raise FileNotFoundError(f"{flag} {path!r} holds no checkpoint (no step directory in "
                             f"{root!r})")
+
+
+def check_writable(workdir: str, flag: str = "--workdir") -> None:
+  """Every path a run writes in `workdir` can be written: no file where it keeps a directory,
+  no directory where it writes a file, and (locally) a writable place to create them."""
+  paths.directory(workdir, flag)
+  for name in (CHECKPOINTS, SET_ASIDE, TENSORBOARD, TOKENIZER):
+    if fs.isfile(fs.join(workdir, name)):
+      raise ValueError(f"{flag} {workdir!r}: {name} is a file, where a run keeps a directory; "
+                       "move it away or use another work dir")
+  for name in (METRICS, LOCK):
+    if fs.isdir(fs.join(workdir, name)):
+      raise ValueError(f"{flag} {workdir!r}: {name} is a directory, where a run writes a "
+                       "file; move it away or use another work dir")
+  paths.output_file(fs.join(workdir, METRICS), flag)

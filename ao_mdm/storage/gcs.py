@@ -1,0 +1,120 @@
+"""Cloud Storage for storage/fs.py: one google-cloud-storage client, bounded retries, errors as
+one clear line, and the environment that points every client (tensorstore, gcsfs, Orbax through
+etils.epath) at STORAGE_EMULATOR_HOST when it is set."""
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+from typing import Optional
+
+GCS = "gs://"
+EMULATOR = "STORAGE_EMULATOR_HOST"
+TIMEOUT_ENV = "AO_MDM_STORAGE_TIMEOUT"  # seconds a Cloud Storage call may retry before failing
+DEFAULT_TIMEOUT_S = 60
+
+
+class VersionMismatch(FileExistsError):
+  """A conditional write found another version of the object (or one already there)."""
+
+
+def split(path: str) -> tuple[str, str]:
+  """gs://BUCKET/KEY -> (BUCKET, KEY)."""
+  bucket, _, key = path[len(GCS):].partition("/")
+  return bucket, key.strip("/")
+
+
+def timeout_s() -> float:
+  return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S)
+
+
+def configure() -> None:
+  """Points every Cloud Storage client at STORAGE_EMULATOR_HOST when it is set (tensorstore,
+  gcsfs and google-cloud-storage, anonymously), and makes etils.epath (Orbax's paths) use gcsfs,
+  not TensorFlow's client, which cannot be pointed anywhere but Google. Before the first use."""
+  os.environ.setdefault("EPATH_USE_TF", "false")
+  os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+  host = os.environ.get(EMULATOR)
+  if host:
+    host = host if "://" in host else f"http://{host}"
+    os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", host)
+    os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
+    os.environ.setdefault("FSSPEC_GCS_TOKEN", "anon")
+
+
+@functools.lru_cache(maxsize=None)
+def client():
+  """The process's google-cloud-storage client (anonymous against an emulator)."""
+  configure()
+  from google.auth import exceptions as auth_exceptions  # pylint: disable=g-import-not-at-top
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  if os.environ.get(EMULATOR):
+    from google.auth.credentials import AnonymousCredentials  # pylint: disable=g-import-not-at-top
+    return storage.Client(project="emulator", credentials=AnonymousCredentials())
+  try:
+    return storage.Client()
+  except auth_exceptions.DefaultCredentialsError:
+    raise PermissionError("no Google Cloud credentials for gs:// paths: on a TPU VM the VM's "
+                          "service account provides them; elsewhere run `gcloud auth "
+                          "application-default login`, or set STORAGE_EMULATOR_HOST for a local "
+                          "server") from None
+
+
+def retry():
+  """Retries of transient errors, for at most timeout_s() in all."""
+  from google.api_core import retry as retry_lib  # pylint: disable=g-import-not-at-top
+  return retry_lib.Retry(deadline=timeout_s(), initial=0.2, maximum=8.0)
+
+
+def no_answer(path: str) -> TimeoutError:
+  where = os.environ.get(EMULATOR) or "storage.googleapis.com"
+  return TimeoutError(f"{path}: no answer from Cloud Storage ({where}) within {timeout_s():.0f} "
+                      f"s; set {TIMEOUT_ENV}=SECONDS to wait longer")
+
+
+def missing_bucket(path: str) -> FileNotFoundError:
+  bucket = split(path)[0]
+  return FileNotFoundError(f"bucket gs://{bucket} does not exist ({path}); create it with "
+                           f"`gcloud storage buckets create gs://{bucket}`")
+
+
+@contextlib.contextmanager
+def errors(path: str) -> Iterator[None]:
+  """Cloud Storage errors as one OSError naming the path."""
+  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+  import requests  # pylint: disable=g-import-not-at-top
+  try:
+    yield
+  except exceptions.NotFound as e:
+    if "bucket" in str(e).lower() and "object" not in str(e).lower():
+      raise missing_bucket(path) from None
+    raise FileNotFoundError(f"{path}: no such object") from None
+  except exceptions.PreconditionFailed:
+    raise VersionMismatch(f"{path} was changed by another writer") from None
+  except exceptions.Forbidden as e:
+    raise PermissionError(f"{path}: no permission ({str(e).splitlines()[0][:200]})") from None
+  except (exceptions.RetryError, requests.exceptions.ConnectionError,
+          requests.exceptions.Timeout, exceptions.ServiceUnavailable):
+    raise no_answer(path) from None
+
+
+def blob(path: str):
+  bucket, key = split(path)
+  return client().bucket(bucket).blob(key)
+
+
+def check_bucket(path: str) -> None:
+  """Refuses a gs:// path whose bucket is missing or does not answer (within timeout_s)."""
+  with errors(path):
+    if not client().bucket(split(path)[0]).exists(timeout=timeout_s(), retry=retry()):
+      raise missing_bucket(path)
+
+
+def listing(path: str, recursive: bool, limit: Optional[int] = None) -> tuple[list, list]:
+  """(objects, sub-prefixes) under the prefix path/."""
+  bucket, key = split(path)
+  with errors(path):
+    pages = client().list_blobs(bucket, prefix=f"{key}/" if key else "",
+                                delimiter=None if recursive else "/", max_results=limit,
+                                timeout=timeout_s(), retry=retry())
+    blobs = list(pages)
+    return blobs, sorted(pages.prefixes)

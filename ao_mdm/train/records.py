@@ -1,0 +1,115 @@
+"""A run's records in its work dir: `metrics.jsonl` (one JSON object per line) and TensorBoard
+event files under `tensorboard/`, written by process 0 through storage/fs.py, so both work on a
+gs:// work dir.
+
+Records are buffered and appended at each `flush()` (the training loop flushes at every logged
+step and evaluation): one local append, or on gs:// one small object composed onto the file. So
+a killed process loses at most the records of one logging interval, and the bytes written grow
+with the records, not with their square. The event files are written without TensorFlow: each
+record is a serialized `Event` proto framed as TFRecord (length, masked CRC32C, data, masked
+CRC32C), which TensorBoard reads from a local directory or a bucket.
+"""
+import json
+import math
+import socket
+import struct
+import time
+import os
+
+import google_crc32c
+from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
+
+from ao_mdm.storage import fs
+from ao_mdm.train import workdir as workdir_lib
+
+
+def _masked_crc(data: bytes) -> bytes:
+  crc = google_crc32c.value(data)
+  return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+
+
+def tfrecord(data: bytes) -> bytes:
+  """One TFRecord: the framing of every record of a TensorBoard event file."""
+  length = struct.pack("<Q", len(data))
+  return length + _masked_crc(length) + data + _masked_crc(data)
+
+
+def read_tfrecords(data: bytes) -> list[bytes]:
+  """The records of a TFRecord stream, each checked against its CRCs (for tests and tools)."""
+  records, pos = [], 0
+  while pos < len(data):
+    length = data[pos:pos + 8]
+    (n,) = struct.unpack("<Q", length)
+    if data[pos + 8:pos + 12] != _masked_crc(length):
+      raise ValueError(f"corrupt record length at byte {pos}")
+    record = data[pos + 12:pos + 12 + n]
+    if data[pos + 12 + n:pos + 16 + n] != _masked_crc(record):
+      raise ValueError(f"corrupt record at byte {pos}")
+    records.append(record)
+    pos += 16 + n
+  return records
+
+
+class RunLog:
+  """Scalars and texts of a run, for `metrics.jsonl` and TensorBoard; inactive (writes nothing)
+  on every process but the first."""
+
+  def __init__(self, workdir: str, active: bool = True):
+    self.active = active
+    self.metrics = fs.join(workdir, workdir_lib.METRICS)
+    self.events = fs.join(workdir, workdir_lib.TENSORBOARD,
+                          f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}."
+                          f"{os.getpid()}.ao_mdm")
+    self._lines, self._records = [], []
+    event = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
+    self._records.append(tfrecord(event.SerializeToString()))
+
+  def scalars(self, step: int, values: dict) -> None:
+    """One line of metrics.jsonl (non-finite values as null) and one TensorBoard scalar each."""
+    values = {k: float(v) for k, v in values.items()}
+    self._lines.append(json.dumps({"step": step, **{
+        k: v if math.isfinite(v) else None for k, v in values.items()}}) + "\n")
+    summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=v)
+                                         for k, v in values.items()])
+    self._event(step, summary)
+
+  def text(self, step: int, tag: str, text: str) -> None:
+    """A text for TensorBoard's text tab (e.g. the run's config)."""
+    metadata = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
+    tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[text.encode()])
+    self._event(step, summary_pb2.Summary(value=[summary_pb2.Summary.Value(
+        tag=tag, metadata=metadata, tensor=tensor)]))
+
+  def _event(self, step: int, summary) -> None:
+    event = event_pb2.Event(wall_time=time.time(), step=step, summary=summary)
+    self._records.append(tfrecord(event.SerializeToString()))
+
+  def flush(self) -> None:
+    """Appends what was recorded since the last flush to both files."""
+    lines, records, self._lines, self._records = self._lines, self._records, [], []
+    if not self.active:
+      return
+    if lines:
+      fs.append(self.metrics, "".join(lines).encode())
+    if records:
+      fs.append(self.events, b"".join(records))
+
+
+def drop_after(workdir: str, step: int) -> None:
+  """Keeps the metrics.jsonl records of steps <= step: a resumed run writes the rest again.
+  (TensorBoard drops the later points itself when a step goes back.)"""
+  path = fs.join(workdir, workdir_lib.METRICS)
+  if not fs.isfile(path):
+    return
+  lines = fs.read_text(path).splitlines(keepends=True)
+  kept = [line for line in lines if _record_step(line) <= step]
+  if len(kept) < len(lines):
+    fs.write_text(path, "".join(kept))
+
+
+def _record_step(line: str) -> float:
+  try:
+    return json.loads(line)["step"]
+  except (ValueError, KeyError, TypeError):  # a line cut by a kill
+    return math.inf

@@ -1,0 +1,242 @@
+"""gs:// paths against a real GCS server on 127.0.0.1 (fake-gcs-server): the storage layer, the
+work-dir lock, the run's records, prepared data, and a run trained, resumed, exported, sampled
+and evaluated in a bucket. Slower multi-process cases are in the slow stage."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from ao_mdm.config import base_config
+from ao_mdm.data import prepare
+from ao_mdm.data import prepared
+from ao_mdm.storage import fs
+from ao_mdm.storage import lease as lease_lib
+from ao_mdm.storage import paths
+from ao_mdm.train import checkpoints
+from ao_mdm.train import loop as train
+from ao_mdm.train import records
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = f"--config={ROOT}/configs/tiny.py"
+
+
+def ao_mdm(*args, env=None, timeout=300, cwd=ROOT):
+  return subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", *args], capture_output=True,
+                        text=True, timeout=timeout, cwd=cwd,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})})
+
+
+def error_lines(out) -> list:
+  return [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+
+
+@pytest.fixture(params=["local", "gcs"])
+def root(request, tmp_path):
+  """The same directory tests, once on the file system and once in a bucket."""
+  if request.param == "local":
+    return str(tmp_path / "root")
+  request.getfixturevalue("gcs_server")
+  return f"gs://bucket/{request.node.name.replace('[', '-').rstrip(']')}-{time.time_ns()}"
+
+
+def test_files_behave_alike_locally_and_in_a_bucket(root):
+  a, b = fs.join(root, "a.txt"), fs.join(root, "d", "e", "b.bin")
+  assert not fs.exists(root) or not fs.listdir(root)
+  fs.write_text(a, "hi")
+  v1 = fs.stat(a).version
+  time.sleep(0.01)  # a local mtime of another write differs
+  fs.write_text(a, "hello")
+  assert fs.stat(a).version != v1  # (fake-gcs-server keeps the generation on a compose)
+  fs.append(a, b" world")
+  fs.append(fs.join(root, "new.jsonl"), b"1\n")  # an append creates the file
+  assert fs.read_text(a) == "hello world" and fs.read_text(fs.join(root, "new.jsonl")) == "1\n"
+  assert fs.stat(a).size == 11
+  with fs.open_write(b) as f:
+    f.write(bytes(range(256)) * 100)
+  assert fs.isfile(b) and not fs.isfile(fs.join(root, "d")) and fs.isdir(fs.join(root, "d"))
+  assert fs.listdir(root) == ["a.txt", "d", "new.jsonl"] and fs.files(fs.join(root, "d")) == [
+      "e/b.bin"]
+  got = [bytearray(3), bytearray(2)]
+  fs.RangeReader().read([(b, 255, 258), (a, 6, 8)], [memoryview(x) for x in got])
+  assert bytes(got[0]) == bytes([255, 0, 1]) and bytes(got[1]) == b"wo"
+  with pytest.raises(EOFError):
+    fs.RangeReader().read([(a, 5, 20)], [memoryview(bytearray(15))])
+  with pytest.raises(fs.VersionMismatch):  # create-only when there is one already
+    fs.write_bytes(a, b"x", if_version=0)
+  fs.move(fs.join(root, "d"), fs.join(root, "moved"))
+  assert not fs.exists(fs.join(root, "d")) and fs.read_bytes(fs.join(root, "moved", "e", "b.bin"))
+  with pytest.raises(RuntimeError):  # an error inside leaves nothing under the name
+    with fs.open_write(fs.join(root, "broken.bin")) as f:
+      f.write(b"half")
+      raise RuntimeError("killed")
+  assert not fs.exists(fs.join(root, "broken.bin"))
+  fs.rmtree(root)
+  assert not fs.exists(a)
+
+
+def test_misspelt_urls_are_refused_and_no_local_gs_directory_is_made(tmp_path):
+  for bad in ("gs:/bucket/run", "gs:bucket", "gcs://bucket/run", "GS://bucket/run", "s3://b/x",
+              "gs://B/x"):
+    with pytest.raises(ValueError, match="gs://BUCKET/PATH"):
+      paths.check(bad, "--workdir")
+  assert paths.check("~/x.jsonl") == os.path.expanduser("~/x.jsonl")
+  out = ao_mdm("train", TINY, "--workdir=gs:/bucket/run", cwd=tmp_path)
+  assert out.returncode == 2 and len(error_lines(out)) == 1 and "Traceback" not in out.stderr
+  assert "did you mean gs://BUCKET/PATH" in out.stderr and os.listdir(tmp_path) == []
+
+
+def test_a_missing_bucket_or_no_server_is_one_error_line_in_bounded_time(gcs_server, tmp_path):
+  out = ao_mdm("train", TINY, "--workdir=gs://no-such-bucket/run")
+  assert out.returncode == 2 and error_lines(out) == [
+      "error: bucket gs://no-such-bucket does not exist (gs://no-such-bucket/run); create it "
+      "with `gcloud storage buckets create gs://no-such-bucket`"], out.stderr
+  with socket.socket() as s:  # a port nothing listens on
+    s.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+  start = time.time()
+  out = ao_mdm("sample", "--checkpoint=gs://bucket/run", "--storage_timeout=3",
+               env={"STORAGE_EMULATOR_HOST": dead, "TENSORSTORE_GCS_HTTP_URL": dead})
+  assert out.returncode == 2 and time.time() - start < 30, out.stderr
+  assert len(error_lines(out)) == 1 and "no answer from Cloud Storage" in out.stderr
+  assert "within 3 s" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_lock_refuses_a_second_holder_and_takes_over_a_stale_one(gcs_server):
+  path = f"gs://bucket/locks/{time.time_ns()}/train.lock"
+  first = lease_lib.Lease(path, "test", lease_s=60)
+  with pytest.raises(lease_lib.LeaseHeld, match=f"pid {os.getpid()},"):
+    lease_lib.Lease(path, "test", lease_s=60)
+  first.release()
+  assert not fs.exists(path)
+  run = fs.parent(path)  # the work-dir lock of `ao-mdm train` on it
+  lock = checkpoints.WorkdirLock(run)
+  with pytest.raises(ValueError, match=r"is in use by another `ao-mdm train` \(host "):
+    checkpoints.WorkdirLock(run)
+  lock.release()
+  # A holder that stopped renewing 200 s ago on another host: taken over, with a line.
+  fs.write_text(path, json.dumps({"host": "elsewhere", "pid": 1, "since": time.time() - 500,
+                                  "renewed": time.time() - 200, "lease_s": 120}))
+  said = []
+  second = lease_lib.Lease(path, "test", lease_s=60, log=said.append)
+  assert len(said) == 1 and "took over the lock" in said[0] and "not renewed for 200 s" in said[0]
+  assert json.loads(fs.read_text(path))["pid"] == os.getpid()
+  # The holder renews; another process taking over the lease makes it `lost`.
+  fs.write_text(path, json.dumps({"host": "elsewhere", "pid": 1, "renewed": time.time()}))
+  second.lease_s = 0.2
+  deadline = time.time() + 20
+  while not second.lost and time.time() < deadline:
+    time.sleep(0.05)
+  assert second.lost
+  second.release()
+  # A dead process of this host is no holder: taken over at once.
+  proc = subprocess.Popen([sys.executable, "-c", "pass"])
+  proc.wait()
+  fs.write_text(path, json.dumps({"host": socket.gethostname(), "pid": proc.pid,
+                                  "renewed": time.time(), "lease_s": 120}))
+  said = []
+  lease_lib.Lease(path, "test", log=said.append).release()
+  assert "its process is gone" in said[0]
+
+
+def test_records_are_appended_and_read_back_by_tensorboard_framing(root):
+  log = records.RunLog(root)
+  log.scalars(1, {"loss": 2.5, "nan": float("nan")})
+  log.text(1, "config", "c = 1")
+  log.flush()
+  log.scalars(2, {"loss": 2.0})
+  log.flush()
+  lines = [json.loads(x) for x in fs.read_text(fs.join(root, "metrics.jsonl")).splitlines()]
+  assert lines == [{"step": 1, "loss": 2.5, "nan": None}, {"step": 2, "loss": 2.0}]
+  from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  events = [event_pb2.Event.FromString(r) for r in records.read_tfrecords(fs.read_bytes(
+      log.events))]
+  scalars = [(e.step, v.tag, v.simple_value) for e in events for v in e.summary.value
+             if v.HasField("simple_value")]
+  assert events[0].file_version == "brain.Event:2"
+  assert (1, "loss", 2.5) in scalars and (2, "loss", 2.0) in scalars
+  # TensorBoard's own reader (without TensorFlow: fsspec, so gcsfs for gs://) sees the points.
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  seen = event_accumulator.EventAccumulator(fs.parent(log.events)).Reload()
+  assert [(e.step, e.value) for e in seen.Scalars("loss")] == [(1, 2.5), (2, 2.0)]
+  records.drop_after(root, 1)
+  assert fs.read_text(fs.join(root, "metrics.jsonl")).count("\n") == 1
+
+
+def _text_config(corpus, tfds_dir, prepared_dir):
+  from ml_collections import ConfigDict  # pylint: disable=g-import-not-at-top
+  return ConfigDict({"dataset": "text_file", "text_file": str(corpus), "tokenizer":
+                     "sentencepiece", "tfds_dir": str(tfds_dir), "prepared_dir": prepared_dir})
+
+
+def test_prepare_into_a_bucket_is_byte_identical_to_local(gcs_server, sp_tokenizer, tmp_path):
+  from ao_mdm.data import corpus  # pylint: disable=g-import-not-at-top
+  text = tmp_path / "docs.txt"
+  docs = corpus.sotu_documents("train")[:40]
+  text.write_text("\n".join(d.replace("\n", " ") for d in docs) + "\n")
+  local = prepare.prepare(_text_config(text, tmp_path / "tfds", str(tmp_path / "p")),
+                          sp_tokenizer, "train", workers=1, shard_docs=8)
+  bucket = f"gs://bucket/prepared-{time.time_ns()}"
+  remote = prepare.prepare(_text_config(text, tmp_path / "tfds", bucket), sp_tokenizer, "train",
+                           workers=2, shard_docs=8)
+  names = [n for n in fs.files(local.directory) if n != prepared.VERIFIED]
+  assert len(names) > 10 and names == [n for n in fs.files(remote.directory)
+                                      if n != prepared.VERIFIED]
+  for name in names:
+    want = fs.read_bytes(fs.join(local.directory, name))
+    assert fs.read_bytes(fs.join(remote.directory, name)) == want, name
+  blocks_l, blocks_r = local.blocks(32), remote.blocks(32)
+  rows = [5, 0, len(blocks_l) - 1, 17]
+  np.testing.assert_array_equal(blocks_r.rows(rows), blocks_l.rows(rows))
+  # The verification cache follows the manifest: a changed sha256 there forces a re-hash.
+  manifest = fs.read_json(fs.join(remote.directory, prepared.MANIFEST))
+  manifest["shards"][1]["sha256"] = "0" * 64
+  fs.write_json(fs.join(remote.directory, prepared.MANIFEST), manifest)
+  with pytest.raises(prepared.CorruptShard, match="shard-00001.bin has sha256"):
+    prepared.verify(remote.directory, manifest)
+
+
+def _config(tfds_dir, steps):
+  c = base_config()
+  c.model.update(vocab_size=512, block_size=32, n_layer=2, n_embd=32, n_head=2, cond_dim=32)
+  c.train.update(batch_size=8, num_steps=steps, warmup_steps=2, log_every=1, eval_batches=1,
+                 eval_every=0, checkpoint_every=2, keep_checkpoints=2, lr_decay_steps=6)
+  c.data.tfds_dir = tfds_dir
+  return c
+
+
+def test_a_run_in_a_bucket_resumes_exactly_and_serves_export_sample_eval(gcs_server, data_dir,
+                                                                         tmp_path):
+  run = f"gs://bucket/runs/{time.time_ns()}"
+  straight = str(tmp_path / "straight")
+  train.train_and_evaluate(_config(data_dir, 6), straight)
+  train.train_and_evaluate(_config(data_dir, 4), run)
+  assert sorted(n for n in fs.listdir(fs.join(run, "checkpoints")) if n.isdigit()) == ["2", "4"]
+  resumed = train.train_and_evaluate(_config(data_dir, 6), run)
+  assert "initial" not in resumed
+  assert sorted(n for n in fs.listdir(fs.join(run, "checkpoints"))) == ["4", "6"]  # keep-N
+  for weights in ("params", "ema"):
+    _, want = checkpoints.load_params(straight, weights)
+    _, got = checkpoints.load_params(run, weights)
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+  losses = lambda d: {r["step"]: r["loss"] for r in map(json.loads, fs.read_text(
+      fs.join(d, "metrics.jsonl")).splitlines()) if "loss" in r}
+  assert losses(run) == losses(straight) and sorted(losses(run)) == [1, 2, 3, 4, 5, 6]
+  assert fs.listdir(fs.join(run, "tensorboard")) and not fs.exists(fs.join(run, "train.lock"))
+
+  export = f"{run}-export"
+  out = ao_mdm("export", f"--workdir={run}", f"--out={export}")
+  assert out.returncode == 0 and fs.isfile(fs.join(export, "0", "commit_success.txt")), out.stderr
+  samples = f"{run}-samples/s.jsonl"
+  out = ao_mdm("sample", f"--checkpoint={export}", "--num_samples=2", "--steps=4",
+               f"--out={samples}")
+  assert out.returncode == 0 and len(fs.read_text(samples).splitlines()) == 2, out.stderr
+  out = ao_mdm("eval", f"--checkpoint={run}", "--protocol=custom", "--max_blocks=4",
+               "--orders=1")
+  assert out.returncode == 0 and json.loads(out.stdout.splitlines()[-1])["sotu"]["tokens"] > 0, \
+      out.stderr
