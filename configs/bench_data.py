@@ -14,4 +14,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.bench.batch_size = 64  # the train iterator's batch (sequences of block_size tokens)
   c.bench.iterator_batches = 300  # batches timed after the first
   c.bench.dir = ""  # where corpora and preparations go; "" -> a temporary dir, removed after
+  # Also read the preparation from a bucket and time checkpoints there: "" (no), "local" (a
+  # fake-gcs-server on 127.0.0.1, the [test] extra) or gs://BUCKET/DIR (removed after).
+  c.bench.gcs = ""
+  c.bench.checkpoint_params = 100_000_000  # float32 parameters of the timed checkpoint
   return c

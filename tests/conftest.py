@@ -34,6 +34,8 @@ def pytest_configure(config):
   if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     config.ao_mdm_cache = tempfile.mkdtemp(prefix="ao_mdm_test_xla_cache_")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = config.ao_mdm_cache
+  # The `ao-mdm` commands the tests start use it too, never the user's ~/.cache/ao_mdm/xla.
+  os.environ.setdefault("AO_MDM_COMPILE_CACHE", os.environ["JAX_COMPILATION_CACHE_DIR"])
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
   # The suite's programs are tiny, so compiling is most of its time: without LLVM's

@@ -240,3 +240,141 @@ def test_a_run_in_a_bucket_resumes_exactly_and_serves_export_sample_eval(gcs_ser
                "--orders=1")
   assert out.returncode == 0 and json.loads(out.stdout.splitlines()[-1])["sotu"]["tokens"] > 0, \
       out.stderr
+
+
+SMALL = ["--config.model.vocab_size=512", "--config.model.block_size=32",
+         "--config.model.n_layer=2", "--config.model.n_embd=32", "--config.model.n_head=2",
+         "--config.train.batch_size=8", "--config.train.warmup_steps=2",
+         "--config.train.log_every=1", "--config.train.eval_batches=1",
+         "--config.train.eval_every=0", "--config.train.lr_decay_steps=6"]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _two(command: str, *args) -> list:
+  """The same command as two local processes of 2 CPU devices each, started at once."""
+  port = _free_port()
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"}
+  flags = ([f"--coordinator=127.0.0.1:{port}"] if command == "train" else [])
+  return [subprocess.Popen([sys.executable, "-m", "ao_mdm.cli.main", command, *args, *flags,
+                            "--num_processes=2", f"--process_id={i}"], cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+          for i in range(2)]
+
+
+def _wait(procs, timeout=400) -> list:
+  outs = []
+  try:
+    for p in procs:
+      outs.append(p.communicate(timeout=timeout))
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  for p, (out, err) in zip(procs, outs):
+    assert p.returncode == 0, f"{p.args}\n{out[-2000:]}\n{err[-3000:]}"
+  return [out for out, _ in outs]
+
+
+def _steps(run) -> list:
+  d = fs.join(run, "checkpoints")
+  return sorted(int(n) for n in fs.listdir(d) if n.isdigit() and fs.isfile(
+      fs.join(d, n, "commit_success.txt"))) if fs.isdir(d) else []
+
+
+@pytest.mark.slow  # five two-process runs, about three minutes
+def test_two_processes_prepare_and_train_in_a_bucket_and_resume_exactly_after_sigkill(
+    gcs_server, data_dir, tmp_path):
+  base = f"gs://bucket/mp-{time.time_ns()}"
+  data = [f"--config={ROOT}/configs/tiny.py", f"--config.data.tfds_dir={data_dir}",
+          f"--config.data.prepared_dir={base}/prepared", SMALL[0]]
+  # Two hosts prepare disjoint shard ranges into the bucket; the result is the local one's.
+  _wait(_two("prepare", *data, f"--workdir={base}/tokenizer_run", "--splits=train"))
+  _wait(_two("prepare", *data, f"--workdir={base}/tokenizer_run", "--splits=train"))
+  local = ao_mdm("prepare", *data[:2], f"--config.data.prepared_dir={tmp_path / 'p'}", SMALL[0],
+                 f"--workdir={tmp_path / 'tok'}", "--splits=train")
+  assert local.returncode == 0, local.stderr
+  remote_dir = fs.join(base, "prepared", "sotu")
+  local_dir = str(tmp_path / "p" / "sotu")
+  names = [n for n in fs.files(local_dir) if not n.endswith(prepared.VERIFIED)]
+  assert names and names == [n for n in fs.files(remote_dir)
+                             if not n.endswith(prepared.VERIFIED)]
+  for name in names:
+    assert fs.read_bytes(fs.join(remote_dir, name)) == fs.read_bytes(fs.join(local_dir, name))
+
+  run = lambda workdir, steps: [*data, f"--workdir={workdir}", *SMALL,
+                                f"--config.train.num_steps={steps}",
+                                "--config.train.checkpoint_every=3"]
+  straight, killed = f"{base}/straight", f"{base}/killed"
+  _wait(_two("train", *run(straight, 6)))
+  procs = _two("train", *run(killed, 6))
+  deadline = time.time() + 400
+  while 3 not in _steps(killed) and time.time() < deadline and all(
+      p.poll() is None for p in procs):
+    time.sleep(0.2)
+  for p in procs:
+    p.kill()
+    p.wait()
+  assert 3 in _steps(killed)
+  for step in _steps(killed):  # a kill after step 3 is the same as a kill before it
+    if step > 3:
+      fs.rmtree(fs.join(killed, "checkpoints", str(step)))
+  outs = _wait(_two("train", *run(killed, 6)))
+  assert "resumed from step 3" in outs[0]
+  losses = lambda d: {r["step"]: r["loss"] for r in map(json.loads, fs.read_text(
+      fs.join(d, "metrics.jsonl")).splitlines()) if "loss" in r}
+  assert losses(straight) == losses(killed) and sorted(losses(killed)) == [1, 2, 3, 4, 5, 6]
+  for weights in ("params", "ema"):
+    _, want = checkpoints.load_params(straight, weights)
+    _, got = checkpoints.load_params(killed, weights)
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
+@pytest.mark.slow  # three CLI runs and an export, about a minute
+def test_in_a_bucket_an_unreadable_step_is_set_aside_and_ctrl_c_leaves_no_export(
+    gcs_server, data_dir):
+  run = f"gs://bucket/aside-{time.time_ns()}"
+  args = [TINY, f"--workdir={run}", f"--config.data.tfds_dir={data_dir}", *SMALL,
+          "--config.train.checkpoint_every=2", "--config.train.keep_checkpoints=2"]
+  assert ao_mdm("train", *args, "--config.train.num_steps=4").returncode == 0
+  state = fs.join(run, "checkpoints", "4", "state")
+  for name in fs.files(state):  # the newest step loses its array data
+    if "/d/" in f"/{name}":
+      fs.remove(fs.join(state, name))
+  out = ao_mdm("train", *args, "--config.train.num_steps=6")
+  assert out.returncode == 0, out.stderr
+  assert "resumed from step 2" in out.stdout and "moved checkpoints/4 (unreadable) aside" in \
+      out.stdout
+  assert _steps(run) == [4, 6] and len(fs.listdir(fs.join(run, "checkpoints_set_aside"))) == 1
+  # Ctrl-C during an export to the bucket: nothing is left that reads as an export.
+  out_dir = f"{run}-export"
+  proc = subprocess.Popen([sys.executable, "-m", "ao_mdm.cli.main", "export",
+                           f"--workdir={run}", f"--out={out_dir}"], cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  deadline = time.time() + 120
+  while not fs.exists(out_dir) and time.time() < deadline and proc.poll() is None:
+    time.sleep(0.02)
+  proc.send_signal(2)
+  _, err = proc.communicate(timeout=120)
+  assert "Traceback" not in err, err
+  if proc.returncode == 130:
+    assert not fs.exists(out_dir), fs.files(out_dir)
+  else:  # the export finished before the signal: then it is complete
+    assert proc.returncode == 0 and fs.isfile(fs.join(out_dir, "0", "commit_success.txt"))
+
+
+def test_gs_paths_without_credentials_are_one_error_line(tmp_path):
+  env = {k: "" for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
+                         "GOOGLE_AUTH_TOKEN_FOR_TESTING")}
+  env.update(GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "none.json"), HOME=str(tmp_path),
+             CLOUDSDK_CONFIG=str(tmp_path / "gcloud"), GCE_METADATA_HOST="127.0.0.1:9")
+  start = time.time()
+  out = ao_mdm("sample", "--checkpoint=gs://bucket/run", "--storage_timeout=5", env=env)
+  assert out.returncode == 2 and len(error_lines(out)) == 1 and "Traceback" not in out.stderr
+  assert time.time() - start < 60 and "credentials" in out.stderr, out.stderr

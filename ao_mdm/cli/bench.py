@@ -313,12 +313,15 @@ def _torch_baseline(config: ml_collections.ConfigDict, params: Any, tokens_BT: n
 def run(what: str, config: ml_collections.ConfigDict, config_name: str, *, baseline: str,
         mode: str, checkpoint: Optional[str], weights: str, dtype: Optional[str],
         draft_head: Optional[str] = None) -> None:
-  """`ao-mdm bench WHAT` (sample, train or data), its flags checked by checks.command_inputs;
+  """`ao-mdm bench WHAT` (sample, train, data or restart), its flags checked by checks.command_inputs;
   `dtype` (bench sample): the decoding dtype, None for both; `draft_head` (speculative): the
   directory of a learned head."""
   if what == "data":
     from ao_mdm.cli import bench_data  # pylint: disable=g-import-not-at-top
     bench_data.bench_data(config, config_name)
+  elif what == "restart":
+    from ao_mdm.cli import bench_restart  # pylint: disable=g-import-not-at-top
+    bench_restart.bench_restart(config, config_name)
   elif what == "train":
     bench_train(config, None if baseline == "none" else baseline)
   elif mode == "speculative":

@@ -4,7 +4,9 @@ Per size: the raw tokenizer's batch throughput on the corpus's documents (all co
 prepare` with 1 and with N workers (wall time and the peak RSS of its whole process tree), and
 the train iterator over the prepared split (time to first batch, delivered tokens/s, peak RSS),
 next to the same blocks read through grain from an ArrayRecord file (the format MaxText and
-md4 stream). Prepare and the iterator run as fresh processes, as a user runs them.
+md4 stream). Prepare and the iterator run as fresh processes, as a user runs them. With
+bench.gcs (a bucket, or "local": a GCS server on 127.0.0.1), the iterator again over the same
+preparation in the bucket, and the save and restore rates of a checkpoint there and locally.
 """
 import json
 import os
@@ -21,6 +23,8 @@ import ml_collections
 import numpy as np
 
 from ao_mdm.data import corpus, datasets, tokenizer
+from ao_mdm.storage import fs
+from ao_mdm.storage import paths
 
 # OpenWebText in GPT-2 tokens (the paper's training set): what the projection scales to.
 OPENWEBTEXT_TOKENS = 9.0e9
@@ -138,6 +142,9 @@ def iterator_child(args_json: str) -> None:
   out = {"time_to_first_batch_s": first,
          "tokens_per_s": a["batches"] * batch.size / seconds,
          "peak_rss_mb": _peak_rss_mb(), "peak_rss_before_open_mb": rss_start}
+  if not a["array_record"]:
+    print(json.dumps(out))
+    return
   source = grain.sources.ArrayRecordDataSource(a["array_record"])
   ds = (grain.MapDataset.source(source).shuffle(seed=0).repeat()
         .map(lambda r: np.frombuffer(r, np.uint16).astype(np.int32))
@@ -161,12 +168,78 @@ def _write_array_record(blocks: Any, path: str) -> None:
   writer.close()
 
 
+def _iterator(config: ml_collections.ConfigDict, data: ml_collections.ConfigDict,
+              array_record: str = "") -> dict:
+  """The iterator child's figures, run as a fresh process (with this process's environment)."""
+  child = {"data": data.to_dict(), "block_size": int(config.model.block_size),
+           "batch": int(config.bench.batch_size), "batches": int(config.bench.iterator_batches),
+           "array_record": array_record}
+  out = subprocess.run([sys.executable, "-c", "import sys; from ao_mdm.cli import "
+                        "bench_data; bench_data.iterator_child(sys.argv[1])",
+                        json.dumps(child)], capture_output=True, text=True, check=True)
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _gcs_dir(b: ml_collections.ConfigDict) -> tuple:
+  """(gs:// directory of this run, the local server started for it or None)."""
+  if not b.gcs:
+    return None, None
+  from ao_mdm.storage import emulator, gcs  # pylint: disable=g-import-not-at-top
+  server = None
+  if b.gcs == "local":
+    server = emulator.LocalServer(("bench",))
+    os.environ.update(server.env())
+    from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
+    with interrupts.silenced_stderr():  # tensorstore's line about the emulator's credentials
+      gcs.start_tensorstore()
+    base = "gs://bench"
+  else:
+    base = paths.check(b.gcs, "bench.gcs")
+    if not fs.is_gcs(base):
+      raise ValueError(f"bench.gcs={b.gcs!r}: expected '', 'local' or gs://BUCKET/DIR")
+  return f"{base}/ao_mdm_bench_data_{os.getpid()}", server
+
+
+def checkpoint_rates(directory: str, n_params: int, repeats: int = 2) -> dict:
+  """MB/s of an Orbax save (synchronous, to completion) and restore of `n_params` float32
+  parameters (ten arrays) at `directory`; best of `repeats`."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from ao_mdm.train import checkpoints  # pylint: disable=g-import-not-at-top
+  n = max(1, n_params // 10)
+  state = {f"w{i}": jax.random.normal(jax.random.key(i), (n,), jnp.float32) for i in range(10)}
+  mb = sum(x.nbytes for x in state.values()) / 1e6
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                       sharding=x.sharding), state)
+  save, restore = [], []
+  for step in range(repeats):
+    mgr = checkpoints.manager(directory, max_to_keep=1, async_save=False, item_names=("state",))
+    start = time.perf_counter()
+    mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
+    mgr.wait_until_finished()
+    save.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    got = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+    jax.block_until_ready(got.state)
+    restore.append(time.perf_counter() - start)
+    mgr.close()
+  fs.rmtree(directory)
+  return {"mb": mb, "save_mb_per_s": mb / min(save), "restore_mb_per_s": mb / min(restore)}
+
+
 def bench_data(config: ml_collections.ConfigDict, config_file: str) -> dict:
   """Prepare and iterator figures at each size of config.bench.sizes; prints one JSON line.
+  With bench.gcs, also the iterator over the same preparation in a bucket and checkpoint save
+  and restore rates there and locally.
 
   `config_file` is the config's path: `ao-mdm prepare` runs on it as a user would run it."""
   from ao_mdm.data import gpt2, prepare, prepared  # pylint: disable=g-import-not-at-top
   b = config.bench
+  if b.dir and fs.is_gcs(paths.check(b.dir, "bench.dir")):
+    raise ValueError(f"bench.dir={b.dir!r} is the bench's local scratch directory; give a "
+                     "bucket as bench.gcs")
+  remote, server = _gcs_dir(b)
   root = b.dir or tempfile.mkdtemp(prefix="ao_mdm_bench_data_")
   os.makedirs(root, exist_ok=True)
   cores = prepare.default_workers()
@@ -207,23 +280,41 @@ def bench_data(config: ml_collections.ConfigDict, config_file: str) -> dict:
               "(process tree)", flush=True)
       array_record = os.path.join(root, f"blocks_{name}.array_record")
       _write_array_record(split.blocks(int(config.model.block_size)), array_record)
-      child = {"data": _data_config(config, text, root, f"prepared_w{cores}").to_dict(),
-               "block_size": int(config.model.block_size), "batch": int(b.batch_size),
-               "batches": int(b.iterator_batches), "array_record": array_record}
-      out = subprocess.run([sys.executable, "-c", "import sys; from ao_mdm.cli import "
-                            "bench_data; bench_data.iterator_child(sys.argv[1])",
-                            json.dumps(child)], capture_output=True, text=True, check=True)
-      r["iterator"] = json.loads(out.stdout.strip().splitlines()[-1])
-      it = r["iterator"]
+      data = _data_config(config, text, root, f"prepared_w{cores}")
+      r["iterator"] = it = _iterator(config, data, array_record)
       print(f"[{name}] train iterator: first batch {it['time_to_first_batch_s']:.2f} s, "
             f"{it['tokens_per_s'] / 1e6:.1f}M tokens/s (ArrayRecord through grain: "
             f"{it['array_record_tokens_per_s'] / 1e6:.1f}M), peak RSS {it['peak_rss_mb']:.0f} MB",
             flush=True)
       os.remove(array_record)
+      if remote:  # the same preparation in the bucket, read by a fresh process, twice: the
+        # first open hashes every shard (new generations), the second finds them verified
+        data.prepared_dir = f"{remote}/prepared_{name}"
+        start = time.perf_counter()
+        fs.copytree(os.path.join(root, f"prepared_w{cores}"), data.prepared_dir)
+        r["gcs_upload_mb_per_s"] = split.tokens * 2 / 1e6 / (time.perf_counter() - start)
+        r["gcs_iterator_first_open"] = _iterator(config, data)
+        r["gcs_iterator"] = it = _iterator(config, data)
+        print(f"[{name}] train iterator from {remote}: first batch "
+              f"{it['time_to_first_batch_s']:.2f} s ("
+              f"{r['gcs_iterator_first_open']['time_to_first_batch_s']:.2f} s at the first "
+              f"open, which hashes every shard), {it['tokens_per_s'] / 1e6:.1f}M tokens/s",
+              flush=True)
+        fs.rmtree(data.prepared_dir)
       results["sizes"][name] = r
+    if remote:
+      for where, directory in (("local", os.path.join(root, "checkpoint")),
+                               ("gcs", f"{remote}/checkpoint")):
+        results[f"checkpoint_{where}"] = c = checkpoint_rates(directory,
+                                                              int(b.checkpoint_params))
+        print(f"checkpoint of {b.checkpoint_params / 1e6:.0f}M float32 params ({where}): save "
+              f"{c['save_mb_per_s']:.0f} MB/s, restore {c['restore_mb_per_s']:.0f} MB/s",
+              flush=True)
   finally:
     if not b.dir:
       shutil.rmtree(root, ignore_errors=True)
+    if server is not None:
+      server.stop()
   results["summary"] = _summary(results, cores)
   print(json.dumps(results))
   return results
@@ -244,4 +335,12 @@ def _summary(results: dict, cores: int) -> dict:
   if len(sizes) > 1:
     out["iterator_rss_growth_mb"] = (big["iterator"]["peak_rss_mb"]
                                      - sizes[0]["iterator"]["peak_rss_mb"])
+  if "gcs_iterator" in big:
+    out["gcs_iterator_tokens_per_s"] = min(s["gcs_iterator"]["tokens_per_s"] for s in sizes)
+    out["gcs_iterator_time_to_first_batch_s"] = max(
+        s["gcs_iterator"]["time_to_first_batch_s"] for s in sizes)
+    out["gcs_over_local_iterator"] = (big["gcs_iterator"]["tokens_per_s"]
+                                      / big["iterator"]["tokens_per_s"])
+    for key in ("save_mb_per_s", "restore_mb_per_s"):
+      out[f"checkpoint_{key}"] = {w: results[f"checkpoint_{w}"][key] for w in ("local", "gcs")}
   return out

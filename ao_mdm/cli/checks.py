@@ -108,6 +108,10 @@ def storage(v: dict, given: set) -> None:
   for name in PATH_FLAGS:
     if v.get(name):
       v[name] = paths.check(v[name], f"--{name}")
+  if os.environ.get(gcs.EMULATOR) and any(fs.is_gcs(v.get(n) or "") for n in PATH_FLAGS):
+    from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
+    with interrupts.silenced_stderr():  # tensorstore's line about the emulator's credentials
+      gcs.start_tensorstore()
 
 
 def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:

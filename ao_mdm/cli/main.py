@@ -204,6 +204,13 @@ def _run(args: list) -> None:
       given = {n for n in ours if FLAGS[n].present}
       checks.storage(values, given)
       checks.command_inputs(command, values, given, what)
+      if os.environ.get("AO_MDM_CHECK_ONLY"):  # scripts/gpu_check.sh --dry_run: flags only
+        print(f"checked: ao-mdm {command} {what}".strip())
+        return
+      if "compile_cache" in options.COMMAND_FLAGS[command]:
+        from ao_mdm.storage import compile_cache  # pylint: disable=g-import-not-at-top
+        compile_cache.enable(compile_cache.where(
+            values["compile_cache"], values["workdir"] if command == "train" else None))
       HANDLERS[command](values, *([what] if what else []))
     except (app.UsageError, ValueError, OSError, ImportError, TimeoutError) as e:
       _fail(checks.error_text(e))

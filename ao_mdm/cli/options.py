@@ -27,39 +27,40 @@ COMMANDS = {
                "--steps=64 --dtype=bfloat16]",
     "bench": "benchmarks: `bench sample --config=configs/bench_sampler.py [--mode=speculative "
              "--checkpoint=DIR]`, `bench train --config=configs/bench_train.py`, "
-             "`bench data --config=configs/bench_data.py`",
+             "`bench data --config=configs/bench_data.py`, "
+             "`bench restart --config=configs/demo.py`",
 }
 # The flags each command reads; any other flag of ours given to it is an error.
 SAMPLE_OPTIONS = ("prompt", "infill", "infill_span", "mode", "num_samples",
                   *sorted(MODE_OPTION_NAMES))
 COMMAND_FLAGS = {
     "train": ("config", "workdir", "init_from", "start_over", "coordinator", "num_processes",
-              "process_id", "init_timeout", "storage_timeout"),
+              "process_id", "init_timeout", "storage_timeout", "compile_cache"),
     "prepare": ("config", "splits", "workers", "workdir", "num_processes", "process_id",
                 "verify", "storage_timeout"),
     "train-draft": ("checkpoint", "workdir", "weights", "steps", "batch_size", "seed", "order",
-                    "storage_timeout"),
+                    "storage_timeout", "compile_cache"),
     "info": ("config",),
     "tokenizer": ("corpus", "vocab_size", "out", "storage_timeout"),
-    "export": ("workdir", "out", "weights", "storage_timeout"),
+    "export": ("workdir", "out", "weights", "storage_timeout", "compile_cache"),
     "sample": ("checkpoint", "weights", *SAMPLE_OPTIONS, "batch_size", "seed", "out",
-               "storage_timeout"),
+               "storage_timeout", "compile_cache"),
     "eval": ("checkpoint", "weights", "datasets", "text_file", "lambada_file", "protocol", "split",
              "orders", "ensemble", "max_blocks", "batch_size", "seed", "generated", "scorer",
-             "storage_timeout"),
+             "storage_timeout", "compile_cache"),
     "import-torch": ("checkpoint", "out", "weights", "variant", "storage_timeout"),
     "import-gpt2": ("hf_dir", "out", "storage_timeout"),
     "compile": ("config", "topology", "program", "batch_size", "steps", "schedule", "dtype"),
     "bench": ("config", "baseline", "mode", "checkpoint", "weights", "dtype", "draft_head",
-              "storage_timeout"),
+              "storage_timeout", "compile_cache"),
 }
 # Flags that name a path: each may be local or gs://BUCKET/..., with ~ expanded
 # (storage/paths.py checks their form before anything else).
 PATH_FLAGS = ("workdir", "out", "checkpoint", "init_from", "draft_head", "text_file",
-              "lambada_file", "generated", "scorer", "hf_dir")
+              "lambada_file", "generated", "scorer", "hf_dir", "compile_cache")
 # Defaults of shared flags that mean something else in one command (its --help shows these).
 COMMAND_DEFAULTS = {"train-draft": DRAFT_TRAINING}
-BENCHES = ("sample", "train", "data")
+BENCHES = ("sample", "train", "data", "restart")
 PROGRAMS = ("train", "sample")  # of `ao-mdm compile`
 
 
@@ -149,6 +150,11 @@ def define_flags() -> None:
   flags.DEFINE_string("splits", "train,validation", "prepare: comma-separated splits.")
   flags.DEFINE_boolean("verify", False, "prepare: hash every shard of a split prepared before "
                        "(otherwise its sizes and versions are checked against the manifest).")
+  flags.DEFINE_string("compile_cache", None, "Where compiled programs are kept for the next "
+                      "run (a directory or gs:// path; `off`: nowhere); default: "
+                      "WORKDIR/xla_cache for train, else $XDG_CACHE_HOME/ao_mdm/xla "
+                      "(~/.cache/ao_mdm/xla); also AO_MDM_COMPILE_CACHE. Remove the directory "
+                      "to clear it.")
   flags.DEFINE_integer("storage_timeout", 60, "Seconds a Cloud Storage (gs://) call may retry "
                        "before the command fails with one error line (an unreachable server, a "
                        "network outage); also AO_MDM_STORAGE_TIMEOUT.")

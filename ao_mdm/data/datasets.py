@@ -137,13 +137,14 @@ def _file_hash(path: str, size: int, version: int) -> str:
 def _content_hash(path: str) -> str:
   h = hashlib.sha256()
   names = _text_files(path)
-  if names == [path]:
-    h.update(b"file\0" + fs.read_bytes(path))
-  else:
-    h.update(b"dir\0")
-    for name in names:
-      h.update(fs.basename(name).encode() + b"\0")
-      h.update(hashlib.sha256(fs.read_bytes(name)).digest())
+  h.update(b"file\0" if names == [path] else b"dir\0")
+  for name in names:
+    inner = h if names == [path] else hashlib.sha256()
+    with fs.open_read(name) as f:  # streamed: a large corpus is never held in memory
+      for chunk in iter(lambda: f.read(1 << 20), b""):
+        inner.update(chunk)
+    if inner is not h:
+      h.update(fs.basename(name).encode() + b"\0" + inner.digest())
   return h.hexdigest()[:16]
 
 

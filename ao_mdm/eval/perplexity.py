@@ -17,7 +17,6 @@ from ao_mdm import model as model_lib
 from ao_mdm import orders as orders_lib
 from ao_mdm import sharding
 from ao_mdm.decode import common
-from ao_mdm.eval import gpt2_scorer
 from ao_mdm.storage import fs
 from ao_mdm.storage import paths
 from ao_mdm.train import checkpoints
@@ -370,6 +369,7 @@ def read_generated(path: str) -> list[dict]:
 def generated_ids(records: list[dict], scorer: Any) -> list[list[int]]:
   """Token ids to score: the samples' own ids, or their text re-tokenized for a GPT-2 scorer."""
   from ao_mdm.data import gpt2  # pylint: disable=g-import-not-at-top
+  from ao_mdm.eval import gpt2_scorer  # pylint: disable=g-import-not-at-top  (only here)
   if (not isinstance(scorer, gpt2_scorer.GPT2Scorer)
       or all(r.get("tokenizer") == "gpt2" for r in records)):
     return [r["tokens"] for r in records]
@@ -413,6 +413,7 @@ def generated_command(generated: str, scorer_path: str, weights: str, batch_size
   """`ao-mdm eval --generated`: generative perplexity of samples under a GPT-2 export or an
   ao_mdm checkpoint, with the seconds it took."""
   records = read_generated(generated)
+  from ao_mdm.eval import gpt2_scorer  # pylint: disable=g-import-not-at-top  (only here)
   if gpt2_scorer.is_gpt2_export(scorer_path):
     scorer = gpt2_scorer.load_gpt2_scorer(scorer_path)
   else:

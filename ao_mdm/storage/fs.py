@@ -222,18 +222,19 @@ class RangeReader:
   def read(self, requests: Sequence[tuple[str, int, int]], out: Sequence[memoryview]) -> None:
     """Fills out[i] with bytes [start, stop) of file i; EOFError (its `filename` the file) if a
     file ends early."""
-    pending = []
+    pending, stores = [], {}
     for (path, start, stop), view in zip(requests, out):
-      if not is_gcs(path):
+      if not path.startswith(GCS):
         if os.preadv(self._fd(path), [view], start) != stop - start:
           raise _ended(path)
         continue
       bucket, key = gcs.split(path)
-      pending.append((path, stop - start, view,
-                      self._store(bucket).read(key, byte_range=slice(start, stop))))
+      store = stores.get(bucket) or stores.setdefault(bucket, self._store(bucket))
+      pending.append((path, stop - start, view, store.read(key, byte_range=slice(start, stop))))
+    timeout = gcs.timeout_s()
     for path, size, view, future in pending:
       try:
-        result = future.result(timeout=gcs.timeout_s())
+        result = future.result(timeout=timeout)
       except TimeoutError:
         raise gcs.no_answer(path) from None
       except ValueError as e:  # tensorstore's OUT_OF_RANGE
@@ -242,10 +243,9 @@ class RangeReader:
         raise OSError(f"{path}: {str(e).splitlines()[0]}") from None
       if result.state == "missing":
         raise FileNotFoundError(f"{path}: no such object")
-      value = result.value
-      if len(value) != size:
+      if len(result.value) != size:
         raise _ended(path)
-      view[:] = value
+      view[:] = result.value
 
 
 # Writes: atomic, never a half-written file under the final name.

@@ -3,7 +3,9 @@ one clear line, and the environment that points every client (tensorstore, gcsfs
 etils.epath) at STORAGE_EMULATOR_HOST when it is set."""
 import contextlib
 import functools
+import json
 import os
+import sys
 from collections.abc import Iterator
 from typing import Optional
 
@@ -29,16 +31,36 @@ def timeout_s() -> float:
 
 def configure() -> None:
   """Points every Cloud Storage client at STORAGE_EMULATOR_HOST when it is set (tensorstore,
-  gcsfs and google-cloud-storage, anonymously), and makes etils.epath (Orbax's paths) use gcsfs,
-  not TensorFlow's client, which cannot be pointed anywhere but Google. Before the first use."""
+  gcsfs and google-cloud-storage, anonymously), makes etils.epath (Orbax's paths) use gcsfs, not
+  TensorFlow's client, which cannot be pointed anywhere but Google, and turns gcsfs's listing
+  cache off (objects this layer writes or deletes would not show in it). Before the first use."""
   os.environ.setdefault("EPATH_USE_TF", "false")
   os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+  gcsfs_options = {"use_listings_cache": False}
   host = os.environ.get(EMULATOR)
   if host:
     host = host if "://" in host else f"http://{host}"
     os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", host)
     os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
-    os.environ.setdefault("FSSPEC_GCS_TOKEN", "anon")
+    gcsfs_options["token"] = "anon"
+  for key, value in gcsfs_options.items():  # read by fsspec when it is imported, so also:
+    os.environ.setdefault(f"FSSPEC_GCS_{key.upper()}", json.dumps(value).strip('"'))
+  fsspec = sys.modules.get("fsspec")
+  if fsspec is not None:
+    fsspec.config.conf.setdefault("gcs", {}).update(gcsfs_options)
+
+
+@functools.lru_cache(maxsize=None)
+def start_tensorstore() -> None:
+  """Makes tensorstore set up its Cloud Storage credentials now: against an emulator it says so
+  on stderr once per process, which a caller that silences stderr around this keeps quiet."""
+  configure()
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  try:
+    store = ts.KvStore.open({"driver": "gcs", "bucket": "ao-mdm-start"}).result()
+    store.read("start").result(timeout=timeout_s())
+  except Exception:  # pylint: disable=broad-except  (the bucket need not exist)
+    pass
 
 
 @functools.lru_cache(maxsize=None)

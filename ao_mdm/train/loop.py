@@ -34,6 +34,21 @@ def _log(message: str) -> None:
     print(message, flush=True)
 
 
+class _StartClock:
+  """Wall seconds of each phase of a start, from the process's own start to the first step
+  (what a restart after a preemption costs; `ao-mdm bench restart` reads them)."""
+
+  def __init__(self):
+    import psutil  # pylint: disable=g-import-not-at-top
+    self.last = psutil.Process().create_time()
+    self.phases: dict = {}
+
+  def mark(self, phase: str) -> None:
+    now = time.time()
+    self.phases[phase] = self.phases.get(phase, 0.0) + now - self.last
+    self.last = now
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        init_from: Optional[str] = None, start_over: bool = False) -> dict:
   """Train on config.data, log, evaluate and checkpoint to workdir; return the eval losses.
@@ -43,25 +58,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   imported checkpoint (a warm start). If no checkpoint reads, it stops unless `start_over`.
   One run per work dir (checkpoints.WorkdirLock).
   """
+  clock = _StartClock()
+  clock.mark("process_and_imports")
+  jax.devices()
+  clock.mark("jax")
   if init_from and workdir_lib.has_checkpoints(workdir):
     raise ValueError(f"--init_from {init_from} given, but --workdir {workdir} already holds "
                      "checkpoints; to resume that run, drop --init_from; to warm-start, give a "
                      "new --workdir")
   program = train_step.make_program(config)
   program.check_fits()
+  clock.mark("program")
   init_params = _init_params(config, init_from) if init_from else None
   from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
   lock = checkpoints.WorkdirLock(workdir, log=_log) if jax.process_index() == 0 else None
   release = lock.release if lock else lambda: None
   try:
     with interrupts.on_interrupt(release):  # a new work dir holding only the lock goes too
-      return _train(program, workdir, init_params, init_from, start_over, lock)
+      return _train(program, workdir, init_params, init_from, start_over, lock, clock)
   finally:
     release()
 
 
 def _train(program: train_step.Program, workdir: str, init_params: Any, init_from: Optional[str],
-           start_over: bool, lock: Optional[checkpoints.WorkdirLock]) -> dict:
+           start_over: bool, lock: Optional[checkpoints.WorkdirLock], clock: _StartClock) -> dict:
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
   from ao_mdm.data import pipeline, tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
@@ -74,6 +94,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
       split: pipeline.eval_blocks(prepared_split, config.model.block_size,
                                   max_blocks=t.eval_batches * t.batch_size)
       for split, prepared_split in splits.items()}
+  clock.mark("data")
   if jax.process_index() == 0:
     checkpoints.clean_workdir(workdir, _log)
   multihost_utils.sync_global_devices("work dir cleaned")
@@ -111,6 +132,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
       params = jax.device_put(init_params, program.shardings.params)
       state = state.replace(params=params, ema_params=jax.tree.map(jnp.copy, params))
       _log(f"initialised params from {init_from}")
+  clock.mark("restore")
   # Validation goes through the scorer of `ao-mdm eval`, on the training mesh.
   scorer = perplexity.Scorer(state.ema_params, config.model, config.mesh)
 
@@ -155,6 +177,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
     results["initial"] = run_eval(state.params)
     _log(f"step 0 eval: {_format_eval(results['initial'])}")
   first = int(state.step)
+  clock.mark("setup")
   stop_request = interrupts.StopRequest()
   pending, window = None, None  # (step, metrics) of the previous step; (time, step) of a read
   saved = None  # the step of the last checkpoint written, checked at the next save
@@ -162,6 +185,12 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
     for step in range(first, t.num_steps):
       tokens = program.global_batch(next(data_iter))
       state, metrics = program.step(state, tokens)
+      if step == first:  # the start, phase by phase, once its first step has run
+        jax.block_until_ready(metrics)
+        clock.mark("first_step")
+        run_log.scalars(step + 1, {f"startup/{k}_s": v for k, v in clock.phases.items()})
+        _log(f"first step {sum(clock.phases.values()):.1f} s after the process started: "
+             + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in clock.phases.items()))
       if pending is not None:  # the previous step's metrics, read while this step runs
         window = _maybe_log(pending, window, t, log_metrics)
       pending = (step + 1, metrics)
