@@ -1,10 +1,10 @@
 """Ctrl-C and SIGTERM: every command stops cleanly; training first saves at a step boundary.
 
-`ao-mdm` calls `install()` first: from then on Ctrl-C runs the cleanups registered with
-`on_interrupt` (an output's temporary file removed, finished samples kept), prints one line
-and exits 130 at once, so no library is interrupted mid-work (no traceback, no half-written
-file, and a restore can never take an interrupt for a corrupt checkpoint). The training loop
-runs inside `StopRequest`, which saves first.
+`ao-mdm` calls `install()` first: from then on Ctrl-C and SIGTERM run the cleanups registered
+with `on_interrupt` (an output's temporary file removed, finished samples kept), print one line
+and exit at once (130 after Ctrl-C, 143 after SIGTERM), so no library is interrupted mid-work
+(no traceback, no half-written file, and a restore can never take an interrupt for a corrupt
+checkpoint). The training loop runs inside `StopRequest`, which saves first.
 """
 import contextlib
 import os
@@ -19,18 +19,23 @@ from ao_mdm.storage import fs
 _CLEANUPS: list = []
 
 
+_REAL_STDERR: list = []  # the real stderr's descriptor while stderr is silenced (nested: the outer)
+
+
 @contextlib.contextmanager
 def silenced_stderr() -> Iterator[int]:
   """File descriptor 2 goes to /dev/null inside (C++ libraries write there directly, past
-  sys.stderr); yields a descriptor of the real stderr."""
+  sys.stderr); yields a descriptor of the real stderr (the same one when nested)."""
   sys.stderr.flush()
   saved = os.dup(2)
   quiet = os.open(os.devnull, os.O_WRONLY)
   os.dup2(quiet, 2)
   os.close(quiet)
+  _REAL_STDERR.append(_REAL_STDERR[0] if _REAL_STDERR else saved)
   try:
-    yield saved
+    yield _REAL_STDERR[-1]
   finally:
+    _REAL_STDERR.pop()
     sys.stderr.flush()
     os.dup2(saved, 2)
     os.close(saved)
@@ -39,22 +44,26 @@ def silenced_stderr() -> Iterator[int]:
 def _exit_now(signum, frame) -> None:
   """Runs the cleanups with stderr silenced (threads of a library still at work, e.g. Orbax's
   writers losing their temp dir, would print tracebacks), then says what they report."""
-  del signum, frame
+  del frame
   with silenced_stderr() as stderr:
     said = []
     for cleanup in reversed(_CLEANUPS):
       try:
         said.append(cleanup())
       except Exception as e:  # pylint: disable=broad-except  (exit regardless)
-        said.append(f"cleanup after Ctrl-C failed: {e}")
+        said.append(f"cleanup after the interrupt failed: {e}")
     sys.stdout.flush()
-    lines = [line for line in said if line] + ["interrupted"]
+    how = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+    lines = [line for line in said if line] + [how]
     os.write(stderr, ("\n".join(lines) + "\n").encode())
-    os._exit(130)  # pylint: disable=protected-access
+    os._exit(128 + signum)  # pylint: disable=protected-access
 
 
 def install() -> None:
-  signal.signal(signal.SIGINT, _exit_now)
+  """Ctrl-C and SIGTERM run the registered cleanups and exit (a training loop's StopRequest
+  takes both over while it runs, to save first)."""
+  for signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(signum, _exit_now)
 
 
 def remove_tree(path: str, settle_s: float = 0.2, limit_s: float = 5.0) -> None:

@@ -1,4 +1,5 @@
-"""Tiny AO-GPT for the CPU demo and the tests: trains in a few minutes on 2 cores."""
+"""The smallest config (the base_config() defaults: L=4, D=128, T=128, SentencePiece vocab 2,048):
+what the tests and the examples use; the `make demo` model is configs/demo.py."""
 import ml_collections
 
 from ao_mdm.config import base_config

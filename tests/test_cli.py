@@ -11,6 +11,7 @@ import sys
 import time
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -74,7 +75,19 @@ def files(data_dir, tmp_path_factory):
   (root / "bad_syntax.py").write_text("def get_config(:\n")
   (root / "no_get_config.py").write_text("x = 1\n")
   (root / "list_config.py").write_text("def get_config():\n  return [1]\n")
-  return {"root": str(root), "run": run, "export": export, "no_tokenizer": no_tokenizer}
+  (root / "misspelt.py").write_text("from ao_mdm.config import base_config\n\n\n"
+                                    "def get_config():\n  c = base_config()\n"
+                                    "  c.train.num_step = 10\n  return c\n")
+  for name, inside in (("ckfile", "checkpoints"), ("tokfile", "tokenizer")):
+    (root / name).mkdir()
+    (root / name / inside).write_text("a file where a run keeps a directory\n")
+  from ao_mdm.decode import draft  # pylint: disable=g-import-not-at-top
+  cfg = tiny_config(data_dir).model
+  head = checkpoints.write_params_export(str(root / "head"), ml_collections.ConfigDict(
+      {"model": cfg.to_dict(), "draft_head": {"base_fingerprint": "0"}}),
+      draft.init_head(cfg, jax.random.key(0)))
+  return {"root": str(root), "run": run, "export": export, "no_tokenizer": no_tokenizer,
+          "head": head}
 
 
 TINY = "--config=configs/tiny.py"
@@ -93,7 +106,8 @@ BAD_INPUTS = [
      "train` only"),
     (["bench", "train", TINY, "--baseline=tf"],
      "--baseline=tf: value should be one of <none|torch>"),
-    (["bench", "train", TINY, "--baseline=torch", "--config.model.variant=sigma"],
+    (["bench", "train", "--config=configs/bench_train.py", "--baseline=torch",
+      "--config.model.variant=sigma"],
      "model.variant='sigma': the PyTorch training step is written for AO-GPT (ao) only"),
     (["info"], "missing --config"),
     # configs
@@ -221,6 +235,27 @@ BAD_INPUTS = [
     (["compile", TINY, "--topology=v5e:1", "--program=sample", "--dtype=float16"], "--dtype"),
     (["bench", "train", TINY, "--dtype=bfloat16"], "applies to `ao-mdm bench sample` only"),
     (["sample", "--checkpoint={run}", "--dtype=int8"], "--dtype"),
+    # what a new user met (issue 33): each one line, nothing written
+    (["compile", TINY, "--topology=v5e:2x2", "--program=sample"],
+     "--topology=v5e:2x2 has 4 chips; --program=sample compiles the sampler for one chip"),
+    (["train", TINY, "--workdir={root}/ckfile"], "checkpoints is a file, where a run keeps"),
+    (["train", TINY, "--workdir={root}/tokfile"], "tokenizer is a file, where a run keeps"),
+    (["train", "--config={root}/misspelt.py", "--workdir={root}/w"],
+     "sets train.num_step, which is no config key; did you mean train.num_steps?"),
+    (["sample", "--checkpoint={head}"], "is a draft head (written by `ao-mdm train-draft`)"),
+    (["eval", "--checkpoint={head}"], "pass it as --draft_head="),
+    (["prepare", TINY, "--workdir={root}/w", "--splits=train,valid"],
+     "dataset 'sotu' has no split 'valid'"),
+    (["info", "--config={root}/a_file"], "is not a Python config file"),
+    (["import-torch", "--checkpoint={root}/empty", "--out={root}/t"], "is a directory; give"),
+    (["sample", "--checkpoint={run}/checkpoints/2"], "is inside a training work dir; give the work"),
+    (["export", "--workdir={run}/checkpoints", "--out={root}/e"], "give the work dir itself"),
+    (["train", TINY, "--workdir={root}/w", "--config.data.prepared_dir={root}/a_file/prep"],
+     "cannot be made: '{root}/a_file' is a file"),
+    (["bench", "sample", TINY], "has no `bench` section, which `ao-mdm bench sample` reads"),
+    (["bench", "sample", "--config=configs/bench_sampler.py", "--config.bench.steps=(16,4096)"],
+     "[4096] outside [1, 1024]"),
+    (["sample", "--checkpoint=gs:/bucket/run"], "did you mean gs://BUCKET/PATH?"),
 ]
 
 

@@ -247,3 +247,32 @@ def test_ensure_across_processes(corpus_file, sp_tokenizer, tmp_path, shared, mo
   reference = prepare.prepare(_config(corpus_file, tmp_path / "tfds", tmp_path / "ref"),
                                sp_tokenizer, "train", shard_docs=SHARD_DOCS)
   assert _files(splits[0]) == _files(splits[1]) == _files(reference)
+
+
+def test_ensure_takes_one_path_when_only_some_processes_find_the_preparation(
+    corpus_file, sp_tokenizer, tmp_path, monkeypatch):
+  """Process 1 finds a preparation that process 0 does not see yet (one finished first): both
+  must still meet at the same barriers, which `all_true` arranges."""
+  import concurrent.futures  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(prepare, "SHARD_DOCS", SHARD_DOCS)
+  barrier = threading.Barrier(2, timeout=20)
+  votes = []
+  roots = [tmp_path / "p0", tmp_path / "p1"]
+  prepare.prepare(_config(corpus_file, tmp_path / "tfds", roots[1]), sp_tokenizer, "train",
+                  shard_docs=SHARD_DOCS, log=lambda _: None)
+
+  def all_true(found):
+    votes.append(found)
+    barrier.wait()
+    return all(votes)
+
+  def run(index):
+    config = _config(corpus_file, tmp_path / "tfds", roots[index])
+    return prepare.ensure(config, sp_tokenizer, "train", workers=1, process_index=index,
+                          process_count=2, barrier=lambda _: barrier.wait(), all_true=all_true,
+                          log=lambda _: None)
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    splits = list(pool.map(run, range(2)))
+  assert sorted(votes) == [False, True] and _files(splits[0]) == _files(splits[1])
+

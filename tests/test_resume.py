@@ -177,7 +177,9 @@ def test_every_checkpoint_unreadable_stops_unless_start_over(data_dir, tmp_path)
   result = train.train_and_evaluate(_small_config(data_dir, 2), workdir, start_over=True)
   assert "initial" in result  # trained from step 0
   assert _steps_in(os.path.join(workdir, "checkpoints")) == [2]
-  assert os.listdir(os.path.join(workdir, "checkpoints_set_aside"))[0].startswith("2.unreadable")
+  aside = sorted(os.listdir(os.path.join(workdir, "checkpoints_set_aside")))
+  assert [n.split(".")[0] for n in aside] == ["2", "metrics", "tensorboard"]  # records too
+  assert aside[0].startswith("2.unreadable")
 
 
 def test_a_second_run_in_the_same_workdir_is_refused(data_dir, tmp_path):

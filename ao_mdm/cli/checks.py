@@ -3,6 +3,7 @@ through paths.py, work dirs and checkpoints through train/workdir.py).
 
 Each raises one FileNotFoundError / FileExistsError / ValueError naming the flag and the value.
 """
+import math
 import os
 
 from ao_mdm import hosts
@@ -124,6 +125,7 @@ def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
                      f"`ao-mdm {command} --help` lists its flags")
   if command == "train":
     _require(v, "config", "workdir")
+    _data_dirs(v["config"])
     paths.directory(v["workdir"], "--workdir")
     workdir_lib.check_writable(v["workdir"])
     if v["init_from"]:
@@ -140,6 +142,7 @@ def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
     paths.new_output_dir(v["workdir"], "--workdir")
   elif command == "prepare":
     _require(v, "config")
+    _data_dirs(v["config"])
     paths.directory(v["workdir"], "--workdir")
     if v["workers"] is not None and v["workers"] < 1:
       raise ValueError(f"--workers={v['workers']} must be >= 1")
@@ -154,6 +157,12 @@ def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
                   "to --program=train (the config sets its batch and compute dtype)")
       elif v["steps"] < 1 or v["batch_size"] < 1:
         raise ValueError(f"--steps={v['steps']} and --batch_size={v['batch_size']} must be >= 1")
+      else:
+        chips = math.prod(int(x) for x in v["topology"].split(":")[1].split("x"))
+        if chips != 1:
+          raise ValueError(f"--topology={v['topology']} has {chips} chips; --program=sample "
+                           "compiles the sampler for one chip: give a one-chip topology such "
+                           "as v5e:1 or v6e:1x1")
   elif command == "bench":
     _require(v, "config")
     if v["dtype"] and bench != "sample":
@@ -171,6 +180,7 @@ def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
       workdir_lib.check_checkpoint(v["checkpoint"])
     if v["draft_head"]:
       workdir_lib.check_checkpoint(v["draft_head"], "--draft_head", workdir_lib.DRAFT_HEAD)
+    _bench_config(v["config"], bench, v["mode"])
   elif command == "tokenizer":
     _require(v, "out")
     if "/" in v["corpus"] or fs.isfile(v["corpus"]):
@@ -200,6 +210,34 @@ def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
   elif command == "import-gpt2":
     _require(v, "hf_dir", "out")
     paths.new_output_dir(v["out"])
+
+
+BENCH_CONFIGS = {"sample": "configs/bench_sampler.py", "train": "configs/bench_train.py",
+                 "data": "configs/bench_data.py"}
+
+
+def _data_dirs(config) -> None:
+  """The preparation's and the TFDS data's directories can be used (checked before any work)."""
+  data = config.data
+  paths.directory(data.get("prepared_dir") or None, "data.prepared_dir")
+  paths.directory(data.get("tfds_dir") or os.environ.get("TFDS_DATA_DIR") or None,
+                  "data.tfds_dir (or TFDS_DATA_DIR)")
+
+
+def _bench_config(config, bench: str, mode: str) -> None:
+  """A benchmark's config has its `bench` section, and every value in it can run (all are
+  checked before the first is timed)."""
+  if bench not in BENCH_CONFIGS:  # bench restart reads its run's own config
+    return
+  if "bench" not in config:
+    raise ValueError(f"--config has no `bench` section, which `ao-mdm bench {bench}` reads; give "
+                     f"{BENCH_CONFIGS[bench]} (or a copy of it)")
+  if bench == "sample" and mode == "parallel":
+    t = int(config.model.block_size)
+    bad = [int(s) for s in config.bench.steps if not 1 <= int(s) <= t]
+    if bad:
+      raise ValueError(f"config.bench.steps={tuple(config.bench.steps)}: {bad} outside [1, {t}] "
+                       "(model.block_size: one token per step at most)")
 
 
 def _sample_inputs(v: dict, given: set) -> None:
@@ -270,11 +308,27 @@ def error_text(e: Exception) -> str:
 
 
 def loaded_config(config) -> None:
-  """A --config that loaded is a ConfigDict (a file that failed to load raises here)."""
+  """A --config that loaded is a ConfigDict (a file that failed to load raises here) whose keys
+  are all base_config()'s (a misspelt field would be ignored and its default used); a
+  benchmark's own `bench` section aside."""
+  import difflib  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
+  from ao_mdm.config import base_config  # pylint: disable=g-import-not-at-top
   config.keys()
   if not isinstance(config, ml_collections.ConfigDict):
     raise TypeError("get_config() did not return a ConfigDict")
+
+  def check(node, base, prefix):
+    for key in node.keys():
+      name = f"{prefix}{key}"
+      if key not in base:
+        close = difflib.get_close_matches(key, list(base.keys()), n=1)
+        hint = f"; did you mean {prefix}{close[0]}?" if close else (
+            f"; {prefix.rstrip('.') or 'the config'} has {', '.join(sorted(base.keys()))}")
+        raise ValueError(f"the --config file sets {name}, which is no config key{hint}")
+      if isinstance(base[key], ml_collections.ConfigDict):
+        check(node[key], base[key], f"{name}.")
+  check({k: v for k, v in config.items() if k != "bench"}, base_config(), "")
 
 
 def config_flag_error(argv: list, e: Exception) -> str:
@@ -287,8 +341,11 @@ def config_flag_error(argv: list, e: Exception) -> str:
   file, _, arg = path.partition(":")  # configs/paper.py:NAME passes NAME to get_config
   if not os.path.isfile(file):
     return f"--config {file!r}: no such file (e.g. configs/tiny.py)"
+  spec = importlib.util.spec_from_file_location("ao_mdm_user_config", file)
+  if spec is None or not file.endswith(".py"):
+    return (f"--config {file!r} is not a Python config file: give a .py file that defines "
+            "get_config() returning a ConfigDict (e.g. configs/tiny.py)")
   try:  # the user's config file, loaded again to say what is wrong with it
-    spec = importlib.util.spec_from_file_location("ao_mdm_user_config", file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config(arg) if arg else module.get_config()

@@ -140,7 +140,8 @@ HANDLERS = {"train": _train, "train-draft": _train_draft, "prepare": _prepare, "
 
 def _usage() -> str:
   lines = ["usage: ao-mdm COMMAND [--flags]", "", "commands:"]
-  return "\n".join(lines + [f"  {name:<10} {text}" for name, text in options.COMMANDS.items()])
+  width = max(map(len, options.COMMANDS))
+  return "\n".join(lines + [f"  {name:<{width}} {text}" for name, text in options.COMMANDS.items()])
 
 
 def _command_help(command: str) -> str:

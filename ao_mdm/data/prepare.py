@@ -69,6 +69,8 @@ _WORKER: list = []  # the _ShardWriter of a worker process, made by its initiali
 
 
 def _init_worker(*args) -> None:
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logging.set_verbosity(logging.ERROR)  # TFDS's notes on a local source are not the user's
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
   _WORKER[:] = [_ShardWriter(*args)]
 
@@ -100,8 +102,18 @@ def _write_shards(jobs: list, workers: int, desc: str, writer_args: tuple):
                        error_callback=done.put)
 
   helpers = min(workers, len(jobs)) - 1
-  pool = multiprocessing.get_context("spawn").Pool(
-      helpers, initializer=_init_worker, initargs=writer_args) if helpers > 0 else None
+  # The pool's semaphores outlive an interrupted run (it exits at once): the tracker process
+  # that multiprocessing starts with the pool would warn of them, which says nothing to a user.
+  warnings_before = os.environ.get("PYTHONWARNINGS")
+  os.environ["PYTHONWARNINGS"] = "ignore:resource_tracker:UserWarning"
+  try:
+    pool = multiprocessing.get_context("spawn").Pool(
+        helpers, initializer=_init_worker, initargs=writer_args) if helpers > 0 else None
+  finally:
+    if warnings_before is None:
+      os.environ.pop("PYTHONWARNINGS")
+    else:
+      os.environ["PYTHONWARNINGS"] = warnings_before
   for _ in range(max(helpers, 0)):
     submit()
   writer, yielded = _ShardWriter(*writer_args), 0
@@ -148,6 +160,12 @@ def _clean_stale(directory: str) -> None:
       pass
 
 
+def _forget(directory: str, index: int) -> None:
+  """Makes shard `index` one to redo: the manifest goes until every shard is verified again."""
+  for name in (prepared.MANIFEST, prepared.VERIFIED, f"shard-{index:05d}.json"):
+    fs.remove(fs.join(directory, name))
+
+
 def _done(directory: str, index: int, first: int, last: int) -> bool:
   """Shard `index` was written completely for documents [first, last)."""
   side = prepared.read_json(fs.join(directory, f"shard-{index:05d}.json"))
@@ -179,10 +197,9 @@ def prepare(data_config: Any, tokenizer: Tokenizer, split: str, *, workers: int 
     return prepared.open_split(data_config, tokenizer, split, docs, log)
   except NotPrepared:
     pass
-  except CorruptShard as e:  # redo that shard; the manifest goes until it is verified again
+  except CorruptShard as e:
     log(f"{e}: preparing it again")
-    for name in (prepared.MANIFEST, prepared.VERIFIED, f"shard-{e.index:05d}.json"):
-      fs.remove(fs.join(directory, name))
+    _forget(directory, e.index)
   fs.makedirs(directory)
   plan = prepared.make_plan(data_config, tokenizer, split, docs, shard_docs)
   found = prepared.read_json(fs.join(directory, prepared.PLAN))
@@ -247,16 +264,23 @@ def _finalize(directory: str, plan: dict, ranges: list, workers: int) -> Prepare
 def ensure(data_config: Any, tokenizer: Tokenizer, split: str, *, workers: int = 0,
            process_index: int = 0, process_count: int = 1,
            barrier: Optional[Callable[[str], None]] = None,
+           all_true: Optional[Callable[[bool], bool]] = None,
            log: Callable = print) -> PreparedSplit:
   """The prepared split, prepared first if needed (what `train` and `eval` call).
 
-  With several processes each prepares its range, then process 0 completes and finalizes; a
-  process that still finds no manifest (no shared file system) prepares the rest itself.
+  With several processes, `all_true(found)` first makes every process take the same path (one
+  may find the manifest that another has just written); then each prepares its range, process
+  0 completes and finalizes, and a process that still finds no manifest (no shared file system)
+  prepares the rest itself.
   """
   try:
-    return prepared.open_split(data_config, tokenizer, split, log=log)
+    found = prepared.open_split(data_config, tokenizer, split, log=log)
   except NotPrepared:
-    pass
+    found = None
+  if process_count > 1 and all_true is not None and not all_true(found is not None):
+    found = None
+  if found is not None:
+    return found
   done = prepare(data_config, tokenizer, split, workers=workers, process_index=process_index,
                  process_count=process_count, log=log)
   if process_count > 1:
@@ -281,7 +305,12 @@ def prepare_command(config: Any, splits: list, workers: Optional[int], workdir: 
     try:
       done = prepared.open_split(config.data, tokenizer, split)
       if verify:
-        prepared.verify(done.directory, done.manifest, rehash=True)
+        try:
+          prepared.verify(done.directory, done.manifest, rehash=True)
+        except CorruptShard as e:
+          print(f"{e}: preparing it again", flush=True)
+          _forget(done.directory, e.index)
+          raise
       how = ("already prepared; every shard hashed again: verified" if verify else
              "already prepared; sizes and versions match the manifest (--verify hashes every "
              "shard again)")

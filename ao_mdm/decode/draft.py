@@ -155,8 +155,10 @@ def fit(cfg: ml_collections.ConfigDict, params: Any, batches: Callable[[], np.nd
     tokens_BT = jnp.asarray(batches())
     head_params, opt_state, kl, overlap_J = train_step(head_params, opt_state, params, tokens_BT,
                                                        jax.random.fold_in(key, i + 1))
-    if i == 0:  # the rate leaves out the compile
+    if i == 0:  # the rate leaves out the compile; a first line says training has begun
       jax.block_until_ready(kl)
+      log(f"train-draft step 1/{s.num_steps}: KL {float(kl):.4f} (compiled and ran in "
+          f"{time.perf_counter() - start:.1f} s); progress every {s.log_every} steps")
       start = time.perf_counter()
     if (i + 1) % s.log_every == 0 or i + 1 == s.num_steps:
       rate = i / max(time.perf_counter() - start, 1e-9)

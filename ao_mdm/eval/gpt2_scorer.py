@@ -158,6 +158,7 @@ def import_hf_gpt2(hf_dir: str, out: str) -> str:
   params = _hf_params(_read_hf_weights(hf_dir), cfg, hf_dir)
   out = fs.absolute(out)
   tmp = out if fs.is_gcs(out) else f"{out}.tmp{os.getpid()}"
+  fs.remove_dead_tmps(out)
   with interrupts.on_interrupt(lambda: interrupts.remove_tree(tmp)):
     try:
       gcs.configure()

@@ -405,6 +405,29 @@ def move(src: str, dst: str) -> None:
     rmtree(src)
 
 
+def alive(pid: int) -> bool:
+  """Whether a process of this host with this pid runs."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    pass
+  return True
+
+
+def remove_dead_tmps(out: str) -> None:
+  """Removes the local temporary directories `<out>.tmp<pid>` of processes that are gone (a
+  write killed by a signal no cleanup could catch)."""
+  parent_dir, name = parent(out), basename(out)
+  if is_gcs(out) or not os.path.isdir(parent_dir):
+    return
+  for entry in os.listdir(parent_dir):
+    pid = entry[len(name) + len(".tmp"):]
+    if entry.startswith(f"{name}.tmp") and pid.isdigit() and not alive(int(pid)):
+      rmtree(os.path.join(parent_dir, entry))
+
+
 def local_dirs(root: str) -> set:
   """The directories under a local root (itself included), for remove_new_empty_dirs."""
   return {d for d, _, _ in os.walk(root)} if os.path.isdir(root) else set()

@@ -22,16 +22,6 @@ class LeaseHeld(FileExistsError):
   """Another live holder has the lease; the message says who."""
 
 
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    pass
-  return True
-
-
 def describe(record: dict) -> str:
   since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("since", time.time())))
   return f"host {record.get('host', '?')}, pid {record.get('pid', '?')}, since {since}"
@@ -85,7 +75,7 @@ class Lease:
       except (ValueError, KeyError, TypeError):
         found, age, lease = {}, float("inf"), self.lease_s
       gone = (found.get("host") == socket.gethostname() and isinstance(found.get("pid"), int)
-              and not _alive(found["pid"]))
+              and not fs.alive(found["pid"]))
       if age <= lease and not gone:
         raise LeaseHeld(describe(found))
       try:

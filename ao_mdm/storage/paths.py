@@ -80,6 +80,11 @@ def directory(path, flag: str) -> None:
     gcs.check_bucket(path)
   if fs.isfile(path):
     raise ValueError(f"{flag} {path!r} is a file; give a directory")
+  here = os.path.dirname(os.path.abspath(path)) if not fs.is_gcs(path) else ""
+  while here and not os.path.exists(here):  # the nearest existing place it would be made in
+    here = os.path.dirname(here)
+  if here and not os.path.isdir(here):
+    raise ValueError(f"{flag} {path!r} cannot be made: {here!r} is a file")
 
 
 def text_file(path: str, flag: str) -> None:

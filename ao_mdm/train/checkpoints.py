@@ -8,8 +8,11 @@ only the bytes they use (checkpoints written before the split hold the EMA insid
 still load). An export holds `<out>/0/{params, config}`. Both are read by `load_params`.
 """
 import concurrent.futures
+import contextlib
+import gc
 import json
 import os
+import sys
 import time
 from typing import Any, Callable, Optional
 
@@ -94,34 +97,74 @@ def restore_newest(mgr: ocp.CheckpointManager, load: Callable[[int, Any], Any],
   for step in sorted(mgr.all_steps(), reverse=True):
     where = f"checkpoint step {step} in {mgr.directory}"
     try:
-      config = read_config(mgr, step)
+      with _quiet_failures():
+        config = read_config(mgr, step)
     except concurrent.futures.CancelledError:  # a cancelled read says nothing of the step
       raise
     except Exception as e:  # pylint: disable=broad-except  (any corruption: skip it)
-      log(f"skipped {where}: its config cannot be read ({_first_line(e)})")
+      log(f"skipped {where}: its config cannot be read ({_why(mgr, step, e)})")
       if skipped is not None:
         skipped.append(step)
       continue
     if check:
       check(config)
     try:
-      return step, config, load(step, config)
+      with _quiet_failures():
+        return step, config, load(step, config)
     except concurrent.futures.CancelledError:
       raise
     except Exception as e:  # pylint: disable=broad-except
-      log(f"skipped {where}: it cannot be restored ({_first_line(e)})")
+      log(f"skipped {where}: it cannot be restored ({_why(mgr, step, e)})")
       if skipped is not None:
         skipped.append(step)
   return None
 
 
-def set_aside(workdir: str, name: str, why: str, log: Callable[[str], None] = print) -> str:
-  """Moves checkpoints/<name> to checkpoints_set_aside/ (renamed, never deleted), so that
-  checkpointing goes on past it; returns the new path."""
+class NotATrainingCheckpoint(ValueError):
+  """A step directory of a work dir that holds no training checkpoint (e.g. an export)."""
+
+
+def _why(mgr: ocp.CheckpointManager, step: int, e: Exception) -> str:
+  """Plain words for why a step does not read: an item missing, or its data unreadable."""
+  if isinstance(e, NotATrainingCheckpoint):
+    return str(e)
+  step_dir = fs.join(str(mgr.directory), str(step))
+  names = set(fs.listdir(step_dir)) if fs.isdir(step_dir) else set()
+  expected = ("params", "config") if "params" in names else ("state", "ema", "data", "config")
+  missing = [name for name in expected if name not in names]
+  if missing:
+    return f"its {' and '.join(missing)} item{'s are' if len(missing) > 1 else ' is'} missing"
+  detail = _first_line(e)
+  if len(detail) > 160 or "pybind11" in detail or "TensorStore(" in detail:
+    detail = type(e).__name__  # a library's repr of its own objects says nothing more
+  return f"its data cannot be read: truncated or corrupt ({detail})"
+
+
+@contextlib.contextmanager
+def _quiet_failures():
+  """Orbax's reader threads and coroutines that a failed read leaves behind print tracebacks
+  (an event loop closed under them, coroutines never awaited); the one line per skipped step
+  says what matters, so those go nowhere while a step is read, and after."""
+  hook = sys.unraisablehook
+  sys.unraisablehook = lambda unraisable: None
+  try:
+    with interrupts.silenced_stderr():
+      yield
+  finally:
+    gc.collect()  # what the failed read left is collected here, still quietly
+    sys.unraisablehook = hook
+
+
+def set_aside(workdir: str, name: str, why: str, log: Callable[[str], None] = print,
+              under: str = CHECKPOINT_SUBDIR) -> str:
+  """Moves <under>/<name> of the work dir (a checkpoint step by default) to
+  checkpoints_set_aside/ (renamed, never deleted), so that checkpointing goes on past it;
+  returns the new path."""
+  relative = f"{under}/{name}" if under else name
   target = fs.join(workdir, SET_ASIDE_SUBDIR,
                    f"{name}.{why}.{time.strftime('%Y%m%d-%H%M%S')}.{os.getpid()}")
-  fs.move(fs.join(workdir, CHECKPOINT_SUBDIR, name), target)
-  log(f"moved checkpoints/{name} ({why}) aside to {target}")
+  fs.move(fs.join(workdir, relative), target)
+  log(f"moved {relative} ({why}) aside to {target}")
   return target
 
 
@@ -223,12 +266,24 @@ def load_params(path: str, weights: str = "ema", log: Callable[[str], None] = pr
     raise ValueError(f"--weights={weights}; accepted here: ema, params (model is for "
                      "import-torch)")
   mgr = reader(path)
-  is_export = _has_item(mgr, mgr.latest_step(), "params")
+  # A training work dir holds training steps only (an export copied into it is skipped, as
+  # `train` sets it aside); an export directory holds one step of params.
+  is_export = not fs.isdir(fs.join(path, CHECKPOINT_SUBDIR))
   if is_export and weights != "ema":
     raise ValueError(f"--weights={weights}: {path} is an export, which holds one set of params "
                      "(the EMA unless made from raw params); use --weights=ema")
 
+  def check(config):
+    if "draft_head" in config:
+      raise ValueError(f"{path} is a draft head (written by `ao-mdm train-draft`), not a model: "
+                       f"pass it as --draft_head={path} with --mode=speculative, and the "
+                       "model's run or export as --checkpoint")
+
   def load(step, config):
+    if not is_export and (_has_item(mgr, step, "params") or not (
+        _has_item(mgr, step, "state") or _has_item(mgr, step, "ema"))):
+      raise NotATrainingCheckpoint("not a training checkpoint (an export's layout, copied into "
+                                   "the work dir?)")
     abstract = train_state.abstract_params(config)
     if shardings is not None:
       abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
@@ -243,10 +298,13 @@ def load_params(path: str, weights: str = "ema", log: Callable[[str], None] = pr
         item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
         partial_restore=True))).state[field]
 
-  found = restore_newest(mgr, load, log=log)
+  found = restore_newest(mgr, load, check, log=log)
   if found is None:
     raise FileNotFoundError(f"no checkpoint under {path} can be read (each is listed above)")
-  _, config, params = found
+  step, config, params = found
+  what = "the export's params" if is_export else (
+      "its EMA params" if weights == "ema" else "its raw params")
+  log(f"loaded {path}, step {step}: {what}")
   return config, params
 
 
@@ -274,7 +332,7 @@ def write_params_export(out: str, config: ml_collections.ConfigDict, params: Any
   out = fs.absolute(out)
   tmp = out if fs.is_gcs(out) else f"{out}.tmp{os.getpid()}"
   if tmp != out:
-    fs.rmtree(tmp)
+    fs.remove_dead_tmps(out)
   remove_tmp = lambda: interrupts.remove_tree(tmp)
   with interrupts.on_interrupt(remove_tmp):
     try:

@@ -118,6 +118,10 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
     if jax.process_index() == 0:
       for step in skipped:
         checkpoints.set_aside(workdir, str(step), "unreadable", _log)
+      if found is None:  # --start_over: a run from step 0 starts its records anew too
+        for name in (workdir_lib.METRICS, workdir_lib.TENSORBOARD):
+          if fs.exists(fs.join(workdir, name)):
+            checkpoints.set_aside(workdir, name, "start-over", _log, under="")
     multihost_utils.sync_global_devices("unreadable checkpoints set aside")
     mgr.reload()
   start = None
@@ -284,6 +288,8 @@ def _prepared(data_config: ml_collections.ConfigDict, tokenizer, split: str):
   """The prepared split, prepared here first if needed (each process its range of shards)."""
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   from ao_mdm.data import prepare  # pylint: disable=g-import-not-at-top
-  return prepare.ensure(data_config, tokenizer, split, process_index=jax.process_index(),
-                         process_count=jax.process_count(),
-                         barrier=multihost_utils.sync_global_devices, log=_log)
+  return prepare.ensure(
+      data_config, tokenizer, split, process_index=jax.process_index(),
+      process_count=jax.process_count(), barrier=multihost_utils.sync_global_devices,
+      all_true=lambda x: bool(np.all(multihost_utils.process_allgather(np.asarray(x)))),
+      log=_log)

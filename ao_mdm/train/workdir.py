@@ -27,6 +27,12 @@ def check_checkpoint(path: str, flag: str = "--checkpoint",
                                  "output") -> None:
   """A training work dir (with checkpoints/) or an export: a directory holding step dirs;
   `want` says what to give instead."""
+  name, above = fs.basename(path.rstrip("/")), fs.parent(path.rstrip("/"))
+  for inside, run in ((name == CHECKPOINTS, above),
+                      (name.isdigit() and fs.basename(above) == CHECKPOINTS, fs.parent(above))):
+    if inside and fs.isdir(fs.join(run, CHECKPOINTS)):
+      raise ValueError(f"{flag} {path!r} is inside a training work dir; give the work dir "
+                       f"itself, {run!r} (its newest readable step is used)")
   if not fs.isdir(path):
     raise FileNotFoundError(f"{flag} {path!r} is not a directory; give {want}")
   steps_dir = fs.join(path, CHECKPOINTS)
