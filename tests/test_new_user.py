@@ -12,6 +12,7 @@ import time
 import pytest
 
 from ao_mdm.config import base_config
+from test_cli import tiny_config  # pylint: disable=g-bad-import-order
 from ao_mdm.data import prepare
 from ao_mdm.data import prepared
 from ao_mdm.storage import fs
@@ -38,11 +39,8 @@ def start(*args, env=None):
 
 
 def small_config(tfds_dir, steps):
-  c = base_config()
-  c.model.update(vocab_size=512, block_size=32, n_layer=1, n_embd=32, n_head=2)
-  c.train.update(batch_size=4, num_steps=steps, warmup_steps=1, log_every=1, eval_batches=1,
-                 eval_every=0, checkpoint_every=2)
-  c.data.tfds_dir = tfds_dir
+  c = tiny_config(tfds_dir)
+  c.train.update(num_steps=steps, log_every=1, checkpoint_every=2)
   return c
 
 
@@ -194,8 +192,9 @@ def test_a_damaged_step_is_one_plain_line(run, tmp_path):
   out = ao_mdm("sample", f"--checkpoint={workdir}", "--num_samples=1", "--steps=2")
   assert out.returncode == 0, out.stderr
   skipped = [line for line in out.stdout.splitlines() if line.startswith("skipped")]
-  assert skipped == [f"skipped checkpoint step 4 in {workdir}/checkpoints: it cannot be restored "
-                     "(its data cannot be read: truncated or corrupt (ValueError))"]
+  assert len(skipped) == 1 and skipped[0].startswith(
+      f"skipped checkpoint step 4 in {workdir}/checkpoints: it cannot be restored (its data "
+      "cannot be read: truncated or corrupt")
   assert "Exception ignored" not in out.stderr and "Event loop is closed" not in out.stderr
   assert len(out.stderr.splitlines()) <= 2, out.stderr
   shutil.rmtree(os.path.join(workdir, "checkpoints", "4", "ema"))

@@ -37,16 +37,22 @@ def test_no_module_uses_another_modules_private_names():
   assert not found, "\n".join(found)
 
 
-def test_the_rule_catches_both_forms(tmp_path):
+def _rule_on(rule, tmp_path, text: str) -> list:
+  """What `rule` finds in a file bad.py of `text` (paths relative to tmp_path)."""
   bad = tmp_path / "bad.py"
-  bad.write_text("from ao_mdm import sampling\nfrom ao_mdm.model import _helper\n"
-                 "sampling._decoder()\nlocal = object()\nlocal._fine = 1\n")
+  bad.write_text(text)
   global ROOT  # pylint: disable=global-statement
   root, ROOT = ROOT, tmp_path
   try:
-    found = _private_uses(bad)
+    return rule(bad)
   finally:
     ROOT = root
+
+
+def test_the_rule_catches_both_forms(tmp_path):
+  found = _rule_on(_private_uses, tmp_path,
+                   "from ao_mdm import sampling\nfrom ao_mdm.model import _helper\n"
+                   "sampling._decoder()\nlocal = object()\nlocal._fine = 1\n")
   assert found == ["bad.py:2 imports _helper", "bad.py:3 uses sampling._decoder"]
 
 
@@ -96,14 +102,8 @@ def test_file_access_goes_through_the_storage_layer():
 
 
 def test_the_file_access_rule_catches_each_form(tmp_path):
-  bad = tmp_path / "bad.py"
-  bad.write_text("import os, shutil\nopen('x')\nos.path.isfile('x')\nos.replace('a', 'b')\n"
-                 "shutil.rmtree('d')\nos.path.join('a', 'b')\nos.environ.get('X')\n")
-  global ROOT  # pylint: disable=global-statement
-  root, ROOT = ROOT, tmp_path
-  try:
-    found = _file_access(bad)
-  finally:
-    ROOT = root
+  found = _rule_on(_file_access, tmp_path,
+                   "import os, shutil\nopen('x')\nos.path.isfile('x')\nos.replace('a', 'b')\n"
+                   "shutil.rmtree('d')\nos.path.join('a', 'b')\nos.environ.get('X')\n")
   assert found == ["bad.py:2 open", "bad.py:3 os.path.isfile", "bad.py:4 os.replace",
                    "bad.py:5 shutil.rmtree"]

@@ -178,6 +178,8 @@ def _run(args: list) -> None:
   command, rest, what = args[0], args[1:], ""
   from ao_mdm import interrupts
   interrupts.install()
+  if not os.environ.get("AO_MDM_TRACEBACK"):  # errors that Python ignores anyway (a library's
+    sys.unraisablehook = lambda unraisable: None  # coroutines left by a failed read, collected)
   try:
     checks.quiet_environment()
   except ValueError as e:
