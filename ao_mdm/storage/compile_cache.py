@@ -119,11 +119,14 @@ def enable(path: Optional[str], max_bytes: int = MAX_BYTES) -> Optional[Cache]:
   if path is None:
     jax.config.update("jax_enable_compilation_cache", False)
     return None
-  from jax._src import compilation_cache  # pylint: disable=g-import-not-at-top
   cache = Cache(path, max_bytes)
-  # JAX builds its cache through this function the first time it compiles.
-  compilation_cache.get_file_cache = lambda _: (cache, path)
-  compilation_cache.reset_cache()
+  try:  # JAX builds its cache through this function the first time it compiles
+    from jax._src import compilation_cache  # pylint: disable=g-import-not-at-top
+    compilation_cache.get_file_cache = lambda _: (cache, path)
+    compilation_cache.reset_cache()
+  except (ImportError, AttributeError):  # another JAX: its own file cache, bounded alike
+    cache = None
+    jax.config.update("jax_compilation_cache_max_size", max_bytes)
   jax.config.update("jax_enable_compilation_cache", True)
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
