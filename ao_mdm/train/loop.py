@@ -107,7 +107,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
                        + "; ".join(diffs) + ". Use a new work dir or the matching config.")
   skipped = []
   found = checkpoints.restore_newest(
-      mgr, lambda step, _: checkpoints.restore(mgr, step, program.abstract_state(), data_iter),
+      mgr, lambda step, _: checkpoints.restore(mgr, step, program.abstract_state, data_iter),
       check, log=_log, skipped=skipped)
   if found is None and skipped and not start_over:
     raise ValueError(

@@ -52,14 +52,19 @@ def init_state(config: ml_collections.ConfigDict, key: jax.Array) -> TrainState:
                     params=params, opt_state=opt_state, ema_params=params)
 
 
-def state_shardings(config: ml_collections.ConfigDict, mesh, axis_rules) -> Any:
-  abstract = jax.eval_shape(functools.partial(init_state, config), jax.random.key(0))
-  return sharding.logical_shardings(abstract, mesh, axis_rules)
+def sharded_shapes(config: ml_collections.ConfigDict, mesh, axis_rules) -> tuple[Any, TrainState]:
+  """(NamedSharding per leaf, the unboxed ShapeDtypeStructs carrying them), from one trace of
+  the initialiser."""
+  boxed = jax.eval_shape(functools.partial(init_state, config), jax.random.key(0))
+  shardings = sharding.logical_shardings(boxed, mesh, axis_rules)
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          nn.unbox(boxed), shardings)
+  return shardings, abstract
 
 
-def create_state(config: ml_collections.ConfigDict, mesh, axis_rules) -> TrainState:
-  """Initialise the train state directly sharded over the mesh."""
-  shardings = state_shardings(config, mesh, axis_rules)
+def create_state(config: ml_collections.ConfigDict, mesh, axis_rules,
+                 shardings: Any) -> TrainState:
+  """Initialise the train state directly sharded over the mesh (`shardings`: sharded_shapes')."""
   init = jax.jit(lambda key: nn.unbox(init_state(config, key)), out_shardings=shardings)
   with jax.set_mesh(mesh), nn.logical_axis_rules(axis_rules):
     return init(jax.random.key(config.seed))

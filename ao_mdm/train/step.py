@@ -122,29 +122,24 @@ class Program:
   """The sharded training program of a config: one constructor for train, bench, compile, tests.
 
   `step(state, tokens_BT)` runs the jitted train step on `mesh` with the state donated;
-  `step.jitted` is the jax.jit object (for lowering ahead of time).
+  `step.jitted` is the jax.jit object (for lowering ahead of time). `abstract_state`: the
+  state's ShapeDtypeStructs carrying their shardings (restore and AOT targets).
   """
   config: ml_collections.ConfigDict
   mesh: jax.sharding.Mesh
   axis_rules: tuple
   shardings: TrainState  # NamedSharding per leaf
+  abstract_state: TrainState
   batch_sharding: jax.sharding.NamedSharding
   step: Callable
 
   def init_state(self) -> TrainState:
-    return train_state.create_state(self.config, self.mesh, self.axis_rules)
-
-  def abstract_state(self) -> TrainState:
-    """ShapeDtypeStructs of the state carrying its shardings (restore and AOT targets)."""
-    abstract = jax.eval_shape(lambda: nn.unbox(train_state.init_state(
-        self.config, jax.random.key(0))))
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, self.shardings)
+    return train_state.create_state(self.config, self.mesh, self.axis_rules, self.shardings)
 
   def check_fits(self) -> None:
     """Refuses, before anything is allocated, a train state larger than a device's memory
     (params, EMA and both Adam moments; activations come on top)."""
-    abstract = self.abstract_state()
+    abstract = self.abstract_state
     need = sum(int(np.prod(a.sharding.shard_shape(a.shape))) * a.dtype.itemsize
                for a in jax.tree.leaves(abstract))
     device, where = self.mesh.devices.flat[0], "each device"
@@ -176,7 +171,7 @@ def make_program(config: ml_collections.ConfigDict, devices: Optional[list] = No
   if t.batch_size % (dp * t.microbatches):
     raise ValueError(f"train.batch_size={t.batch_size} must be divisible by the data-parallel "
                      f"size {dp} times train.microbatches={t.microbatches}")
-  shardings = train_state.state_shardings(config, mesh, axis_rules)
+  shardings, abstract = train_state.sharded_shapes(config, mesh, axis_rules)
   batch = sharding.batch_sharding(mesh, axis_rules)
   jitted = jax.jit(make_train_step(config), in_shardings=(shardings, batch),
                    out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
@@ -185,4 +180,4 @@ def make_program(config: ml_collections.ConfigDict, devices: Optional[list] = No
     with jax.set_mesh(mesh), nn.logical_axis_rules(axis_rules):
       return jitted(state, tokens_BT)
   step.jitted = jitted
-  return Program(config, mesh, axis_rules, shardings, batch, step)
+  return Program(config, mesh, axis_rules, shardings, abstract, batch, step)
