@@ -126,7 +126,6 @@ def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
   if command == "train":
     _require(v, "config", "workdir")
     _data_dirs(v["config"])
-    paths.directory(v["workdir"], "--workdir")
     workdir_lib.check_writable(v["workdir"])
     if v["init_from"]:
       workdir_lib.check_checkpoint(v["init_from"], "--init_from")

@@ -64,11 +64,16 @@ def _writable_parent(path: str, flag: str) -> None:
         raise ValueError(f"{flag} {path!r} cannot be written: {here!r} is a file")
       here = fs.parent(here)
     return
-  here = os.path.dirname(os.path.abspath(path))
-  while not os.path.exists(here):  # missing directories are created
-    here = os.path.dirname(here)
+  here = _nearest_existing(os.path.dirname(os.path.abspath(path)))  # the rest is created
   if not os.path.isdir(here) or not os.access(here, os.W_OK | os.X_OK):
     raise ValueError(f"{flag} {path!r} cannot be written: {here!r} is not a writable directory")
+
+
+def _nearest_existing(local_path: str) -> str:
+  """The path itself or its nearest ancestor that exists."""
+  while not os.path.exists(local_path):
+    local_path = os.path.dirname(local_path)
+  return local_path
 
 
 def directory(path, flag: str) -> None:
@@ -80,10 +85,10 @@ def directory(path, flag: str) -> None:
     gcs.check_bucket(path)
   if fs.isfile(path):
     raise ValueError(f"{flag} {path!r} is a file; give a directory")
-  here = os.path.dirname(os.path.abspath(path)) if not fs.is_gcs(path) else ""
-  while here and not os.path.exists(here):  # the nearest existing place it would be made in
-    here = os.path.dirname(here)
-  if here and not os.path.isdir(here):
+  if fs.is_gcs(path):
+    return
+  here = _nearest_existing(os.path.dirname(os.path.abspath(path)))  # where it would be made
+  if not os.path.isdir(here):
     raise ValueError(f"{flag} {path!r} cannot be made: {here!r} is a file")
 
 
