@@ -1,6 +1,7 @@
 """What a new user met (issue 33), each failing before its fix: records of a run started over,
 a foreign step in a work dir, the saved step logged at an interrupt, SIGTERM during sample and
 export, `~` in a path flag, and what `prepare` calls verified."""
+import contextlib
 import json
 import os
 import shutil
@@ -112,6 +113,35 @@ def test_sigterm_during_sample_keeps_the_finished_samples(run, tmp_path):
   assert lines and all(json.loads(line)["text"] is not None for line in lines)
   assert f"kept the {len(lines)} finished samples in {out_file}" in err
   assert not partial.exists() and "terminated (SIGTERM)" in err
+
+
+def test_a_signal_right_after_a_sample_is_written_counts_it(run, tmp_path, monkeypatch):
+  """The signal's cleanup runs between any two statements: here after the second sample's
+  write, before the loop counts it; the line must name what the file holds."""
+  from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
+  from ao_mdm.decode import generate  # pylint: disable=g-import-not-at-top
+  out, said, cleanups = str(tmp_path / "s.jsonl"), [], []
+  real_append, real_on_interrupt = fs.append, interrupts.on_interrupt
+
+  @contextlib.contextmanager
+  def on_interrupt(cleanup):  # what the signal handler would run
+    cleanups.append(cleanup)
+    with real_on_interrupt(cleanup):
+      yield
+
+  def append_then_signal(path, data):
+    real_append(path, data)
+    if fs.read_bytes(path).count(b"\n") == 2:
+      said.append(cleanups[-1]())
+      raise SystemExit(143)
+  monkeypatch.setattr(generate.interrupts, "on_interrupt", on_interrupt)
+  monkeypatch.setattr(generate.fs, "append", append_then_signal)
+  with pytest.raises(SystemExit):
+    generate.sample_command(run["export"], "ema", out, show=lambda _: None, num_samples=5,
+                            batch_size=1, seed=0, prompt="", infill="", infill_span=8,
+                            mode="parallel", steps=2)
+  assert said == [f"kept the 2 finished samples in {out}"]
+  assert len(fs.read_text(out).splitlines()) == 2
 
 
 def test_sigterm_during_export_leaves_nothing_and_leftovers_of_the_dead_are_removed(run, tmp_path):

@@ -104,12 +104,18 @@ def sample_command(checkpoint: str, weights: str, out: Optional[str], show: Call
   partial = f"{out}.partial" if out else None
   written = [0]
 
-  def keep_finished() -> Optional[str]:
-    """The finished samples go to `out`; says so unless all of them were written."""
-    if not written[0] or not partial:
+  def keep_finished(signalled: bool = False) -> Optional[str]:
+    """The finished samples go to `out`; says how many unless all of them were written (after a
+    signal, counted in the file: the signal may fall between a write and its count)."""
+    if not partial:
+      return None
+    kept = written[0]
+    if signalled and fs.exists(partial):
+      kept = fs.read_bytes(partial).count(b"\n")
+    if not kept:
       return None
     fs.move(partial, out)
-    return f"kept the {written[0]} finished samples in {out}" if written[0] < num_samples else None
+    return f"kept the {kept} finished samples in {out}" if kept < num_samples else None
   updates = []  # the progress bar, made once sample_texts has checked the counts
   records = sample_texts(params, config.model, tokenizer, num_samples=num_samples,
                          batch_size=batch_size, prompt=prompt, infill=infill,
@@ -118,7 +124,7 @@ def sample_command(checkpoint: str, weights: str, out: Optional[str], show: Call
   updates.append(progress(-(-num_samples // min(batch_size, num_samples))))
   if partial:  # a partial file of an earlier, killed call
     fs.remove(partial)
-  with interrupts.on_interrupt(keep_finished):
+  with interrupts.on_interrupt(lambda: keep_finished(signalled=True)):
     try:
       for i, r in enumerate(records):
         show(f"--- sample {i} ({describe(r, mode, settings)}) ---\n"
