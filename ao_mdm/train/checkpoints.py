@@ -30,9 +30,6 @@ from ao_mdm.storage import paths
 from ao_mdm.train import state as train_state
 from ao_mdm.train import workdir as workdir_lib
 
-CHECKPOINT_SUBDIR = workdir_lib.CHECKPOINTS
-SET_ASIDE_SUBDIR = workdir_lib.SET_ASIDE
-LOCK_FILE = workdir_lib.LOCK
 _TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a step being written (locally)
 _COMMITTED = "commit_success.txt"  # Orbax's mark of a finished step on gs://
 
@@ -47,7 +44,7 @@ def manager(directory: str, max_to_keep: Optional[int] = 3, async_save: bool = T
 
 
 def train_manager(workdir: str, max_to_keep: int = 3) -> ocp.CheckpointManager:
-  return manager(fs.join(workdir, CHECKPOINT_SUBDIR), max_to_keep)
+  return manager(fs.join(workdir, workdir_lib.CHECKPOINTS), max_to_keep)
 
 
 def save(mgr: ocp.CheckpointManager, step: int, state: Any, data_iter: Any,
@@ -156,12 +153,12 @@ def _quiet_failures():
 
 
 def set_aside(workdir: str, name: str, why: str, log: Callable[[str], None] = print,
-              under: str = CHECKPOINT_SUBDIR) -> str:
+              under: str = workdir_lib.CHECKPOINTS) -> str:
   """Moves <under>/<name> of the work dir (a checkpoint step by default) to
   checkpoints_set_aside/ (renamed, never deleted), so that checkpointing goes on past it;
   returns the new path."""
   relative = f"{under}/{name}" if under else name
-  target = fs.join(workdir, SET_ASIDE_SUBDIR,
+  target = fs.join(workdir, workdir_lib.SET_ASIDE,
                    f"{name}.{why}.{time.strftime('%Y%m%d-%H%M%S')}.{os.getpid()}")
   fs.move(fs.join(workdir, relative), target)
   log(f"moved {relative} ({why}) aside to {target}")
@@ -172,7 +169,7 @@ def clean_workdir(workdir: str, log: Callable[[str], None] = print) -> None:
   """Before a run resumes (its lock held): removes unfinished checkpoint writes of killed runs
   (a temporary name locally, no commit mark on gs://) and sets aside step directories that are
   not training checkpoints (e.g. an export)."""
-  directory = fs.join(workdir, CHECKPOINT_SUBDIR)
+  directory = fs.join(workdir, workdir_lib.CHECKPOINTS)
   if not fs.isdir(directory):
     return
   for name in fs.listdir(directory):
@@ -203,7 +200,7 @@ class WorkdirLock:
   def __init__(self, workdir: str, log: Callable[[str], None] = print):
     self.created = not fs.exists(workdir)
     fs.makedirs(workdir)
-    self.workdir, self.path = workdir, fs.join(workdir, LOCK_FILE)
+    self.workdir, self.path = workdir, fs.join(workdir, workdir_lib.LOCK)
     try:
       self.lease = lease_lib.Lease(self.path, "ao-mdm train", log=log)
     except lease_lib.LeaseHeld as e:
@@ -244,7 +241,7 @@ def with_defaults(saved: dict) -> ml_collections.ConfigDict:
 
 def reader(path: str) -> ocp.CheckpointManager:
   """A read-only manager over a training work dir or an export directory."""
-  ckpt_dir = fs.join(path, CHECKPOINT_SUBDIR)
+  ckpt_dir = fs.join(path, workdir_lib.CHECKPOINTS)
   directory = ckpt_dir if fs.isdir(ckpt_dir) else path
   if not fs.isdir(directory):
     raise FileNotFoundError(f"no checkpoint directory at {path!r}")
@@ -268,7 +265,7 @@ def load_params(path: str, weights: str = "ema", log: Callable[[str], None] = pr
   mgr = reader(path)
   # A training work dir holds training steps only (an export copied into it is skipped, as
   # `train` sets it aside); an export directory holds one step of params.
-  is_export = not fs.isdir(fs.join(path, CHECKPOINT_SUBDIR))
+  is_export = not fs.isdir(fs.join(path, workdir_lib.CHECKPOINTS))
   if is_export and weights != "ema":
     raise ValueError(f"--weights={weights}: {path} is an export, which holds one set of params "
                      "(the EMA unless made from raw params); use --weights=ema")

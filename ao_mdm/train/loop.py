@@ -113,7 +113,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
     raise ValueError(
         f"no checkpoint in {mgr.directory} can be read (steps {', '.join(map(str, skipped))}, "
         "each listed above); they are left as they are. To train from step 0 anyway, run again "
-        f"with --start_over (they are first moved to {checkpoints.SET_ASIDE_SUBDIR}/)")
+        f"with --start_over (they are first moved to {workdir_lib.SET_ASIDE}/)")
   if skipped:  # so that checkpointing goes on past them
     if jax.process_index() == 0:
       for step in skipped:
