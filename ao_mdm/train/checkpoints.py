@@ -60,7 +60,7 @@ def save(mgr: ocp.CheckpointManager, step: int, state: Any, data_iter: Any,
 
 def restore(mgr: ocp.CheckpointManager, step: int, target: Any, data_iter: Any = None) -> Any:
   """Restore the train state at `step` into `target` (and the data iterator in place)."""
-  split = _has_item(mgr, step, "ema")
+  split = "ema" in _items(mgr, step)
   items = {"state": ocp.args.StandardRestore(target.replace(ema_params=None) if split else target)}
   if split:
     items["ema"] = ocp.args.StandardRestore(target.ema_params)
@@ -70,10 +70,13 @@ def restore(mgr: ocp.CheckpointManager, step: int, target: Any, data_iter: Any =
   return restored.state.replace(ema_params=restored.ema) if split else restored.state
 
 
-def _has_item(mgr: ocp.CheckpointManager, step: int, name: str) -> bool:
-  """Whether checkpoint `step` holds item `name` (`ema`: the current layout of a training
-  step; `params`: an export)."""
-  return fs.isdir(fs.join(str(mgr.directory), str(step), name))
+def _items(mgr: ocp.CheckpointManager, step: int) -> set:
+  """The names in checkpoint `step`'s directory, read in one listing (`ema`: the current layout
+  of a training step; `params`: an export)."""
+  try:
+    return set(fs.listdir(fs.join(str(mgr.directory), str(step))))
+  except FileNotFoundError:
+    return set()
 
 
 def read_config(mgr: ocp.CheckpointManager, step: int) -> ml_collections.ConfigDict:
@@ -125,8 +128,7 @@ def _why(mgr: ocp.CheckpointManager, step: int, e: Exception) -> str:
   """Plain words for why a step does not read: an item missing, or its data unreadable."""
   if isinstance(e, NotATrainingCheckpoint):
     return str(e)
-  step_dir = fs.join(str(mgr.directory), str(step))
-  names = set(fs.listdir(step_dir)) if fs.isdir(step_dir) else set()
+  names = _items(mgr, step)
   expected = ("params", "config") if "params" in names else ("state", "ema", "data", "config")
   missing = [name for name in expected if name not in names]
   if missing:
@@ -277,15 +279,15 @@ def load_params(path: str, weights: str = "ema", log: Callable[[str], None] = pr
                        "model's run or export as --checkpoint")
 
   def load(step, config):
-    if not is_export and (_has_item(mgr, step, "params") or not (
-        _has_item(mgr, step, "state") or _has_item(mgr, step, "ema"))):
+    items = _items(mgr, step)
+    if not is_export and ("params" in items or not items & {"state", "ema"}):
       raise NotATrainingCheckpoint("not a training checkpoint (an export's layout, copied into "
                                    "the work dir?)")
     abstract = train_state.abstract_params(config)
     if shardings is not None:
       abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                               abstract, shardings(config))
-    if is_export or (weights == "ema" and _has_item(mgr, step, "ema")):
+    if is_export or (weights == "ema" and "ema" in items):
       name = "params" if is_export else "ema"
       return mgr.restore(step, args=ocp.args.Composite(
           **{name: ocp.args.StandardRestore(abstract)}))[name]
