@@ -87,6 +87,26 @@ def on_interrupt(cleanup: Callable[[], Optional[str]]) -> Iterator[None]:
     _CLEANUPS.remove(cleanup)
 
 
+@contextlib.contextmanager
+def output_dir(out: str) -> Iterator[str]:
+  """Where to write the directory `out` so that nothing unfinished is ever read under its name:
+  locally a temporary directory beside it (those of dead processes removed first), renamed to
+  `out` at the end; on gs:// `out` itself (its writer puts its completion mark last). An error
+  or an interrupt inside removes what was written."""
+  out = fs.absolute(out)
+  tmp = out if fs.is_gcs(out) else fs.tmp_name(out)
+  fs.remove_dead_tmps(fs.parent(out))
+  remove = lambda: remove_tree(tmp)
+  with on_interrupt(remove):
+    try:
+      yield tmp
+      if tmp != out:
+        fs.move(tmp, out)
+    except BaseException:
+      remove()
+      raise
+
+
 class StopRequest:
   """While alive, SIGTERM and a first Ctrl-C set `requested` (the loop saves at the next step
   boundary and exits: `exit_code` 0 after SIGTERM, as a preemption, 130 after Ctrl-C); a Ctrl-C

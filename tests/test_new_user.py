@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -148,7 +149,7 @@ def test_sigterm_during_export_leaves_nothing_and_leftovers_of_the_dead_are_remo
   out_dir = tmp_path / "export"
   dead = subprocess.Popen([sys.executable, "-c", "pass"])
   dead.wait()
-  leftover = tmp_path / f"export.tmp{dead.pid}"  # what a kill -9 of an export leaves
+  leftover = tmp_path / f"export.tmp-{socket.gethostname()}-{dead.pid}.0123abcd"  # a kill -9's
   (leftover / "0").mkdir(parents=True)
   proc = start("export", f"--workdir={run['run']}", f"--out={out_dir}")
   deadline = time.time() + 120

@@ -62,12 +62,11 @@ def write_synthetic_corpus(path: str, tokens: int, seed: int = 0) -> int:
   from ao_mdm.data import gpt2  # pylint: disable=g-import-not-at-top
   sample = list(synthetic_documents(2_000_000, seed=seed + 1))
   chars_per_token = sum(map(len, sample)) / sum(map(len, gpt2.GPT2Tokenizer().encode_batch(sample)))
-  tmp, n = f"{path}.tmp{os.getpid()}", 0
-  with open(tmp, "w", encoding="utf-8") as f:
+  n = 0
+  with fs.open_write(path) as f:
     for doc in synthetic_documents(int(tokens * chars_per_token), seed=seed):
-      f.write(doc + "\n")
+      f.write((doc + "\n").encode("utf-8"))
       n += 1
-  os.replace(tmp, path)
   return n
 
 

@@ -7,7 +7,6 @@ import multiprocessing
 import os
 import queue
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -142,24 +141,6 @@ def default_workers() -> int:
   return len(os.sched_getaffinity(0))
 
 
-def _clean_stale(directory: str) -> None:
-  """Removes local temporary files left by killed processes of this host (never a live one's;
-  on gs:// an unfinished upload leaves nothing)."""
-  if fs.is_gcs(directory):
-    return
-  host = socket.gethostname()
-  for name in fs.listdir(directory):
-    match = prepared.TMP_NAME.search(name)
-    if not match or match[1] != host:
-      continue
-    try:
-      os.kill(int(match[2]), 0)
-    except ProcessLookupError:
-      fs.remove(fs.join(directory, name))
-    except PermissionError:
-      pass
-
-
 def _forget(directory: str, index: int) -> None:
   """Makes shard `index` one to redo: the manifest goes until every shard is verified again."""
   for name in (prepared.MANIFEST, prepared.VERIFIED, f"shard-{index:05d}.json"):
@@ -210,7 +191,7 @@ def prepare(data_config: Any, tokenizer: Tokenizer, split: str, *, workers: int 
                        f"not {shard_docs}; use that value or remove the directory")
   if found != plan:
     fs.write_json(fs.join(directory, prepared.PLAN), plan)
-  _clean_stale(directory)
+  fs.remove_dead_tmps(directory)  # of killed workers
   n_shards = max(1, -(-len(docs) // shard_docs))
   ranges = [(k, k * shard_docs, min(len(docs), (k + 1) * shard_docs)) for k in range(n_shards)]
   mine = ranges[process_index * n_shards // process_count:

@@ -23,7 +23,6 @@ import bisect
 import concurrent.futures
 import hashlib
 import json
-import re
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
@@ -40,7 +39,6 @@ MANIFEST = "manifest.json"
 PLAN = "plan.json"
 VERIFIED = "verified.json"
 COUNTS = "token_counts.npy"
-TMP_NAME = re.compile(r"\.tmp-(.+)-(\d+)\.[0-9a-f]{8}$")  # fs.tmp_name's, of a local write
 
 
 class NotPrepared(FileNotFoundError):

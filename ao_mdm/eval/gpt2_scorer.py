@@ -4,7 +4,6 @@ letters"): B batch, T tokens, D width, F MLP width, H heads, K head dim, V vocab
 """
 import dataclasses
 import io
-import os
 from typing import Any
 
 import flax
@@ -156,22 +155,13 @@ def import_hf_gpt2(hf_dir: str, out: str) -> str:
   if unsupported:
     raise ValueError(f"{config_path}: unsupported GPT-2 option(s) {unsupported}")
   params = _hf_params(_read_hf_weights(hf_dir), cfg, hf_dir)
-  out = fs.absolute(out)
-  tmp = out if fs.is_gcs(out) else f"{out}.tmp{os.getpid()}"
-  fs.remove_dead_tmps(out)
-  with interrupts.on_interrupt(lambda: interrupts.remove_tree(tmp)):
-    try:
-      gcs.configure()
-      with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(fs.join(tmp, PARAMS_DIR), params)
-        ckptr.wait_until_finished()
-      fs.write_json(fs.join(tmp, CONFIG_FILE), {"kind": "gpt2", **dataclasses.asdict(cfg)})
-      if tmp != out:
-        fs.move(tmp, out)
-    except BaseException:
-      interrupts.remove_tree(tmp)
-      raise
-  return out
+  gcs.configure()
+  with interrupts.output_dir(out) as tmp:
+    with ocp.StandardCheckpointer() as ckptr:
+      ckptr.save(fs.join(tmp, PARAMS_DIR), params)
+      ckptr.wait_until_finished()
+    fs.write_json(fs.join(tmp, CONFIG_FILE), {"kind": "gpt2", **dataclasses.asdict(cfg)})
+  return fs.absolute(out)
 
 
 def _export_config(path: str) -> dict | None:

@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import socket
 import threading
 import uuid
@@ -256,6 +257,9 @@ def makedirs(path: str) -> None:
     os.makedirs(path, exist_ok=True)
 
 
+_TMP = re.compile(r"\.tmp-(.+)-(\d+)\.[0-9a-f]{8}$")  # tmp_name's: (host, pid)
+
+
 def tmp_name(path: str) -> str:
   """A temporary name beside `path` that says which host and process write it."""
   return f"{path}.tmp-{socket.gethostname()}-{os.getpid()}.{uuid.uuid4().hex[:8]}"
@@ -416,16 +420,17 @@ def alive(pid: int) -> bool:
   return True
 
 
-def remove_dead_tmps(out: str) -> None:
-  """Removes the local temporary directories `<out>.tmp<pid>` of processes that are gone (a
-  write killed by a signal no cleanup could catch)."""
-  parent_dir, name = parent(out), basename(out)
-  if is_gcs(out) or not os.path.isdir(parent_dir):
+def remove_dead_tmps(directory: str) -> None:
+  """Removes the temporary files and directories (tmp_name's) in a local directory of processes
+  of this host that are gone: writes killed by a signal no cleanup could catch. (On gs:// an
+  unfinished write leaves nothing to remove.)"""
+  if is_gcs(directory) or not os.path.isdir(directory):
     return
-  for entry in os.listdir(parent_dir):
-    pid = entry[len(name) + len(".tmp"):]
-    if entry.startswith(f"{name}.tmp") and pid.isdigit() and not alive(int(pid)):
-      rmtree(os.path.join(parent_dir, entry))
+  host = socket.gethostname()
+  for entry in os.listdir(directory):
+    match = _TMP.search(entry)
+    if match and match[1] == host and not alive(int(match[2])):
+      rmtree(os.path.join(directory, entry))
 
 
 def local_dirs(root: str) -> set:

@@ -328,23 +328,12 @@ def write_params_export(out: str, config: ml_collections.ConfigDict, params: Any
   read as an export: locally into a temporary directory, renamed at the end; on gs:// in place,
   the tokenizer first and Orbax's commit mark last. An error or Ctrl-C removes what was written."""
   paths.new_output_dir(out)
-  out = fs.absolute(out)
-  tmp = out if fs.is_gcs(out) else f"{out}.tmp{os.getpid()}"
-  if tmp != out:
-    fs.remove_dead_tmps(out)
-  remove_tmp = lambda: interrupts.remove_tree(tmp)
-  with interrupts.on_interrupt(remove_tmp):
-    try:
-      if tokenizer_dir and fs.isdir(tokenizer_dir):  # samplers and evaluators read it here
-        fs.copytree(tokenizer_dir, fs.join(tmp, workdir_lib.TOKENIZER))
-      mgr = manager(tmp, max_to_keep=None, async_save=False, item_names=("params", "config"))
-      mgr.save(0, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
-                                          config=ocp.args.JsonSave(json.loads(config.to_json()))))
-      mgr.wait_until_finished()
-      mgr.close()
-      if tmp != out:
-        fs.move(tmp, out)
-    except BaseException:
-      remove_tmp()
-      raise
-  return out
+  with interrupts.output_dir(out) as tmp:
+    if tokenizer_dir and fs.isdir(tokenizer_dir):  # samplers and evaluators read it here
+      fs.copytree(tokenizer_dir, fs.join(tmp, workdir_lib.TOKENIZER))
+    mgr = manager(tmp, max_to_keep=None, async_save=False, item_names=("params", "config"))
+    mgr.save(0, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
+                                        config=ocp.args.JsonSave(json.loads(config.to_json()))))
+    mgr.wait_until_finished()
+    mgr.close()
+  return fs.absolute(out)
