@@ -223,15 +223,15 @@ class RangeReader:
   def read(self, requests: Sequence[tuple[str, int, int]], out: Sequence[memoryview]) -> None:
     """Fills out[i] with bytes [start, stop) of file i; EOFError (its `filename` the file) if a
     file ends early."""
-    pending, stores = [], {}
+    pending = []
     for (path, start, stop), view in zip(requests, out):
       if not path.startswith(GCS):
         if os.preadv(self._fd(path), [view], start) != stop - start:
           raise _ended(path)
         continue
       bucket, key = gcs.split(path)
-      store = stores.get(bucket) or stores.setdefault(bucket, self._store(bucket))
-      pending.append((path, stop - start, view, store.read(key, byte_range=slice(start, stop))))
+      future = self._store(bucket).read(key, byte_range=slice(start, stop))
+      pending.append((path, stop - start, view, future))
     timeout = gcs.timeout_s()
     for path, size, view, future in pending:
       try:
