@@ -17,6 +17,7 @@ import time
 import ml_collections
 
 from ao_mdm.storage import fs
+from ao_mdm.train import workdir as workdir_lib
 
 
 def _command(config_file: str, workdir: str, cache: str) -> list:
@@ -27,7 +28,7 @@ def _command(config_file: str, workdir: str, cache: str) -> list:
 
 def _startup(workdir: str, after: int) -> dict:
   """The newest start's phases recorded in metrics.jsonl (seconds), if its step is > after."""
-  path = fs.join(workdir, "metrics.jsonl")
+  path = fs.join(workdir, workdir_lib.METRICS)
   if not fs.isfile(path):
     return {}
   found = {}
