@@ -292,11 +292,16 @@ def data_config_for(corpus_name_or_path: str) -> ml_collections.ConfigDict:
       {"dataset": dataset, "text_file": text_file, "tokenizer": "sentencepiece", "tfds_dir": ""})
 
 
+def _dataset_infos(root: str) -> list[str]:
+  """The dataset_info.json files under a catalog dataset's directory (one per prepared version)."""
+  return [fs.join(root, f) for f in (fs.files(root) if fs.isdir(root) else [])
+          if fs.basename(f) == "dataset_info.json"]
+
+
 def _catalog_builder(spec: DatasetSpec, tfds_dir: str) -> tfds.core.DatasetBuilder:
   """Opens a prepared catalog dataset from its directory (no registry, no network, no TF)."""
   root = fs.join(tfds_dir, spec.tfds_path)
-  infos = [fs.join(root, f) for f in (fs.files(root) if fs.isdir(root) else [])
-           if fs.basename(f) == "dataset_info.json"]
+  infos = _dataset_infos(root)
   if not infos:
     raise FileNotFoundError(
         f"dataset {spec.name!r} is not prepared: nothing under {root}. Prepare it on a machine "
@@ -391,8 +396,8 @@ def available(data_config: Any) -> bool:
   spec = get_spec(data_config.dataset)
   if spec.make_builder is not None:
     return spec.name == "sotu" or bool(data_config.text_file) and fs.exists(data_config.text_file)
-  root = fs.join(resolve_tfds_dir(data_config.get("tfds_dir", "")), spec.tfds_path)
-  return fs.isdir(root) and any(fs.basename(f) == "dataset_info.json" for f in fs.files(root))
+  return bool(_dataset_infos(fs.join(resolve_tfds_dir(data_config.get("tfds_dir", "")),
+                                     spec.tfds_path)))
 
 
 def load_documents(data_config: Any, split: str, tfds_dir: str) -> Documents:
