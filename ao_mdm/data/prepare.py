@@ -46,7 +46,7 @@ class _ShardWriter:
         h.update(chunk)
         f.write(chunk.tobytes())
         tokens += len(chunk)
-    fs.write_json(path[:-len(".bin")] + ".json", {
+    fs.write_json(fs.join(self.directory, prepared.record_name(index)), {
         "file": prepared.shard_name(index), "documents": [first, last], "tokens": tokens,
         "bytes": tokens * self.dtype.itemsize, "sha256": h.hexdigest()})
     return index, tokens
@@ -143,13 +143,13 @@ def default_workers() -> int:
 
 def _forget(directory: str, index: int) -> None:
   """Makes shard `index` one to redo: the manifest goes until every shard is verified again."""
-  for name in (prepared.MANIFEST, prepared.VERIFIED, f"shard-{index:05d}.json"):
+  for name in (prepared.MANIFEST, prepared.VERIFIED, prepared.record_name(index)):
     fs.remove(fs.join(directory, name))
 
 
 def _done(directory: str, index: int, first: int, last: int) -> bool:
   """Shard `index` was written completely for documents [first, last)."""
-  side = prepared.read_json(fs.join(directory, f"shard-{index:05d}.json"))
+  side = prepared.read_json(fs.join(directory, prepared.record_name(index)))
   if side is None or side.get("documents") != [first, last]:
     return False
   try:
@@ -214,7 +214,8 @@ def prepare(data_config: Any, tokenizer: Tokenizer, split: str, *, workers: int 
 
 def _finalize(directory: str, plan: dict, ranges: list, workers: int) -> PreparedSplit:
   """Checks every shard against its record, counts the tokens, writes the manifest last."""
-  sides = [prepared.read_json(fs.join(directory, f"shard-{k:05d}.json")) for k, _, _ in ranges]
+  sides = [prepared.read_json(fs.join(directory, prepared.record_name(k)))
+           for k, _, _ in ranges]
   jobs = [(fs.join(directory, s["file"]), plan["dtype"], plan["vocab_size"]) for s in sides]
   sums, counts = {}, np.zeros(plan["vocab_size"], np.int64)
   with concurrent.futures.ThreadPoolExecutor(min(workers, 8)) as pool:  # hashing frees the GIL
@@ -224,7 +225,7 @@ def _finalize(directory: str, plan: dict, ranges: list, workers: int) -> Prepare
   verified = {}
   for (k, _, _), side, job in zip(ranges, sides, jobs):
     if sums[job[0]] != side["sha256"]:
-      fs.remove(fs.join(directory, f"shard-{k:05d}.json"))
+      fs.remove(fs.join(directory, prepared.record_name(k)))
       raise ValueError(f"prepared shard {job[0]} does not match its record (sha256 "
                        f"{sums[job[0]][:16]}... vs {side['sha256'][:16]}...); run the same "
                        "command again to redo it")

@@ -66,6 +66,11 @@ def shard_name(index: int) -> str:
   return f"shard-{index:05d}.bin"
 
 
+def record_name(index: int) -> str:
+  """The name of shard `index`'s record (written after the shard: its presence says done)."""
+  return f"shard-{index:05d}.json"
+
+
 def read_json(path: str) -> Optional[dict]:
   """A JSON file of a preparation, None if it is missing."""
   try:
