@@ -111,8 +111,7 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
   The output's `order` is the order the positions were committed in (known ones first).
   """
   options.sampling_options(steps, temperature, top_p, top_k, "l2r", top_p_rule, schedule)
-  if score not in options.SCORES:
-    raise ValueError(f"score={score!r}; accepted: {', '.join(options.SCORES)}")
+  options.one_of("score", score, options.SCORES)
   t = cfg.block_size
   params, cfg = common.with_dtype(params, cfg, dtype)
   tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens,

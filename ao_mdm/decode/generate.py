@@ -32,7 +32,7 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
   Batch i uses seed + i * batch_size; ids beyond the tokenizer's vocab are never drawn.
   """
   options_lib.sample_counts(num_samples, batch_size)
-  options_lib.mode(mode)
+  options_lib.one_of("mode", mode, options_lib.MODES)
   sampler = {"parallel": parallel.sample, "speculative": speculative.sample,
              "confidence": confidence.sample}[mode]
   unknown = set(options) - options_lib.MODE_OPTION_NAMES

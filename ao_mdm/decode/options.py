@@ -24,18 +24,16 @@ def sampling_options(steps, temperature: float, top_p: float, top_k: int, order:
   """One clear ValueError per bad sampling option (steps=None: the default count)."""
   if steps is not None and int(steps) < 1:
     raise ValueError(f"steps={steps} must be >= 1")
-  if schedule not in SCHEDULES:
-    raise ValueError(f"schedule={schedule!r}; accepted: {', '.join(SCHEDULES)}")
+  one_of("schedule", schedule, SCHEDULES)
   if not temperature >= 0:
     raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
   if not 0 < top_p <= 1:
     raise ValueError(f"top_p={top_p} must be in (0, 1]")
   if int(top_k) < 0:
     raise ValueError(f"top_k={top_k} must be >= 0 (0 is off)")
-  if order is not None and order not in ORDERS:
-    raise ValueError(f"order={order!r}; accepted: {', '.join(ORDERS)}")
-  if top_p_rule not in TOP_P_RULES:
-    raise ValueError(f"top_p_rule={top_p_rule!r}; accepted: {', '.join(TOP_P_RULES)}")
+  if order is not None:
+    one_of("order", order, ORDERS)
+  one_of("top_p_rule", top_p_rule, TOP_P_RULES)
 
 
 def sample_counts(num_samples: int, batch_size: int) -> None:
@@ -43,6 +41,7 @@ def sample_counts(num_samples: int, batch_size: int) -> None:
     raise ValueError(f"--num_samples={num_samples} and --batch_size={batch_size} must be >= 1")
 
 
-def mode(name: str) -> None:
-  if name not in MODES:
-    raise ValueError(f"mode={name!r}; accepted: {', '.join(MODES)}")
+def one_of(name: str, value: str, choices: tuple) -> None:
+  """Refuses an option's value outside its choices (e.g. one_of("mode", mode, MODES))."""
+  if value not in choices:
+    raise ValueError(f"{name}={value!r}; accepted: {', '.join(choices)}")

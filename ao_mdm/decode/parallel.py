@@ -32,8 +32,7 @@ def schedule_counts(t: int, known: int, steps: int, schedule: str) -> np.ndarray
   n_i = max(P + int((T - P) * (1 - time_i)), n_{i-1} + 1), every operation in float32 and int()
   truncating; T is our block_size where they write 1024. With P = 0 this is their `generate`.
   """
-  if schedule not in options.SCHEDULES:
-    raise ValueError(f"schedule={schedule!r}; accepted: {', '.join(options.SCHEDULES)}")
+  options.one_of("schedule", schedule, options.SCHEDULES)
   if not 0 <= known < t:
     raise ValueError(f"{known} known tokens leave nothing to generate in T={t} positions")
   if not 1 <= steps <= t - known:
