@@ -356,6 +356,12 @@ def init_params(cfg: ml_collections.ConfigDict, key: jax.Array) -> Any:
   return model.init(key, dummy, jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (1, t)))["params"]
 
 
+def abstract_params(cfg: ml_collections.ConfigDict) -> Any:
+  """The unboxed params' ShapeDtypeStructs, on this process's first device (a restore target)."""
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  shapes = nn.unbox(jax.eval_shape(lambda k: init_params(cfg, k), jax.random.key(0)))
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), shapes)
+
 
 def describe(cfg: ml_collections.ConfigDict) -> str:
   """`ao-mdm info`: the model's shape, parameter count and training FLOPs per token."""

@@ -1,20 +1,19 @@
-"""Device mesh, logical axis rules, host-local <-> global arrays, a device's matmul peak.
+"""Device mesh, logical axis rules, where params live on a mesh, host-local <-> global arrays,
+the start-up of a multi-process run.
 
 docs/design.md, "Sharding", has the mesh axes and the default rules.
 """
-import os
-import time
 from typing import Any, Optional, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from ao_mdm import hosts
+from ao_mdm import model as model_lib
+from ao_mdm.runtime import hosts
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -89,14 +88,42 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
+_PLACEMENTS: dict = {}  # (model config, mesh config) as JSON -> placement(...)
+
+
+def placement(cfg: ml_collections.ConfigDict, mesh_cfg=None) -> tuple:
+  """(mesh, axis rules, param shardings) of model `cfg`'s params on `mesh_cfg` (default: one
+  device), built once per pair in a process: a checkpoint is restored straight into place, and
+  the scorer and the training loop place params alike."""
+  if mesh_cfg is None:
+    from ao_mdm.config import base_config  # pylint: disable=g-import-not-at-top
+    mesh_cfg = base_config().mesh
+  key = (cfg.to_json(), mesh_cfg.to_json())
+  if key not in _PLACEMENTS:
+    mesh, axis_rules = make_mesh(mesh_cfg), rules(mesh_cfg)
+    boxed = jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.key(0)))
+    _PLACEMENTS[key] = mesh, axis_rules, logical_shardings(boxed, mesh, axis_rules)
+  return _PLACEMENTS[key]
+
+
+def param_shardings(cfg: ml_collections.ConfigDict, mesh_cfg=None) -> Any:
+  """Where params of model `cfg` live on `mesh_cfg`: placement's third part."""
+  return placement(cfg, mesh_cfg)[2]
+
+
+class JoinTimeout(TimeoutError):
+  """No answer from the coordinator in time. The join cannot be cancelled and would block the
+  interpreter's exit, so a command that catches this must end the process at once."""
+  exit_now = True
+
+
 def initialize_distributed(coordinator: Optional[str] = None, num_processes: Optional[int] = None,
                            process_id: Optional[int] = None, timeout: int = 180) -> None:
   """Join a multi-process run: explicit coordinator flags, or auto-detected TPU VM / SLURM.
 
-  Gives up after `timeout` seconds with one error (an unreachable coordinator), and Ctrl-C
+  Gives up after `timeout` seconds with JoinTimeout (an unreachable coordinator), and a signal
   works while it waits: the join runs in a thread that this one watches.
   """
-  import sys  # pylint: disable=g-import-not-at-top
   import threading  # pylint: disable=g-import-not-at-top
   if coordinator:
     if num_processes is None or process_id is None or not 0 <= process_id < num_processes:
@@ -118,37 +145,9 @@ def initialize_distributed(coordinator: Optional[str] = None, num_processes: Opt
   thread = threading.Thread(target=join, daemon=True)
   thread.start()
   where = coordinator or f"the coordinator of this {hosts.detected_launcher()} job"
-  try:
-    thread.join(timeout)
-  except KeyboardInterrupt:
-    print("interrupted while joining the other processes", file=sys.stderr, flush=True)
-    os._exit(130)  # pylint: disable=protected-access  (the join cannot be cancelled)
+  thread.join(timeout)
   if thread.is_alive():
-    print(f"error: no answer from {where} within {timeout} s (--init_timeout); is process 0 "
-          "running and the address reachable from here?", file=sys.stderr, flush=True)
-    os._exit(2)  # pylint: disable=protected-access
+    raise JoinTimeout(f"no answer from {where} within {timeout} s (--init_timeout); is process 0 "
+                      "running and the address reachable from here?")
   if failure:
     raise OSError(f"could not join {where}: {str(failure[0]).strip().splitlines()[0]}")
-
-
-def _best_seconds(fn: Any, arg: Any, repeats: int) -> float:
-  """Best wall time of `repeats` calls of the jitted fn(arg), after one that compiles."""
-  jax.block_until_ready(fn(arg))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(arg))
-    times.append(time.perf_counter() - start)
-  return min(times)
-
-
-def matmul_peak(size: int, dtype: Any, repeats: int = 5) -> float:
-  """Measured FLOP/s of one device on an N x N x N matmul (best of `repeats`), for MFU."""
-  a = jax.random.normal(jax.random.key(0), (size, size), dtype)
-  return 2.0 * size**3 / _best_seconds(jax.jit(lambda x: x @ x), a, repeats)
-
-
-def read_bandwidth(n_bytes: int = 256 << 20, repeats: int = 5) -> float:
-  """Measured bytes/s of one device summing an n_bytes float32 array (best of `repeats`)."""
-  x = jnp.ones((n_bytes // 4,), jnp.float32)
-  return x.nbytes / _best_seconds(jax.jit(jnp.sum), x, repeats)

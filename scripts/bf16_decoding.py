@@ -28,13 +28,14 @@ def main() -> None:
   args = parser.parse_args()
   import numpy as np  # pylint: disable=g-import-not-at-top
   from ao_mdm.decode import generate  # pylint: disable=g-import-not-at-top
-  from ao_mdm.eval import perplexity as evaluation  # pylint: disable=g-import-not-at-top
-  from ao_mdm.train import checkpoints  # pylint: disable=g-import-not-at-top
-  from ao_mdm.decode import parallel as sampling  # pylint: disable=g-import-not-at-top
+  from ao_mdm.eval import perplexity  # pylint: disable=g-import-not-at-top
+  from ao_mdm.eval import scoring  # pylint: disable=g-import-not-at-top
+  from ao_mdm.checkpoint import checkpoints  # pylint: disable=g-import-not-at-top
+  from ao_mdm.decode import parallel  # pylint: disable=g-import-not-at-top
   config, params, tokenizer = checkpoints.load_run(args.checkpoint, "ema")
   scorer_config, scorer_params = (config, params) if args.scorer is None else \
       checkpoints.load_params(args.scorer, "ema")
-  scorer = evaluation.Scorer(scorer_params, scorer_config.model, scorer_config.mesh)
+  scorer = scoring.Scorer(scorer_params, scorer_config.model, scorer_config.mesh)
 
   def tokens(steps, dtype, temperature):
     records = generate.sample_texts(params, config.model, tokenizer, num_samples=args.num_samples,
@@ -43,12 +44,12 @@ def main() -> None:
     return np.asarray([r["tokens"] for r in records])
   limit = min(tokenizer.vocab_size, config.model.vocab_size)
   for steps in [int(s) for s in args.steps.split(",")]:
-    greedy = {d: sampling.sample(params, config.model, batch_size=args.num_samples, steps=steps,
+    greedy = {d: parallel.sample(params, config.model, batch_size=args.num_samples, steps=steps,
                                  temperature=0.0, seed=args.seed, return_logits=True,
                                  vocab_limit=limit, dtype=d) for d in ("float32", "bfloat16")}
     g32, g16 = greedy["float32"], greedy["bfloat16"]
     top2 = np.sort(g32.logits[..., :limit], axis=-1)[..., -2:]
-    first = g32.order[:, :sampling.schedule_counts(config.model.block_size, 0, steps,
+    first = g32.order[:, :parallel.schedule_counts(config.model.block_size, 0, steps,
                                                    "linear")[1]]
     rows = np.arange(args.num_samples)[:, None]
     picked = g32.tokens[rows, first]
@@ -60,7 +61,7 @@ def main() -> None:
            "first_step_logit_error_median": float(np.median(error)),
            "first_step_logit_error_max": float(np.max(error))}
     for dtype in ("float32", "bfloat16"):
-      r = evaluation.generative_perplexity(scorer, tokens(steps, dtype, 1.0).tolist(),
+      r = perplexity.generative_perplexity(scorer, tokens(steps, dtype, 1.0).tolist(),
                                            args.batch_size)
       row[dtype] = {"gen_ppl": r["gen_ppl"], "gen_ppl_sem": r["gen_ppl_sem"]}
     print(json.dumps(row), flush=True)

@@ -26,17 +26,18 @@ def main() -> None:
   parser.add_argument("--out", default=os.path.join(ROOT, "docs", "results"))
   args = parser.parse_args()
   from ao_mdm.decode import confidence
-  from ao_mdm.decode import parallel as sampling
+  from ao_mdm.decode import parallel
   from ao_mdm.decode import speculative
-  from ao_mdm.eval import perplexity as evaluation
-  from ao_mdm.train import checkpoints
+  from ao_mdm.eval import perplexity
+  from ao_mdm.eval import scoring
+  from ao_mdm.checkpoint import checkpoints
   config, params = checkpoints.load_params(args.checkpoint)
   scorer_config, scorer_params = checkpoints.load_params(args.scorer)
-  scorer = evaluation.Scorer(scorer_params, scorer_config.model)
+  scorer = scoring.Scorer(scorer_params, scorer_config.model)
   cfg, t, b = config.model, config.model.block_size, args.samples
-  settings = [("L2R (cached)", {"steps": t}, lambda **kw: sampling.sample(order="l2r", **kw))]
+  settings = [("L2R (cached)", {"steps": t}, lambda **kw: parallel.sample(order="l2r", **kw))]
   for s in (t // 8, t // 4, t // 2, t):
-    settings.append((f"parallel S={s}", {"steps": s}, sampling.sample))
+    settings.append((f"parallel S={s}", {"steps": s}, parallel.sample))
   for s in (t // 8, t // 4, t // 2, t):
     settings.append((f"confidence S={s}", {"steps": s}, confidence.sample))
   for k in (2, 4, 8):
@@ -48,7 +49,7 @@ def main() -> None:
     start = time.perf_counter()
     out = run()
     seconds = time.perf_counter() - start
-    gen = evaluation.generative_perplexity(scorer, out.tokens.tolist())
+    gen = perplexity.generative_perplexity(scorer, out.tokens.tolist())
     row = {"setting": name, "seconds": seconds, **gen}
     if out.stats:
       row["forwards_per_sequence"] = float(np.mean(out.stats["forwards"]))

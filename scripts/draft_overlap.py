@@ -24,13 +24,13 @@ def early_predictions(params: Any, cfg: Any, samples: int, ahead: int, seed: int
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from ao_mdm import model as model_lib  # pylint: disable=g-import-not-at-top
-  from ao_mdm.decode import parallel as sampling  # pylint: disable=g-import-not-at-top
+  from ao_mdm.decode import parallel  # pylint: disable=g-import-not-at-top
   t = cfg.block_size
   steps = t // (ahead + 1)
-  out = sampling.sample(params, cfg, batch_size=samples, steps=steps, order="l2r",
+  out = parallel.sample(params, cfg, batch_size=samples, steps=steps, order="l2r",
                         return_logits=True, seed=seed)
   # Step i predicts positions counts[i] .. counts[i+1]-1; the one `ahead` after the first is q.
-  counts = sampling.schedule_counts(t, 0, steps, "linear")
+  counts = parallel.schedule_counts(t, 0, steps, "linear")
   pos = np.asarray([n + ahead for n, n_next in zip(counts[:-1], counts[1:]) if n + ahead < n_next])
   order = jnp.broadcast_to(jnp.arange(t), out.tokens.shape)
   logits = model_lib.make_model(cfg).apply({"params": params}, jnp.asarray(out.tokens), order)
@@ -46,7 +46,7 @@ def main() -> None:
   parser.add_argument("--ahead", type=int, default=1, help="tokens skipped before the target")
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args()
-  from ao_mdm.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from ao_mdm.checkpoint import checkpoints  # pylint: disable=g-import-not-at-top
   config, params = checkpoints.load_params(args.checkpoint, log=lambda _: None)
   t = config.model.block_size
   if not 1 <= args.ahead < t - 1 or args.samples < 1:

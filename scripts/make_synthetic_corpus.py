@@ -6,7 +6,7 @@ Usage: python scripts/make_synthetic_corpus.py --tokens 20000000 --out synthetic
 """
 import argparse
 
-from ao_mdm.cli import bench_data
+from ao_mdm.perf import bench_data
 
 
 def main() -> None:

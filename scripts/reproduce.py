@@ -65,32 +65,32 @@ def train(run: str, seed: int, workdir: str, extra: tuple = ()) -> dict:
 
 
 def load(workdir: str) -> tuple:
-  from ao_mdm.eval import perplexity as evaluation  # pylint: disable=g-import-not-at-top
-  from ao_mdm.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from ao_mdm.eval import scoring  # pylint: disable=g-import-not-at-top
+  from ao_mdm.checkpoint import checkpoints  # pylint: disable=g-import-not-at-top
   from ao_mdm.data import pipeline, prepare, tokenizer  # pylint: disable=g-import-not-at-top
   config, params = checkpoints.load_params(workdir)
   tok = tokenizer.load_saved_tokenizer(config.data, config.model.vocab_size, workdir)
   blocks = pipeline.eval_blocks(prepare.ensure(config.data, tok, "validation"),
                                 config.model.block_size, max_blocks=EVAL_BLOCKS)
   config.model.dtype = "float32"
-  return config, evaluation.Scorer(params, config.model), tok, blocks
+  return config, scoring.Scorer(params, config.model), tok, blocks
 
 
 def evaluate(workdir: str) -> dict:
   """L2R and any-order NLL per validation sequence (seeded orders: paired across runs)."""
-  from ao_mdm.eval import perplexity as evaluation  # pylint: disable=g-import-not-at-top
+  from ao_mdm.eval import perplexity  # pylint: disable=g-import-not-at-top
   _, scorer, _, blocks = load(workdir)
-  r = evaluation.evaluate_blocks(scorer, blocks, orders=ORDERS, batch_size=16, seed=0,
+  r = perplexity.evaluate_blocks(scorer, blocks, orders=ORDERS, batch_size=16, seed=0,
                                  per_sequence=True)
-  counts = evaluation.load_unigram_counts(workdir)
-  r["unigram_ppl"] = math.exp(evaluation.unigram_nll(counts, blocks))
+  counts = perplexity.load_unigram_counts(workdir)
+  r["unigram_ppl"] = math.exp(perplexity.unigram_nll(counts, blocks))
   return r
 
 
 def ensemble(workdir: str) -> dict:
-  from ao_mdm.eval import perplexity as evaluation  # pylint: disable=g-import-not-at-top
+  from ao_mdm.eval import perplexity  # pylint: disable=g-import-not-at-top
   _, scorer, _, blocks = load(workdir)
-  r = evaluation.evaluate_blocks(scorer, blocks[:ENSEMBLE_BLOCKS], orders=1, batch_size=4,
+  r = perplexity.evaluate_blocks(scorer, blocks[:ENSEMBLE_BLOCKS], orders=1, batch_size=4,
                                  seed=0, ensemble=ENSEMBLE)
   return {"ensemble_ppl": r["ensemble_ppl"], "any_order_ppl": r["any_order_ppl"],
           "cost": r["ensemble_cost_full_forwards_per_target"], "blocks": ENSEMBLE_BLOCKS}
@@ -99,8 +99,8 @@ def ensemble(workdir: str) -> dict:
 def quality(sampler_dir: str, scorer_dir: str) -> dict:
   """Generative perplexity (scored by the L2R run) and unigram entropy vs S and temperature."""
   from ao_mdm.decode import generate  # pylint: disable=g-import-not-at-top
-  from ao_mdm.eval import perplexity as evaluation  # pylint: disable=g-import-not-at-top
-  from ao_mdm.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from ao_mdm.eval import perplexity  # pylint: disable=g-import-not-at-top
+  from ao_mdm.checkpoint import checkpoints  # pylint: disable=g-import-not-at-top
   config, _, tok, _ = load(sampler_dir)
   _, params = checkpoints.load_params(sampler_dir)
   _, scorer, _, _ = load(scorer_dir)
@@ -113,7 +113,7 @@ def quality(sampler_dir: str, scorer_dir: str) -> dict:
                                            batch_size=SAMPLES, steps=steps,
                                            temperature=temperature))
       wall = time.perf_counter() - start
-      gen = evaluation.generative_perplexity(scorer, [r["tokens"] for r in records])
+      gen = perplexity.generative_perplexity(scorer, [r["tokens"] for r in records])
       rows.append({"steps": steps, "temperature": temperature, "sample_wall_s": wall, **gen})
       print(f"S={steps} temperature={temperature}: gen ppl {gen['gen_ppl']:.1f}, entropy "
             f"{gen['unigram_entropy']:.2f}", flush=True)

@@ -28,7 +28,7 @@ def main() -> None:
   args = parser.parse_args()
   import jax  # pylint: disable=g-import-not-at-top
   from ao_mdm.decode import generate  # pylint: disable=g-import-not-at-top
-  from ao_mdm.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from ao_mdm.checkpoint import checkpoints  # pylint: disable=g-import-not-at-top
   from ao_mdm.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   jax.numpy.zeros(1).block_until_ready()  # the backend's start-up is not the restore's
   start, before = time.perf_counter(), _read_bytes()

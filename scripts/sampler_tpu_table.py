@@ -24,7 +24,7 @@ def main() -> None:
   parser.add_argument("--steps", default="16,64,256,1024")
   parser.add_argument("--dtypes", default="float32,bfloat16")
   args = parser.parse_args()
-  from ao_mdm.train import aot  # pylint: disable=g-import-not-at-top
+  from ao_mdm.perf import aot  # pylint: disable=g-import-not-at-top
   from ao_mdm.paper import paper_config  # pylint: disable=g-import-not-at-top
   split = lambda s: s.split(",")
   print("| model | chip | batch | S | dtype | GiB / chip | bytes read | FLOPs | generation >= "

@@ -10,9 +10,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 from ao_mdm import sharding  # pylint: disable=g-import-not-at-top
-from ao_mdm.eval import perplexity as evaluation  # pylint: disable=g-import-not-at-top
-from ao_mdm.train import checkpoints  # pylint: disable=g-import-not-at-top
-from ao_mdm.train import loop as train  # pylint: disable=g-import-not-at-top
+from ao_mdm.eval import perplexity  # pylint: disable=g-import-not-at-top
+from ao_mdm.eval import scoring  # pylint: disable=g-import-not-at-top
+from ao_mdm.checkpoint import checkpoints  # pylint: disable=g-import-not-at-top
+from ao_mdm.train import loop  # pylint: disable=g-import-not-at-top
 
 
 def error_of(fn):
@@ -30,10 +31,10 @@ def main(checkpoint: str, blocks_path: str, out: str) -> None:
   errors = {"mesh": error_of(lambda: sharding.make_mesh(mesh_cfg))}
   bad = config.copy_and_resolve_references()
   bad.mesh.ici, bad.train.batch_size, bad.train.microbatches = (8, 1, 1), 4, 1
-  errors["batch"] = error_of(lambda: train.train_and_evaluate(bad, os.path.dirname(out)))
+  errors["batch"] = error_of(lambda: loop.train_and_evaluate(bad, os.path.dirname(out)))
   mesh_cfg.ici = (2, 2, 2)
-  scorer = evaluation.Scorer(params, config.model, mesh_cfg)
-  result = evaluation.evaluate_blocks(scorer, np.load(blocks_path), orders=2, ensemble=(2,),
+  scorer = scoring.Scorer(params, config.model, mesh_cfg)
+  result = perplexity.evaluate_blocks(scorer, np.load(blocks_path), orders=2, ensemble=(2,),
                                       batch_size=4, seed=3)
   with open(out, "w") as f:
     json.dump({"errors": errors, "result": result}, f)

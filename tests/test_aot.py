@@ -3,7 +3,8 @@ import importlib.util
 
 import pytest
 
-from ao_mdm.train import aot
+from ao_mdm.perf import aot
+from ao_mdm.perf import hlo
 from ao_mdm.config import base_config
 from ao_mdm.paper import paper_config
 
@@ -36,7 +37,7 @@ def test_tiny_compiles_for_v5e_2x2(capsys):
 
 
 def test_hlo_traffic_counts_loop_iterations():
-  hlo = """HloModule m
+  text = """HloModule m
 %body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
   %ar = f32[256,4]{1,0} all-reduce(f32[256,4]{1,0} %x), replica_groups={}, to_apply=%add
   %ag-start = (bf16[8], bf16[32]) all-gather-start(bf16[8] %y), dimensions={0}
@@ -51,15 +52,15 @@ ENTRY %main (a: f32[4]) -> f32[4] {
 }
 """
   per_iteration = 256 * 4 * 4 + (8 + 32) * 2
-  traffic = aot.hlo_traffic(hlo)
+  traffic = hlo.hlo_traffic(text)
   assert traffic["collective"] == 12 * per_iteration + 16 * 4
   # HBM: each instruction's result and operands; the compare in the loop condition is not a
   # body instruction, the -done of an async collective adds nothing.
   assert traffic["hbm"] == 12 * (2 * 256 * 4 * 4 + (8 + 32) * 2 + 8 * 2) + (16 + 64) * 4
   # The TPU compiler leaves out known_trip_count: the bound comes from the condition `i < 5`.
-  tpu = hlo.replace(', backend_config={"known_trip_count":{"n":"12"}}', "").replace(
+  tpu = text.replace(', backend_config={"known_trip_count":{"n":"12"}}', "").replace(
       "  %lt = pred[]", "  %c = s32[]{:T(128)} constant(5)\n  %lt = pred[]")
-  assert aot.hlo_traffic(tpu)["collective"] == 5 * per_iteration + 16 * 4
+  assert hlo.hlo_traffic(tpu)["collective"] == 5 * per_iteration + 16 * 4
 
 
 def test_unknown_topology():

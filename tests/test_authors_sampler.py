@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from ao_mdm.decode import options as checks
-from ao_mdm.decode import parallel as sampling
+from ao_mdm.decode import options
+from ao_mdm.decode import parallel
 
 torch = pytest.importorskip("torch")
 
@@ -27,12 +27,12 @@ def torch_counts(t: int, known: int, steps: int, schedule: str) -> list:
   return counts
 
 
-@pytest.mark.parametrize("schedule", checks.SCHEDULES)
+@pytest.mark.parametrize("schedule", options.SCHEDULES)
 @pytest.mark.parametrize("known", [0, 16])
 def test_counts_equal_torch_float32_for_every_step_count(schedule, known):
   t = 1024
   for steps in range(1, t - known + 1):
-    assert sampling.schedule_counts(t, known, steps, schedule).tolist() == \
+    assert parallel.schedule_counts(t, known, steps, schedule).tolist() == \
         torch_counts(t, known, steps, schedule), steps
 
 
@@ -186,7 +186,7 @@ def tiny():
     pytest.param(7, "linear", marks=pytest.mark.slow)])
 def test_unconditional_greedy_equals_the_authors_loop(steps, schedule):
   cfg, params, model = tiny()
-  out = sampling.sample(params, cfg, batch_size=4, steps=steps, schedule=schedule,
+  out = parallel.sample(params, cfg, batch_size=4, steps=steps, schedule=schedule,
                         temperature=0, seed=steps)
   with torch.no_grad():
     want = authors_generate(model, torch.tensor(out.order, dtype=torch.long), steps, schedule)
@@ -199,7 +199,7 @@ def test_prompted_greedy_equals_the_authors_loop_with_the_training_mask_only():
   K/V differ from the training forward's, and so do the logits."""
   cfg, params, model = tiny()
   ids, locs, steps = [5, 17, 33, 2], [0, 1, 2, 3], 5
-  out = sampling.sample(params, cfg, batch_size=1, steps=steps, schedule="cosine", temperature=0,
+  out = parallel.sample(params, cfg, batch_size=1, steps=steps, schedule="cosine", temperature=0,
                         known_positions=locs, known_tokens=ids, return_logits=True)
   with torch.no_grad():
     fixed, fixed_first = authors_cond_generate(model, ids, locs, steps, "cosine", "causal")

@@ -15,8 +15,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from ao_mdm.train import checkpoints
-from ao_mdm.train import loop as train
+from ao_mdm.checkpoint import checkpoints
+from ao_mdm.train import loop
 from ao_mdm.config import base_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,11 +37,13 @@ def test_command_help_lists_its_own_flags(command):
   listed = {line.split(":")[0].strip() for line in out.stdout.splitlines() if line.startswith("  --")}
   assert ("--top_p_rule" in listed) == (command == "sample")
   assert ("--protocol" in listed) == (command == "eval")
+  others = [c for c in ("train", "sample", "eval", "import-torch", "train-draft") if c != command]
+  assert not any(f"{other}:" in out.stdout for other in others)  # no flag speaks of another
   if command == "eval":  # each flag's help speaks of this command
-    assert "eval: blocks per batch" in out.stdout
+    assert "--batch_size: Blocks per batch" in out.stdout
   if command == "import-torch":
-    assert "import-torch: the authors' PyTorch ckpt.pt file" in out.stdout
-    assert "import-torch: which of the PyTorch checkpoint's to import, ema | model" in out.stdout
+    assert "--checkpoint: The authors' PyTorch ckpt.pt file" in out.stdout
+    assert "--weights: <ema|model>: Which of the PyTorch checkpoint's params to import" in out.stdout
 
 
 def tiny_config(data_dir):
@@ -58,7 +60,7 @@ def files(data_dir, tmp_path_factory):
   """A run with checkpoints at steps 1 and 2, its export, and assorted bad inputs."""
   root = tmp_path_factory.mktemp("cli")
   run = str(root / "run")
-  train.train_and_evaluate(tiny_config(data_dir), run)
+  loop.train_and_evaluate(tiny_config(data_dir), run)
   export = checkpoints.export(run, str(root / "export"))
   no_tokenizer = str(root / "no_tokenizer")
   shutil.copytree(export, no_tokenizer)
@@ -169,7 +171,7 @@ BAD_INPUTS = [
     (["sample", "--checkpoint={run}", "--out={root}/full"], "is a directory; give a file name"),
     (["sample", "--checkpoint={run}", "--out={root}/a_file/s.jsonl"], "cannot be written"),
     (["sample", "--checkpoint={run}", "--weights=model"],
-     "--weights=model; accepted here: ema, params (model is for import-torch)"),
+     "--weights=model: value should be one of <ema|params>"),
     (["sample", "--checkpoint={run}", "--infill=a [MASK] b", "--infill_span=1000"],
      "use a smaller --infill_span or a shorter text"),
     (["sample", "--checkpoint={export}", "--weights=params"], "is an export"),
@@ -215,11 +217,12 @@ BAD_INPUTS = [
     # export, imports, tokenizer, compile
     (["export", "--workdir={run}"], "missing --out"),
     (["export", "--workdir={run}", "--out={root}/full"], "exists and is not an empty directory"),
-    (["export", "--workdir={run}", "--out={root}/e", "--weights=model"], "accepts ema or params"),
+    (["export", "--workdir={run}", "--out={root}/e", "--weights=model"],
+     "--weights=model: value should be one of <ema|params>"),
     (["export", "--workdir={root}/empty", "--out={root}/e"], "holds no checkpoint"),
     (["import-torch", "--checkpoint={root}/nowhere.pt", "--out={root}/t"], "no such file"),
     (["import-torch", "--checkpoint={root}/a_file", "--out={root}/t", "--weights=params"],
-     "import-torch accepts ema or model"),
+     "--weights=params: value should be one of <ema|model>"),
     (["import-torch", "--checkpoint={root}/a_file", "--out={root}/t"], "is not a PyTorch checkpoint"),
     (["import-gpt2", "--hf_dir={root}/empty", "--out={root}/g"], "config.json' not found"),
     (["tokenizer", "--out={root}/tok", "--vocab_size=100"], "multiple of 128"),

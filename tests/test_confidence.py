@@ -54,14 +54,14 @@ def test_ties_break_by_position():
 def _naive_greedy(cfg, params, steps, score, known_positions=(), known_tokens=()):
   """Greedy confidence decoding by full forwards: each unknown p scored at slot n with the
   order so far plus p, the best n_i - n_{i-1} committed in confidence order."""
-  from ao_mdm.decode import parallel as sampling
+  from ao_mdm.decode import parallel
   t = cfg.block_size
   # One compiled forward over t candidate rows (padded with copies): one row per unknown p.
   forward = jax.jit(lambda tok, o: model_lib.make_model(cfg).apply({"params": params}, tok, o))
   tokens = np.zeros(t, np.int32)
   tokens[list(known_positions)] = known_tokens
   order = sorted(known_positions)
-  counts = sampling.schedule_counts(t, len(order), steps, "linear")
+  counts = parallel.schedule_counts(t, len(order), steps, "linear")
   for n, n_next in zip(counts[:-1], counts[1:]):
     unknown = [p for p in range(t) if p not in order]
     rest = lambda p: [q for q in range(t) if q not in order and q != p]  # later slots: causal

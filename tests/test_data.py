@@ -5,7 +5,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from ao_mdm.cli import bench_data
+from ao_mdm.perf import bench_data
 from ao_mdm.data import corpus
 from ao_mdm.data import datasets
 from ao_mdm.data import pipeline

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from ao_mdm.decode import confidence
-from ao_mdm.decode import common as decoding
+from ao_mdm.decode import common
 from ao_mdm import model as model_lib
-from ao_mdm.decode import parallel as sampling
+from ao_mdm.decode import parallel
 from ao_mdm.decode import speculative
 from ao_mdm.config import base_config
 
@@ -36,23 +36,23 @@ def clear_margin_model():
 
 def test_with_dtype_casts_params_and_config():
   cfg, params = clear_margin_model()
-  p16, c16 = decoding.with_dtype(params, cfg, "bfloat16")
+  p16, c16 = common.with_dtype(params, cfg, "bfloat16")
   assert c16.dtype == "bfloat16" and cfg.dtype == "float32"  # the caller's config is unchanged
   assert {x.dtype for x in jax.tree.leaves(p16)} == {jnp.dtype(jnp.bfloat16)}
-  p32, _ = decoding.with_dtype(params, cfg, "float32")
+  p32, _ = common.with_dtype(params, cfg, "float32")
   assert all(a is b or np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p32),
                                                              jax.tree.leaves(params)))
   with pytest.raises(ValueError, match="dtype='float16'; accepted: float32, bfloat16"):
-    decoding.with_dtype(params, cfg, "float16")
+    common.with_dtype(params, cfg, "float16")
 
 
 def test_bf16_cache_is_bf16():
   cfg, params = clear_margin_model()
-  p16, c16 = decoding.with_dtype(params, cfg, "bfloat16")
-  apply = decoding.stack_fn(model_lib.make_model(c16, decode=True), p16)
+  p16, c16 = common.with_dtype(params, cfg, "bfloat16")
+  apply = common.stack_fn(model_lib.make_model(c16, decode=True), p16)
   tokens = jnp.zeros((2, T), jnp.int32)
   order = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (2, T))
-  cache = decoding.prefilled_cache(apply, c16, tokens, order, 4)
+  cache = common.prefilled_cache(apply, c16, tokens, order, 4)
   assert cache["k"].dtype == jnp.bfloat16 and cache["v"].dtype == jnp.bfloat16
 
 
@@ -62,8 +62,8 @@ def test_bf16_greedy_equals_fp32_greedy_where_margins_are_clear():
   cfg, params = clear_margin_model()
   common = dict(batch_size=4, steps=8, temperature=0.0, seed=1, known_positions=[0, 5, 6, 20],
                 known_tokens=[3, 1, 4, 1], order="random", return_logits=True)
-  out32 = sampling.sample(params, cfg, **common)
-  out16 = sampling.sample(params, cfg, dtype="bfloat16", **common)
+  out32 = parallel.sample(params, cfg, **common)
+  out16 = parallel.sample(params, cfg, dtype="bfloat16", **common)
   unknown = np.ones(T, bool)
   unknown[common["known_positions"]] = False
   top2 = np.sort(out32.logits[:, unknown], axis=-1)[..., -2:]

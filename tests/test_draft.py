@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from ao_mdm.decode import draft
-from ao_mdm.decode import parallel as sampling
+from ao_mdm.decode import parallel
 from ao_mdm.decode import speculative
-from ao_mdm.train import checkpoints
-from ao_mdm.train import loop as train
+from ao_mdm.checkpoint import checkpoints
+from ao_mdm.train import draft as draft_training
+from ao_mdm.train import loop
 from ao_mdm import model as model_lib
 from test_cli import ao_mdm, tiny_config  # pylint: disable=g-bad-import-order
 from test_speculative import random_model  # pylint: disable=g-bad-import-order
@@ -26,11 +27,11 @@ def test_the_head_learns_the_bases_conditionals():
   batches = lambda: rng.integers(0, 64, (16, 16)).astype(np.int32)
   validation = np.random.default_rng(1).integers(0, 64, (32, 16)).astype(np.int32)
   settings = dict(batch_size=16, chain=2, eval_batches=2, log_every=1000, warmup_steps=10)
-  _, before = draft.fit(cfg, params, batches, validation,
-                        draft.Settings(num_steps=1, learning_rate=0.0, **settings), print)
-  _, after = draft.fit(cfg, params, batches, validation,
-                       draft.Settings(num_steps=150, **settings), print)
-  print(f"before: {draft.describe(before)}; after: {draft.describe(after)}")
+  _, before = draft_training.fit(cfg, params, batches, validation,
+                        draft_training.Settings(num_steps=1, learning_rate=0.0, **settings), print)
+  _, after = draft_training.fit(cfg, params, batches, validation,
+                       draft_training.Settings(num_steps=150, **settings), print)
+  print(f"before: {draft_training.describe(before)}; after: {draft_training.describe(after)}")
   for order in ("l2r", "random"):
     assert np.all(np.asarray(after[order]) > np.asarray(before[order]) + 0.15)
 
@@ -42,22 +43,22 @@ def test_a_sigma_gpt_head_decodes_greedy_l2r_exactly():
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(3)))
   head = draft.init_head(cfg, jax.random.key(4))
   assert "adaln" not in head
-  want = sampling.sample(params, cfg, batch_size=2, steps=16, temperature=0.0, order="l2r").tokens
+  want = parallel.sample(params, cfg, batch_size=2, steps=16, temperature=0.0, order="l2r").tokens
   out = speculative.sample(params, cfg, batch_size=2, draft=3, temperature=0.0, draft_head=head)
   np.testing.assert_array_equal(out.tokens, want)
 
 
 def test_bad_settings_are_refused():
   with pytest.raises(ValueError, match=r"chain=16 must be in \[1, 15\]"):
-    draft.validate(draft.Settings(chain=16), 16)
+    draft_training.validate(draft_training.Settings(chain=16), 16)
   with pytest.raises(ValueError, match="num_steps=0 must be >= 1"):
-    draft.validate(draft.Settings(num_steps=0), 16)
+    draft_training.validate(draft_training.Settings(num_steps=0), 16)
 
 
 @pytest.fixture(scope="module")
 def run(data_dir, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("draft") / "run")
-  train.train_and_evaluate(tiny_config(data_dir), workdir)
+  loop.train_and_evaluate(tiny_config(data_dir), workdir)
   return workdir
 
 
@@ -65,12 +66,14 @@ def run(data_dir, tmp_path_factory):
 def test_train_command_writes_a_head_that_loads_and_decodes(run, tmp_path):
   out = str(tmp_path / "head")
   lines = []
-  settings = draft.Settings(num_steps=3, batch_size=8, chain=2, log_every=1, eval_batches=1)
-  assert draft.train_command(run, out, s=settings, log=lines.append) == out
+  settings = draft_training.Settings(num_steps=3, batch_size=8, chain=2, log_every=1, eval_batches=1)
+  config, params, tokenizer = checkpoints.load_run(run)
+  head_params, figures, _ = draft_training.train_head(config, params, tokenizer, settings,
+                                                      log=lines.append)
   assert any(line.startswith("train-draft step 3/3") for line in lines)
-  assert any(line.startswith("validation sum_x min(p, q)") for line in lines)
+  assert sorted(figures) == ["l2r", "random"] and all(len(v) == 2 for v in figures.values())
+  assert draft.save(out, config.model, head_params, settings, figures, run, "ema", params) == out
   assert sorted(os.listdir(out)) == ["0"]  # written whole, under a temporary name first
-  config, params = checkpoints.load_params(run)
   head = draft.load(out, config.model, params, log=lines.append)
   init = draft.init_head(config.model, jax.random.key(0))
   assert jax.tree.structure(head) == jax.tree.structure(init)
@@ -90,14 +93,15 @@ def test_train_command_writes_a_head_that_loads_and_decodes(run, tmp_path):
   with pytest.raises(ValueError, match="is not a draft head"):
     draft.load(export, config.model, params)
   with pytest.raises(FileExistsError, match="exists and is not an empty directory"):
-    draft.train_command(run, out, s=settings)
+    draft.save(out, config.model, head_params, settings, figures, run, "ema", params)
 
 
 @pytest.mark.slow  # eight `ao-mdm` processes, about 30 s
 def test_cli_train_draft_errors_and_help(run, tmp_path):
   out = ao_mdm("train-draft", "--help")
   assert out.returncode == 0 and "--steps: " in out.stdout and "(default: 600)" in out.stdout
-  assert "train-draft: the order the head is trained for" in out.stdout
+  assert "--order: <random|l2r>: The order the head is trained for" in out.stdout
+  assert "sample:" not in out.stdout and "eval:" not in out.stdout  # each flag means one thing
   cases = [
       (["train-draft", f"--checkpoint={run}"], "missing --workdir"),
       (["train-draft", f"--checkpoint={run}", f"--workdir={run}"], "exists and is not an empty"),

@@ -7,9 +7,11 @@ import sys
 import numpy as np
 import pytest
 
-from ao_mdm.eval import perplexity as evaluation
-from ao_mdm.train import checkpoints
-from ao_mdm.train import loop as train
+from ao_mdm.eval import perplexity
+
+from ao_mdm.eval import scoring
+from ao_mdm.checkpoint import checkpoints
+from ao_mdm.train import loop
 from ao_mdm.config import base_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,7 +24,7 @@ def checkpoint(data_dir, tmp_path_factory):
   c.train.update(batch_size=8, num_steps=2, warmup_steps=1, eval_batches=1, eval_every=0)
   c.data.tfds_dir = data_dir
   workdir = str(tmp_path_factory.mktemp("eval_run"))
-  train.train_and_evaluate(c, workdir)
+  loop.train_and_evaluate(c, workdir)
   return workdir
 
 
@@ -47,9 +49,9 @@ def test_text_file_eval_and_too_short_file(checkpoint, tmp_path):
   tok = tokenizer.load_saved_tokenizer(config.data, 512, checkpoint)
   blocks = pipeline.pack_documents([tok.encode(d) for d in datasets.read_text_documents(str(text))],
                                    tok.eos_id, 32)
-  counts = np.load(os.path.join(checkpoint, evaluation.UNIGRAM_FILE))
+  counts = np.load(os.path.join(checkpoint, perplexity.UNIGRAM_FILE))
   assert counts.sum() > 10_000  # the SOTU train split, not the evaluated file
-  assert result["unigram_ppl"] == pytest.approx(np.exp(evaluation.unigram_nll(counts, blocks)))
+  assert result["unigram_ppl"] == pytest.approx(np.exp(perplexity.unigram_nll(counts, blocks)))
   short = tmp_path / "short.txt"
   short.write_text("Too short.\n")
   out = _eval(f"--checkpoint={checkpoint}", f"--text_file={short}")
@@ -62,7 +64,7 @@ def test_eight_devices_equal_one_and_mesh_errors(checkpoint, tmp_path):
   config, params = checkpoints.load_params(checkpoint)
   blocks = np.random.default_rng(0).integers(0, 512, (6, 32)).astype(np.int32)
   np.save(tmp_path / "blocks.npy", blocks)
-  single = evaluation.evaluate_blocks(evaluation.Scorer(params, config.model), blocks, orders=2,
+  single = perplexity.evaluate_blocks(scoring.Scorer(params, config.model), blocks, orders=2,
                                       ensemble=(2,), batch_size=4, seed=3)
   out = tmp_path / "eight.json"
   run = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "eight_device_worker.py"),

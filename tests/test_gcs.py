@@ -18,8 +18,8 @@ from ao_mdm.data import prepared
 from ao_mdm.storage import fs
 from ao_mdm.storage import lease as lease_lib
 from ao_mdm.storage import paths
-from ao_mdm.train import checkpoints
-from ao_mdm.train import loop as train
+from ao_mdm.checkpoint import checkpoints
+from ao_mdm.train import loop
 from ao_mdm.train import records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -214,10 +214,10 @@ def test_a_run_in_a_bucket_resumes_exactly_and_serves_export_sample_eval(gcs_ser
                                                                          tmp_path):
   run = f"gs://bucket/runs/{time.time_ns()}"
   straight = str(tmp_path / "straight")
-  train.train_and_evaluate(_config(data_dir, 6), straight)
-  train.train_and_evaluate(_config(data_dir, 4), run)
+  loop.train_and_evaluate(_config(data_dir, 6), straight)
+  loop.train_and_evaluate(_config(data_dir, 4), run)
   assert sorted(n for n in fs.listdir(fs.join(run, "checkpoints")) if n.isdigit()) == ["2", "4"]
-  resumed = train.train_and_evaluate(_config(data_dir, 6), run)
+  resumed = loop.train_and_evaluate(_config(data_dir, 6), run)
   assert "initial" not in resumed
   assert sorted(n for n in fs.listdir(fs.join(run, "checkpoints"))) == ["4", "6"]  # keep-N
   for weights in ("params", "ema"):

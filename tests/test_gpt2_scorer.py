@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from ao_mdm.eval import gpt2_scorer
+from ao_mdm.interop import hf_gpt2
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -44,7 +45,7 @@ def _save(model, path, fmt: str = "safetensors") -> str:
 def scorer(hf_model, tmp_path_factory):
   hf_dir = _save(hf_model, tmp_path_factory.mktemp("hf"))
   return gpt2_scorer.load_gpt2_scorer(
-      gpt2_scorer.import_hf_gpt2(hf_dir, str(tmp_path_factory.mktemp("out") / "gpt2")))
+      hf_gpt2.import_hf_gpt2(hf_dir, str(tmp_path_factory.mktemp("out") / "gpt2")))
 
 
 def _ids(seed: int = 0, shape=(3, BLOCK)) -> np.ndarray:
@@ -53,7 +54,7 @@ def _ids(seed: int = 0, shape=(3, BLOCK)) -> np.ndarray:
 
 @pytest.mark.parametrize("fmt", ["safetensors", "bin"])
 def test_matches_torch_logits_and_perplexity(tmp_path, hf_model, fmt):
-  out = gpt2_scorer.import_hf_gpt2(_save(hf_model, tmp_path / "hf", fmt), str(tmp_path / "out"))
+  out = hf_gpt2.import_hf_gpt2(_save(hf_model, tmp_path / "hf", fmt), str(tmp_path / "out"))
   assert gpt2_scorer.is_gpt2_export(out)
   assert sorted(os.listdir(out)) == ["gpt2_config.json", "params"]
   scorer = gpt2_scorer.load_gpt2_scorer(out)
@@ -103,7 +104,7 @@ def test_missing_weight_refused(tmp_path, hf_model):
   safetensors_numpy.save_file(sd, path)
   out = tmp_path / "out"
   with pytest.raises(ValueError, match=r"missing key\(s\) h\.1\.attn\.c_proj\.bias"):
-    gpt2_scorer.import_hf_gpt2(hf_dir, str(out))
+    hf_gpt2.import_hf_gpt2(hf_dir, str(out))
   assert not out.exists()
 
 
@@ -112,7 +113,7 @@ def test_non_empty_out_refused(tmp_path, hf_model):
   out.mkdir()
   (out / "keep.txt").write_text("x")
   with pytest.raises(FileExistsError):
-    gpt2_scorer.import_hf_gpt2(_save(hf_model, tmp_path / "hf"), str(out))
+    hf_gpt2.import_hf_gpt2(_save(hf_model, tmp_path / "hf"), str(out))
   assert os.listdir(out) == ["keep.txt"]
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ao_mdm.interop import torch_import
-from ao_mdm.train import checkpoints
+from ao_mdm.checkpoint import checkpoints
 from ao_mdm import model as model_lib
 from ao_mdm.config import base_config
 

@@ -1,4 +1,5 @@
-"""The library's import graph, read with ast: no cycles, nothing imports the CLI, no configs/."""
+"""The library's import graph, read with ast: packages ranked bottom to top, each importing only
+from its own rank or below; no module cycles; no configs/."""
 import ast
 import pathlib
 
@@ -43,11 +44,42 @@ def _cycle(graph: dict):
   return None
 
 
-def test_no_import_cycles_and_no_library_module_imports_the_cli():
+# Bottom to top (docs/architecture.md draws it): a package imports only packages below it and
+# its own modules; "core" is the modules at the top of ao_mdm/.
+RANKS = ("runtime", "storage", "core", "data", "checkpoint", "decode", "eval", "train", "interop",
+         "perf", "cli")
+
+
+def package(module: str) -> str:
+  """The ranked package of an ao_mdm module: its folder under ao_mdm/, or core."""
+  parts = module.split(".")
+  return parts[1] if len(parts) > 1 and (PACKAGE / parts[1]).is_dir() else "core"
+
+
+def upward_imports(graph: dict) -> list:
+  """`a -> b` for every import of a module from a package ranked above the importer's."""
+  rank = {name: i for i, name in enumerate(RANKS)}
+  return sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+                if rank[package(d)] > rank[package(m)])
+
+
+def test_packages_import_only_downwards_and_no_module_cycles():
   graph = import_graph()
-  assert "ao_mdm.train.loop" in graph and "ao_mdm.train.checkpoints" in graph["ao_mdm.train.loop"]
+  assert "ao_mdm.train.loop" in graph and "ao_mdm.checkpoint.checkpoints" in graph["ao_mdm.train.loop"]
+  folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+  assert folders | {"core"} == set(RANKS), "give every package of ao_mdm/ a rank"
+  assert upward_imports(graph) == []
   assert _cycle(graph) is None, " -> ".join(_cycle(graph))
-  assert [m for m, deps in graph.items() if "ao_mdm.cli.main" in deps] == []
+
+
+def test_the_rank_rule_finds_an_upward_import():
+  graph = import_graph()
+  planted = {**graph, "ao_mdm.storage.fs": graph["ao_mdm.storage.fs"] | {"ao_mdm.train.loop"}}
+  assert upward_imports(planted) == ["ao_mdm.storage.fs -> ao_mdm.train.loop"]
+  assert upward_imports({"ao_mdm.train.loop": {"ao_mdm.model", "ao_mdm.storage.fs"}}) == []
+
+
+def test_the_library_never_executes_the_repositorys_configs():
   for path in PACKAGE.rglob("*.py"):  # the library never executes the repository's configs/
     if path.name == "checks.py":  # loads the user's --config file again to explain its errors
       continue

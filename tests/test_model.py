@@ -111,8 +111,8 @@ def test_slot_bookkeeping(setup):
   logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   tok, sig = np.asarray(tokens), np.asarray(order)
   by_hand = np.mean([[-logp[b, s, tok[b, sig[b, s]]] for s in range(t)] for b in range(2)])
-  from ao_mdm.train import step as train
-  loss = float(jnp.mean(train.sequence_nll(model_lib.make_model(cfg), params, tokens, order)))
+  from ao_mdm.train import step as train_step
+  loss = float(jnp.mean(train_step.sequence_nll(model_lib.make_model(cfg), params, tokens, order)))
   np.testing.assert_allclose(loss, by_hand, rtol=1e-5)
   # Identity order: ordinary next-token prediction; slot 0 predicts x[0] from [None] alone.
   ident = orders.identity(2, t)
@@ -171,7 +171,7 @@ def test_info_command_on_paper_configs(name, expected):
                                        ("unroll_layers", True)])
 def test_layer_schedules_give_the_same_gradients(key, value):
   """Remat policies and the unrolled layer scan change the schedule only."""
-  from ao_mdm.train import step as train
+  from ao_mdm.train import step as train_step
   cfg = small_cfg()
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.block_size)),
                        jnp.int32)
@@ -180,7 +180,7 @@ def test_layer_schedules_give_the_same_gradients(key, value):
   grads = []
   for c in (cfg, ml_collections.ConfigDict({**cfg.to_dict(), key: value})):
     m = model_lib.make_model(c)
-    grads.append(jax.grad(lambda p: train.sequence_nll(m, p, tokens, order).mean())(params))
+    grads.append(jax.grad(lambda p: train_step.sequence_nll(m, p, tokens, order).mean())(params))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), *grads)
 
 

@@ -18,8 +18,8 @@ from test_cli import tiny_config  # pylint: disable=g-bad-import-order
 from ao_mdm.data import prepare
 from ao_mdm.data import prepared
 from ao_mdm.storage import fs
-from ao_mdm.train import checkpoints
-from ao_mdm.train import loop as train
+from ao_mdm.checkpoint import checkpoints
+from ao_mdm.train import loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--config.model.vocab_size=512", "--config.model.block_size=32",
@@ -51,7 +51,7 @@ def run(data_dir, tmp_path_factory):
   """A small run with checkpoints at steps 2 and 4, and its export."""
   root = tmp_path_factory.mktemp("new_user")
   workdir = str(root / "run")
-  train.train_and_evaluate(small_config(data_dir, 4), workdir)
+  loop.train_and_evaluate(small_config(data_dir, 4), workdir)
   return {"root": root, "run": workdir, "export": checkpoints.export(workdir, str(root / "x"))}
 
 
@@ -62,7 +62,7 @@ def test_starting_over_sets_the_old_records_aside(data_dir, run, tmp_path):
     for name in names:
       if f"{os.sep}d" in d:  # array data
         os.truncate(os.path.join(d, name), 10)
-  train.train_and_evaluate(small_config(data_dir, 2), workdir, start_over=True)
+  loop.train_and_evaluate(small_config(data_dir, 2), workdir, start_over=True)
   steps = [json.loads(line)["step"] for line in open(os.path.join(workdir, "metrics.jsonl"))]
   assert steps and max(steps) == 2 and steps == sorted(steps)  # the new run's records only
   aside = os.listdir(os.path.join(workdir, "checkpoints_set_aside"))
@@ -119,7 +119,8 @@ def test_sigterm_during_sample_keeps_the_finished_samples(run, tmp_path):
 def test_a_signal_right_after_a_sample_is_written_counts_it(run, tmp_path, monkeypatch):
   """The signal's cleanup runs between any two statements: here after the second sample's
   write, before the loop counts it; the line must name what the file holds."""
-  from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
+  from ao_mdm.runtime import interrupts  # pylint: disable=g-import-not-at-top
+  from ao_mdm.cli.commands import sample as sample_command  # pylint: disable=g-import-not-at-top
   from ao_mdm.decode import generate  # pylint: disable=g-import-not-at-top
   out, said, cleanups = str(tmp_path / "s.jsonl"), [], []
   real_append, real_on_interrupt = fs.append, interrupts.on_interrupt
@@ -135,12 +136,14 @@ def test_a_signal_right_after_a_sample_is_written_counts_it(run, tmp_path, monke
     if fs.read_bytes(path).count(b"\n") == 2:
       said.append(cleanups[-1]())
       raise SystemExit(143)
-  monkeypatch.setattr(generate.interrupts, "on_interrupt", on_interrupt)
-  monkeypatch.setattr(generate.fs, "append", append_then_signal)
+  monkeypatch.setattr(sample_command.interrupts, "on_interrupt", on_interrupt)
+  monkeypatch.setattr(sample_command.fs, "append", append_then_signal)
+  config, params, tokenizer = checkpoints.load_run(run["export"])
+  records = generate.sample_texts(params, config.model, tokenizer, num_samples=5, batch_size=1,
+                                  seed=0, steps=2)
   with pytest.raises(SystemExit):
-    generate.sample_command(run["export"], "ema", out, show=lambda _: None, num_samples=5,
-                            batch_size=1, seed=0, prompt="", infill="", infill_span=8,
-                            mode="parallel", steps=2)
+    sample_command.write_samples(records, out, 5, {"tokenizer": config.data.tokenizer},
+                                 show=lambda i, r: None, say=lambda line: None)
   assert said == [f"kept the 2 finished samples in {out}"]
   assert len(fs.read_text(out).splitlines()) == 2
 
@@ -188,7 +191,7 @@ def test_prepare_says_verified_only_after_hashing(sp_tokenizer, tmp_path):
   (workdir / "tokenizer").mkdir(parents=True)
   shutil.copy(sp_tokenizer.model_path, workdir / "tokenizer" / (
       f"sp_{datasets.dataset_tag(config.data)}_{sp_tokenizer.vocab_size}.model"))
-  command = lambda verify: list(prepare.prepare_command(config, ["train"], 1, str(workdir),
+  command = lambda verify: list(prepare.prepare_splits(config, ["train"], 1, str(workdir),
                                                         None, None, verify))
   first = command(False)
   assert "every shard hashed: verified" in first[0]
@@ -203,7 +206,8 @@ def test_prepare_says_verified_only_after_hashing(sp_tokenizer, tmp_path):
   assert "already prepared; sizes and versions match the manifest" in said[0]
   assert "verified" not in said[0].split("(--verify")[0]
   said = command(True)
-  assert "every shard hashed: verified" in said[0]
+  assert "(corrupted)" in said[0] and said[0].endswith("preparing it again")
+  assert len(said) == 2 and "every shard hashed: verified" in said[1]
   assert open(shard, "rb").read() == original  # the flipped shard was found and redone
   # A changed sha256 in the manifest is not trusted to the cache of an earlier check.
   manifest = fs.read_json(os.path.join(split.directory, prepared.MANIFEST))

@@ -94,10 +94,10 @@ def test_shipped_paper_orders_are_the_authors_literal_permutations():
 def test_paper_configs_build_and_validate():
   from ao_mdm import paper
   from ao_mdm.train import state as train_state
-  from ao_mdm.train import step as train
+  from ao_mdm.train import step as train_step
   for name in paper.NAMES:
     c = paper.paper_config(name)
-    train.validate_train_config(c)
+    train_step.validate_train_config(c)
   study = paper.paper_config("order_small_order3")
   assert (study.order.kind, study.order.fixed) == ("fixed", "order3")
   # model_sigmaGPT.forward takes mode 'AR' or 'Random' only: the authors' baseline saw random orders.

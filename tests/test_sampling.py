@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ao_mdm.decode import options as checks
-from ao_mdm.decode import common as decoding
+from ao_mdm.decode import options
+from ao_mdm.decode import common
 from ao_mdm import model as model_lib
-from ao_mdm.decode import parallel as sampling
+from ao_mdm.decode import parallel
+from ao_mdm.decode import text
 from ao_mdm.config import base_config
 
 T = 32
@@ -61,8 +62,8 @@ CASES = {  # name: (order mode, known positions)
 
 # Every case, S in {T, T/4, T/16} and both schedules for AO-GPT; sigma-GPT at S = T/4.
 EQUALITY = [("ao", case, div, sched) for case in CASES for div in (1, 4, 16)
-            for sched in checks.SCHEDULES] + [
-                ("sigma", case, 4, sched) for case in CASES for sched in checks.SCHEDULES]
+            for sched in options.SCHEDULES] + [
+                ("sigma", case, 4, sched) for case in CASES for sched in options.SCHEDULES]
 
 
 @pytest.mark.parametrize("variant,case,steps_div,schedule", EQUALITY)
@@ -72,17 +73,17 @@ def test_cached_equals_naive(variant, case, steps_div, schedule):
   rng = np.random.default_rng(0)
   ids = rng.integers(0, cfg.vocab_size, len(positions))
   steps = (T - len(positions)) // steps_div
-  out = sampling.sample(params, cfg, batch_size=3, steps=steps, schedule=schedule, temperature=0,
+  out = parallel.sample(params, cfg, batch_size=3, steps=steps, schedule=schedule, temperature=0,
                         seed=1, known_positions=positions, known_tokens=ids, order=mode,
                         return_logits=True)
-  counts = sampling.schedule_counts(T, len(positions), steps, schedule)
-  known, _ = decoding.known_arrays(T, 3, positions, ids)
+  counts = parallel.schedule_counts(T, len(positions), steps, schedule)
+  known, _ = common.known_arrays(T, 3, positions, ids)
   ref_tokens, ref_logits = naive_greedy(cfg, params, known, out.order, counts)
   np.testing.assert_array_equal(out.tokens, ref_tokens)
   unknown = np.setdiff1d(np.arange(T), positions)
   np.testing.assert_allclose(out.logits[:, unknown], ref_logits[:, unknown], atol=2e-4, rtol=1e-4)
   # The no-cache sampler (encoder-only cost model) computes the same thing.
-  plain = sampling.sample(params, cfg, batch_size=3, steps=steps, schedule=schedule,
+  plain = parallel.sample(params, cfg, batch_size=3, steps=steps, schedule=schedule,
                           temperature=0, seed=1, known_positions=positions, known_tokens=ids,
                           order=mode, use_cache=False)
   np.testing.assert_array_equal(plain.tokens, out.tokens)
@@ -90,7 +91,7 @@ def test_cached_equals_naive(variant, case, steps_div, schedule):
 
 def test_l2r_full_steps_is_autoregressive_decoding():
   cfg, params = cached_model("ao")
-  out = sampling.sample(params, cfg, batch_size=2, steps=T - 1, temperature=0, order="l2r",
+  out = parallel.sample(params, cfg, batch_size=2, steps=T - 1, temperature=0, order="l2r",
                         known_positions=[0], known_tokens=[5])
   np.testing.assert_array_equal(out.order, np.broadcast_to(np.arange(T), (2, T)))
   forward = jax.jit(lambda tok: model_lib.make_model(cfg).apply(
@@ -131,7 +132,7 @@ BY_HAND = [  # (T, P, S, schedule, counts)
 
 @pytest.mark.parametrize("t,known,steps,schedule,counts", BY_HAND)
 def test_schedule_counts_by_hand(t, known, steps, schedule, counts):
-  np.testing.assert_array_equal(sampling.schedule_counts(t, known, steps, schedule), counts)
+  np.testing.assert_array_equal(parallel.schedule_counts(t, known, steps, schedule), counts)
 
 
 def authors_counts(t, known, steps, schedule):
@@ -152,27 +153,27 @@ def authors_counts(t, known, steps, schedule):
   return counts
 
 
-@pytest.mark.parametrize("schedule", checks.SCHEDULES)
+@pytest.mark.parametrize("schedule", options.SCHEDULES)
 @pytest.mark.parametrize("known", [0, 1, 7])
 def test_schedule_counts_equal_the_authors_formula_for_every_step_count(schedule, known):
   t = 48
   for steps in range(1, t - known + 1):
-    np.testing.assert_array_equal(sampling.schedule_counts(t, known, steps, schedule),
+    np.testing.assert_array_equal(parallel.schedule_counts(t, known, steps, schedule),
                                   authors_counts(t, known, steps, schedule), err_msg=str(steps))
 
 
-@pytest.mark.parametrize("schedule", checks.SCHEDULES)
+@pytest.mark.parametrize("schedule", options.SCHEDULES)
 @pytest.mark.parametrize("known", [0, 5])
 def test_schedule_counts_and_fill(schedule, known):
   cfg, params = cached_model("ao")
   for steps in (1, 3, 9, T - known):
-    counts = sampling.schedule_counts(T, known, steps, schedule)
+    counts = parallel.schedule_counts(T, known, steps, schedule)
     assert counts[0] == known and counts[-1] == T and len(counts) == steps + 1
     assert np.all(np.diff(counts) >= 1)
-  np.testing.assert_array_equal(sampling.schedule_counts(T, known, T - known, schedule),
+  np.testing.assert_array_equal(parallel.schedule_counts(T, known, T - known, schedule),
                                 np.arange(known, T + 1))
   positions = list(range(0, 2 * known, 2))
-  out = sampling.sample(params, cfg, batch_size=4, steps=5, schedule=schedule, seed=3,
+  out = parallel.sample(params, cfg, batch_size=4, steps=5, schedule=schedule, seed=3,
                         known_positions=positions, known_tokens=[7] * known)
   assert np.all(out.tokens[:, positions] == 7)
   np.testing.assert_array_equal(np.sort(out.order, 1), np.broadcast_to(np.arange(T), (4, T)))
@@ -184,24 +185,24 @@ def test_default_order_is_l2r_with_known_tokens_and_random_without():
   randperm line commented out), generate draws a random permutation."""
   cfg, params = cached_model("ao")
   known = [3, 9, 10]
-  out = sampling.sample(params, cfg, batch_size=2, steps=4, known_positions=known,
+  out = parallel.sample(params, cfg, batch_size=2, steps=4, known_positions=known,
                         known_tokens=[1, 2, 3])
   rest = np.setdiff1d(np.arange(T), known)
   np.testing.assert_array_equal(out.order, np.broadcast_to(np.r_[known, rest], (2, T)))
-  free = sampling.sample(params, cfg, batch_size=2, steps=4).order
+  free = parallel.sample(params, cfg, batch_size=2, steps=4).order
   assert not np.any(np.all(free == np.arange(T), axis=1)) and not np.array_equal(free[0], free[1])
-  scrambled = sampling.sample(params, cfg, batch_size=2, steps=4, known_positions=known,
+  scrambled = parallel.sample(params, cfg, batch_size=2, steps=4, known_positions=known,
                               known_tokens=[1, 2, 3], order="random").order
   np.testing.assert_array_equal(scrambled[:, :3], np.broadcast_to(known, (2, 3)))
   assert not np.array_equal(scrambled[0, 3:], rest)
-  assert sampling.default_order(None, 0) == "random" and sampling.default_order(None, 5) == "l2r"
-  assert sampling.default_order("random", 5) == "random"
+  assert parallel.default_order(None, 0) == "random" and parallel.default_order(None, 5) == "l2r"
+  assert parallel.default_order("random", 5) == "random"
 
 
 def test_every_unknown_position_filled_once():
   cfg, params = tiny_model(vocab=64)
   # A model whose every logit row is the same would hide a missed write; check the log instead.
-  out = sampling.sample(params, cfg, batch_size=2, steps=5, schedule="cosine", temperature=0,
+  out = parallel.sample(params, cfg, batch_size=2, steps=5, schedule="cosine", temperature=0,
                         known_positions=[1, 2], known_tokens=[3, 4], return_logits=True)
   unknown = np.setdiff1d(np.arange(T), [1, 2])
   assert np.all(np.abs(out.logits[:, unknown]).sum(-1) > 0)  # every unknown position was scored
@@ -225,12 +226,12 @@ TOP_P_CASES = [  # (p, ids kept by the authors' rule, ids kept by the nucleus ru
 def test_top_p_rules_on_a_hand_computed_example(p, authors, nucleus):
   logits = jnp.log(jnp.asarray([[0.1, 0.4, 0.05, 0.3, 0.15]]))
   for rule, expected in (("authors", authors), ("nucleus", nucleus)):
-    kept = np.asarray(decoding.filter_logits(logits, jnp.float32(p), jnp.int32(0), rule))[0]
+    kept = np.asarray(common.filter_logits(logits, jnp.float32(p), jnp.int32(0), rule))[0]
     assert set(np.flatnonzero(np.isfinite(kept))) == expected, rule
-    draw = decoding.Draw(jnp.float32(1), jnp.float32(p), jnp.int32(0), True, rule)
+    draw = common.Draw(jnp.float32(1), jnp.float32(p), jnp.int32(0), True, rule)
     drawn = np.asarray(draw.tokens(jax.random.key(0), jnp.repeat(logits, 4000, 0)))
     assert set(np.unique(drawn)) == expected, rule
-  draw = decoding.Draw(jnp.float32(1), jnp.float32(1), jnp.int32(2), True)
+  draw = common.Draw(jnp.float32(1), jnp.float32(1), jnp.int32(2), True)
   drawn = np.asarray(draw.tokens(jax.random.key(1), jnp.repeat(logits, 4000, 0)))
   assert set(np.unique(drawn)) == {1, 3}  # top-k
 
@@ -239,19 +240,19 @@ def test_padded_vocab_ids_are_never_sampled():
   """ids >= vocab_limit (GPT-2's padding rows 50257..50303 in the paper) are never drawn."""
   cfg, params = tiny_model(vocab=64)
   kwargs = dict(batch_size=64, steps=4, temperature=3.0, seed=0)
-  free = sampling.sample(params, cfg, **kwargs).tokens
+  free = parallel.sample(params, cfg, **kwargs).tokens
   assert free.max() >= 40  # without the limit these ids do come up
   for temperature in (3.0, 0.0):
-    out = sampling.sample(params, cfg, **{**kwargs, "temperature": temperature}, vocab_limit=40)
+    out = parallel.sample(params, cfg, **{**kwargs, "temperature": temperature}, vocab_limit=40)
     assert out.tokens.max() < 40
   with pytest.raises(ValueError, match="vocab_limit=65 must be in"):
-    sampling.sample(params, cfg, **kwargs, vocab_limit=65)
+    parallel.sample(params, cfg, **kwargs, vocab_limit=65)
 
 
 def test_temperature_one_draws_from_model_distribution():
   """Chi-square: the sampler's first-step tokens follow softmax of the model's logits."""
   cfg, params = tiny_model(vocab=8)
-  out = sampling.sample(params, cfg, batch_size=4000, steps=T, order="l2r", temperature=1.0,
+  out = parallel.sample(params, cfg, batch_size=4000, steps=T, order="l2r", temperature=1.0,
                         top_p=1.0, seed=5, return_logits=True)
   logits = out.logits[0, 0].astype(np.float64)  # position 0 is predicted from [None] alone
   probs = np.exp(logits - logits.max())
@@ -263,12 +264,12 @@ def test_temperature_one_draws_from_model_distribution():
 def test_new_seed_does_not_recompile():
   cfg, params = cached_model("ao")
   kwargs = dict(batch_size=2, steps=8, known_positions=[0, 1], known_tokens=[1, 2])
-  sampling.sample(params, cfg, seed=0, **kwargs)
-  decoder = sampling.decoder(cfg.to_json(), sampling.Plan.make(
-      sampling.schedule_counts(T, 2, 8, "linear")), "l2r", False, True, False, "authors", None)
+  parallel.sample(params, cfg, seed=0, **kwargs)
+  decoder = parallel.decoder(cfg.to_json(), parallel.Plan.make(
+      parallel.schedule_counts(T, 2, 8, "linear")), "l2r", False, True, False, "authors", None)
   before = decoder._cache_size()
-  sampling.sample(params, cfg, seed=1, **kwargs)
-  sampling.sample(params, cfg, seed=2, known_positions=[0, 1], known_tokens=[9, 9],
+  parallel.sample(params, cfg, seed=1, **kwargs)
+  parallel.sample(params, cfg, seed=2, known_positions=[0, 1], known_tokens=[9, 9],
                   batch_size=2, steps=8, temperature=0.7)
   assert decoder._cache_size() == before == 1
 
@@ -288,15 +289,15 @@ def test_new_seed_does_not_recompile():
 def test_bad_sampling_args(kwargs, message):
   cfg, params = cached_model("ao")
   with pytest.raises(ValueError, match=message):
-    sampling.sample(params, cfg, batch_size=1, **kwargs)
+    parallel.sample(params, cfg, batch_size=1, **kwargs)
 
 
 def test_mark_generated_brackets_each_generated_run():
   decode = lambda ids: "".join(chr(ord("a") + i) for i in ids)
   known = [True, True, False, False, True, False]
-  assert sampling.mark_generated(decode, [0, 1, 2, 3, 4, 5], known, 99, 26) == "ab[[cd]]e[[f]]"
+  assert text.mark_generated(decode, [0, 1, 2, 3, 4, 5], known, 99, 26) == "ab[[cd]]e[[f]]"
   # EOS inside a generated run splits documents there; ids past the tokenizer's vocab are dropped.
-  assert sampling.mark_generated(decode, [0, 99, 30, 2], [True, False, False, False], 99, 26) \
+  assert text.mark_generated(decode, [0, 99, 30, 2], [True, False, False, False], 99, 26) \
       == "a[[\n\nc]]"
 
 
@@ -305,4 +306,4 @@ def test_first_argmax_matches_jnp_argmax_with_ties():
   x = rng.integers(0, 4, (64, 37)).astype(np.float32)  # many ties
   x[3] = -np.inf
   x[5, 10:] = np.inf
-  np.testing.assert_array_equal(decoding.first_argmax(jnp.asarray(x)), np.argmax(x, axis=-1))
+  np.testing.assert_array_equal(common.first_argmax(jnp.asarray(x)), np.argmax(x, axis=-1))

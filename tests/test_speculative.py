@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ao_mdm.cli import bench
+from ao_mdm.perf import bench_sample
 from ao_mdm.decode import draft
 from ao_mdm import model as model_lib
-from ao_mdm.decode import parallel as sampling
+from ao_mdm.decode import parallel
 from ao_mdm.decode import speculative
 from ao_mdm.config import base_config
 from test_sampling import naive_greedy  # pylint: disable=g-bad-import-order
@@ -146,7 +146,7 @@ def test_greedy_random_order_speculative_equals_greedy_sequential_decoding(draft
 def test_greedy_speculative_equals_greedy_l2r(draft_len, drafter):
   cfg, params = random_model(v=64, t=16, scale=4.0, seed=1)
   prompt = dict(known_positions=[0, 1, 2], known_tokens=[5, 9, 3])
-  want = sampling.sample(params, cfg, batch_size=3, steps=13, temperature=0.0, order="l2r",
+  want = parallel.sample(params, cfg, batch_size=3, steps=13, temperature=0.0, order="l2r",
                          **prompt).tokens
   head = random_head(cfg, seed=1) if drafter == "head" else None
   out = speculative.sample(params, cfg, batch_size=3, draft=draft_len, temperature=0.0,
@@ -160,7 +160,7 @@ def test_top_k_one_speculative_equals_greedy_l2r(drafter):
   """top-k filtering reaches drafts and verifier alike ([B, W, V] logits): with k = 1 the
   samples at temperature 1 are the greedy L2R tokens."""
   cfg, params = random_model(v=64, t=16, scale=4.0, seed=1)
-  want = sampling.sample(params, cfg, batch_size=2, steps=16, temperature=0.0, order="l2r").tokens
+  want = parallel.sample(params, cfg, batch_size=2, steps=16, temperature=0.0, order="l2r").tokens
   head = random_head(cfg, seed=1) if drafter == "head" else None
   out = speculative.sample(params, cfg, batch_size=2, draft=3, top_k=1, top_p=0.9,
                            draft_head=head)
@@ -168,16 +168,16 @@ def test_top_k_one_speculative_equals_greedy_l2r(drafter):
 
 
 def test_inverse_cdf_draw_follows_the_probabilities_and_never_draws_a_zero():
-  from ao_mdm.decode import common as decoding  # pylint: disable=g-import-not-at-top
+  from ao_mdm.decode import common  # pylint: disable=g-import-not-at-top
   probs = jnp.asarray([0.0, 0.2, 0.0, 0.5, 0.3, 0.0])
   n = 100_000
   u = jax.random.uniform(jax.random.key(0), (n,))
-  drawn = np.asarray(decoding.draw_from_probs(u, jnp.broadcast_to(probs, (n, 6))))
+  drawn = np.asarray(common.draw_from_probs(u, jnp.broadcast_to(probs, (n, 6))))
   counts = np.bincount(drawn, minlength=6)
   assert counts[[0, 2, 5]].sum() == 0
   assert stats.chisquare(counts[[1, 3, 4]], n * np.asarray([0.2, 0.5, 0.3])).pvalue > 1e-3
   # u just below 1 (its product with the total can round up to it): the last nonzero token.
-  edge = decoding.draw_from_probs(jnp.asarray([0.0, 1 - 2**-24]), jnp.stack([probs, probs]))
+  edge = common.draw_from_probs(jnp.asarray([0.0, 1 - 2**-24]), jnp.stack([probs, probs]))
   np.testing.assert_array_equal(edge, [1, 4])
 
 
@@ -194,10 +194,10 @@ def test_bench_counts_every_seed():
   config = ml_collections.ConfigDict({"bench": {"speculative_batches": (2,), "seeds": 2,
                                                 "drafts": (2,)}})
   head = random_head(cfg)
-  rows = bench.bench_speculative(config, params, cfg, draft_head=head)["rows"]
+  rows = bench_sample.bench_speculative(config, params, cfg, draft_head=head)["rows"]
   assert [(r["order"], r["drafter"]) for r in rows] == [
       ("l2r", "self"), ("l2r", "head"), ("infill", "self"), ("infill", "head")]
-  positions, ids = bench.infill_context(params, cfg)
+  positions, ids = bench_sample.infill_context(params, cfg)
   assert positions == [0, 1, 6, 7]
   for row in rows:
     known = {} if row["order"] == "l2r" else dict(known_positions=positions, known_tokens=ids)

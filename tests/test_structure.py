@@ -61,10 +61,10 @@ def test_the_rule_catches_both_forms(tmp_path):
 FILE_ACCESS_ALLOWED = {
     "ao_mdm/orders.py": "the package's own paper_orders.json",
     "ao_mdm/data/gpt2.py": "the GPT-2 BPE files shipped in the package",
-    "ao_mdm/interrupts.py": "/dev/null, to silence stderr",
+    "ao_mdm/runtime/quiet.py": "/dev/null, to silence stderr",
     "ao_mdm/cli/main.py": "/dev/null, after a closed pipe",
     "ao_mdm/cli/checks.py": "the --config file: Python code, loaded from local disk only",
-    "ao_mdm/cli/bench_data.py": "its own local scratch directory (bench.dir) and /proc",
+    "ao_mdm/perf/bench_data.py": "its own local scratch directory (bench.dir) and /proc",
 }
 _OS_FILE_CALLS = {"open", "replace", "rename", "remove", "unlink", "listdir", "makedirs", "mkdir",
                   "rmdir", "stat", "walk", "preadv", "pread", "scandir"}

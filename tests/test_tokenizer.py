@@ -78,14 +78,14 @@ def test_unknown_tokenizer(sotu_config, tmp_path):
 def test_cli_trains_deterministically_on_a_text_file(tmp_path):
   path = tmp_path / "corpus.txt"
   path.write_text("\n".join(corpus.sotu_documents("validation")) + "\n", encoding="utf-8")
-  first = tokenizer_lib.train_tokenizer_cli(str(path), 384, str(tmp_path / "a"))
-  second = tokenizer_lib.train_tokenizer_cli(str(path), 384, str(tmp_path / "b"))
+  first = tokenizer_lib.train_tokenizer(str(path), 384, str(tmp_path / "a"))
+  second = tokenizer_lib.train_tokenizer(str(path), 384, str(tmp_path / "b"))
   assert os.path.basename(first).startswith("sp_text_file-")
   with open(first, "rb") as f1, open(second, "rb") as f2:
     assert f1.read() == f2.read()
   assert not [n for n in os.listdir(tmp_path / "a") if ".tmp" in n]
   with pytest.raises(ValueError, match="neither a dataset name"):
-    tokenizer_lib.train_tokenizer_cli(str(tmp_path / "missing.txt"), 384, str(tmp_path))
+    tokenizer_lib.train_tokenizer(str(tmp_path / "missing.txt"), 384, str(tmp_path))
 
 
 def test_saved_tokenizer_is_loaded_without_the_corpus(sp_tokenizer, tmp_path, monkeypatch):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from ao_mdm import orders
-from ao_mdm.cli import bench
+from ao_mdm.perf import bench_train
 from ao_mdm.interop import torch_import
-from ao_mdm.train import step as train
+from ao_mdm.train import step as train_step
 from ao_mdm import model as model_lib
 from ao_mdm.config import base_config
 
@@ -44,7 +44,7 @@ def test_loss_matches_ours():
   rng = np.random.default_rng(2)
   order = np.stack([rng.permutation(32), np.arange(32), rng.permutation(32),
                     rng.permutation(32)]).astype(np.int32)
-  ours = train.sequence_nll(model_lib.make_model(config.model), params, tokens, order)
+  ours = train_step.sequence_nll(model_lib.make_model(config.model), params, tokens, order)
   model = torch_reference.from_params(params, config)
   with torch.no_grad():
     got = torch_reference.loss(model, torch.as_tensor(tokens, dtype=torch.long),
@@ -68,7 +68,7 @@ def _step_orders(config, state, tokens_BT) -> np.ndarray:
 @pytest.mark.parametrize("microbatches", [1, 2])
 def test_two_train_steps_match_ours(microbatches):
   config = _config(microbatches)
-  program = train.make_program(config, devices=jax.devices()[:1])
+  program = train_step.make_program(config, devices=jax.devices()[:1])
   params = random_params(config, 3)
   state = program.init_state()
   state = state.replace(params=jax.device_put(params, program.shardings.params),
@@ -83,7 +83,7 @@ def test_two_train_steps_match_ours(microbatches):
     before = jax.device_get(state.params)
     state, metrics = program.step(state, program.global_batch(tokens))
     # The orders above are the ones our step used: its loss is ours under them.
-    want = float(np.mean(train.sequence_nll(model, before, tokens, order)))
+    want = float(np.mean(train_step.sequence_nll(model, before, tokens, order)))
     np.testing.assert_allclose(float(metrics["loss"]), want, rtol=1e-5)
     assert float(metrics["grad_norm"]) > config.train.grad_clip  # the clip acts
     got = trainer.step(torch.as_tensor(tokens, dtype=torch.long),
@@ -106,7 +106,7 @@ def test_two_train_steps_match_ours(microbatches):
 def test_bench_train_with_torch_baseline(capsys):
   config = _config()
   config.bench = ml_collections.ConfigDict({"repeats": 2, "matmul_size": 256})
-  result = bench.bench_train(config, baseline="torch")
+  result = bench_train.bench_train(config, baseline="torch")
   for key in ("tokens_per_s", "torch_tokens_per_s", "ratio_vs_torch", "mfu", "matmul_peak_flops",
               "torch_threads"):
     assert result[key] > 0, key

@@ -8,8 +8,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from ao_mdm.train import checkpoints
-from ao_mdm.train import loop as train
+from ao_mdm import model as model_lib
+from ao_mdm.checkpoint import checkpoints
+from ao_mdm.train import loop
 from ao_mdm.train import state as train_state
 from ao_mdm.config import base_config
 
@@ -26,7 +27,7 @@ def small_config(tfds_dir, steps=30):
 def test_train_reduces_loss_and_resumes(data_dir, tmp_path, capsys):
   cfg = small_config(data_dir, steps=20)
   workdir = str(tmp_path / "run")
-  first = train.train_and_evaluate(cfg, workdir)
+  first = loop.train_and_evaluate(cfg, workdir)
   for split in ("train", "validation"):
     for kind in ("l2r", "random"):
       assert first["final_ema"][split][kind] < first["initial"][split][kind] - 0.5
@@ -40,18 +41,18 @@ def test_train_reduces_loss_and_resumes(data_dir, tmp_path, capsys):
   assert [r["step"] for r in rows if "loss" in r] == [10, 20]
   # A longer run in the same work dir continues from the saved step.
   cfg.train.num_steps = 30
-  second = train.train_and_evaluate(cfg, workdir)
+  second = loop.train_and_evaluate(cfg, workdir)
   assert "initial" not in second
   assert "resumed from step 20" in capsys.readouterr().out
   config, ema = checkpoints.load_params(workdir)
   assert config.train.num_steps == 30
-  assert jax.tree.structure(ema) == jax.tree.structure(train_state.abstract_params(cfg))
+  assert jax.tree.structure(ema) == jax.tree.structure(model_lib.abstract_params(cfg.model))
 
 
 def test_export_roundtrip(data_dir, tmp_path):
   cfg = small_config(data_dir, steps=2)
   workdir = str(tmp_path / "run")
-  train.train_and_evaluate(cfg, workdir)
+  loop.train_and_evaluate(cfg, workdir)
   _, ema = checkpoints.load_params(workdir, "ema")
   out = checkpoints.export(workdir, str(tmp_path / "export"))
   config, exported = checkpoints.load_params(out)
@@ -67,7 +68,7 @@ def test_checkpoints_keep_the_ema_apart_and_older_ones_still_load(data_dir, tmp_
   for sampling and for resuming alike."""
   cfg = small_config(data_dir, steps=2)
   workdir = str(tmp_path / "run")
-  train.train_and_evaluate(cfg, workdir)
+  loop.train_and_evaluate(cfg, workdir)
   step_dir = os.path.join(workdir, "checkpoints", "2")
   assert {"state", "ema", "data", "config"} <= set(os.listdir(step_dir))
   state = checkpoints.restore(checkpoints.train_manager(workdir), 2,
@@ -93,11 +94,11 @@ def test_bad_train_configs(data_dir, tmp_path):
   cfg = small_config(data_dir)
   cfg.train.microbatches = 3
   with pytest.raises(ValueError, match="train.batch_size=8 is not divisible by train.microbatches=3"):
-    train.train_and_evaluate(cfg, str(tmp_path))
+    loop.train_and_evaluate(cfg, str(tmp_path))
   cfg = small_config(data_dir)
   cfg.order.kind = "spiral"
   with pytest.raises(ValueError, match="order.kind='spiral'"):
-    train.train_and_evaluate(cfg, str(tmp_path))
+    loop.train_and_evaluate(cfg, str(tmp_path))
 
 
 # The authors decay exactly their >= 2-D tensors (configure_optimizers: p.dim() >= 2). Written out

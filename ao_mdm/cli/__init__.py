@@ -1,2 +1,3 @@
-"""The `ao-mdm` command: parsing and dispatch (`main.py`), the flags (`options.py`), the input
-checks (`checks.py`) and the benchmarks (`bench.py`, `bench_data.py`)."""
+"""The `ao-mdm` command: the registry, parsing and the one error wrapper (`main.py`), flags
+and checks several commands share (`flags.py`, `checks.py`), and one module per command
+(`commands/`)."""

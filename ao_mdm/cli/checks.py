@@ -1,49 +1,15 @@
-"""Checks of each command's flags, cheap and free of JAX, so a bad one fails fast (the paths
-through paths.py, work dirs and checkpoints through train/workdir.py).
+"""Checks that several commands make of their flags, cheap and free of JAX, so a bad one fails
+fast (the paths through storage/paths.py, work dirs and checkpoints through
+checkpoint/layout.py); each command's own checks are in its module under commands/.
 
 Each raises one FileNotFoundError / FileExistsError / ValueError naming the flag and the value.
 """
-import math
 import os
 
-from ao_mdm import hosts
-from ao_mdm.cli.options import COMMAND_FLAGS, PATH_FLAGS
+from ao_mdm.cli.flags import PATH_FLAGS
 from ao_mdm.storage import fs
 from ao_mdm.storage import gcs
 from ao_mdm.storage import paths
-from ao_mdm.decode.options import MODE_OPTION_NAMES, MODE_OPTIONS, MODES
-from ao_mdm.train import workdir as workdir_lib
-
-
-def processes(coordinator, num_processes, process_id, timeout: int) -> None:
-  """The multi-process flags of `train`: a HOST:PORT coordinator with a count and an index, or
-  a launcher that jax.distributed detects (SLURM, multi-host TPU VMs), or one process."""
-  if timeout < 1:
-    raise ValueError(f"--init_timeout={timeout} must be >= 1 (seconds)")
-  if coordinator is not None:
-    host, _, port = coordinator.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-      raise ValueError(f"--coordinator={coordinator!r}: expected HOST:PORT, e.g. "
-                       "10.0.0.2:8476 (process 0's address and a free port)")
-    if num_processes is None or process_id is None:
-      raise ValueError("--coordinator needs --num_processes and --process_id")
-  elif num_processes is not None or process_id is not None:
-    if (num_processes or 1) > 1 and not hosts.detected_launcher():
-      raise ValueError(f"--num_processes={num_processes} needs --coordinator=HOST:PORT (no "
-                       "SLURM job or multi-host TPU VM was detected to find one)")
-  if num_processes is not None and num_processes < 1:
-    raise ValueError(f"--num_processes={num_processes} must be >= 1")
-  if process_id is not None and not 0 <= process_id < (num_processes or 1):
-    raise ValueError(f"--process_id={process_id} must be in [0, {num_processes or 1})")
-
-
-def mode_options(mode: str, given: set) -> None:
-  """Refuses sampling options the chosen mode would ignore (e.g. --score outside confidence);
-  the mode itself is one of the --mode flag's choices."""
-  for name in sorted(given - set(MODE_OPTIONS[mode])):
-    modes = [m for m in MODES if name in MODE_OPTIONS[m]]
-    raise ValueError(f"--{name} applies to --mode={' or --mode='.join(modes)}, not "
-                     f"--mode={mode}")
 
 
 _PLATFORM_DEVICES = {"tpu": ("/dev/accel*", "/dev/vfio/[0-9]*"), "cuda": ("/dev/nvidia[0-9]*",),
@@ -63,14 +29,6 @@ def platforms(value: str) -> None:
                        f"{' or '.join(patterns)}); unset it or set JAX_PLATFORMS=cpu")
 
 
-def topology(name: str) -> None:
-  """A TPU topology name, GENERATION:SHAPE, checked before libtpu loads."""
-  import re  # pylint: disable=g-import-not-at-top
-  if not re.fullmatch(r"v\d+[a-z]*:\d+(x\d+)*", name):
-    raise ValueError(f"--topology={name!r}: expected GENERATION:SHAPE, e.g. v5e:1, v5e:2x2, "
-                     "v5e:4x4, v4:2x2x2, v5p:2x2x1, v6e:4x4")
-
-
 def names(value: str) -> list:
   """The items of a comma-separated flag such as --datasets=sotu,wikitext2."""
   return [x.strip() for x in (value or "").split(",") if x.strip()]
@@ -84,13 +42,13 @@ def int_list(value: str, flag: str) -> list:
   return [int(x) for x in items]
 
 
-def _require(v: dict, *flags) -> None:
+def require(v: dict, *flags) -> None:
   missing = [f"--{k}" for k in flags if v.get(k) in (None, "")]
   if missing:
     raise ValueError(f"missing {', '.join(missing)}")
 
 
-def _not_with(given: set, flags, why: str) -> None:
+def not_with(given: set, flags, why: str) -> None:
   """Refuses flags that would be ignored: `why` says what makes them not apply."""
   others = [f"--{k}" for k in flags if k in given]
   if others:
@@ -110,177 +68,17 @@ def storage(v: dict, given: set) -> None:
     if v.get(name):
       v[name] = paths.check(v[name], f"--{name}")
   if os.environ.get(gcs.EMULATOR) and any(fs.is_gcs(v.get(n) or "") for n in PATH_FLAGS):
-    from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
-    with interrupts.silenced_stderr():  # tensorstore's line about the emulator's credentials
+    from ao_mdm.runtime import quiet  # pylint: disable=g-import-not-at-top
+    with quiet.silenced_stderr():  # tensorstore's line about the emulator's credentials
       gcs.start_tensorstore()
 
 
-def command_inputs(command: str, v: dict, given: set, bench: str = "") -> None:
-  """Every check of a command's flags that needs no JAX, so a bad one fails in well under a
-  second: `v` maps each flag name to its value, `given` names those set on the command line."""
-  foreign = sorted(given - set(COMMAND_FLAGS[command]))
-  if foreign:
-    name = f"{command} {bench}".strip()
-    raise ValueError(f"{', '.join('--' + f for f in foreign)} not accepted by `ao-mdm {name}`; "
-                     f"`ao-mdm {command} --help` lists its flags")
-  if command == "train":
-    _require(v, "config", "workdir")
-    _data_dirs(v["config"])
-    workdir_lib.check_writable(v["workdir"])
-    if v["init_from"]:
-      workdir_lib.check_checkpoint(v["init_from"], "--init_from")
-    processes(v["coordinator"], v["num_processes"], v["process_id"], v["init_timeout"])
-  elif command == "train-draft":
-    _require(v, "checkpoint", "workdir")
-    workdir_lib.check_checkpoint(v["checkpoint"])
-    if v["weights"] not in ("ema", "params"):
-      raise ValueError(f"--weights={v['weights']}; train-draft accepts ema or params")
-    for name in ("steps", "batch_size"):
-      if name in given and v[name] < 1:
-        raise ValueError(f"--{name}={v[name]} must be >= 1")
-    paths.new_output_dir(v["workdir"], "--workdir")
-  elif command == "prepare":
-    _require(v, "config")
-    _data_dirs(v["config"])
-    paths.directory(v["workdir"], "--workdir")
-    if v["workers"] is not None and v["workers"] < 1:
-      raise ValueError(f"--workers={v['workers']} must be >= 1")
-    if not names(v["splits"]):
-      raise ValueError("--splits is empty; give e.g. --splits=train,validation")
-  elif command in ("info", "compile"):
-    _require(v, "config", *(("topology",) if command == "compile" else ()))
-    if command == "compile":
-      topology(v["topology"])
-      if v["program"] == "train":
-        _not_with(given, ("batch_size", "steps", "schedule", "dtype"),
-                  "to --program=train (the config sets its batch and compute dtype)")
-      elif v["steps"] < 1 or v["batch_size"] < 1:
-        raise ValueError(f"--steps={v['steps']} and --batch_size={v['batch_size']} must be >= 1")
-      else:
-        chips = math.prod(int(x) for x in v["topology"].split(":")[1].split("x"))
-        if chips != 1:
-          raise ValueError(f"--topology={v['topology']} has {chips} chips; --program=sample "
-                           "compiles the sampler for one chip: give a one-chip topology such "
-                           "as v5e:1 or v6e:1x1")
-  elif command == "bench":
-    _require(v, "config")
-    if v["dtype"] and bench != "sample":
-      raise ValueError(f"--dtype={v['dtype']} applies to `ao-mdm bench sample` only")
-    if v["baseline"] != "none" and bench != "train":
-      raise ValueError(f"--baseline={v['baseline']} applies to `ao-mdm bench train` only")
-    if v["mode"] != "parallel" and bench != "sample":
-      raise ValueError(f"--mode={v['mode']} applies to `ao-mdm bench sample` only")
-    if v["mode"] == "speculative" and not v["checkpoint"]:
-      raise ValueError("bench sample --mode=speculative needs --checkpoint (a trained model: "
-                       "acceptance depends on it)")
-    if v["draft_head"] and v["mode"] != "speculative":
-      raise ValueError("--draft_head applies to `ao-mdm bench sample --mode=speculative`")
-    if v["checkpoint"]:
-      workdir_lib.check_checkpoint(v["checkpoint"])
-    if v["draft_head"]:
-      workdir_lib.check_checkpoint(v["draft_head"], "--draft_head", workdir_lib.DRAFT_HEAD)
-    _bench_config(v["config"], bench, v["mode"])
-  elif command == "tokenizer":
-    _require(v, "out")
-    if "/" in v["corpus"] or fs.isfile(v["corpus"]):
-      paths.text_file(v["corpus"], "--corpus")
-    paths.new_output_dir(v["out"])
-  elif command == "export":
-    _require(v, "workdir", "out")
-    if v["weights"] not in ("ema", "params"):
-      raise ValueError(f"--weights={v['weights']}; export accepts ema or params")
-    workdir_lib.check_checkpoint(v["workdir"], "--workdir")
-    paths.new_output_dir(v["out"])
-  elif command == "sample":
-    _sample_inputs(v, given)
-  elif command == "eval":
-    _eval_inputs(v, given)
-  elif command == "import-torch":
-    _require(v, "checkpoint", "out")
-    if v["weights"] not in ("ema", "model"):
-      raise ValueError(f"--weights={v['weights']}; import-torch accepts ema or model")
-    if fs.isdir(v["checkpoint"]):
-      raise ValueError(f"--checkpoint {v['checkpoint']!r} is a directory; give the PyTorch "
-                       "ckpt.pt file of the authors' code")
-    if not fs.isfile(v["checkpoint"]):
-      raise FileNotFoundError(f"--checkpoint {v['checkpoint']!r}: no such file (a PyTorch "
-                              "ckpt.pt of the authors' code)")
-    paths.new_output_dir(v["out"])
-  elif command == "import-gpt2":
-    _require(v, "hf_dir", "out")
-    paths.new_output_dir(v["out"])
-
-
-BENCH_CONFIGS = {"sample": "configs/bench_sampler.py", "train": "configs/bench_train.py",
-                 "data": "configs/bench_data.py"}
-
-
-def _data_dirs(config) -> None:
+def data_dirs(config) -> None:
   """The preparation's and the TFDS data's directories can be used (checked before any work)."""
   data = config.data
   paths.directory(data.get("prepared_dir") or None, "data.prepared_dir")
   paths.directory(data.get("tfds_dir") or os.environ.get("TFDS_DATA_DIR") or None,
                   "data.tfds_dir (or TFDS_DATA_DIR)")
-
-
-def _bench_config(config, bench: str, mode: str) -> None:
-  """A benchmark's config has its `bench` section, and every value in it can run (all are
-  checked before the first is timed)."""
-  if bench not in BENCH_CONFIGS:  # bench restart reads its run's own config
-    return
-  if "bench" not in config:
-    raise ValueError(f"--config has no `bench` section, which `ao-mdm bench {bench}` reads; give "
-                     f"{BENCH_CONFIGS[bench]} (or a copy of it)")
-  if bench == "sample" and mode == "parallel":
-    t = int(config.model.block_size)
-    bad = [int(s) for s in config.bench.steps if not 1 <= int(s) <= t]
-    if bad:
-      raise ValueError(f"config.bench.steps={tuple(config.bench.steps)}: {bad} outside [1, {t}] "
-                       "(model.block_size: one token per step at most)")
-
-
-def _sample_inputs(v: dict, given: set) -> None:
-  _require(v, "checkpoint")
-  workdir_lib.check_checkpoint(v["checkpoint"])
-  if v["out"]:
-    paths.new_output_file(v["out"])
-  if "infill_span" in given and not v["infill"]:
-    raise ValueError("--infill_span applies with --infill")
-  mode_options(v["mode"], given & MODE_OPTION_NAMES)
-  if v["draft_head"]:
-    workdir_lib.check_checkpoint(v["draft_head"], "--draft_head", workdir_lib.DRAFT_HEAD)
-
-
-def _eval_inputs(v: dict, given: set) -> None:
-  if v["generated"]:
-    _not_with(given, ("checkpoint", "datasets", "text_file", "lambada_file", "protocol",
-                      "split", "orders", "ensemble", "max_blocks"),
-              "with --generated (which scores samples under --scorer)")
-    _require(v, "scorer")
-    paths.text_file(v["generated"], "--generated")
-    if not fs.isfile(fs.join(v["scorer"], "gpt2_config.json")):  # not import-gpt2's
-      workdir_lib.check_checkpoint(v["scorer"], "--scorer")
-    return
-  _require(v, "checkpoint")
-  workdir_lib.check_checkpoint(v["checkpoint"])
-  for name in ("text_file", "lambada_file"):
-    if v[name]:
-      paths.text_file(v[name], f"--{name}")
-  if v["text_file"]:
-    _not_with(given, ("datasets", "lambada_file", "split", "max_blocks"),
-              "with --text_file (which evaluates every block of that one file)")
-  elif not names(v["datasets"]):
-    raise ValueError("--datasets is empty; give registry names, e.g. --datasets=sotu")
-  elif v["lambada_file"] and "lambada" not in names(v["datasets"]):
-    raise ValueError("--lambada_file applies with --datasets=...,lambada")
-  custom = [f"--{k}" for k in ("split", "max_blocks", "orders") if k in given]
-  if v["protocol"] == "paper" and custom:
-    raise ValueError(f"{', '.join(custom)} apply with --protocol=custom; --protocol=paper fixes "
-                     "the split, block count and orders per dataset")
-  if v["orders"] < 1 or v["batch_size"] < 1 or v["max_blocks"] < 0:
-    raise ValueError(f"--orders={v['orders']} and --batch_size={v['batch_size']} must be >= 1, "
-                     f"--max_blocks={v['max_blocks']} >= 0 (0: all)")
-  int_list(v["ensemble"], "--ensemble")
 
 
 def quiet_environment() -> None:

@@ -14,8 +14,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ao_mdm import hosts
-from ao_mdm import interrupts
+from ao_mdm.runtime import hosts
+from ao_mdm.runtime import interrupts
 from ao_mdm.data import datasets
 from ao_mdm.data import prepared
 from ao_mdm.data import tokenizer as tokenizer_lib
@@ -273,10 +273,11 @@ def ensure(data_config: Any, tokenizer: Tokenizer, split: str, *, workers: int =
   return done or prepare(data_config, tokenizer, split, workers=workers, log=log)
 
 
-def prepare_command(config: Any, splits: list, workers: Optional[int], workdir: Optional[str],
-                    process_id: Optional[int], num_processes: Optional[int],
-                    verify: bool = False) -> Iterator[str]:
-  """`ao-mdm prepare`: prepares each split (this host's share), yielding a line per split done.
+def prepare_splits(config: Any, splits: list, workers: Optional[int], workdir: Optional[str],
+                   process_id: Optional[int], num_processes: Optional[int],
+                   verify: bool = False) -> Iterator[str]:
+  """What `ao-mdm prepare` does: prepares each split (this host's share), yielding a line per
+  split done.
   A split prepared before is checked by size and version only, unless `verify` (every shard's
   sha256 again); the line says which."""
   for split in splits:  # every name is checked before any work
@@ -290,7 +291,7 @@ def prepare_command(config: Any, splits: list, workers: Optional[int], workdir: 
         try:
           prepared.verify(done.directory, done.manifest, rehash=True)
         except CorruptShard as e:
-          print(f"{e}: preparing it again", flush=True)
+          yield f"{e}: preparing it again"
           _forget(done.directory, e.index)
           raise
       how = ("already prepared; every shard hashed again: verified" if verify else

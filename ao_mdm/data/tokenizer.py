@@ -198,8 +198,9 @@ def load_saved_tokenizer(data_config: Any, vocab_size: int, checkpoint: str) -> 
   return SentencePieceTokenizer(found[0])
 
 
-def train_tokenizer_cli(corpus: str, vocab_size: int, out: str) -> str:
-  """`ao-mdm tokenizer --corpus sotu|PATH --vocab-size N --out DIR`: trains, returns the model path."""
+def train_tokenizer(corpus: str, vocab_size: int, out: str) -> str:
+  """A SentencePiece tokenizer trained on a registry dataset's or a local text file's train
+  split, written into directory `out` (`ao-mdm tokenizer`); returns the model's path."""
   from ao_mdm.data import datasets  # pylint: disable=g-import-not-at-top
   data_config = datasets.data_config_for(corpus)
   path = fs.join(out, f"sp_{_dataset_tag(data_config)}_{vocab_size}.model")

@@ -7,11 +7,9 @@ target. Each query sees the cached slots, the earlier real slots of the chunk, a
 """
 import dataclasses
 import functools
-import itertools
 import json
 from typing import Any, Optional
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -80,44 +78,6 @@ class Plan:
     # Step i reads cache slots < starts[i]: CACHE_BUCKETS loops, one per cache length read.
     return Plan(counts, starts, int(real), int(k.max()) - 1,
                 common.bucket_segments(starts, t, CACHE_BUCKETS))
-
-
-def weight_counts(cfg: ml_collections.ConfigDict) -> tuple[int, int]:
-  """(block weights, head weights: final AdaLN and head, or the tied embedding) of a config."""
-  shapes = nn.unbox(jax.eval_shape(lambda k: model_lib.init_params(cfg, k), jax.random.key(0)))
-  n_blocks = model_lib.count_params(shapes["blocks"])
-  if cfg.variant == "sigma":
-    return n_blocks, cfg.vocab_size * cfg.n_embd
-  return n_blocks, model_lib.count_params({k: shapes[k] for k in ("final_adaln", "head")})
-
-
-def step_costs(cfg: ml_collections.ConfigDict, plan: Plan, batch: int) -> list[dict]:
-  """What each cache bucket's steps must do at least, in cfg.dtype: `bytes` read per step (the
-  weights it multiplies by: blocks, final AdaLN and head, embedding rows being gathered; plus the
-  K/V cache prefix it attends to) and `flops` per step (2 per weight per slot, the head only for
-  the 1 + W_p queries; attention 4 L D per query-key pair). One dict per plan segment."""
-  itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
-  n_blocks, n_head = weight_counts(cfg)
-  w = plan.real_width + plan.phantom_width
-  costs = []
-  for first, end, cache_len in plan.segments:
-    cache_bytes = 2 * cfg.n_layer * batch * cache_len * cfg.n_embd * itemsize
-    flops = 2 * batch * (w * n_blocks + (1 + plan.phantom_width) * n_head) \
-        + 4 * cfg.n_layer * cfg.n_embd * batch * w * (cache_len + w)
-    costs.append({"steps": end - first, "cache_len": cache_len, "flops": flops,
-                  "bytes": itemsize * (n_blocks + n_head) + cache_bytes,
-                  "cache_bytes": cache_bytes})
-  return costs
-
-
-def forward_costs(cfg: ml_collections.ConfigDict, batch: int) -> dict:
-  """The same counts for one full training forward of [batch, T] (attention over all T x T)."""
-  itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
-  n_blocks, n_head = weight_counts(cfg)
-  t = cfg.block_size
-  attention = 4 * cfg.n_layer * cfg.n_embd * batch * t * t
-  return {"flops": 2 * batch * t * (n_blocks + n_head) + attention,
-          "bytes": itemsize * (n_blocks + n_head)}
 
 
 def _chunk_masks(plan: Plan, n: jax.Array, c: jax.Array, cache_len: int) -> dict:
@@ -230,59 +190,3 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
                jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
   tokens_BT, order_BT, logits_BTV = jax.device_get(out)
   return common.SampleOutput(tokens_BT, order_BT, logits_BTV)
-
-
-MASK = "[MASK]"
-
-
-def layout_known(encode: Any, t: int, prompt: str = "", infill: str = "",
-                 span: int = 8) -> tuple[list, list]:
-  """Known (positions, token ids) for a prefix prompt or an infill text with [MASK] spans.
-
-  Each [MASK] leaves `span` positions to generate; everything after the text is generated too.
-  """
-  if prompt and infill:
-    raise ValueError("give a prompt (--prompt) or an infill text (--infill), not both")
-  if span < 1:
-    raise ValueError(f"--infill_span={span} must be >= 1")
-  if infill and MASK not in infill:
-    raise ValueError(f"the infill text has no {MASK} to fill in; give e.g. --infill='a {MASK} "
-                     "b', or --prompt=TEXT to continue a text")
-  pieces = infill.split(MASK) if infill else [prompt] if prompt else []
-  positions, ids, cursor = [], [], 0
-  for i, piece in enumerate(pieces):
-    piece_ids = encode(piece) if piece else []
-    positions += range(cursor, cursor + len(piece_ids))
-    ids += piece_ids
-    cursor += len(piece_ids) + (span if i < len(pieces) - 1 else 0)
-  if cursor >= t and infill:
-    raise ValueError(f"the infill text and its {len(pieces) - 1} [MASK] span(s) of "
-                     f"--infill_span={span} take {cursor} positions, but T={t}; use a smaller "
-                     "--infill_span or a shorter text")
-  if cursor >= t:
-    raise ValueError(f"the prompt takes {cursor} positions but T={t}; the prompt is too long "
-                     "(at least one position must be left to generate)")
-  return positions, ids
-
-
-def decode_text(decode: Any, ids: Any, eos_id: int, vocab_size: int) -> str:
-  """Text of generated ids: documents split at EOS, ids beyond the tokenizer's vocab dropped."""
-  docs, current = [], []
-  for i in ids:
-    if i == eos_id:
-      docs.append(current)
-      current = []
-    elif i < vocab_size:
-      current.append(int(i))
-  docs.append(current)
-  return "\n\n".join(decode(d) for d in docs)
-
-
-def mark_generated(decode: Any, ids: Any, known: Any, eos_id: int, vocab_size: int) -> str:
-  """The text with every run of generated tokens in [[ ]]; known tokens (prompt, infill
-  context) as they are: shows what the model filled in."""
-  pieces = []
-  for generated, run in itertools.groupby(range(len(ids)), key=lambda i: not known[i]):
-    text = decode_text(decode, [ids[i] for i in run], eos_id, vocab_size)
-    pieces.append(f"[[{text}]]" if generated else text)
-  return "".join(pieces)

@@ -9,7 +9,7 @@ docs/checkpoints.md has the key mapping; docs/design.md, "Checkpoints", the form
 import io
 import re
 import zipfile
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import flax.linen as nn
 import jax
@@ -22,7 +22,7 @@ from ao_mdm import model as model_lib
 from ao_mdm.data import gpt2
 from ao_mdm.storage import fs
 from ao_mdm.storage import paths
-from ao_mdm.train import checkpoints
+from ao_mdm.checkpoint import checkpoints
 
 TORCH_WEIGHTS = ("ema", "model")
 _ORIG_MOD = "_orig_mod."
@@ -264,12 +264,12 @@ def _tensors(ckpt: dict, rows: list[_Row], weights: str, path: str) -> dict[str,
 
 
 def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optional[str] = None,
-                 config: Optional[ml_collections.ConfigDict] = None
-                 ) -> tuple[ml_collections.ConfigDict, dict]:
+                 config: Optional[ml_collections.ConfigDict] = None,
+                 log: Callable[[str], None] = print) -> tuple[ml_collections.ConfigDict, dict]:
   """Convert a reference PyTorch checkpoint to an export at `out`; returns (config, params).
 
   The model fields of `config` (default: ao_mdm/paper.py `ao_small` / `sigma_small`) follow the
-  checkpoint's model_args; every change is printed. Missing, unused or misshaped keys are refused.
+  checkpoint's model_args; every change is logged. Missing, unused or misshaped keys are refused.
   """
   if weights not in TORCH_WEIGHTS:
     raise ValueError(f"weights={weights!r}; accepted: {', '.join(TORCH_WEIGHTS)}")
@@ -328,5 +328,5 @@ def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optio
   del flat
   checkpoints.write_params_export(out, config, params)
   for line in changes:  # only once the import succeeded
-    print(line)
+    log(line)
   return config, params

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import IO, NamedTuple, Optional
 
+from ao_mdm.runtime import hosts
 from ao_mdm.storage import gcs
 from ao_mdm.storage.gcs import VersionMismatch  # pylint: disable=unused-import  (callers catch it)
 
@@ -409,17 +410,6 @@ def move(src: str, dst: str) -> None:
     rmtree(src)
 
 
-def alive(pid: int) -> bool:
-  """Whether a process of this host with this pid runs."""
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    pass
-  return True
-
-
 def remove_dead_tmps(directory: str) -> None:
   """Removes the temporary files and directories (tmp_name's) in a local directory of processes
   of this host that are gone: writes killed by a signal no cleanup could catch. (On gs:// an
@@ -429,7 +419,7 @@ def remove_dead_tmps(directory: str) -> None:
   host = socket.gethostname()
   for entry in os.listdir(directory):
     match = _TMP.search(entry)
-    if match and match[1] == host and not alive(int(match[2])):
+    if match and match[1] == host and not hosts.alive(int(match[2])):
       rmtree(os.path.join(directory, entry))
 
 

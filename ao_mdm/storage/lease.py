@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Callable
 
+from ao_mdm.runtime import hosts
 from ao_mdm.storage import fs
 
 LEASE_S = 120.0  # a gs:// lease not renewed for this long is stale
@@ -75,7 +76,7 @@ class Lease:
       except (ValueError, KeyError, TypeError):
         found, age, lease = {}, float("inf"), self.lease_s
       gone = (found.get("host") == socket.gethostname() and isinstance(found.get("pid"), int)
-              and not fs.alive(found["pid"]))
+              and not hosts.alive(found["pid"]))
       if age <= lease and not gone:
         raise LeaseHeld(describe(found))
       try:

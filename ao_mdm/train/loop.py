@@ -9,14 +9,16 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from ao_mdm import hardware
 from ao_mdm import model as model_lib
 from ao_mdm import sharding
 from ao_mdm.eval import perplexity
+from ao_mdm.eval import scoring
 from ao_mdm.storage import fs
-from ao_mdm.train import checkpoints
+from ao_mdm.checkpoint import checkpoints
 from ao_mdm.train import records
 from ao_mdm.train import step as train_step
-from ao_mdm.train import workdir as workdir_lib
+from ao_mdm.checkpoint import layout
 
 
 def format_metrics(m: dict) -> str:
@@ -29,9 +31,9 @@ def _model_differences(saved: ml_collections.ConfigDict, current: ml_collections
           if saved.get(k) != current.get(k)]
 
 
-def _log(message: str) -> None:
-  if jax.process_index() == 0:
-    print(message, flush=True)
+def _on_process_0(log: Callable[[str], None]) -> Callable[[str], None]:
+  """`log` on process 0; nothing on the others (each line once per run, not once per host)."""
+  return log if jax.process_index() == 0 else lambda message: None
 
 
 class _StartClock:
@@ -50,44 +52,48 @@ class _StartClock:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       init_from: Optional[str] = None, start_over: bool = False) -> dict:
+                       init_from: Optional[str] = None, start_over: bool = False,
+                       log: Callable[[str], None] = print) -> dict:
   """Train on config.data, log, evaluate and checkpoint to workdir; return the eval losses.
 
   Resumes from the newest readable checkpoint in workdir (newer unreadable ones are moved
   aside); otherwise starts from scratch or, with init_from, from the params of an export or
   imported checkpoint (a warm start). If no checkpoint reads, it stops unless `start_over`.
-  One run per work dir (checkpoints.WorkdirLock).
+  One run per work dir (checkpoints.WorkdirLock). Progress goes to `log`, on process 0 only.
   """
+  say = _on_process_0(log)
   clock = _StartClock()
   clock.mark("process_and_imports")
   jax.devices()
   clock.mark("jax")
-  if init_from and workdir_lib.has_checkpoints(workdir):
+  if init_from and layout.has_checkpoints(workdir):
     raise ValueError(f"--init_from {init_from} given, but --workdir {workdir} already holds "
                      "checkpoints; to resume that run, drop --init_from; to warm-start, give a "
                      "new --workdir")
   program = train_step.make_program(config)
   program.check_fits()
   clock.mark("program")
-  init_params = _init_params(config, init_from) if init_from else None
-  from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
-  lock = checkpoints.WorkdirLock(workdir, log=_log) if jax.process_index() == 0 else None
+  init_params = _init_params(config, init_from, say) if init_from else None
+  from ao_mdm.runtime import interrupts  # pylint: disable=g-import-not-at-top
+  lock = checkpoints.WorkdirLock(workdir, log=say) if jax.process_index() == 0 else None
   release = lock.release if lock else lambda: None
   try:
     with interrupts.on_interrupt(release):  # a new work dir holding only the lock goes too
-      return _train(program, workdir, init_params, init_from, start_over, lock, clock)
+      return _train(program, workdir, init_params, init_from, start_over, lock, clock, say)
   finally:
     release()
 
 
 def _train(program: train_step.Program, workdir: str, init_params: Any, init_from: Optional[str],
-           start_over: bool, lock: Optional[checkpoints.WorkdirLock], clock: _StartClock) -> dict:
+           start_over: bool, lock: Optional[checkpoints.WorkdirLock], clock: _StartClock,
+           say: Callable[[str], None]) -> dict:
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
+  from ao_mdm.runtime import interrupts  # pylint: disable=g-import-not-at-top
   from ao_mdm.data import pipeline, tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   config, t = program.config, program.config.train
   tokenizer = tok_lib.run_tokenizer(config, workdir)
-  splits = {split: _prepared(config.data, tokenizer, split) for split in ("train", "validation")}
+  splits = {split: _prepared(config.data, tokenizer, split, say)
+            for split in ("train", "validation")}
   data_iter = pipeline.train_iterator(splits["train"].blocks(config.model.block_size),
                                       global_batch_size=t.batch_size, seed=config.seed)
   eval_sets = {
@@ -96,7 +102,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
       for split, prepared_split in splits.items()}
   clock.mark("data")
   if jax.process_index() == 0:
-    checkpoints.clean_workdir(workdir, _log)
+    checkpoints.clean_workdir(workdir, say)
   multihost_utils.sync_global_devices("work dir cleaned")
   mgr = checkpoints.train_manager(workdir, t.keep_checkpoints)
 
@@ -108,26 +114,26 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
   skipped = []
   found = checkpoints.restore_newest(
       mgr, lambda step, _: checkpoints.restore(mgr, step, program.abstract_state, data_iter),
-      check, log=_log, skipped=skipped)
+      check, log=say, skipped=skipped)
   if found is None and skipped and not start_over:
     raise ValueError(
         f"no checkpoint in {mgr.directory} can be read (steps {', '.join(map(str, skipped))}, "
         "each listed above); they are left as they are. To train from step 0 anyway, run again "
-        f"with --start_over (they are first moved to {workdir_lib.SET_ASIDE}/)")
+        f"with --start_over (they are first moved to {layout.SET_ASIDE}/)")
   if skipped:  # so that checkpointing goes on past them
     if jax.process_index() == 0:
       for step in skipped:
-        checkpoints.set_aside(workdir, str(step), "unreadable", _log)
+        checkpoints.set_aside(workdir, str(step), "unreadable", say)
       if found is None:  # --start_over: a run from step 0 starts its records anew too
-        for name in (workdir_lib.METRICS, workdir_lib.TENSORBOARD):
+        for name in (layout.METRICS, layout.TENSORBOARD):
           if fs.exists(fs.join(workdir, name)):
-            checkpoints.set_aside(workdir, name, "start-over", _log, under="")
+            checkpoints.set_aside(workdir, name, "start-over", say, under="")
     multihost_utils.sync_global_devices("unreadable checkpoints set aside")
     mgr.reload()
   start = None
   if found is not None:
     start, _, state = found
-    _log(f"resumed from step {start} in {workdir}")
+    say(f"resumed from step {start} in {workdir}")
     if jax.process_index() == 0:
       records.drop_after(workdir, start)
   else:
@@ -135,10 +141,10 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
     if init_params is not None:
       params = jax.device_put(init_params, program.shardings.params)
       state = state.replace(params=params, ema_params=jax.tree.map(jnp.copy, params))
-      _log(f"initialised params from {init_from}")
+      say(f"initialised params from {init_from}")
   clock.mark("restore")
   # Validation goes through the scorer of `ao-mdm eval`, on the training mesh.
-  scorer = perplexity.Scorer(state.ema_params, config.model, config.mesh)
+  scorer = scoring.Scorer(state.ema_params, config.model, config.mesh)
 
   counts = _unigram_counts(splits["train"], workdir)
   unigram = {split: perplexity.unigram_nll(counts, blocks) for split, blocks in eval_sets.items()}
@@ -159,8 +165,8 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
       config.model, model_lib.count_params(state.params))
   peak = t.peak_flops_per_device * jax.device_count()
   if peak <= 0 and jax.default_backend() == "cpu":  # CPU devices share one host's cores
-    peak = sharding.matmul_peak(1024, model_lib.DTYPES[config.model.dtype]) * jax.process_count()
-    _log(f"measured matmul peak {peak / 1e9:.1f} GFLOP/s (for MFU; set "
+    peak = hardware.matmul_peak(1024, model_lib.DTYPES[config.model.dtype]) * jax.process_count()
+    say(f"measured matmul peak {peak / 1e9:.1f} GFLOP/s (for MFU; set "
          "train.peak_flops_per_device to skip)")
 
   def log_metrics(step: int, values: dict, seconds: Optional[float]) -> None:
@@ -174,12 +180,12 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
         values["mfu"] = flops_per_step / seconds / peak
     run_log.scalars(step, values)
     run_log.flush()
-    _log(f"step {step}: {format_metrics(values)}")
+    say(f"step {step}: {format_metrics(values)}")
 
   results = {}
   if start is None:
     results["initial"] = run_eval(state.params)
-    _log(f"step 0 eval: {_format_eval(results['initial'])}")
+    say(f"step 0 eval: {_format_eval(results['initial'])}")
   first = int(state.step)
   clock.mark("setup")
   stop_request = interrupts.StopRequest()
@@ -193,7 +199,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
         jax.block_until_ready(metrics)
         clock.mark("first_step")
         run_log.scalars(step + 1, {f"startup/{k}_s": v for k, v in clock.phases.items()})
-        _log(f"first step {sum(clock.phases.values()):.1f} s after the process started: "
+        say(f"first step {sum(clock.phases.values()):.1f} s after the process started: "
              + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in clock.phases.items()))
       if pending is not None:  # the previous step's metrics, read while this step runs
         window = _maybe_log(pending, window, t, log_metrics)
@@ -204,7 +210,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
         scalars = {"eval/l2r_loss": ev["l2r"], "eval/any_order_loss": ev["random"]}
         run_log.scalars(done, scalars)
         run_log.flush()
-        _log(f"step {done} eval (EMA): validation l2r={ev['l2r']:.4f} random={ev['random']:.4f}")
+        say(f"step {done} eval (EMA): validation l2r={ev['l2r']:.4f} random={ev['random']:.4f}")
       if lock is not None and lock.lost:
         raise OSError(f"another process took over the lock of --workdir {workdir} (this one "
                       "stalled past its lease); stopping rather than write beside it")
@@ -220,7 +226,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
         _maybe_log(pending, window, t, log_metrics, force=True)  # the saved step is logged
         checkpoints.check_saved(mgr, done)
         how = "interrupted" if stop_request.exit_code else "preempted"
-        _log(f"{how}: saved a checkpoint at step {done} in {workdir}; exiting")
+        say(f"{how}: saved a checkpoint at step {done} in {workdir}; exiting")
         return {"preempted_at": done, "exit_code": stop_request.exit_code}
     if pending is not None:
       _maybe_log(pending, window, t, log_metrics, force=True)
@@ -231,9 +237,9 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
     mgr.wait_until_finished()
     run_log.flush()
   results["final_ema"] = run_eval(state.ema_params)
-  _log(f"final eval (EMA params): {_format_eval(results['final_ema'])}")
+  say(f"final eval (EMA params): {_format_eval(results['final_ema'])}")
   v = results["final_ema"]["validation"]
-  _log(f"validation perplexity: any-order {math.exp(v['random']):.1f}, L2R "
+  say(f"validation perplexity: any-order {math.exp(v['random']):.1f}, L2R "
        f"{math.exp(v['l2r']):.1f}, unigram {math.exp(v['unigram']):.1f} (any-order / unigram = "
        f"{math.exp(v['random'] - v['unigram']):.2f})")
   return results
@@ -257,10 +263,11 @@ def _maybe_log(pending: tuple, window: Optional[tuple], t, log_metrics: Callable
   return now, done
 
 
-def _init_params(config: ml_collections.ConfigDict, init_from: str) -> Any:
+def _init_params(config: ml_collections.ConfigDict, init_from: str,
+                 say: Callable[[str], None]) -> Any:
   """The params of an export or import, refused unless the model shape matches the config."""
   saved, params = checkpoints.load_params(  # read straight into the training mesh's layout
-      init_from, log=_log, shardings=lambda c: perplexity.param_shardings(c.model, config.mesh))
+      init_from, log=say, shardings=lambda c: sharding.param_shardings(c.model, config.mesh))
   diffs = _model_differences(saved.model, config.model)
   if diffs:
     raise ValueError(f"--init_from {init_from} holds a different model: " + "; ".join(diffs))
@@ -284,7 +291,8 @@ def _unigram_counts(train_split, workdir: str) -> np.ndarray:
   return counts
 
 
-def _prepared(data_config: ml_collections.ConfigDict, tokenizer, split: str):
+def _prepared(data_config: ml_collections.ConfigDict, tokenizer, split: str,
+              say: Callable[[str], None]):
   """The prepared split, prepared here first if needed (each process its range of shards)."""
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   from ao_mdm.data import prepare  # pylint: disable=g-import-not-at-top
@@ -292,4 +300,4 @@ def _prepared(data_config: ml_collections.ConfigDict, tokenizer, split: str):
       data_config, tokenizer, split, process_index=jax.process_index(),
       process_count=jax.process_count(), barrier=multihost_utils.sync_global_devices,
       all_true=lambda x: bool(np.all(multihost_utils.process_allgather(np.asarray(x)))),
-      log=_log)
+      log=say)

@@ -20,7 +20,7 @@ import google_crc32c
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
 
 from ao_mdm.storage import fs
-from ao_mdm.train import workdir as workdir_lib
+from ao_mdm.checkpoint import layout
 
 
 def _masked_crc(data: bytes) -> bytes:
@@ -56,8 +56,8 @@ class RunLog:
 
   def __init__(self, workdir: str, active: bool = True):
     self.active = active
-    self.metrics = fs.join(workdir, workdir_lib.METRICS)
-    self.events = fs.join(workdir, workdir_lib.TENSORBOARD,
+    self.metrics = fs.join(workdir, layout.METRICS)
+    self.events = fs.join(workdir, layout.TENSORBOARD,
                           f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}."
                           f"{os.getpid()}.ao_mdm")
     self._lines, self._records = [], []
@@ -99,7 +99,7 @@ class RunLog:
 def drop_after(workdir: str, step: int) -> None:
   """Keeps the metrics.jsonl records of steps <= step: a resumed run writes the rest again.
   (TensorBoard drops the later points itself when a step goes back.)"""
-  path = fs.join(workdir, workdir_lib.METRICS)
+  path = fs.join(workdir, layout.METRICS)
   if not fs.isfile(path):
     return
   lines = fs.read_text(path).splitlines(keepends=True)

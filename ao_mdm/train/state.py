@@ -76,7 +76,3 @@ def abstract_state(config: ml_collections.ConfigDict) -> TrainState:
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
                       nn.unbox(boxed))
-
-
-def abstract_params(config: ml_collections.ConfigDict) -> Any:
-  return abstract_state(config).params

@@ -1,6 +1,6 @@
-"""Which process of a launch this is: SLURM and multi-host TPU VMs are detected from their
-environment variables, explicit flags override them. Free of JAX, so the command line checks its
-process flags before JAX loads."""
+"""Which process of a launch this is (SLURM and multi-host TPU VMs are detected from their
+environment variables, explicit flags override them) and whether a process of this host
+lives. Free of JAX, so the command line checks its process flags before JAX loads."""
 import os
 from typing import Optional
 
@@ -33,3 +33,14 @@ def launcher_process(process_id: Optional[int] = None,
   if "," in hosts and os.environ.get("TPU_WORKER_ID", "").isdigit():
     return int(os.environ["TPU_WORKER_ID"]), len(hosts.split(","))
   return 0, 1
+
+
+def alive(pid: int) -> bool:
+  """Whether a process of this host with this pid runs."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    pass
+  return True

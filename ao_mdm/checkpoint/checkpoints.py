@@ -21,14 +21,15 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from ao_mdm import interrupts
+from ao_mdm.runtime import quiet
+from ao_mdm.storage import outputs
+from ao_mdm import model as model_lib
 from ao_mdm.data import tokenizer as tok_lib
 from ao_mdm.storage import fs
 from ao_mdm.storage import gcs
 from ao_mdm.storage import lease as lease_lib
 from ao_mdm.storage import paths
-from ao_mdm.train import state as train_state
-from ao_mdm.train import workdir as workdir_lib
+from ao_mdm.checkpoint import layout
 
 _TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a step being written (locally)
 _COMMITTED = "commit_success.txt"  # Orbax's mark of a finished step on gs://
@@ -44,7 +45,7 @@ def manager(directory: str, max_to_keep: Optional[int] = 3, async_save: bool = T
 
 
 def train_manager(workdir: str, max_to_keep: int = 3) -> ocp.CheckpointManager:
-  return manager(fs.join(workdir, workdir_lib.CHECKPOINTS), max_to_keep)
+  return manager(fs.join(workdir, layout.CHECKPOINTS), max_to_keep)
 
 
 def save(mgr: ocp.CheckpointManager, step: int, state: Any, data_iter: Any,
@@ -147,7 +148,7 @@ def _quiet_failures():
   hook = sys.unraisablehook
   sys.unraisablehook = lambda unraisable: None
   try:
-    with interrupts.silenced_stderr():
+    with quiet.silenced_stderr():
       yield
   finally:
     gc.collect()  # what the failed read left is collected here, still quietly
@@ -155,12 +156,12 @@ def _quiet_failures():
 
 
 def set_aside(workdir: str, name: str, why: str, log: Callable[[str], None] = print,
-              under: str = workdir_lib.CHECKPOINTS) -> str:
+              under: str = layout.CHECKPOINTS) -> str:
   """Moves <under>/<name> of the work dir (a checkpoint step by default) to
   checkpoints_set_aside/ (renamed, never deleted), so that checkpointing goes on past it;
   returns the new path."""
   relative = f"{under}/{name}" if under else name
-  target = fs.join(workdir, workdir_lib.SET_ASIDE,
+  target = fs.join(workdir, layout.SET_ASIDE,
                    f"{name}.{why}.{time.strftime('%Y%m%d-%H%M%S')}.{os.getpid()}")
   fs.move(fs.join(workdir, relative), target)
   log(f"moved {relative} ({why}) aside to {target}")
@@ -171,7 +172,7 @@ def clean_workdir(workdir: str, log: Callable[[str], None] = print) -> None:
   """Before a run resumes (its lock held): removes unfinished checkpoint writes of killed runs
   (a temporary name locally, no commit mark on gs://) and sets aside step directories that are
   not training checkpoints (e.g. an export)."""
-  directory = fs.join(workdir, workdir_lib.CHECKPOINTS)
+  directory = fs.join(workdir, layout.CHECKPOINTS)
   if not fs.isdir(directory):
     return
   for name in fs.listdir(directory):
@@ -202,7 +203,7 @@ class WorkdirLock:
   def __init__(self, workdir: str, log: Callable[[str], None] = print):
     self.created = not fs.exists(workdir)
     fs.makedirs(workdir)
-    self.workdir, self.path = workdir, fs.join(workdir, workdir_lib.LOCK)
+    self.workdir, self.path = workdir, fs.join(workdir, layout.LOCK)
     try:
       self.lease = lease_lib.Lease(self.path, "ao-mdm train", log=log)
     except lease_lib.LeaseHeld as e:
@@ -243,7 +244,7 @@ def with_defaults(saved: dict) -> ml_collections.ConfigDict:
 
 def reader(path: str) -> ocp.CheckpointManager:
   """A read-only manager over a training work dir or an export directory."""
-  ckpt_dir = fs.join(path, workdir_lib.CHECKPOINTS)
+  ckpt_dir = fs.join(path, layout.CHECKPOINTS)
   directory = ckpt_dir if fs.isdir(ckpt_dir) else path
   if not fs.isdir(directory):
     raise FileNotFoundError(f"no checkpoint directory at {path!r}")
@@ -267,7 +268,7 @@ def load_params(path: str, weights: str = "ema", log: Callable[[str], None] = pr
   mgr = reader(path)
   # A training work dir holds training steps only (an export copied into it is skipped, as
   # `train` sets it aside); an export directory holds one step of params.
-  is_export = not fs.isdir(fs.join(path, workdir_lib.CHECKPOINTS))
+  is_export = not fs.isdir(fs.join(path, layout.CHECKPOINTS))
   if is_export and weights != "ema":
     raise ValueError(f"--weights={weights}: {path} is an export, which holds one set of params "
                      "(the EMA unless made from raw params); use --weights=ema")
@@ -283,7 +284,7 @@ def load_params(path: str, weights: str = "ema", log: Callable[[str], None] = pr
     if not is_export and ("params" in items or not items & {"state", "ema"}):
       raise NotATrainingCheckpoint("not a training checkpoint (an export's layout, copied into "
                                    "the work dir?)")
-    abstract = train_state.abstract_params(config)
+    abstract = model_lib.abstract_params(config.model)
     if shardings is not None:
       abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                               abstract, shardings(config))
@@ -319,7 +320,7 @@ def export(path: str, out: str, weights: str = "ema") -> str:
   """Write the EMA (or raw) params alone, with the config and tokenizer, as an Orbax checkpoint."""
   paths.new_output_dir(out)  # before the restore, which may take minutes
   config, params = load_params(path, weights)
-  return write_params_export(out, config, params, fs.join(path, workdir_lib.TOKENIZER))
+  return write_params_export(out, config, params, fs.join(path, layout.TOKENIZER))
 
 
 def write_params_export(out: str, config: ml_collections.ConfigDict, params: Any,
@@ -328,9 +329,9 @@ def write_params_export(out: str, config: ml_collections.ConfigDict, params: Any
   read as an export: locally into a temporary directory, renamed at the end; on gs:// in place,
   the tokenizer first and Orbax's commit mark last. An error or Ctrl-C removes what was written."""
   paths.new_output_dir(out)
-  with interrupts.output_dir(out) as tmp:
+  with outputs.output_dir(out) as tmp:
     if tokenizer_dir and fs.isdir(tokenizer_dir):  # samplers and evaluators read it here
-      fs.copytree(tokenizer_dir, fs.join(tmp, workdir_lib.TOKENIZER))
+      fs.copytree(tokenizer_dir, fs.join(tmp, layout.TOKENIZER))
     mgr = manager(tmp, max_to_keep=None, async_save=False, item_names=("params", "config"))
     mgr.save(0, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
                                         config=ocp.args.JsonSave(json.loads(config.to_json()))))

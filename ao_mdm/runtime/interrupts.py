@@ -10,42 +10,19 @@ import contextlib
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable, Iterator
 from typing import Optional
 
-from ao_mdm.storage import fs
+from ao_mdm.runtime import quiet
 
 _CLEANUPS: list = []
-
-
-_REAL_STDERR: list = []  # the real stderr's descriptor while stderr is silenced (nested: the outer)
-
-
-@contextlib.contextmanager
-def silenced_stderr() -> Iterator[int]:
-  """File descriptor 2 goes to /dev/null inside (C++ libraries write there directly, past
-  sys.stderr); yields a descriptor of the real stderr (the same one when nested)."""
-  sys.stderr.flush()
-  saved = os.dup(2)
-  quiet = os.open(os.devnull, os.O_WRONLY)
-  os.dup2(quiet, 2)
-  os.close(quiet)
-  _REAL_STDERR.append(_REAL_STDERR[0] if _REAL_STDERR else saved)
-  try:
-    yield _REAL_STDERR[-1]
-  finally:
-    _REAL_STDERR.pop()
-    sys.stderr.flush()
-    os.dup2(saved, 2)
-    os.close(saved)
 
 
 def _exit_now(signum, frame) -> None:
   """Runs the cleanups with stderr silenced (threads of a library still at work, e.g. Orbax's
   writers losing their temp dir, would print tracebacks), then says what they report."""
   del frame
-  with silenced_stderr() as stderr:
+  with quiet.silenced_stderr() as stderr:
     said = []
     for cleanup in reversed(_CLEANUPS):
       try:
@@ -59,21 +36,18 @@ def _exit_now(signum, frame) -> None:
     os._exit(128 + signum)  # pylint: disable=protected-access
 
 
+def _say(line: str) -> None:
+  """One line on stderr from a signal handler: a raw write, which (unlike print) cannot collide
+  with a write the signal interrupted."""
+  sys.stderr.flush()
+  os.write(2, (line + "\n").encode())
+
+
 def install() -> None:
   """Ctrl-C and SIGTERM run the registered cleanups and exit (a training loop's StopRequest
   takes both over while it runs, to save first)."""
   for signum in (signal.SIGINT, signal.SIGTERM):
     signal.signal(signum, _exit_now)
-
-
-def remove_tree(path: str, settle_s: float = 0.2, limit_s: float = 5.0) -> None:
-  """Removes a directory that threads of a library (Orbax's writers) may still be writing into:
-  again until it stays gone for `settle_s` (or `limit_s` has passed)."""
-  deadline = time.monotonic() + limit_s
-  while fs.exists(path) and time.monotonic() < deadline:
-    fs.rmtree(path)
-    if not fs.exists(path):
-      time.sleep(settle_s)
 
 
 @contextlib.contextmanager
@@ -85,26 +59,6 @@ def on_interrupt(cleanup: Callable[[], Optional[str]]) -> Iterator[None]:
     yield
   finally:
     _CLEANUPS.remove(cleanup)
-
-
-@contextlib.contextmanager
-def output_dir(out: str) -> Iterator[str]:
-  """Where to write the directory `out` so that nothing unfinished is ever read under its name:
-  locally a temporary directory beside it (those of dead processes removed first), renamed to
-  `out` at the end; on gs:// `out` itself (its writer puts its completion mark last). An error
-  or an interrupt inside removes what was written."""
-  out = fs.absolute(out)
-  tmp = out if fs.is_gcs(out) else fs.tmp_name(out)
-  fs.remove_dead_tmps(fs.parent(out))
-  remove = lambda: remove_tree(tmp)
-  with on_interrupt(remove):
-    try:
-      yield tmp
-      if tmp != out:
-        fs.move(tmp, out)
-    except BaseException:
-      remove()
-      raise
 
 
 class StopRequest:
@@ -120,12 +74,11 @@ class StopRequest:
     del frame
     if signum == signal.SIGINT:
       if self.requested:
-        print("interrupted again: exiting now; the last complete checkpoint stays",
-              file=sys.stderr, flush=True)
+        _say("interrupted again: exiting now; the last complete checkpoint stays")
         os._exit(130)  # pylint: disable=protected-access
       self.exit_code = 130
-      print("interrupted: saving a checkpoint at the next step boundary (Ctrl-C again to exit "
-            "at once)", file=sys.stderr, flush=True)
+      _say("interrupted: saving a checkpoint at the next step boundary (Ctrl-C again to exit at "
+           "once)")
     self.requested = True
 
   def restore(self) -> None:

@@ -6,37 +6,26 @@ devices without having any; the program is lowered and compiled for them, XLA's 
 says whether it fits per-chip HBM (docs/launching.md), and a roofline from the chip's published
 figures projects its time (docs/performance.md).
 """
-import collections
 import importlib.util
 import math
 import os
 import re
 import time
+from typing import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from ao_mdm import interrupts
+from ao_mdm.runtime import quiet
+from ao_mdm import hardware
 from ao_mdm import model as model_lib
 from ao_mdm.decode import common
 from ao_mdm.decode import parallel
+from ao_mdm.perf import roofline
 from ao_mdm.train import step as train_step
 
-GIB = 1024 ** 3
-# HBM per chip, by the `device_kind` JAX reports.
-HBM_GIB = {"TPU v4": 32.0, "TPU v5 lite": 16.0, "TPU v5e": 16.0, "TPU v5": 95.0,
-           "TPU v5p": 95.0, "TPU v6 lite": 32.0, "TPU v6e": 32.0}
-# Per chip: peak bf16 FLOP/s, HBM bytes/s, bidirectional ICI bytes/s. Sources: Google Cloud TPU
-# docs, cloud.google.com/tpu/docs/v5e (197 TFLOPs, 819 GBps, 400 GBps), /v5p (459 TFLOPs,
-# 2765 GBps, 1200 GBps), /v6e (918 TFLOPs, 1638 GBps, 800 GBps).
-CHIP_SPECS = {"TPU v5 lite": (197e12, 819e9, 400e9), "TPU v5e": (197e12, 819e9, 400e9),
-              "TPU v5": (459e12, 2765e9, 1200e9), "TPU v5p": (459e12, 2765e9, 1200e9),
-              "TPU v6 lite": (918e12, 1638e9, 800e9), "TPU v6e": (918e12, 1638e9, 800e9)}
-_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
-                "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
 TOPOLOGY_EXAMPLES = "v5e:1, v5e:2x2, v5e:4x4, v4:2x2x2, v5p:2x2x1, v6e:4x4"
 
 
@@ -56,7 +45,7 @@ def tpu_devices(topology: str) -> list:
     name = f"{gen}:{'x'.join(map(str, dims + [1] * (len(dims) == 1)))}"
     options = {"chips_per_host_bounds": tuple((dims + [1, 1, 1])[:3])}
   try:
-    with interrupts.silenced_stderr():  # libtpu's start-up warnings about the host it is not on
+    with quiet.silenced_stderr():  # libtpu's start-up warnings about the host it is not on
       return list(topologies.get_topology_desc(platform="tpu", topology_name=name,
                                                **options).devices)
   except jax.errors.JaxRuntimeError as e:
@@ -67,15 +56,6 @@ def tpu_devices(topology: str) -> list:
                      f"e.g. {TOPOLOGY_EXAMPLES}") from e
 
 
-def hbm_per_device_gib(devices: list) -> float:
-  """Per-device HBM: the chip's HBM over the devices (cores) JAX makes per chip."""
-  kind = devices[0].device_kind
-  if kind not in HBM_GIB:
-    raise ValueError(f"unknown TPU device_kind {kind!r}; known: {sorted(HBM_GIB)}")
-  per_chip = collections.Counter(tuple(getattr(d, "coords", (d.id,))) for d in devices)
-  return HBM_GIB[kind] / max(per_chip.values())
-
-
 def memory_gib(compiled) -> dict:
   """Per-device memory of a compiled executable, in GiB, from XLA's memory analysis."""
   m = compiled.memory_analysis()
@@ -84,28 +64,18 @@ def memory_gib(compiled) -> dict:
   parts = {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
            "aliased": m.alias_size_in_bytes, "temps": m.temp_size_in_bytes,
            "generated_code": m.generated_code_size_in_bytes}
-  out = {k: v / GIB for k, v in parts.items()}
+  out = {k: v / hardware.GIB for k, v in parts.items()}
   # Donated state is aliased: its outputs reuse the argument buffers.
   out["total"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temps"] + \
       out["generated_code"]
   return out
 
 
-def chip_figures(devices: list) -> tuple:
-  """(peak bf16 FLOP/s, HBM bytes/s, ICI bytes/s) per device, or None for an unknown chip."""
-  kind = devices[0].device_kind
-  if kind not in CHIP_SPECS:
-    return None
-  per_chip = collections.Counter(tuple(getattr(d, "coords", (d.id,))) for d in devices)
-  cores = max(per_chip.values())  # devices per chip share its figures
-  return tuple(x / cores for x in CHIP_SPECS[kind])
-
-
 def compile_sampler(config: ml_collections.ConfigDict, topology: str, name: str = "config", *,
                     batch_size: int = 8, steps: int = 64, schedule: str = "linear",
-                    dtype: str = "float32") -> dict:
+                    dtype: str = "float32", log: Callable[[str], None] = print) -> dict:
   """Compile one unconditional generation of the cached sampler (every cache bucket of its plan)
-  for one device of `topology`; print and return its memory and roofline projection.
+  for one device of `topology`; log and return its memory and roofline projection.
 
   Per bucket and in total: the bytes the steps must read (weights + K/V cache prefix), their
   FLOPs and max(bytes / HBM bandwidth, FLOPs / peak), from parallel.step_costs, next to one full
@@ -129,19 +99,19 @@ def compile_sampler(config: ml_collections.ConfigDict, topology: str, name: str 
           *(on_device(jax.ShapeDtypeStruct((), d)) for d in (jnp.float32, jnp.float32, jnp.int32)))
   start = time.perf_counter()
   compiled = decoder.lower(*args).compile()
-  hbm = hbm_per_device_gib(devices)
+  hbm = hardware.hbm_per_device_gib(devices)
   result = {"topology": topology, "device_kind": device.device_kind, "name": name,
             "batch_size": batch_size, "steps": steps, "schedule": schedule, "dtype": dtype,
             "block_size": t, "buckets": len(plan.segments), "hbm_gib": hbm,
             "compile_seconds": time.perf_counter() - start, **memory_gib(compiled)}
-  figures = chip_figures(devices)
+  figures = hardware.chip_figures(devices)
   if figures:
     peak, hbm_bw, _ = figures
     seconds = lambda c: max(c["bytes"] / hbm_bw, c["flops"] / peak)
     bound = lambda c: "hbm" if c["bytes"] / hbm_bw >= c["flops"] / peak else "compute"
     buckets = [{**c, "step_s": seconds(c), "bound": bound(c)}
-               for c in parallel.step_costs(cfg, plan, batch_size)]
-    forward = parallel.forward_costs(cfg, batch_size)
+               for c in roofline.step_costs(cfg, plan, batch_size)]
+    forward = roofline.forward_costs(cfg, batch_size)
     total = {k: sum(c[k] * c["steps"] for c in buckets) for k in ("bytes", "flops", "step_s")}
     result.update(peak_flops=peak, hbm_bandwidth=hbm_bw, buckets_detail=buckets,
                   generation_bytes=total["bytes"], generation_flops=total["flops"],
@@ -150,7 +120,7 @@ def compile_sampler(config: ml_collections.ConfigDict, topology: str, name: str 
                   forward_bound=bound(forward))
     result["generation_over_forward"] = result["generation_s"] / result["forward_s"]
     result["tokens_per_s"] = batch_size * t / result["generation_s"]
-  print(format_sampler(result), flush=True)
+  log(format_sampler(result))
   if result["total"] > hbm:
     raise ValueError(f"the sampler of {name} (batch {batch_size}, {dtype}) does not fit on "
                      f"{topology}: it needs {result['total']:.2f} GiB per device but "
@@ -184,8 +154,8 @@ def format_sampler(r: dict) -> str:
 
 
 def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
-                         name: str = "config") -> dict:
-  """Compile the train step for `topology`; print and return per-device GiB and compile time.
+                         name: str = "config", log: Callable[[str], None] = print) -> dict:
+  """Compile the train step for `topology`; log and return per-device GiB and compile time.
 
   Raises ValueError (naming `name`) if the step needs more than the chip's HBM.
   """
@@ -194,7 +164,7 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
   t = config.train
   tokens = jax.ShapeDtypeStruct((t.batch_size, config.model.block_size), jnp.int32,
                                 sharding=program.batch_sharding)
-  hbm = hbm_per_device_gib(devices)
+  hbm = hardware.hbm_per_device_gib(devices)
   what = (f"the train step of {name} (L={config.model.n_layer} D={config.model.n_embd}, "
           f"batch {t.batch_size}x{config.model.block_size}, "
           f"train.microbatches={t.microbatches})")
@@ -215,126 +185,12 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
             "num_devices": len(devices), "mesh": dict(program.mesh.shape),
             "microbatches": int(t.microbatches), "hbm_gib": hbm, "compile_seconds": seconds,
             **memory_gib(compiled)}
-  result["projection"] = roofline(compiled, config, devices)
-  print(format_result(result), flush=True)
+  result["projection"] = roofline.train_step(compiled, config, devices)
+  log(format_result(result))
   if result["total"] > hbm:
     raise ValueError(f"{what} does not fit on {topology}: it needs {result['total']:.2f} GiB "
                      f"per device but {hbm:.1f} GiB of HBM are available; {advice}")
   return result
-
-
-def hlo_traffic(hlo_text: str) -> dict:
-  """Bytes one device moves per step, read from the compiled HLO: `collective` (results of
-  all-reduce, all-gather, ...) and `hbm` (operands and results of every top-level instruction,
-  fusions counted at their boundary). An instruction inside a while loop (the layer scan, the
-  micro-batch scan) counts once per iteration, by the loop's known trip count.
-  """
-  computations, comp = {}, None
-  for line in hlo_text.splitlines():
-    head = re.match(r"\s*(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$", line)
-    if head:
-      comp = head.group(2)
-      computations[comp] = {"entry": bool(head.group(1)), "lines": []}
-    elif comp is not None:
-      computations[comp]["lines"].append(line)
-  loops = {}  # computation -> [(called computation, times per call)] for while bodies and calls
-  for name, c in computations.items():
-    for line in c["lines"]:
-      body = re.search(r"\bbody=%?([\w.\-]+)", line)
-      if body:
-        n = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
-        condition = re.search(r"\bcondition=%?([\w.\-]+)", line)
-        trips = int(n.group(1)) if n else _loop_bound(computations, condition)
-        loops.setdefault(name, []).append((body.group(1), trips))
-      call = re.search(r"\scall\(.*\bto_apply=%?([\w.\-]+)", line)
-      if call:
-        loops.setdefault(name, []).append((call.group(1), 1))
-  multiplier = {}
-
-  def visit(name, factor):
-    multiplier[name] = multiplier.get(name, 0) + factor
-    for callee, times in loops.get(name, []):
-      visit(callee, factor * times)
-  for name, c in computations.items():
-    if c["entry"]:
-      visit(name, 1)
-  out = {"collective": 0.0, "hbm": 0.0}
-  for name, factor in multiplier.items():
-    for line in computations.get(name, {"lines": []})["lines"]:
-      m = re.match(r"\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.+?)\s+([a-z][\w\-]*)\((.*)", line)
-      if not m or m.group(2) in _NO_TRAFFIC:
-        continue
-      result, op, rest = m.group(1), m.group(2), m.group(3)
-      if op.endswith("-done"):
-        continue  # its -start counted the transfer
-      if op.replace("-start", "") in _COLLECTIVES:
-        out["collective"] += factor * _shape_bytes(result)
-      operands = rest.split("), ")[0]  # the operand list, before attributes
-      out["hbm"] += factor * (_shape_bytes(result) + _shape_bytes(operands))
-  return out
-
-
-def _loop_bound(computations: dict, condition) -> int:
-  """Iterations of a `while i < N` loop (a scan) from its condition's s32 constant N; 1 if unsure."""
-  lines = computations.get(condition.group(1), {"lines": []})["lines"] if condition else []
-  if not any("direction=LT" in line for line in lines):
-    return 1
-  bounds = [int(n) for line in lines for n in re.findall(r"= s32\[\][^ ]* constant\((\d+)\)", line)]
-  return max(bounds, default=1)
-
-
-_NO_TRAFFIC = ("parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call",
-               "conditional", "after-all", "partition-id", "replica-id", "iota")
-
-
-def _shape_bytes(shape: str) -> float:
-  """Bytes of an HLO result shape such as `f32[8,128]{1,0}` or a tuple of them."""
-  total = 0
-  for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", shape):
-    n = 1
-    for d in filter(None, dims.split(",")):
-      n *= int(d)
-    total += n * _DTYPE_BYTES.get(dtype, 4)
-  return total
-
-
-def roofline(compiled, config: ml_collections.ConfigDict, devices: list) -> dict:
-  """A projection (not a measurement): lower bound on step time, upper bound on MFU.
-
-  Per device: time >= max(FLOPs / peak, HBM bytes / HBM bandwidth, collective bytes / ICI
-  bandwidth). FLOPs are the model's (6N + attention, as MFU counts them) and XLA's cost
-  analysis beside them; XLA counts a loop body once, so the larger is used. HBM bytes are
-  XLA's (loop bodies once: a lower bound); the HLO operand sum with trip counts (hlo_traffic,
-  which also counts whole loop buffers that are only sliced) is an upper estimate, printed
-  beside it. Collective bytes come from the HLO with trip counts.
-  """
-  figures = chip_figures(devices)
-  if figures is None:
-    return {}
-  peak, hbm_bw, ici_bw = figures
-  n = len(devices)
-  cost = compiled.cost_analysis()
-  cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
-  abstract = jax.eval_shape(lambda: model_lib.init_params(config.model, jax.random.key(0)))
-  tokens = config.train.batch_size * config.model.block_size
-  model_flops = tokens * model_lib.flops_per_token(
-      config.model, model_lib.count_params(nn.unbox(abstract))) / n
-  xla_flops = float(cost.get("flops", 0.0))
-  hbm_bytes = float(cost.get("bytes accessed", 0.0))
-  traffic = hlo_traffic(compiled.as_text())
-  ici_bytes = traffic["collective"]
-  times = {"compute": max(model_flops, xla_flops) / peak, "hbm": hbm_bytes / hbm_bw,
-           "ici": ici_bytes / ici_bw}
-  step = max(times.values())
-  return {"model_flops_per_device": model_flops, "xla_flops_per_device": xla_flops,
-          "xla_over_model_flops": xla_flops / model_flops,
-          "hbm_bytes_per_device": hbm_bytes, "collective_bytes_per_device": ici_bytes,
-          "hbm_bytes_upper_estimate": traffic["hbm"],
-          "hbm_s_at_upper_estimate": traffic["hbm"] / hbm_bw,
-          "peak_flops": peak, "hbm_bandwidth": hbm_bw, "ici_bandwidth": ici_bw,
-          "step_s_lower_bound": step, "bound_by": max(times, key=times.get),
-          "mfu_upper_bound": model_flops / peak / step,
-          "tokens_per_s_upper_bound": tokens / step}
 
 
 def format_result(r: dict) -> str:

@@ -13,11 +13,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Callable
 
 import ml_collections
 
 from ao_mdm.storage import fs
-from ao_mdm.train import workdir as workdir_lib
+from ao_mdm.checkpoint import layout
 
 
 def _command(config_file: str, workdir: str, cache: str) -> list:
@@ -28,7 +29,7 @@ def _command(config_file: str, workdir: str, cache: str) -> list:
 
 def _startup(workdir: str, after: int) -> dict:
   """The newest start's phases recorded in metrics.jsonl (seconds), if its step is > after."""
-  path = fs.join(workdir, workdir_lib.METRICS)
+  path = fs.join(workdir, layout.METRICS)
   if not fs.isfile(path):
     return {}
   found = {}
@@ -62,34 +63,35 @@ def _timed(command: list) -> float:
   return time.perf_counter() - start
 
 
-def bench_restart(config: ml_collections.ConfigDict, config_file: str) -> dict:
-  """Cold and warm restarts and `sample` calls of config_file's run; prints one JSON line."""
+def bench_restart(config: ml_collections.ConfigDict, config_file: str,
+                  log: Callable[[str], None] = print) -> dict:
+  """Cold and warm restarts and `sample` calls of config_file's run; logs each, then one JSON
+  line."""
   del config  # the runs load config_file themselves, as a user's would
   root = tempfile.mkdtemp(prefix="ao_mdm_bench_restart_")
   workdir, cache = os.path.join(root, "run"), os.path.join(root, "xla_cache")
   results = {}
   try:
-    print("first start (fills the work dir and the data preparation)", flush=True)
+    log("first start (fills the work dir and the data preparation)")
     _, step = _start_and_stop(_command(config_file, workdir, cache), workdir, 0, 1800)
     for name in ("cold", "warm"):
       if name == "cold":
         fs.rmtree(cache)
       phases, step = _start_and_stop(_command(config_file, workdir, cache), workdir, step, 1800)
       results[f"restart_{name}"] = {**phases, "total": sum(phases.values())}
-      print(f"{name} restart: first step {results[f'restart_{name}']['total']:.1f} s after the "
-            "process started: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()),
-            flush=True)
+      log(f"{name} restart: first step {results[f'restart_{name}']['total']:.1f} s after the "
+            "process started: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
     sample = [sys.executable, "-m", "ao_mdm.cli.main", "sample", f"--checkpoint={workdir}",
               "--num_samples=1", f"--compile_cache={cache}"]
     fs.rmtree(cache)
     results["sample_cold_s"] = _timed(sample)
     results["sample_warm_s"] = _timed(sample)
-    print(f"sample: {results['sample_cold_s']:.1f} s with an empty cache, "
-          f"{results['sample_warm_s']:.1f} s the second time", flush=True)
+    log(f"sample: {results['sample_cold_s']:.1f} s with an empty cache, "
+          f"{results['sample_warm_s']:.1f} s the second time")
   finally:
     fs.rmtree(root)
   results["summary"] = {
       "warm_over_cold_restart": results["restart_warm"]["total"] / results["restart_cold"]["total"],
       "warm_over_cold_sample": results["sample_warm_s"] / results["sample_cold_s"]}
-  print(json.dumps(results))
+  log(json.dumps(results))
   return results

@@ -1,11 +1,10 @@
-"""Benchmarks (`ao-mdm bench sample|train`): figures from one run, ratios against a baseline."""
+"""`ao-mdm bench sample`: the cached samplers against a full forward and the no-cache sampler,
+and speculative decoding against sequential decoding, figures and ratios from one run."""
 import dataclasses
-import importlib.util
 import json
-import os
 import statistics
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -13,12 +12,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from ao_mdm import hardware
 from ao_mdm import model as model_lib
 from ao_mdm import orders
 from ao_mdm.decode import common
 from ao_mdm.decode import parallel
-from ao_mdm.train import checkpoints
-from ao_mdm.train import step as train_step
+from ao_mdm.perf import roofline
 
 
 def _timed(fn: Callable[[int], Any], repeats: int) -> tuple[float, list]:
@@ -37,33 +36,24 @@ def _compile(jitted, *args) -> tuple[Any, float]:
   return compiled, time.perf_counter() - start
 
 
-def step_floors(cfg: ml_collections.ConfigDict, plan: parallel.Plan, b: int, bandwidth: float,
-                peak: float) -> np.ndarray:
-  """Seconds each cached decode step must take at least: max(bytes / bandwidth, FLOPs / peak),
-  with the bytes and FLOPs of parallel.step_costs."""
-  return np.concatenate([np.full(c["steps"], max(c["bytes"] / bandwidth, c["flops"] / peak))
-                         for c in parallel.step_costs(cfg, plan, b)])
-
-
-def bench_sample(config: ml_collections.ConfigDict, dtypes: tuple = ("float32", "bfloat16")
-                 ) -> dict:
+def bench_sample(config: ml_collections.ConfigDict, dtypes: tuple = ("float32", "bfloat16"),
+                 log: Callable[[str], None] = print) -> dict:
   """Per decoding dtype: full forward and cached sampler at each S (float32 also the no-cache
-  sampler), in one run; prints JSON.
+  sampler), in one run; logs each figure, then JSON.
 
   Per S also the cached step time and its floor (see step_floors), from the matmul peak and
   read bandwidth measured in the same run (the peak in float32).
   """
-  from ao_mdm import sharding  # pylint: disable=g-import-not-at-top
   b, t = int(config.bench.batch_size), config.model.block_size
   repeats = int(config.bench.repeats)
   params32 = nn.unbox(model_lib.init_params(config.model, jax.random.key(0)))
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, config.model.vocab_size, (b, t)),
                        jnp.int32)
   order = orders.random_orders(jax.random.key(1), b, t)
-  peak = sharding.matmul_peak(2048, jnp.float32)
-  bandwidth = sharding.read_bandwidth()
-  print(f"measured matmul peak {peak / 1e9:.1f} GFLOP/s (float32), read bandwidth "
-        f"{bandwidth / 1e9:.1f} GB/s", flush=True)
+  peak = hardware.matmul_peak(2048, jnp.float32)
+  bandwidth = hardware.read_bandwidth()
+  log(f"measured matmul peak {peak / 1e9:.1f} GFLOP/s (float32), read bandwidth "
+        f"{bandwidth / 1e9:.1f} GB/s")
   zeros, known = jnp.zeros((b, t), jnp.int32), jnp.zeros((b, t), bool)
   scalars = (jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
   results = {"matmul_peak_flops": peak, "read_bytes_per_s": bandwidth, "batch_size": b,
@@ -74,8 +64,8 @@ def bench_sample(config: ml_collections.ConfigDict, dtypes: tuple = ("float32", 
         {"params": p}, x, o))
     fwd, fwd_compile = _compile(forward, params, tokens, order)
     full_forward_s, _ = _timed(lambda _: fwd(params, tokens, order), repeats)
-    print(f"{dtype}: full forward B={b} T={t}: {full_forward_s:.4f} s (compile "
-          f"{fwd_compile:.1f} s)", flush=True)
+    log(f"{dtype}: full forward B={b} T={t}: {full_forward_s:.4f} s (compile "
+          f"{fwd_compile:.1f} s)")
     out = {"full_forward_s": full_forward_s, "full_forward_compile_s": fwd_compile, "steps": {}}
     for steps in config.bench.steps:
       counts = parallel.schedule_counts(t, 0, int(steps), config.bench.schedule)
@@ -93,7 +83,7 @@ def bench_sample(config: ml_collections.ConfigDict, dtypes: tuple = ("float32", 
         elapsed, _ = _timed(lambda _: compiled(*args), repeats if use_cache else 1)
         scale = (len(counts) - 1) / (len(run_counts) - 1)
         if use_cache:
-          floor_ms = 1e3 * float(np.mean(step_floors(cfg, plan, b, bandwidth, peak)))
+          floor_ms = 1e3 * float(np.mean(roofline.step_floors(cfg, plan, b, bandwidth, peak)))
           row.update(sampler_s=elapsed, compile_s=compile_s, step_ms=1e3 * elapsed / steps,
                      step_floor_ms=floor_ms, sampler_over_full_forward=elapsed / full_forward_s)
         else:
@@ -113,32 +103,10 @@ def bench_sample(config: ml_collections.ConfigDict, dtypes: tuple = ("float32", 
         row["float32_over_this"] = fp32["sampler_s"] / row["sampler_s"]
         line += f"; float32 / {dtype} {row['float32_over_this']:.2f}x"
       out["steps"][str(steps)] = row
-      print(line, flush=True)
+      log(line)
     results["dtypes"][dtype] = out
-  print(json.dumps(results), flush=True)
+  log(json.dumps(results))
   return results
-
-
-def speculative_read_ratio(cfg: ml_collections.ConfigDict, k: int, batch: int,
-                           head: bool) -> float:
-  """Bytes a speculative iteration reads over those of a cached L2R step (S = T), where both
-  are bound by reading (an accelerator at small batch): the weights once and the whole K/V
-  cache, plus per drafted token of a learned head the head and the model's final AdaLN and
-  vocab head again (self-drafting reads nothing more)."""
-  plan = parallel.Plan.make(parallel.schedule_counts(cfg.block_size, 0, cfg.block_size,
-                                                     "linear"))
-  costs = parallel.step_costs(cfg, plan, batch)
-  step = sum(c["bytes"] * c["steps"] for c in costs) / sum(c["steps"] for c in costs)
-  itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
-  n_blocks, n_head = parallel.weight_counts(cfg)
-  iteration = itemsize * (n_blocks + n_head) + 2 * cfg.n_layer * batch * cfg.block_size \
-      * cfg.n_embd * itemsize
-  if head:
-    from ao_mdm.decode import draft  # pylint: disable=g-import-not-at-top
-    n_draft = model_lib.count_params(jax.eval_shape(lambda: draft.init_head(
-        cfg, jax.random.key(0))))
-    iteration += k * itemsize * (n_draft + n_head)
-  return iteration / step
 
 
 def infill_context(params: Any, cfg: ml_collections.ConfigDict, seed: int = 0) -> tuple:
@@ -152,7 +120,7 @@ def infill_context(params: Any, cfg: ml_collections.ConfigDict, seed: int = 0) -
 
 def bench_speculative(config: ml_collections.ConfigDict, params: Any,
                       cfg: ml_collections.ConfigDict, dtype: str = "float32",
-                      draft_head: Any = None) -> dict:
+                      draft_head: Any = None, log: Callable[[str], None] = print) -> dict:
   """Speculative decoding against cached sequential decoding in the same order (one token per
   forward), same model, temperature 1 and top-p 1, all decoded in `dtype`: per batch size
   (bench.speculative_batches), order (L2R from scratch; infill: the middle half in a random
@@ -194,8 +162,8 @@ def bench_speculative(config: ml_collections.ConfigDict, params: Any,
       unknown = t - len(known.get("known_positions", ()))
       sequential = lambda seed, b=b, known=known, unknown=unknown: parallel.sample(
           params, cfg, batch_size=b, steps=unknown, seed=seed, dtype=dtype, **known)
-      print(f"B={b} {layout}: {unknown} unknown positions, sequential decoding {unknown} "
-            "forwards per sequence", flush=True)
+      log(f"B={b} {layout}: {unknown} unknown positions, sequential decoding {unknown} "
+            "forwards per sequence")
       for drafter, head in drafters.items():
         for k in config.bench.drafts:
           base_s, elapsed, outs = paired(sequential, lambda seed, b=b, known=known, k=k, head=head:
@@ -211,123 +179,16 @@ def bench_speculative(config: ml_collections.ConfigDict, params: Any,
                  "first_draft_acceptance": total["first_accepted"] / total["first_drafts"],
                  "first_draft_overlap": total["first_overlap"] / total["first_drafts"],
                  "speedup": base_s / elapsed,
-                 "read_ratio": speculative_read_ratio(cfg, int(k), b, head is not None)}
+                 "read_ratio": roofline.speculative_read_ratio(cfg, int(k), b, head is not None)}
           row["read_bound_speedup"] = row["tokens_per_forward"] / row["read_ratio"]
           results["rows"].append(row)
-          print(f"  {drafter}, k={k}: {row['tokens_per_forward']:.2f} tokens per forward "
+          log(f"  {drafter}, k={k}: {row['tokens_per_forward']:.2f} tokens per forward "
                 f"({forwards:.1f} per sequence, the batch ran {row['batch_forwards']:.1f}); first "
                 f"drafts accepted {row['first_draft_acceptance']:.3f} (sum min(p, q) "
                 f"{row['first_draft_overlap']:.3f}); {elapsed:.3f} s against {base_s:.3f} s: "
                 f"{row['speedup']:.2f}x the speed of sequential decoding (bound by reading: "
-                f"{row['read_bound_speedup']:.2f}x)", flush=True)
-  print(json.dumps(results), flush=True)
+                f"{row['read_bound_speedup']:.2f}x)")
+  log(json.dumps(results))
   return results
 
 
-BASELINES = ("torch",)
-
-
-def bench_train(config: ml_collections.ConfigDict, baseline: Optional[str] = None) -> dict:
-  """Steady-state step time, tokens/s and MFU of the sharded train step; prints JSON.
-
-  Any training config works; `config.bench` (repeats, matmul_size) is optional. With
-  baseline="torch" the same model and step in plain PyTorch (eager, float32, all cores; see
-  interop/torch_reference.py) then trains from the same initial params on the same batch, and the
-  result adds its tokens/s and our speed over it.
-  """
-  from ao_mdm import sharding  # pylint: disable=g-import-not-at-top
-  if baseline not in (None, *BASELINES):
-    raise ValueError(f"baseline={baseline!r}; accepted: {', '.join(BASELINES)} (or None)")
-  if baseline and jax.process_count() > 1:
-    raise ValueError(f"baseline={baseline!r} runs in a single process; got "
-                     f"{jax.process_count()} processes")
-  if baseline:  # refuse a config the PyTorch step cannot run before ours runs
-    _torch_reference().check_train_config(config)
-  program = train_step.make_program(config)
-  state, step = program.init_state(), program.step
-  initial_params = jax.device_get(state.params) if baseline else None  # the step donates state
-  b, t = config.train.batch_size, config.model.block_size
-  local_tokens = np.random.default_rng(0).integers(
-      0, config.model.vocab_size, (b // jax.process_count(), t)).astype(np.int32)
-  tokens = program.global_batch(local_tokens)
-  start = time.perf_counter()
-  for _ in range(2):
-    state, metrics = step(state, tokens)
-  jax.block_until_ready(metrics)
-  warmup_s = time.perf_counter() - start
-  bench = config.get("bench") or ml_collections.ConfigDict({"repeats": 10, "matmul_size": 2048})
-  times = []
-  for _ in range(int(bench.repeats)):
-    start = time.perf_counter()
-    state, metrics = step(state, tokens)
-    jax.block_until_ready(metrics)
-    times.append(time.perf_counter() - start)
-  step_s = statistics.median(times)
-  n_params = model_lib.count_params(state.params)
-  flops_per_token = model_lib.flops_per_token(config.model, n_params)
-  peak = sharding.matmul_peak(int(bench.matmul_size), model_lib.DTYPES[config.model.dtype])
-  tokens_per_s = b * t / step_s
-  result = {"tokens_per_s": tokens_per_s,
-            "mfu": flops_per_token * tokens_per_s / (peak * jax.device_count()),
-            "matmul_peak_flops": peak, "step_s": step_s, "warmup_and_compile_s": warmup_s,
-            "flops_per_token": flops_per_token, "params": n_params, "devices": jax.device_count(),
-            "batch_size": b, "block_size": t}
-  print(f"train step: {step_s * 1e3:.1f} ms, {tokens_per_s:.0f} tokens/s, "
-        f"MFU {result['mfu']:.1%} of the measured matmul peak {peak / 1e9:.1f} GFLOP/s "
-        f"per device ({jax.device_count()} devices)", flush=True)
-  if baseline:
-    del state, metrics
-    result.update(_torch_baseline(config, initial_params, local_tokens, int(bench.repeats)))
-    result["ratio_vs_torch"] = tokens_per_s / result["torch_tokens_per_s"]
-    print(f"ours / PyTorch: {result['ratio_vs_torch']:.2f}x", flush=True)
-  print(json.dumps(result), flush=True)
-  return result
-
-
-def _torch_reference():
-  """ao_mdm.interop.torch_reference, or one clear ImportError when PyTorch is not installed."""
-  if importlib.util.find_spec("torch") is None:
-    raise ImportError("--baseline=torch needs PyTorch: pip install -e '.[torch]'")
-  from ao_mdm.interop import torch_reference  # pylint: disable=g-import-not-at-top
-  return torch_reference
-
-
-def _torch_baseline(config: ml_collections.ConfigDict, params: Any, tokens_BT: np.ndarray,
-                    repeats: int) -> dict:
-  """The PyTorch eager float32 step from the same params on the same batch: 2 warm-up steps,
-  then the median of `repeats` steps, orders drawn in each step, on all the cores JAX uses."""
-  import torch  # pylint: disable=g-import-not-at-top
-  torch_reference = _torch_reference()
-  threads = len(os.sched_getaffinity(0))
-  torch.set_num_threads(threads)
-  trainer = torch_reference.Trainer(params, config)
-  times = torch_reference.time_steps(trainer, tokens_BT, torch_reference.order_ratio(config.order),
-                                     warmup=2, repeats=repeats)
-  step_s = statistics.median(times)
-  tokens_per_s = tokens_BT.size / step_s
-  print(f"PyTorch {torch.__version__} eager float32 train step: {step_s * 1e3:.1f} ms, "
-        f"{tokens_per_s:.0f} tokens/s ({threads} threads)", flush=True)
-  return {"torch_tokens_per_s": tokens_per_s, "torch_step_s": step_s, "torch_threads": threads}
-
-
-def run(what: str, config: ml_collections.ConfigDict, config_name: str, *, baseline: str,
-        mode: str, checkpoint: Optional[str], weights: str, dtype: Optional[str],
-        draft_head: Optional[str] = None) -> None:
-  """`ao-mdm bench WHAT` (sample, train, data or restart), its flags checked by checks.command_inputs;
-  `dtype` (bench sample): the decoding dtype, None for both; `draft_head` (speculative): the
-  directory of a learned head."""
-  if what == "data":
-    from ao_mdm.cli import bench_data  # pylint: disable=g-import-not-at-top
-    bench_data.bench_data(config, config_name)
-  elif what == "restart":
-    from ao_mdm.cli import bench_restart  # pylint: disable=g-import-not-at-top
-    bench_restart.bench_restart(config, config_name)
-  elif what == "train":
-    bench_train(config, None if baseline == "none" else baseline)
-  elif mode == "speculative":
-    from ao_mdm.decode import draft  # pylint: disable=g-import-not-at-top
-    saved, params = checkpoints.load_params(checkpoint, weights)
-    head = draft.load(draft_head, saved.model, params) if draft_head else None
-    bench_speculative(config, params, saved.model, dtype or "float32", head)
-  else:
-    bench_sample(config, (dtype,) if dtype else ("float32", "bfloat16"))

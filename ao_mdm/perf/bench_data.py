@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import ml_collections
 import numpy as np
@@ -142,7 +142,7 @@ def iterator_child(args_json: str) -> None:
          "tokens_per_s": a["batches"] * batch.size / seconds,
          "peak_rss_mb": _peak_rss_mb(), "peak_rss_before_open_mb": rss_start}
   if not a["array_record"]:
-    print(json.dumps(out))
+    sys.stdout.write(json.dumps(out) + "\n")
     return
   source = grain.sources.ArrayRecordDataSource(a["array_record"])
   ds = (grain.MapDataset.source(source).shuffle(seed=0).repeat()
@@ -154,7 +154,7 @@ def iterator_child(args_json: str) -> None:
   for _ in range(a["batches"]):
     next(it)
   out["array_record_tokens_per_s"] = a["batches"] * batch.size / (time.perf_counter() - start)
-  print(json.dumps(out))
+  sys.stdout.write(json.dumps(out) + "\n")
 
 
 def _write_array_record(blocks: Any, path: str) -> None:
@@ -173,7 +173,7 @@ def _iterator(config: ml_collections.ConfigDict, data: ml_collections.ConfigDict
   child = {"data": data.to_dict(), "block_size": int(config.model.block_size),
            "batch": int(config.bench.batch_size), "batches": int(config.bench.iterator_batches),
            "array_record": array_record}
-  out = subprocess.run([sys.executable, "-c", "import sys; from ao_mdm.cli import "
+  out = subprocess.run([sys.executable, "-c", "import sys; from ao_mdm.perf import "
                         "bench_data; bench_data.iterator_child(sys.argv[1])",
                         json.dumps(child)], capture_output=True, text=True, check=True)
   return json.loads(out.stdout.strip().splitlines()[-1])
@@ -188,8 +188,8 @@ def _gcs_dir(b: ml_collections.ConfigDict) -> tuple:
   if b.gcs == "local":
     server = emulator.LocalServer(("bench",))
     os.environ.update(server.env())
-    from ao_mdm import interrupts  # pylint: disable=g-import-not-at-top
-    with interrupts.silenced_stderr():  # tensorstore's line about the emulator's credentials
+    from ao_mdm.runtime import quiet  # pylint: disable=g-import-not-at-top
+    with quiet.silenced_stderr():  # tensorstore's line about the emulator's credentials
       gcs.start_tensorstore()
     base = "gs://bench"
   else:
@@ -205,7 +205,7 @@ def checkpoint_rates(directory: str, n_params: int, repeats: int = 2) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  from ao_mdm.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from ao_mdm.checkpoint import checkpoints  # pylint: disable=g-import-not-at-top
   n = max(1, n_params // 10)
   state = {f"w{i}": jax.random.normal(jax.random.key(i), (n,), jnp.float32) for i in range(10)}
   mb = sum(x.nbytes for x in state.values()) / 1e6
@@ -227,8 +227,9 @@ def checkpoint_rates(directory: str, n_params: int, repeats: int = 2) -> dict:
   return {"mb": mb, "save_mb_per_s": mb / min(save), "restore_mb_per_s": mb / min(restore)}
 
 
-def bench_data(config: ml_collections.ConfigDict, config_file: str) -> dict:
-  """Prepare and iterator figures at each size of config.bench.sizes; prints one JSON line.
+def bench_data(config: ml_collections.ConfigDict, config_file: str,
+               log: Callable[[str], None] = print) -> dict:
+  """Prepare and iterator figures at each size of config.bench.sizes; logs them, then one JSON line.
   With bench.gcs, also the iterator over the same preparation in a bucket and checkpoint save
   and restore rates there and locally.
 
@@ -250,7 +251,7 @@ def bench_data(config: ml_collections.ConfigDict, config_file: str) -> dict:
       name = f"{size / 1e6:g}M"
       text = os.path.join(root, f"synthetic_{name}.txt")
       if not os.path.isfile(text):
-        print(f"[{name}] writing the synthetic corpus", flush=True)
+        log(f"[{name}] writing the synthetic corpus")
         write_synthetic_corpus(text, int(size))
       start = time.perf_counter()
       docs = datasets.load_documents(_data_config(config, text, root, "p"), "train",
@@ -258,8 +259,8 @@ def bench_data(config: ml_collections.ConfigDict, config_file: str) -> dict:
       r = {"documents": len(docs), "text_mb": os.path.getsize(text) / 2**20,
            "source_build_s": time.perf_counter() - start}
       r["raw_tokenizer_tokens_per_s"] = _raw_tokenizer(docs, tokenizer, cores)
-      print(f"[{name}] raw tokenizer ({cores} threads): "
-            f"{r['raw_tokenizer_tokens_per_s'] / 1e6:.2f}M tokens/s", flush=True)
+      log(f"[{name}] raw tokenizer ({cores} threads): "
+            f"{r['raw_tokenizer_tokens_per_s'] / 1e6:.2f}M tokens/s")
       for workers in sorted({1, cores}):
         prepared_dir = f"prepared_w{workers}"
         shutil.rmtree(os.path.join(root, prepared_dir), ignore_errors=True)
@@ -274,17 +275,16 @@ def bench_data(config: ml_collections.ConfigDict, config_file: str) -> dict:
         r["tokens"] = split.tokens
         r[f"prepare_w{workers}"] = {"seconds": seconds, "tokens_per_s": split.tokens / seconds,
                                     "peak_rss_mb": peak / 2**20}
-        print(f"[{name}] prepare, {workers} worker(s): {seconds:.1f} s, "
+        log(f"[{name}] prepare, {workers} worker(s): {seconds:.1f} s, "
               f"{split.tokens / seconds / 1e6:.2f}M tokens/s, peak RSS {peak / 2**20:.0f} MB "
-              "(process tree)", flush=True)
+              "(process tree)")
       array_record = os.path.join(root, f"blocks_{name}.array_record")
       _write_array_record(split.blocks(int(config.model.block_size)), array_record)
       data = _data_config(config, text, root, f"prepared_w{cores}")
       r["iterator"] = it = _iterator(config, data, array_record)
-      print(f"[{name}] train iterator: first batch {it['time_to_first_batch_s']:.2f} s, "
+      log(f"[{name}] train iterator: first batch {it['time_to_first_batch_s']:.2f} s, "
             f"{it['tokens_per_s'] / 1e6:.1f}M tokens/s (ArrayRecord through grain: "
-            f"{it['array_record_tokens_per_s'] / 1e6:.1f}M), peak RSS {it['peak_rss_mb']:.0f} MB",
-            flush=True)
+            f"{it['array_record_tokens_per_s'] / 1e6:.1f}M), peak RSS {it['peak_rss_mb']:.0f} MB")
       os.remove(array_record)
       if remote:  # the same preparation in the bucket, read by a fresh process, twice: the
         # first open hashes every shard (new generations), the second finds them verified
@@ -294,11 +294,10 @@ def bench_data(config: ml_collections.ConfigDict, config_file: str) -> dict:
         r["gcs_upload_mb_per_s"] = split.tokens * 2 / 1e6 / (time.perf_counter() - start)
         r["gcs_iterator_first_open"] = _iterator(config, data)
         r["gcs_iterator"] = it = _iterator(config, data)
-        print(f"[{name}] train iterator from {remote}: first batch "
+        log(f"[{name}] train iterator from {remote}: first batch "
               f"{it['time_to_first_batch_s']:.2f} s ("
               f"{r['gcs_iterator_first_open']['time_to_first_batch_s']:.2f} s at the first "
-              f"open, which hashes every shard), {it['tokens_per_s'] / 1e6:.1f}M tokens/s",
-              flush=True)
+              f"open, which hashes every shard), {it['tokens_per_s'] / 1e6:.1f}M tokens/s")
         fs.rmtree(data.prepared_dir)
       results["sizes"][name] = r
     if remote:
@@ -306,16 +305,15 @@ def bench_data(config: ml_collections.ConfigDict, config_file: str) -> dict:
                                ("gcs", f"{remote}/checkpoint")):
         results[f"checkpoint_{where}"] = c = checkpoint_rates(directory,
                                                               int(b.checkpoint_params))
-        print(f"checkpoint of {b.checkpoint_params / 1e6:.0f}M float32 params ({where}): save "
-              f"{c['save_mb_per_s']:.0f} MB/s, restore {c['restore_mb_per_s']:.0f} MB/s",
-              flush=True)
+        log(f"checkpoint of {b.checkpoint_params / 1e6:.0f}M float32 params ({where}): save "
+              f"{c['save_mb_per_s']:.0f} MB/s, restore {c['restore_mb_per_s']:.0f} MB/s")
   finally:
     if not b.dir:
       shutil.rmtree(root, ignore_errors=True)
     if server is not None:
       server.stop()
   results["summary"] = _summary(results, cores)
-  print(json.dumps(results))
+  log(json.dumps(results))
   return results
 
 

@@ -1,0 +1,71 @@
+"""`ao-mdm train`: train a model from a config into a work dir, resuming where it stopped."""
+import sys
+
+from absl import flags
+
+from ao_mdm.checkpoint import layout
+from ao_mdm.cli import checks
+from ao_mdm.cli import flags as flags_lib
+from ao_mdm.runtime import hosts
+
+SUMMARY = "train a model: --config=configs/tiny.py --workdir=DIR [--config.x.y=value ...]"
+
+
+def define(fv: flags.FlagValues) -> None:
+  flags_lib.config(fv)
+  flags.DEFINE_string("workdir", None, "Training work dir (checkpoints, tokenizer, logs).",
+                      flag_values=fv)
+  flags.DEFINE_string("init_from", None, "Start from the params of an export or import.",
+                      flag_values=fv)
+  flags.DEFINE_boolean("start_over", False, "When no checkpoint of --workdir can be read, move "
+                       "them aside and train from step 0 (otherwise an error).", flag_values=fv)
+  flags.DEFINE_string("coordinator", None, "Multi-process: coordinator HOST:PORT (process 0).",
+                      flag_values=fv)
+  flags_lib.process_index(fv)
+  flags.DEFINE_integer("init_timeout", 180, "Multi-process: seconds to wait for the other "
+                       "processes and the coordinator before giving up.", flag_values=fv)
+  flags_lib.storage_timeout(fv)
+  flags_lib.compile_cache(fv, default="WORKDIR/xla_cache")
+
+
+def processes(coordinator, num_processes, process_id, timeout: int) -> None:
+  """The multi-process flags: a HOST:PORT coordinator with a count and an index, or a launcher
+  that jax.distributed detects (SLURM, multi-host TPU VMs), or one process."""
+  if timeout < 1:
+    raise ValueError(f"--init_timeout={timeout} must be >= 1 (seconds)")
+  if coordinator is not None:
+    host, _, port = coordinator.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+      raise ValueError(f"--coordinator={coordinator!r}: expected HOST:PORT, e.g. "
+                       "10.0.0.2:8476 (process 0's address and a free port)")
+    if num_processes is None or process_id is None:
+      raise ValueError("--coordinator needs --num_processes and --process_id")
+  elif num_processes is not None or process_id is not None:
+    if (num_processes or 1) > 1 and not hosts.detected_launcher():
+      raise ValueError(f"--num_processes={num_processes} needs --coordinator=HOST:PORT (no "
+                       "SLURM job or multi-host TPU VM was detected to find one)")
+  if num_processes is not None and num_processes < 1:
+    raise ValueError(f"--num_processes={num_processes} must be >= 1")
+  if process_id is not None and not 0 <= process_id < (num_processes or 1):
+    raise ValueError(f"--process_id={process_id} must be in [0, {num_processes or 1})")
+
+
+def check(v: dict, given: set) -> None:
+  del given
+  checks.require(v, "config", "workdir")
+  checks.data_dirs(v["config"])
+  layout.check_writable(v["workdir"])
+  if v["init_from"]:
+    layout.check_checkpoint(v["init_from"], "--init_from")
+  processes(v["coordinator"], v["num_processes"], v["process_id"], v["init_timeout"])
+
+
+def run(v: dict, given: set) -> None:
+  del given
+  flags_lib.enable_compile_cache(v["compile_cache"], v["workdir"])
+  from ao_mdm import sharding  # pylint: disable=g-import-not-at-top
+  from ao_mdm.train import loop  # pylint: disable=g-import-not-at-top
+  sharding.initialize_distributed(v["coordinator"], v["num_processes"], v["process_id"],
+                                  v["init_timeout"])
+  result = loop.train_and_evaluate(v["config"], v["workdir"], v["init_from"], v["start_over"])
+  sys.exit(result.get("exit_code", 0))
