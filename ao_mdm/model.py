@@ -17,34 +17,15 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
 from ao_mdm import config as config_lib
+from ao_mdm import specs
 
-VARIANTS = ("ao", "sigma")
 REMAT = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
          "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
-ATTENTION = ("xla", "cudnn")
 DTYPES = {name: jnp.dtype(name) for name in config_lib.DTYPES}
 NORM_EPS = 1e-5
-
-
-def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
-  """Raise one clear ValueError for a model config that cannot be built."""
-  if cfg.variant not in VARIANTS:
-    raise ValueError(f"model.variant={cfg.variant!r}; accepted: {', '.join(VARIANTS)}")
-  if cfg.dtype not in DTYPES:
-    raise ValueError(f"model.dtype={cfg.dtype!r}; accepted: {', '.join(DTYPES)}")
-  if cfg.remat not in REMAT:
-    raise ValueError(f"model.remat={cfg.remat!r}; accepted: {', '.join(REMAT)}")
-  if cfg.attention not in ATTENTION:
-    raise ValueError(f"model.attention={cfg.attention!r}; accepted: {', '.join(ATTENTION)}")
-  for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "cond_dim"):
-    if int(cfg[key]) < 1:
-      raise ValueError(f"model.{key}={cfg[key]} must be >= 1")
-  if cfg.n_embd % cfg.n_head:
-    raise ValueError(f"model.n_embd={cfg.n_embd} is not divisible by model.n_head={cfg.n_head}")
 
 
 def _init(cfg, std: float, names: tuple):
@@ -66,7 +47,7 @@ def _ones(names: tuple):
 
 class Norm(nn.Module):
   """RMSNorm (AO-GPT) or LayerNorm with bias (sigma-GPT), computed in float32."""
-  cfg: Any
+  cfg: specs.ModelSpec
   axis_name: str = "embed"
 
   @nn.compact
@@ -117,7 +98,7 @@ def attention(q_BWHK, k_BWHK, v_BWHK, mask_WW, cache_k_BHKT=None, cache_v_BHTK=N
 
 class Dense(nn.Module):
   """Kernel over the last `n_in` input axes to `features`; float32 params, compute in cfg.dtype."""
-  cfg: Any
+  cfg: specs.ModelSpec
   features: tuple
   names: tuple  # logical axis names of the kernel: input axes, then output axes
   std: float = 0.02
@@ -155,7 +136,7 @@ def per_slot(dense: nn.Module, cond: tuple) -> list:
 
 class Block(nn.Module):
   """Pre-norm transformer block; AO-GPT modulates both norms with AdaLN from the target."""
-  cfg: Any
+  cfg: specs.ModelSpec
   return_kv: bool = False
 
   @nn.compact
@@ -209,7 +190,7 @@ class AOGPT(nn.Module):
 
   With decode=True the layer stack also takes a per-layer KV cache and returns the new K/V.
   """
-  cfg: Any
+  cfg: specs.ModelSpec
   decode: bool = False
 
   def setup(self):
@@ -330,7 +311,7 @@ def count_params(params: Any) -> int:
   return sum(int(x.size) for x in jax.tree.leaves(params))
 
 
-def flops_per_token(cfg: ml_collections.ConfigDict, n_params: int) -> float:
+def flops_per_token(cfg: specs.ModelSpec, n_params: int) -> float:
   """Training FLOPs per token: 6N for the weights (embedding lookups excluded) plus attention.
 
   Attention: 12 * L * D * T (QK^T and AV, forward and backward, full T x T as computed here).
@@ -343,29 +324,27 @@ def flops_per_token(cfg: ml_collections.ConfigDict, n_params: int) -> float:
   return 6 * (n_params - n_lookup) + 12 * cfg.n_layer * d * t
 
 
-def make_model(cfg: ml_collections.ConfigDict, decode: bool = False) -> AOGPT:
-  validate_model_config(cfg)
+def make_model(cfg: specs.ModelSpec, decode: bool = False) -> AOGPT:
   return AOGPT(cfg, decode=decode)
 
 
-def init_params(cfg: ml_collections.ConfigDict, key: jax.Array) -> Any:
-  """Initial parameters (boxed with logical axis metadata) for a model config."""
+def init_params(cfg: specs.ModelSpec, key: jax.Array) -> Any:
+  """Initial parameters (boxed with logical axis metadata) for a model spec."""
   model = make_model(cfg)
   t = cfg.block_size
   dummy = jnp.zeros((1, t), jnp.int32)
   return model.init(key, dummy, jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (1, t)))["params"]
 
 
-def abstract_params(cfg: ml_collections.ConfigDict) -> Any:
+def abstract_params(cfg: specs.ModelSpec) -> Any:
   """The unboxed params' ShapeDtypeStructs, on this process's first device (a restore target)."""
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   shapes = nn.unbox(jax.eval_shape(lambda k: init_params(cfg, k), jax.random.key(0)))
   return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), shapes)
 
 
-def describe(cfg: ml_collections.ConfigDict) -> str:
+def describe(cfg: specs.ModelSpec) -> str:
   """`ao-mdm info`: the model's shape, parameter count and training FLOPs per token."""
-  validate_model_config(cfg)
   shapes = nn.unbox(jax.eval_shape(lambda k: init_params(cfg, k), jax.random.key(0)))
   n = count_params(shapes)
   fpt = flops_per_token(cfg, n)

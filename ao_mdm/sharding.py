@@ -3,27 +3,25 @@ the start-up of a multi-process run.
 
 docs/design.md, "Sharding", has the mesh axes and the default rules.
 """
+import functools
 from typing import Any, Optional, Sequence
 
 import flax.linen as nn
 import jax
-import ml_collections
 import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ao_mdm import model as model_lib
 from ao_mdm.runtime import hosts
+from ao_mdm import specs
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = specs.MESH_AXES
 
 
 def _fill(sizes: Sequence[int], total: int, what: str) -> tuple[int, ...]:
   """Replace one -1 in `sizes` so that the product equals `total`."""
-  sizes = [int(s) for s in sizes]
-  if len(sizes) != len(MESH_AXES) or sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-    raise ValueError(f"mesh.{what}={tuple(sizes)}: give {len(MESH_AXES)} sizes for "
-                     f"{MESH_AXES}, each >= 1, with at most one -1")
+  sizes = [int(s) for s in sizes]  # their form is checked by specs.MeshSpec
   known = int(np.prod([s for s in sizes if s != -1]))
   if -1 in sizes:
     if total % known:
@@ -35,7 +33,7 @@ def _fill(sizes: Sequence[int], total: int, what: str) -> tuple[int, ...]:
   return tuple(sizes)
 
 
-def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices: Optional[Sequence[Any]] = None) -> Mesh:
+def make_mesh(mesh_cfg: specs.MeshSpec, devices: Optional[Sequence[Any]] = None) -> Mesh:
   """A ('data', 'fsdp', 'tensor') mesh from ICI and DCN sizes (-1 fills the rest)."""
   devices = list(jax.devices() if devices is None else devices)
   n_slices = len({getattr(d, "slice_index", 0) for d in devices})
@@ -54,16 +52,15 @@ def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices: Optional[Sequence[An
   return Mesh(arr, MESH_AXES)
 
 
-def rules(mesh_cfg: ml_collections.ConfigDict) -> tuple:
-  """Logical-to-mesh axis rules from config, as Flax expects them."""
-  return tuple((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes)
-               for name, axes in mesh_cfg.rules)
+def rules(mesh_cfg: specs.MeshSpec) -> tuple:
+  """Logical-to-mesh axis rules of a mesh spec, as Flax expects them."""
+  return mesh_cfg.rules
 
 
 def logical_shardings(abstract_boxed: Any, mesh: Mesh, axis_rules: tuple) -> Any:
   """NamedShardings for a pytree whose leaves carry logical axis names (unboxed structure)."""
-  specs = nn.get_partition_spec(abstract_boxed)
-  return nn.logical_to_mesh_sharding(specs, mesh, axis_rules)
+  partition_specs = nn.get_partition_spec(abstract_boxed)
+  return nn.logical_to_mesh_sharding(partition_specs, mesh, axis_rules)
 
 
 def batch_sharding(mesh: Mesh, axis_rules: tuple, ndim: int = 2) -> NamedSharding:
@@ -88,27 +85,20 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-_PLACEMENTS: dict = {}  # (model config, mesh config) as JSON -> placement(...)
-
-
-def placement(cfg: ml_collections.ConfigDict, mesh_cfg=None) -> tuple:
-  """(mesh, axis rules, param shardings) of model `cfg`'s params on `mesh_cfg` (default: one
+@functools.lru_cache(maxsize=None)
+def placement(cfg: specs.ModelSpec, mesh_spec: Optional[specs.MeshSpec] = None) -> tuple:
+  """(mesh, axis rules, param shardings) of model `cfg`'s params on `mesh_spec` (default: one
   device), built once per pair in a process: a checkpoint is restored straight into place, and
   the scorer and the training loop place params alike."""
-  if mesh_cfg is None:
-    from ao_mdm.config import base_config  # pylint: disable=g-import-not-at-top
-    mesh_cfg = base_config().mesh
-  key = (cfg.to_json(), mesh_cfg.to_json())
-  if key not in _PLACEMENTS:
-    mesh, axis_rules = make_mesh(mesh_cfg), rules(mesh_cfg)
-    boxed = jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.key(0)))
-    _PLACEMENTS[key] = mesh, axis_rules, logical_shardings(boxed, mesh, axis_rules)
-  return _PLACEMENTS[key]
+  mesh_spec = mesh_spec or specs.single_device_mesh()
+  mesh, axis_rules = make_mesh(mesh_spec), rules(mesh_spec)
+  boxed = jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.key(0)))
+  return mesh, axis_rules, logical_shardings(boxed, mesh, axis_rules)
 
 
-def param_shardings(cfg: ml_collections.ConfigDict, mesh_cfg=None) -> Any:
-  """Where params of model `cfg` live on `mesh_cfg`: placement's third part."""
-  return placement(cfg, mesh_cfg)[2]
+def param_shardings(cfg: specs.ModelSpec, mesh_spec: Optional[specs.MeshSpec] = None) -> Any:
+  """Where params of model `cfg` live on `mesh_spec`: placement's third part."""
+  return placement(cfg, mesh_spec)[2]
 
 
 class JoinTimeout(TimeoutError):

@@ -72,7 +72,6 @@ def load(workdir: str) -> tuple:
   tok = tokenizer.load_saved_tokenizer(config.data, config.model.vocab_size, workdir)
   blocks = pipeline.eval_blocks(prepare.ensure(config.data, tok, "validation"),
                                 config.model.block_size, max_blocks=EVAL_BLOCKS)
-  config.model.dtype = "float32"
   return config, scoring.Scorer(params, config.model), tok, blocks
 
 

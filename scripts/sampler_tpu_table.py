@@ -24,6 +24,7 @@ def main() -> None:
   parser.add_argument("--steps", default="16,64,256,1024")
   parser.add_argument("--dtypes", default="float32,bfloat16")
   args = parser.parse_args()
+  from ao_mdm import specs  # pylint: disable=g-import-not-at-top
   from ao_mdm.perf import aot  # pylint: disable=g-import-not-at-top
   from ao_mdm.paper import paper_config  # pylint: disable=g-import-not-at-top
   split = lambda s: s.split(",")
@@ -34,7 +35,7 @@ def main() -> None:
       split(args.models), split(args.topologies), map(int, split(args.batches)),
       map(int, split(args.steps)), split(args.dtypes)):
     with contextlib.redirect_stdout(io.StringIO()):
-      r = aot.compile_sampler(paper_config(name), topology, name, batch_size=batch,
+      r = aot.compile_sampler(specs.parse(paper_config(name)), topology, name, batch_size=batch,
                               steps=steps, dtype=dtype)
     print(f"| {name} | {topology} | {batch} | {steps} | {dtype} | {r['total']:.2f} | "
           f"{r['generation_bytes']:.2e} | {r['generation_flops']:.2e} | "

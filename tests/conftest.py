@@ -4,7 +4,6 @@ import os
 import shutil
 import tempfile
 
-import ml_collections
 import pytest
 
 # libtpu (the [tpu] extra, for the ahead-of-time compile tests) must not grab the TPU backend
@@ -12,6 +11,7 @@ import pytest
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from ao_mdm.data import tokenizer as tokenizer_lib
+from ao_mdm import specs
 
 VOCAB = 512
 
@@ -59,9 +59,8 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sotu_config(data_dir):
-  """`config.data` for the embedded SOTU corpus."""
-  return ml_collections.ConfigDict(
-      {"dataset": "sotu", "text_file": "", "tokenizer": "sentencepiece", "tfds_dir": data_dir})
+  """The data spec of the embedded SOTU corpus."""
+  return specs.default().data.replace(dataset="sotu", tfds_dir=data_dir)
 
 
 @pytest.fixture(scope="session")

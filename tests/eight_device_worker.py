@@ -1,4 +1,5 @@
 """Run by tests/test_eval_cli.py with 8 simulated CPU devices: mesh errors and sharded eval."""
+import dataclasses
 import json
 import os
 import sys
@@ -9,10 +10,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 
-from ao_mdm import sharding  # pylint: disable=g-import-not-at-top
+from ao_mdm.checkpoint import checkpoints  # pylint: disable=g-import-not-at-top
 from ao_mdm.eval import perplexity  # pylint: disable=g-import-not-at-top
 from ao_mdm.eval import scoring  # pylint: disable=g-import-not-at-top
-from ao_mdm.checkpoint import checkpoints  # pylint: disable=g-import-not-at-top
+from ao_mdm import sharding  # pylint: disable=g-import-not-at-top
 from ao_mdm.train import loop  # pylint: disable=g-import-not-at-top
 
 
@@ -26,13 +27,12 @@ def error_of(fn):
 
 def main(checkpoint: str, blocks_path: str, out: str) -> None:
   config, params = checkpoints.load_params(checkpoint)
-  mesh_cfg = config.mesh.copy_and_resolve_references()
-  mesh_cfg.ici = (3, 1, 1)
-  errors = {"mesh": error_of(lambda: sharding.make_mesh(mesh_cfg))}
-  bad = config.copy_and_resolve_references()
-  bad.mesh.ici, bad.train.batch_size, bad.train.microbatches = (8, 1, 1), 4, 1
+  errors = {"mesh": error_of(lambda: sharding.make_mesh(
+      dataclasses.replace(config.mesh, ici=(3, 1, 1))))}
+  bad = config.replace(mesh=dataclasses.replace(config.mesh, ici=(8, 1, 1)),
+                       train=dataclasses.replace(config.train, batch_size=4, microbatches=1))
   errors["batch"] = error_of(lambda: loop.train_and_evaluate(bad, os.path.dirname(out)))
-  mesh_cfg.ici = (2, 2, 2)
+  mesh_cfg = dataclasses.replace(config.mesh, ici=(2, 2, 2))
   scorer = scoring.Scorer(params, config.model, mesh_cfg)
   result = perplexity.evaluate_blocks(scorer, np.load(blocks_path), orders=2, ensemble=(2,),
                                       batch_size=4, seed=3)

@@ -46,10 +46,11 @@ def main() -> None:
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
                                num_processes=args.num_processes, process_id=args.process_id)
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  from ao_mdm import specs  # pylint: disable=g-import-not-at-top
   from ao_mdm.train import step as train_step  # pylint: disable=g-import-not-at-top
 
   config = tiny_config()
-  program = train_step.make_program(config)
+  program = train_step.make_program(specs.parse(config))
   state = program.init_state()
   rows = config.train.batch_size // jax.process_count()
   first = jax.process_index() * rows

@@ -28,8 +28,9 @@ def run(config, devices, out_path):
   """STEPS train steps on a mesh over `devices`; save losses and params; return the state."""
   import time  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
+  from ao_mdm import specs  # pylint: disable=g-import-not-at-top
   from ao_mdm.train import step as train_step  # pylint: disable=g-import-not-at-top
-  program = train_step.make_program(config, devices)
+  program = train_step.make_program(specs.parse(config), devices)
   state = program.init_state()
   start = time.perf_counter()
   rng = np.random.default_rng(0)

@@ -3,10 +3,11 @@ import importlib.util
 
 import pytest
 
-from ao_mdm.perf import aot
-from ao_mdm.perf import hlo
 from ao_mdm.config import base_config
 from ao_mdm.paper import paper_config
+from ao_mdm.perf import aot
+from ao_mdm.perf import hlo
+from ao_mdm import specs
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                 reason="libtpu not installed: pip install -e '.[tpu]'")
@@ -20,7 +21,7 @@ def tiny_config():
 
 
 def test_tiny_compiles_for_v5e_2x2(capsys):
-  r = aot.compile_for_topology(tiny_config(), "v5e:2x2")
+  r = aot.compile_for_topology(specs.parse(tiny_config()), "v5e:2x2")
   assert (r["num_devices"], r["device_kind"], r["hbm_gib"]) == (4, "TPU v5 lite", 16.0)
   for key in ("arguments", "outputs", "generated_code", "total"):
     assert r[key] > 0, key
@@ -65,9 +66,9 @@ ENTRY %main (a: f32[4]) -> f32[4] {
 
 def test_unknown_topology():
   with pytest.raises(ValueError, match="invalid TPU topology 'v9z:2x2'"):
-    aot.compile_for_topology(tiny_config(), "v9z:2x2")
+    aot.compile_for_topology(specs.parse(tiny_config()), "v9z:2x2")
   with pytest.raises(ValueError, match="invalid TPU topology 'v5e-16'"):
-    aot.compile_for_topology(tiny_config(), "v5e-16")
+    aot.compile_for_topology(specs.parse(tiny_config()), "v5e-16")
 
 
 def test_too_big_for_hbm():
@@ -75,7 +76,7 @@ def test_too_big_for_hbm():
   c.train.batch_size = 64  # compiles in seconds: XLA rejects the temporaries before codegen
   c.train.microbatches = 1
   with pytest.raises(ValueError, match="does not fit on v5e:2x2.*raise train.microbatches"):
-    aot.compile_for_topology(c, "v5e:2x2")
+    aot.compile_for_topology(specs.parse(c), "v5e:2x2")
 
 
 @pytest.mark.slow
@@ -83,22 +84,22 @@ def test_too_big_for_hbm():
 def test_paper_configs_fit_v5e_4x4(name):
   """The authors' 1024 x 1024 tokens per step fit 16 GiB v5e chips with the configs' accumulation."""
   c = paper_config(name)
-  r = aot.compile_for_topology(c, "v5e:4x4")
+  r = aot.compile_for_topology(specs.parse(c), "v5e:4x4")
   assert c.train.batch_size * c.model.block_size == 1_048_576 and r["total"] < r["hbm_gib"]
 
 
 @pytest.mark.slow
 def test_sampler_compiles_for_one_v5e_chip_in_both_dtypes(capsys):
   c = tiny_config()
-  r32 = aot.compile_sampler(c, "v5e:1", batch_size=2, steps=8, dtype="float32")
-  r16 = aot.compile_sampler(c, "v5e:1", batch_size=2, steps=8, dtype="bfloat16")
+  r32 = aot.compile_sampler(specs.parse(c), "v5e:1", batch_size=2, steps=8, dtype="float32")
+  r16 = aot.compile_sampler(specs.parse(c), "v5e:1", batch_size=2, steps=8, dtype="bfloat16")
   out = capsys.readouterr().out
   assert "the cached sampler" in out and "generation / forward" in out
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from ao_mdm import model as model_lib  # pylint: disable=g-import-not-at-top
   n = model_lib.count_params(nn.unbox(jax.eval_shape(
-      lambda: model_lib.init_params(c.model, jax.random.key(0)))))
+      lambda: model_lib.init_params(specs.parse(c).model, jax.random.key(0)))))
   gib = 1024 ** 3
   # The arguments are the params (4 or 2 bytes each, small arrays padded to TPU tiles) and the
   # small token inputs.

@@ -11,6 +11,7 @@ import pytest
 
 from ao_mdm.decode import options
 from ao_mdm.decode import parallel
+from ao_mdm import specs
 
 torch = pytest.importorskip("torch")
 
@@ -167,9 +168,8 @@ def tiny():
     import jax  # pylint: disable=g-import-not-at-top
     from ao_mdm import model as model_lib  # pylint: disable=g-import-not-at-top
     from ao_mdm.interop import torch_reference  # pylint: disable=g-import-not-at-top
-    from ao_mdm.config import base_config  # pylint: disable=g-import-not-at-top
-    cfg = base_config().model
-    cfg.update(block_size=T, vocab_size=64, n_layer=2, n_embd=32, n_head=4, cond_dim=16)
+    cfg = specs.default().model.replace(block_size=T, vocab_size=64, n_layer=2, n_embd=32, n_head=4,
+                                        cond_dim=16)
     shapes = flax.linen.unbox(jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.key(0))))
     rng = np.random.default_rng(0)
     params = flax.traverse_util.unflatten_dict({

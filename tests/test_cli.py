@@ -1,6 +1,7 @@
 """The CLI contract: per-command --help; one `error:` line, no traceback and no file changed per
 bad input; the newest readable checkpoint when the latest is corrupt."""
 import concurrent.futures
+import dataclasses
 import hashlib
 import json
 import os
@@ -11,13 +12,13 @@ import sys
 import time
 
 import jax
-import ml_collections
 import numpy as np
 import pytest
 
 from ao_mdm.checkpoint import checkpoints
-from ao_mdm.train import loop
 from ao_mdm.config import base_config
+from ao_mdm import specs
+from ao_mdm.train import loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,7 +61,7 @@ def files(data_dir, tmp_path_factory):
   """A run with checkpoints at steps 1 and 2, its export, and assorted bad inputs."""
   root = tmp_path_factory.mktemp("cli")
   run = str(root / "run")
-  loop.train_and_evaluate(tiny_config(data_dir), run)
+  loop.train_and_evaluate(specs.parse(tiny_config(data_dir)), run)
   export = checkpoints.export(run, str(root / "export"))
   no_tokenizer = str(root / "no_tokenizer")
   shutil.copytree(export, no_tokenizer)
@@ -84,9 +85,10 @@ def files(data_dir, tmp_path_factory):
     (root / name).mkdir()
     (root / name / inside).write_text("a file where a run keeps a directory\n")
   from ao_mdm.decode import draft  # pylint: disable=g-import-not-at-top
-  cfg = tiny_config(data_dir).model
-  head = checkpoints.write_params_export(str(root / "head"), ml_collections.ConfigDict(
-      {"model": cfg.to_dict(), "draft_head": {"base_fingerprint": "0"}}),
+  cfg = specs.parse(tiny_config(data_dir)).model
+  head = checkpoints.write_params_export(
+      str(root / "head"),
+      {"model": dataclasses.asdict(cfg), "draft_head": {"base_fingerprint": "0"}},
       draft.init_head(cfg, jax.random.key(0)))
   return {"root": str(root), "run": run, "export": export, "no_tokenizer": no_tokenizer,
           "head": head}

@@ -7,15 +7,15 @@ import pytest
 
 from ao_mdm.decode import confidence
 from ao_mdm import model as model_lib
-from ao_mdm.config import base_config
+from ao_mdm import specs
 
 
 def _position_confident_model(alpha):
   """An AO-GPT whose logits depend only on the target position p: logit 0 = D * silu(alpha[p]),
   the others 0, so the prediction for p is more confident the larger alpha[p]."""
   t = len(alpha)
-  cfg = base_config().model
-  cfg.update(vocab_size=8, block_size=t, n_layer=1, n_embd=16, n_head=2, cond_dim=16)
+  cfg = specs.default().model.replace(vocab_size=8, block_size=t, n_layer=1, n_embd=16, n_head=2,
+                                      cond_dim=16)
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
   d = cfg.n_embd
   params["target_embed"] = jnp.asarray(np.repeat(np.asarray(alpha, np.float32)[:, None], d, 1))
@@ -80,8 +80,8 @@ def _naive_greedy(cfg, params, steps, score, known_positions=(), known_tokens=()
 @pytest.mark.parametrize("steps,known", [(5, 3), pytest.param(12, 0, marks=pytest.mark.slow),
                                          pytest.param(4, 0, marks=pytest.mark.slow)])
 def test_cached_equals_naive_full_forwards(steps, known):
-  cfg = base_config().model
-  cfg.update(vocab_size=32, block_size=12, n_layer=2, n_embd=32, n_head=4, cond_dim=16)
+  cfg = specs.default().model.replace(vocab_size=32, block_size=12, n_layer=2, n_embd=32, n_head=4,
+                                      cond_dim=16)
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(3)))
   params = jax.tree.map(lambda p: p * 4.0 if p.ndim >= 2 else p, params)
   prompt = dict(known_positions=[2, 7, 9][:known], known_tokens=[4, 5, 6][:known])

@@ -1,22 +1,22 @@
 """Tests for ao_mdm.data: TFDS builders, registry, detokenizers and the grain pipeline."""
 import os
 
-import ml_collections
 import numpy as np
 import pytest
 
-from ao_mdm.perf import bench_data
 from ao_mdm.data import corpus
 from ao_mdm.data import datasets
 from ao_mdm.data import pipeline
 from ao_mdm.data import prepare
+from ao_mdm.perf import bench_data
+from ao_mdm import specs
 
 T = 64
 
 
 def _text_config(path, tfds_dir):
-  return ml_collections.ConfigDict({"dataset": "text_file", "text_file": str(path),
-                                    "tokenizer": "sentencepiece", "tfds_dir": str(tfds_dir)})
+  return specs.default().data.replace(dataset="text_file", text_file=str(path),
+                                      tfds_dir=str(tfds_dir))
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +165,7 @@ def test_text_file_builder(tmp_path):
 
 
 def test_unknown_names(sotu_config, data_dir):
-  bad = ml_collections.ConfigDict({**sotu_config.to_dict(), "dataset": "nope"})
+  bad = sotu_config.replace(dataset="nope")
   with pytest.raises(ValueError, match="'nope'; known: .*lm1b.*sotu.*wikitext103"):
     datasets.load_documents(bad, "train", data_dir)
   with pytest.raises(ValueError, match="no split 'test'; splits: train, validation"):
@@ -173,7 +173,7 @@ def test_unknown_names(sotu_config, data_dir):
 
 
 def test_catalog_dataset_not_prepared(tmp_path):
-  config = ml_collections.ConfigDict({"dataset": "wikitext103", "tfds_dir": str(tmp_path)})
+  config = specs.default().data.replace(dataset="wikitext103", tfds_dir=str(tmp_path))
   with pytest.raises(FileNotFoundError, match="'wikitext103' is not prepared.*tfds build"):
     datasets.load_documents(config, "validation", str(tmp_path))
 
@@ -190,11 +190,11 @@ def test_lambada_from_a_local_openai_jsonl(tmp_path):
   path = tmp_path / "lambada_test.jsonl"
   path.write_text('{"text": "\u201cHi,\u201d she said to her friend"}\n\n'
                   '{"text": "  the last word  "}\n', encoding="utf-8")
-  config = ml_collections.ConfigDict({"dataset": "lambada", "text_file": str(path)})
+  config = specs.default().data.replace(dataset="lambada", text_file=str(path))
   docs = datasets.load_documents(config, "test", str(tmp_path / "tfds"))
   assert list(docs) == ['\n"Hi," she said to her friend', "\nthe last word"]
   path.write_text('{"text": "ok"}\n{"passage": "wrong field"}\n', encoding="utf-8")
-  config.text_file = str(path)
+  config = config.replace(text_file=str(path))
   with pytest.raises(ValueError, match=r"lambada_test.jsonl: record 2 has no 'text' string"):
     datasets.load_documents(config, "test", str(tmp_path / "tfds"))
 

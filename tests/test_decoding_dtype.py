@@ -5,12 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ao_mdm.decode import confidence
 from ao_mdm.decode import common
-from ao_mdm import model as model_lib
+from ao_mdm.decode import confidence
 from ao_mdm.decode import parallel
 from ao_mdm.decode import speculative
-from ao_mdm.config import base_config
+from ao_mdm import model as model_lib
+from ao_mdm import specs
 
 T, V = 32, 16
 
@@ -20,8 +20,8 @@ def clear_margin_model():
   each token's embedding is a scaled one-hot and the head maps it to a fixed successor token, so
   the top logit of every prediction leads by a wide margin while the blocks (and the cache) still
   shift it."""
-  cfg = base_config().model
-  cfg.update(block_size=T, vocab_size=V, n_layer=2, n_embd=64, n_head=4, cond_dim=64)
+  cfg = specs.default().model.replace(block_size=T, vocab_size=V, n_layer=2, n_embd=64, n_head=4,
+                                      cond_dim=64)
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(3)))
   successor = np.roll(np.arange(V), -5)
   params["token_embed"] = jnp.zeros((V, 64)).at[np.arange(V), np.arange(V)].set(5.0)

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from ao_mdm.train import loop
 from ao_mdm.config import base_config
+from ao_mdm import specs
+from ao_mdm.train import loop
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 _COMMAND = re.compile(r"ao-mdm [a-z-]+(?: [a-z]+)? [^`\n#]*runs/demo[^`\n#]*")
@@ -42,7 +43,7 @@ def demo_run(data_dir, tmp_path_factory):
   c.train.update(batch_size=8, num_steps=2, warmup_steps=1, eval_batches=1, eval_every=0)
   c.data.tfds_dir = data_dir
   workdir = str(tmp_path_factory.mktemp("demo") / "run")
-  loop.train_and_evaluate(c, workdir)
+  loop.train_and_evaluate(specs.parse(c), workdir)
   return workdir
 
 

@@ -8,13 +8,14 @@ import jax
 import numpy as np
 import pytest
 
+from ao_mdm.checkpoint import checkpoints
 from ao_mdm.decode import draft
 from ao_mdm.decode import parallel
 from ao_mdm.decode import speculative
-from ao_mdm.checkpoint import checkpoints
+from ao_mdm import model as model_lib
+from ao_mdm import specs
 from ao_mdm.train import draft as draft_training
 from ao_mdm.train import loop
-from ao_mdm import model as model_lib
 from test_cli import ao_mdm, tiny_config  # pylint: disable=g-bad-import-order
 from test_speculative import random_model  # pylint: disable=g-bad-import-order
 
@@ -38,8 +39,7 @@ def test_the_head_learns_the_bases_conditionals():
 
 def test_a_sigma_gpt_head_decodes_greedy_l2r_exactly():
   """sigma-GPT has no AdaLN: the head reads the target from the slot embedding alone."""
-  cfg, params = random_model(v=64, t=16, scale=4.0, seed=1)
-  cfg.variant = "sigma"
+  cfg = random_model(v=64, t=16, scale=4.0, seed=1)[0].replace(variant="sigma")
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(3)))
   head = draft.init_head(cfg, jax.random.key(4))
   assert "adaln" not in head
@@ -50,15 +50,15 @@ def test_a_sigma_gpt_head_decodes_greedy_l2r_exactly():
 
 def test_bad_settings_are_refused():
   with pytest.raises(ValueError, match=r"chain=16 must be in \[1, 15\]"):
-    draft_training.validate(draft_training.Settings(chain=16), 16)
+    draft_training.check_settings(draft_training.Settings(chain=16), 16)
   with pytest.raises(ValueError, match="num_steps=0 must be >= 1"):
-    draft_training.validate(draft_training.Settings(num_steps=0), 16)
+    draft_training.check_settings(draft_training.Settings(num_steps=0), 16)
 
 
 @pytest.fixture(scope="module")
 def run(data_dir, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("draft") / "run")
-  loop.train_and_evaluate(tiny_config(data_dir), workdir)
+  loop.train_and_evaluate(specs.parse(tiny_config(data_dir)), workdir)
   return workdir
 
 
@@ -66,7 +66,8 @@ def run(data_dir, tmp_path_factory):
 def test_train_command_writes_a_head_that_loads_and_decodes(run, tmp_path):
   out = str(tmp_path / "head")
   lines = []
-  settings = draft_training.Settings(num_steps=3, batch_size=8, chain=2, log_every=1, eval_batches=1)
+  settings = draft_training.Settings(num_steps=3, batch_size=8, chain=2, log_every=1,
+                                     eval_batches=1)
   config, params, tokenizer = checkpoints.load_run(run)
   head_params, figures, _ = draft_training.train_head(config, params, tokenizer, settings,
                                                       log=lines.append)
@@ -85,8 +86,7 @@ def test_train_command_writes_a_head_that_loads_and_decodes(run, tmp_path):
   said = []
   draft.load(out, config.model, jax.tree.map(lambda x: x + 1, params), log=said.append)
   assert len(said) == 1 and said[0].startswith(f"note: draft head {out} was trained on other")
-  other = config.model.copy_and_resolve_references()
-  other.block_size = 64
+  other = config.model.replace(block_size=64)
   with pytest.raises(ValueError, match="trained for another model shape .block_size 32 vs 64"):
     draft.load(out, other, params)
   export = checkpoints.export(run, str(tmp_path / "export"))

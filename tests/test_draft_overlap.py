@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ao_mdm import model as model_lib
-from ao_mdm.config import base_config
+from ao_mdm import specs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location("draft_overlap", os.path.join(ROOT, "scripts",
@@ -20,8 +20,8 @@ spec.loader.exec_module(draft_overlap)
 
 @pytest.mark.parametrize("ahead", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_q_predicts_the_target_without_the_tokens_before_it(ahead):
-  cfg = base_config().model
-  cfg.update(vocab_size=16, block_size=10, n_layer=2, n_embd=32, n_head=4, cond_dim=16)
+  cfg = specs.default().model.replace(vocab_size=16, block_size=10, n_layer=2, n_embd=32, n_head=4,
+                                      cond_dim=16)
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
   params = jax.tree.map(lambda p: p * 3.0 if p.ndim >= 2 else p, params)
   got = draft_overlap.early_predictions(params, cfg, samples=3, ahead=ahead, seed=1)

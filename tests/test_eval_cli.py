@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from ao_mdm.eval import perplexity
+from ao_mdm import specs
 
-from ao_mdm.eval import scoring
 from ao_mdm.checkpoint import checkpoints
-from ao_mdm.train import loop
 from ao_mdm.config import base_config
+from ao_mdm.eval import scoring
+from ao_mdm.train import loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,7 +25,7 @@ def checkpoint(data_dir, tmp_path_factory):
   c.train.update(batch_size=8, num_steps=2, warmup_steps=1, eval_batches=1, eval_every=0)
   c.data.tfds_dir = data_dir
   workdir = str(tmp_path_factory.mktemp("eval_run"))
-  loop.train_and_evaluate(c, workdir)
+  loop.train_and_evaluate(specs.parse(c), workdir)
   return workdir
 
 

@@ -12,13 +12,14 @@ import jax
 import numpy as np
 import pytest
 
+from ao_mdm.checkpoint import checkpoints
 from ao_mdm.config import base_config
 from ao_mdm.data import prepare
 from ao_mdm.data import prepared
+from ao_mdm import specs
 from ao_mdm.storage import fs
 from ao_mdm.storage import lease as lease_lib
 from ao_mdm.storage import paths
-from ao_mdm.checkpoint import checkpoints
 from ao_mdm.train import loop
 from ao_mdm.train import records
 
@@ -169,9 +170,8 @@ def test_records_are_appended_and_read_back_by_tensorboard_framing(root):
 
 
 def _text_config(corpus, tfds_dir, prepared_dir):
-  from ml_collections import ConfigDict  # pylint: disable=g-import-not-at-top
-  return ConfigDict({"dataset": "text_file", "text_file": str(corpus), "tokenizer":
-                     "sentencepiece", "tfds_dir": str(tfds_dir), "prepared_dir": prepared_dir})
+  return specs.default().data.replace(dataset="text_file", text_file=str(corpus),
+                                      tfds_dir=str(tfds_dir), prepared_dir=prepared_dir)
 
 
 def test_prepare_into_a_bucket_is_byte_identical_to_local(gcs_server, sp_tokenizer, tmp_path):
@@ -214,10 +214,10 @@ def test_a_run_in_a_bucket_resumes_exactly_and_serves_export_sample_eval(gcs_ser
                                                                          tmp_path):
   run = f"gs://bucket/runs/{time.time_ns()}"
   straight = str(tmp_path / "straight")
-  loop.train_and_evaluate(_config(data_dir, 6), straight)
-  loop.train_and_evaluate(_config(data_dir, 4), run)
+  loop.train_and_evaluate(specs.parse(_config(data_dir, 6)), straight)
+  loop.train_and_evaluate(specs.parse(_config(data_dir, 4)), run)
   assert sorted(n for n in fs.listdir(fs.join(run, "checkpoints")) if n.isdigit()) == ["2", "4"]
-  resumed = loop.train_and_evaluate(_config(data_dir, 6), run)
+  resumed = loop.train_and_evaluate(specs.parse(_config(data_dir, 6)), run)
   assert "initial" not in resumed
   assert sorted(n for n in fs.listdir(fs.join(run, "checkpoints"))) == ["4", "6"]  # keep-N
   for weights in ("params", "ema"):

@@ -2,12 +2,12 @@
 import os
 import shutil
 
-import ml_collections
 import pytest
 
 from ao_mdm.data import corpus
 from ao_mdm.data import gpt2
 from ao_mdm.data import tokenizer as tokenizer_lib
+from ao_mdm import specs
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_altered_file_is_refused(tmp_path):
 
 
 def test_get_tokenizer(tmp_path):
-  data = ml_collections.ConfigDict({"dataset": "openwebtext", "tokenizer": "gpt2"})
+  data = specs.default().data.replace(dataset="openwebtext", tokenizer="gpt2")
   tok = tokenizer_lib.get_tokenizer(data, 50304, str(tmp_path))
   assert isinstance(tok, gpt2.GPT2Tokenizer)
   assert not os.listdir(tmp_path)  # nothing trained or cached

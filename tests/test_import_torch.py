@@ -9,10 +9,11 @@ import jax
 import numpy as np
 import pytest
 
-from ao_mdm.interop import torch_import
 from ao_mdm.checkpoint import checkpoints
-from ao_mdm import model as model_lib
 from ao_mdm.config import base_config
+from ao_mdm.interop import torch_import
+from ao_mdm import model as model_lib
+from ao_mdm import specs
 
 torch = pytest.importorskip("torch")
 from ao_mdm.interop import torch_reference  # pylint: disable=g-import-not-at-top  (needs torch)
@@ -23,7 +24,7 @@ def _config(variant: str, block_size: int = 12, vocab_size: int = 96):
   c.model.update(variant=variant, vocab_size=vocab_size, block_size=block_size, n_layer=2,
                  n_head=2, n_embd=16, cond_dim=8)
   c.data.update(dataset="openwebtext", tokenizer="gpt2")
-  return c
+  return specs.parse(c)
 
 
 def random_params(config, seed: int) -> dict:
@@ -38,11 +39,11 @@ def random_params(config, seed: int) -> dict:
 
 def _reference_checkpoint(config, params, ema_params, bias: bool = True) -> dict:
   """A full reference checkpoint dict as train_AOGPT_CL.py saves it."""
-  sd = {k: torch.from_numpy(v) for k, v in torch_import.to_torch_state_dict(params, config).items()}
+  sd = {k: torch.from_numpy(v) for k, v in torch_import.to_torch_state_dict(params, config.model).items()}
   if config.model.variant == "sigma":
     sd["lm_head.weight"] = sd["transformer.wte.weight"]  # tied: one tensor, two keys
   model = {(f"_orig_mod.{k}" if i % 2 else k): v for i, (k, v) in enumerate(sd.items())}
-  ema_sd = torch_import.to_torch_state_dict(ema_params, config)
+  ema_sd = torch_import.to_torch_state_dict(ema_params, config.model)
   shadow = [torch.from_numpy(v) for k, v in ema_sd.items()
             if not (config.model.variant == "sigma" and k == "lm_head.weight")]
   m = config.model
@@ -95,15 +96,15 @@ def test_import_matches_params_and_reference_forward(tmp_path, variant, weights)
   got_config, got = torch_import.import_torch(path, out, weights=weights, config=config)
   want = params if weights == "model" else ema
   _assert_params_equal(got, want)
-  assert got_config.model.to_dict() == config.model.to_dict()
+  assert got_config.model == config.model
 
   loaded_config, loaded = checkpoints.load_params(out)  # the export round trip is the identity
   _assert_params_equal(loaded, want)
-  assert loaded_config.model.to_dict() == got_config.model.to_dict()
+  assert loaded_config.model == got_config.model
 
   tokens, order = _batch(config)
   logits = model_lib.make_model(config.model).apply({"params": loaded}, tokens, order)
-  reference = torch_reference.logits(torch_reference.from_params(want, config), tokens, order)
+  reference = torch_reference.logits(torch_reference.from_params(want, config.model), tokens, order)
   np.testing.assert_allclose(np.asarray(logits), reference, rtol=1e-4, atol=1e-4)
 
 

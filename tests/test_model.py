@@ -2,13 +2,12 @@
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
 from ao_mdm import model as model_lib
 from ao_mdm import orders
-from ao_mdm.config import base_config
+from ao_mdm import specs
 
 PAPER_SIZES = [  # (variant, L, D, H, parameters) from the paper's configurations
     ("ao", 12, 768, 12, 170_605_952),
@@ -19,17 +18,14 @@ PAPER_SIZES = [  # (variant, L, D, H, parameters) from the paper's configuration
 
 
 def small_cfg(variant="ao", t=16):
-  cfg = base_config().model
-  cfg.variant, cfg.block_size, cfg.vocab_size = variant, t, 64
-  cfg.n_layer, cfg.n_embd, cfg.n_head = 2, 32, 4
-  return cfg
+  return specs.default().model.replace(variant=variant, block_size=t, vocab_size=64, n_layer=2,
+                                       n_embd=32, n_head=4)
 
 
 @pytest.mark.parametrize("variant,layers,width,heads,expected", PAPER_SIZES)
 def test_paper_parameter_counts(variant, layers, width, heads, expected):
-  cfg = base_config().model
-  cfg.variant, cfg.n_layer, cfg.n_embd, cfg.n_head = variant, layers, width, heads
-  cfg.block_size, cfg.vocab_size = 1024, 50304
+  cfg = specs.default().model.replace(variant=variant, n_layer=layers, n_embd=width,
+                                      n_head=heads, block_size=1024, vocab_size=50304)
   shapes = nn.unbox(jax.eval_shape(lambda k: model_lib.init_params(cfg, k), jax.random.key(0)))
   assert model_lib.count_params(shapes) == expected
 
@@ -124,8 +120,7 @@ def test_slot_bookkeeping(setup):
 
 
 def test_init_statistics():
-  cfg = small_cfg("ao", t=64)
-  cfg.n_embd, cfg.n_head, cfg.vocab_size = 256, 4, 1024
+  cfg = small_cfg("ao", t=64).replace(n_embd=256, n_head=4, vocab_size=1024)
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
   emb = np.asarray(params["token_embed"])
   assert np.abs(emb).max() <= 0.06 + 1e-6  # truncated at 3 std
@@ -137,14 +132,10 @@ def test_init_statistics():
 
 
 def test_bad_model_config():
-  cfg = small_cfg()
-  cfg.n_embd = 30
   with pytest.raises(ValueError, match="n_embd=30 is not divisible by model.n_head=4"):
-    model_lib.make_model(cfg)
-  cfg = small_cfg()
-  cfg.variant = "bert"
+    small_cfg().replace(n_embd=30)
   with pytest.raises(ValueError, match="model.variant='bert'"):
-    model_lib.make_model(cfg)
+    small_cfg().replace(variant="bert")
 
 
 def test_sequence_longer_than_block_size():
@@ -178,7 +169,7 @@ def test_layer_schedules_give_the_same_gradients(key, value):
   order = orders.random_orders(jax.random.key(0), 2, cfg.block_size)
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
   grads = []
-  for c in (cfg, ml_collections.ConfigDict({**cfg.to_dict(), key: value})):
+  for c in (cfg, cfg.replace(**{key: value})):
     m = model_lib.make_model(c)
     grads.append(jax.grad(lambda p: train_step.sequence_nll(m, p, tokens, order).mean())(params))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), *grads)
@@ -212,13 +203,11 @@ def test_adaln_from_the_target_table_equals_per_slot():
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs an NVIDIA GPU")
 def test_cudnn_attention_matches_xla_on_gpu():
   """model.attention=cudnn (training path) gives the XLA attention's logits, in bf16."""
-  cfg = small_cfg()
-  cfg.update(dtype="bfloat16", n_embd=128, n_head=2, cond_dim=128)  # cuDNN: head dim 64
+  cfg = small_cfg().replace(dtype="bfloat16", n_embd=128, n_head=2, cond_dim=128)  # head dim 64
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.block_size)),
                        jnp.int32)
   order = orders.random_orders(jax.random.key(0), 2, cfg.block_size)
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
   xla = np.asarray(_forward(cfg, params, tokens, order), np.float32)
-  cfg.attention = "cudnn"
-  cudnn = np.asarray(_forward(cfg, params, tokens, order), np.float32)
+  cudnn = np.asarray(_forward(cfg.replace(attention="cudnn"), params, tokens, order), np.float32)
   np.testing.assert_allclose(cudnn, xla, atol=0.05, rtol=0.05)

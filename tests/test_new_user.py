@@ -14,11 +14,12 @@ import time
 import pytest
 
 from ao_mdm.config import base_config
+from ao_mdm import specs
 from test_cli import tiny_config  # pylint: disable=g-bad-import-order
+from ao_mdm.checkpoint import checkpoints
 from ao_mdm.data import prepare
 from ao_mdm.data import prepared
 from ao_mdm.storage import fs
-from ao_mdm.checkpoint import checkpoints
 from ao_mdm.train import loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +52,7 @@ def run(data_dir, tmp_path_factory):
   """A small run with checkpoints at steps 2 and 4, and its export."""
   root = tmp_path_factory.mktemp("new_user")
   workdir = str(root / "run")
-  loop.train_and_evaluate(small_config(data_dir, 4), workdir)
+  loop.train_and_evaluate(specs.parse(small_config(data_dir, 4)), workdir)
   return {"root": root, "run": workdir, "export": checkpoints.export(workdir, str(root / "x"))}
 
 
@@ -62,7 +63,7 @@ def test_starting_over_sets_the_old_records_aside(data_dir, run, tmp_path):
     for name in names:
       if f"{os.sep}d" in d:  # array data
         os.truncate(os.path.join(d, name), 10)
-  loop.train_and_evaluate(small_config(data_dir, 2), workdir, start_over=True)
+  loop.train_and_evaluate(specs.parse(small_config(data_dir, 2)), workdir, start_over=True)
   steps = [json.loads(line)["step"] for line in open(os.path.join(workdir, "metrics.jsonl"))]
   assert steps and max(steps) == 2 and steps == sorted(steps)  # the new run's records only
   aside = os.listdir(os.path.join(workdir, "checkpoints_set_aside"))
@@ -191,6 +192,7 @@ def test_prepare_says_verified_only_after_hashing(sp_tokenizer, tmp_path):
   (workdir / "tokenizer").mkdir(parents=True)
   shutil.copy(sp_tokenizer.model_path, workdir / "tokenizer" / (
       f"sp_{datasets.dataset_tag(config.data)}_{sp_tokenizer.vocab_size}.model"))
+  config = specs.parse(config)
   command = lambda verify: list(prepare.prepare_splits(config, ["train"], 1, str(workdir),
                                                         None, None, verify))
   first = command(False)

@@ -1,19 +1,19 @@
 """Order sampling: permutations, mixing ratio, fixed and blockwise patterns, bad kinds."""
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 
 from ao_mdm import orders
-from ao_mdm.config import base_config
+from ao_mdm import specs
 
 
 def order_cfg(**kw):
-  cfg = base_config().order
-  cfg.update(kw)
-  return cfg
+  return dataclasses.replace(specs.default().order, **kw)
 
 
-@pytest.mark.parametrize("kind", orders.ORDER_KINDS)
+@pytest.mark.parametrize("kind", specs.ORDER_KINDS)
 def test_every_order_is_a_permutation(kind):
   out = np.asarray(orders.make_order_fn(order_cfg(kind=kind), 32)(jax.random.key(0), 64))
   assert out.shape == (64, 32) and out.dtype == np.int32
@@ -45,7 +45,7 @@ def test_fixed_and_blockwise():
   fixed = np.asarray(orders.make_order_fn(order_cfg(kind="fixed", fixed="seed:3"), 32)(
       jax.random.key(0), 4))
   assert np.all(fixed == fixed[0]) and not np.all(fixed[0] == np.arange(32))
-  np.testing.assert_array_equal(fixed[0], orders.fixed_permutation("seed:3", 32))
+  np.testing.assert_array_equal(fixed[0], order_cfg(kind="fixed", fixed="seed:3").permutation(32))
   block = np.asarray(orders.make_order_fn(
       order_cfg(kind="blockwise", block=4, pattern=(0, 2, 3, 1)), 32)(jax.random.key(0), 2))
   for b in range(8):
@@ -74,7 +74,7 @@ def test_bad_order_configs():
 
 def test_shipped_paper_orders_are_the_authors_literal_permutations():
   """order1..3 come from config_order/train_AOGPT_order{1,2,3}.py, not from a seed."""
-  shipped = orders.paper_orders()
+  shipped = specs.paper_orders()
   assert set(shipped) == {"order1", "order2", "order3"}
   for perm in shipped.values():
     assert sorted(perm) == list(range(1024))
@@ -94,16 +94,14 @@ def test_shipped_paper_orders_are_the_authors_literal_permutations():
 def test_paper_configs_build_and_validate():
   from ao_mdm import paper
   from ao_mdm.train import state as train_state
-  from ao_mdm.train import step as train_step
   for name in paper.NAMES:
-    c = paper.paper_config(name)
-    train_step.validate_train_config(c)
-  study = paper.paper_config("order_small_order3")
+    specs.parse(paper.paper_config(name))  # every section checked as it is built
+  study = specs.parse(paper.paper_config("order_small_order3"))
   assert (study.order.kind, study.order.fixed) == ("fixed", "order3")
   # model_sigmaGPT.forward takes mode 'AR' or 'Random' only: the authors' baseline saw random orders.
   for name in ("sigma_small", "sigma_medium"):
     assert paper.paper_config(name).order.kind == "random"
-  assert paper.paper_config("ao_small").order.to_dict()["random_ratio"] == 0.9
+  assert specs.parse(paper.paper_config("ao_small")).order.random_ratio == 0.9
   # The order study stops at 20k steps of a 500k cosine: the lr has barely decayed at its end.
   lr = train_state.learning_rate_schedule(study.train)(study.train.num_steps)
   assert 0.99 * study.train.learning_rate < float(lr) < study.train.learning_rate

@@ -1,6 +1,7 @@
 """Prepared data (ao_mdm/data/prepared.py): byte-identical shards from 1 worker, 2 workers and
 2 processes, the stream against a naive packing, kills, corruption, mismatches, and the
 authors' evaluation packing."""
+import dataclasses
 import glob
 import json
 import os
@@ -10,7 +11,6 @@ import subprocess
 import sys
 import time
 
-import ml_collections
 import numpy as np
 import pytest
 
@@ -18,15 +18,15 @@ from ao_mdm.data import datasets
 from ao_mdm.data import pipeline
 from ao_mdm.data import prepare
 from ao_mdm.data import prepared
+from ao_mdm import specs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARD_DOCS = 64
 
 
 def _config(text_file, tfds_dir, prepared_dir):
-  return ml_collections.ConfigDict({
-      "dataset": "text_file", "text_file": str(text_file), "tokenizer": "sentencepiece",
-      "tfds_dir": str(tfds_dir), "prepared_dir": str(prepared_dir)})
+  return specs.default().data.replace(dataset="text_file", text_file=str(text_file),
+                                      tfds_dir=str(tfds_dir), prepared_dir=str(prepared_dir))
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +53,9 @@ def _files(split):
 
 _CHILD = """
 import json, sys
-import ml_collections
 from ao_mdm.data import prepare, tokenizer
-config = ml_collections.ConfigDict(json.loads(sys.argv[1]))
+from ao_mdm import specs
+config = specs.DataSpec(**json.loads(sys.argv[1]))
 tok = tokenizer.SentencePieceTokenizer(sys.argv[2])
 prepare.prepare(config, tok, "train", workers=1, shard_docs=int(sys.argv[3]),
                  process_index=int(sys.argv[4]), process_count=int(sys.argv[5]))
@@ -64,7 +64,7 @@ prepare.prepare(config, tok, "train", workers=1, shard_docs=int(sys.argv[3]),
 
 def _child(config, tok, shard_docs, index=0, count=1):
   return subprocess.Popen(
-      [sys.executable, "-c", _CHILD, json.dumps(config.to_dict()), tok.model_path,
+      [sys.executable, "-c", _CHILD, json.dumps(dataclasses.asdict(config)), tok.model_path,
        str(shard_docs), str(index), str(count)], cwd=ROOT, stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT, text=True)
 

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from ao_mdm.checkpoint import checkpoints
-from ao_mdm.train import loop
 from ao_mdm.config import base_config
+from ao_mdm import specs
+from ao_mdm.train import loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--config.model.vocab_size=512", "--config.model.block_size=32",
@@ -119,11 +120,11 @@ def _small_config(tfds_dir, steps):
 
 def test_workdir_with_other_model_shape_is_refused(data_dir, tmp_path):
   workdir = str(tmp_path / "run")
-  loop.train_and_evaluate(_small_config(data_dir, 2), workdir)
+  loop.train_and_evaluate(specs.parse(_small_config(data_dir, 2)), workdir)
   other = _small_config(data_dir, 4)
   other.model.n_embd = 64
   with pytest.raises(ValueError, match="different model: model.n_embd: checkpoint 32 vs config 64"):
-    loop.train_and_evaluate(other, workdir)
+    loop.train_and_evaluate(specs.parse(other), workdir)
 
 
 def test_unknown_config_override_is_refused(tmp_path):
@@ -140,7 +141,7 @@ def _steps_in(directory):
 def test_unreadable_and_foreign_steps_are_set_aside_and_saving_goes_on(data_dir, tmp_path,
                                                                        capsys):
   workdir = str(tmp_path / "run")
-  loop.train_and_evaluate(_small_config(data_dir, 4), workdir)
+  loop.train_and_evaluate(specs.parse(_small_config(data_dir, 4)), workdir)
   ckpts = os.path.join(workdir, "checkpoints")
   for root, _, files in os.walk(os.path.join(ckpts, "4", "state")):
     for name in files:
@@ -149,7 +150,7 @@ def test_unreadable_and_foreign_steps_are_set_aside_and_saving_goes_on(data_dir,
   os.makedirs(os.path.join(ckpts, "9", "params"))  # e.g. `export --out=WORKDIR/checkpoints/9`
   os.makedirs(os.path.join(ckpts, "5.orbax-checkpoint-tmp-1234", "state"))  # a killed write
   capsys.readouterr()
-  loop.train_and_evaluate(_small_config(data_dir, 6), workdir)
+  loop.train_and_evaluate(specs.parse(_small_config(data_dir, 6)), workdir)
   out = capsys.readouterr().out
   assert "removed checkpoints/5.orbax-checkpoint-tmp-1234" in out
   assert "moved checkpoints/9 (not-a-training-checkpoint) aside" in out
@@ -166,15 +167,15 @@ def test_unreadable_and_foreign_steps_are_set_aside_and_saving_goes_on(data_dir,
 
 def test_every_checkpoint_unreadable_stops_unless_start_over(data_dir, tmp_path):
   workdir = str(tmp_path / "run")
-  loop.train_and_evaluate(_small_config(data_dir, 2), workdir)
+  loop.train_and_evaluate(specs.parse(_small_config(data_dir, 2)), workdir)
   for root, _, files in os.walk(os.path.join(workdir, "checkpoints", "2", "config")):
     for name in files:
       open(os.path.join(root, name), "w").close()
   with pytest.raises(ValueError, match=r"no checkpoint in .* can be read \(steps 2, each listed "
                                        r"above\); they are left as they are.*--start_over"):
-    loop.train_and_evaluate(_small_config(data_dir, 2), workdir)
+    loop.train_and_evaluate(specs.parse(_small_config(data_dir, 2)), workdir)
   assert _steps_in(os.path.join(workdir, "checkpoints")) == [2]
-  result = loop.train_and_evaluate(_small_config(data_dir, 2), workdir, start_over=True)
+  result = loop.train_and_evaluate(specs.parse(_small_config(data_dir, 2)), workdir, start_over=True)
   assert "initial" in result  # trained from step 0
   assert _steps_in(os.path.join(workdir, "checkpoints")) == [2]
   aside = sorted(os.listdir(os.path.join(workdir, "checkpoints_set_aside")))
@@ -188,7 +189,7 @@ def test_a_second_run_in_the_same_workdir_is_refused(data_dir, tmp_path):
   try:
     with pytest.raises(ValueError, match=rf"--workdir {workdir} is in use by another `ao-mdm "
                                          rf"train` \(host .*, pid {os.getpid()}, since"):
-      loop.train_and_evaluate(_small_config(data_dir, 2), workdir)
+      loop.train_and_evaluate(specs.parse(_small_config(data_dir, 2)), workdir)
   finally:
     lock.release()
   assert not os.path.exists(workdir)  # nothing else was written: the lock's dir goes too
@@ -201,7 +202,7 @@ def test_ctrl_c_elsewhere_exits_130_and_leaves_no_partial_output(data_dir, tmp_p
   stopped (130), never with a traceback, and whatever output exists is whole (an export that
   loads; sample records that parse: the samples finished before the Ctrl-C)."""
   run = str(tmp_path / "run")
-  loop.train_and_evaluate(_small_config(data_dir, 2), run)
+  loop.train_and_evaluate(specs.parse(_small_config(data_dir, 2)), run)
   outcomes = []
   for delay in (1.0, 2.5, 4.0, 6.0, 9.0):
     for command, out in (("export", tmp_path / f"export{delay}"),

@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ao_mdm.perf import bench_sample
 from ao_mdm.decode import draft
-from ao_mdm import model as model_lib
 from ao_mdm.decode import parallel
 from ao_mdm.decode import speculative
-from ao_mdm.config import base_config
-from test_sampling import naive_greedy  # pylint: disable=g-bad-import-order
+from ao_mdm import model as model_lib
+from ao_mdm.perf import bench_sample
+from ao_mdm import specs
+from test_parallel import naive_greedy  # pylint: disable=g-bad-import-order
 
 
 def random_model(v, t, scale, seed=0):
-  cfg = base_config().model
-  cfg.update(vocab_size=v, block_size=t, n_layer=2, n_embd=32, n_head=4, cond_dim=16)
+  cfg = specs.default().model.replace(vocab_size=v, block_size=t, n_layer=2, n_embd=32, n_head=4,
+                                      cond_dim=16)
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(seed)))
   # Random init is near uniform; larger weights make p (L2R) and q (drafts) clearly different.
   return cfg, jax.tree.map(lambda p: p * scale if p.ndim >= 2 else p, params)
@@ -46,8 +46,8 @@ def random_head(cfg, seed=0, scale=4.0):
 def _chi_square(cfg, params, verify, n, head=None):
   seqs, joint = _l2r_joint(cfg, params)
   assert n * joint.min() >= 5, "too few samples for the chi-square test"
-  decode = speculative.decoder(cfg.to_json(), cfg.block_size - 1, 0, False, "authors", None,
-                                verify=verify, head=head is not None)
+  decode = speculative.decoder(speculative.DecoderSpec(
+      cfg, cfg.block_size - 1, 0, verify=verify, head=head is not None))
   tokens, _, st, _ = decode(params, head, jnp.zeros((n, cfg.block_size), jnp.int32),
                             jnp.zeros((n, cfg.block_size), bool), jax.random.key(7),
                             jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
@@ -97,8 +97,8 @@ def _order_joint(cfg, params, known_pos, known_tok):
 def _order_chi_square(cfg, params, verify, n, known_pos, known_tok, head=None):
   seqs, order, joint = _order_joint(cfg, params, known_pos, known_tok)
   assert n * joint.min() >= 5, "too few samples for the chi-square test"
-  decode = speculative.decoder(cfg.to_json(), 2, len(known_pos), False, "authors", None,
-                                verify=verify, order_mode="random", head=head is not None)
+  decode = speculative.decoder(speculative.DecoderSpec(
+      cfg, 2, len(known_pos), order="random", head=head is not None, verify=verify))
   tokens = np.zeros((n, cfg.block_size), np.int32)
   known = np.zeros((n, cfg.block_size), bool)
   tokens[:, known_pos], known[:, known_pos] = known_tok, True
@@ -182,8 +182,7 @@ def test_inverse_cdf_draw_follows_the_probabilities_and_never_draws_a_zero():
 
 
 def test_bad_draft_length():
-  cfg = base_config().model
-  cfg.block_size = 4
+  cfg = specs.default().model.replace(block_size=4)
   with pytest.raises(ValueError, match="draft=4 must be in"):
     speculative.sample(None, cfg, batch_size=1, draft=4)  # refused before params are used
 
@@ -191,10 +190,9 @@ def test_bad_draft_length():
 @pytest.mark.slow  # seven compiles, 25 s: the default stage stays under 10 minutes
 def test_bench_counts_every_seed():
   cfg, params = random_model(v=16, t=8, scale=4.0)
-  config = ml_collections.ConfigDict({"bench": {"speculative_batches": (2,), "seeds": 2,
-                                                "drafts": (2,)}})
+  bench = ml_collections.ConfigDict({"speculative_batches": (2,), "seeds": 2, "drafts": (2,)})
   head = random_head(cfg)
-  rows = bench_sample.bench_speculative(config, params, cfg, draft_head=head)["rows"]
+  rows = bench_sample.bench_speculative(bench, params, cfg, draft_head=head)["rows"]
   assert [(r["order"], r["drafter"]) for r in rows] == [
       ("l2r", "self"), ("l2r", "head"), ("infill", "self"), ("infill", "head")]
   positions, ids = bench_sample.infill_context(params, cfg)

@@ -59,7 +59,7 @@ def test_the_rule_catches_both_forms(tmp_path):
 # File access on a path goes through ao_mdm/storage/ (local or gs://). These modules touch only
 # files that are no user's path, each for the reason given.
 FILE_ACCESS_ALLOWED = {
-    "ao_mdm/orders.py": "the package's own paper_orders.json",
+    "ao_mdm/specs.py": "the package's own paper_orders.json",
     "ao_mdm/data/gpt2.py": "the GPT-2 BPE files shipped in the package",
     "ao_mdm/runtime/quiet.py": "/dev/null, to silence stderr",
     "ao_mdm/cli/main.py": "/dev/null, after a closed pipe",

@@ -2,11 +2,11 @@
 import os
 import shutil
 
-import ml_collections
 import pytest
 
 from ao_mdm.data import corpus
 from ao_mdm.data import tokenizer as tokenizer_lib
+from ao_mdm import specs
 
 VOCAB = 512  # the size conftest.sp_tokenizer is trained to
 
@@ -69,8 +69,7 @@ def test_check_vocab(sp_tokenizer):
 
 
 def test_unknown_tokenizer(sotu_config, tmp_path):
-  config = ml_collections.ConfigDict(sotu_config.to_dict())
-  config.tokenizer = "wordpiece"
+  config = sotu_config.replace(tokenizer="wordpiece")
   with pytest.raises(ValueError, match="'wordpiece'.*sentencepiece"):
     tokenizer_lib.get_tokenizer(config, VOCAB, str(tmp_path))
 
@@ -93,8 +92,7 @@ def test_saved_tokenizer_is_loaded_without_the_corpus(sp_tokenizer, tmp_path, mo
   run = tmp_path / "run"
   (run / "tokenizer").mkdir(parents=True)
   shutil.copy(sp_tokenizer.model_path, run / "tokenizer" / f"sp_text_file-h0123_{VOCAB}.model")
-  config = ml_collections.ConfigDict({"dataset": "text_file", "text_file": str(tmp_path / "gone"),
-                                      "tokenizer": "sentencepiece", "tfds_dir": ""})
+  config = specs.default().data.replace(dataset="text_file", text_file=str(tmp_path / "gone"))
   monkeypatch.setattr(tokenizer_lib, "train_sentencepiece", None)  # any training would fail
   before = sorted(os.listdir(run / "tokenizer"))
   loaded = tokenizer_lib.load_saved_tokenizer(config, VOCAB, str(run))

@@ -8,19 +8,20 @@ import ml_collections
 import numpy as np
 import pytest
 
+from ao_mdm.config import base_config
+from ao_mdm.interop import torch_import
+from ao_mdm import model as model_lib
 from ao_mdm import orders
 from ao_mdm.perf import bench_train
-from ao_mdm.interop import torch_import
+from ao_mdm import specs
 from ao_mdm.train import step as train_step
-from ao_mdm import model as model_lib
-from ao_mdm.config import base_config
 
 torch = pytest.importorskip("torch")
 from ao_mdm.interop import torch_reference  # pylint: disable=g-import-not-at-top  (needs torch)
 from test_import_torch import random_params  # pylint: disable=g-import-not-at-top
 
 
-def _config(microbatches: int = 1) -> ml_collections.ConfigDict:
+def _config(microbatches: int = 1) -> specs.Spec:
   c = base_config()
   c.model.update(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=32, cond_dim=16)
   c.order.update(kind="mixed", random_ratio=0.5)
@@ -30,7 +31,7 @@ def _config(microbatches: int = 1) -> ml_collections.ConfigDict:
   # norm of both steps; an EMA decay that the (1 + n) / (10 + n) warm-up reaches at step 2.
   c.train.update(batch_size=4, num_steps=10, warmup_steps=1, learning_rate=1e-2, min_lr=1e-3,
                  weight_decay=0.5, grad_clip=0.05, ema_decay=0.2, microbatches=microbatches)
-  return c
+  return specs.parse(c)
 
 
 def _tokens(config, seed: int = 0) -> np.ndarray:
@@ -45,7 +46,7 @@ def test_loss_matches_ours():
   order = np.stack([rng.permutation(32), np.arange(32), rng.permutation(32),
                     rng.permutation(32)]).astype(np.int32)
   ours = train_step.sequence_nll(model_lib.make_model(config.model), params, tokens, order)
-  model = torch_reference.from_params(params, config)
+  model = torch_reference.from_params(params, config.model)
   with torch.no_grad():
     got = torch_reference.loss(model, torch.as_tensor(tokens, dtype=torch.long),
                                torch.as_tensor(order, dtype=torch.long))
@@ -92,21 +93,21 @@ def test_two_train_steps_match_ours(microbatches):
     torch_params, torch_ema = trainer.state_dicts()
     for name, ours in (("params", state.params), ("ema", state.ema_params)):
       got_sd = torch_params if name == "params" else torch_ema
-      want_sd = torch_import.to_torch_state_dict(ours, config)
+      want_sd = torch_import.to_torch_state_dict(ours, config.model)
       assert sorted(got_sd) == sorted(want_sd)
       for key in want_sd:
         np.testing.assert_allclose(got_sd[key], want_sd[key], rtol=1e-4, atol=1e-5,
                                    err_msg=f"step {step} {name} {key}")
   assert not np.array_equal(drawn[0], drawn[1])  # fresh orders each step
-  moved = torch_import.to_torch_state_dict(state.params, config)
-  start = torch_import.to_torch_state_dict(params, config)
+  moved = torch_import.to_torch_state_dict(state.params, config.model)
+  start = torch_import.to_torch_state_dict(params, config.model)
   assert np.abs(moved["lm_head.bias"] - start["lm_head.bias"]).max() > 1e-3  # it did train
 
 
 def test_bench_train_with_torch_baseline(capsys):
   config = _config()
-  config.bench = ml_collections.ConfigDict({"repeats": 2, "matmul_size": 256})
-  result = bench_train.bench_train(config, baseline="torch")
+  bench = ml_collections.ConfigDict({"repeats": 2, "matmul_size": 256})
+  result = bench_train.bench_train(config, bench, baseline="torch")
   for key in ("tokens_per_s", "torch_tokens_per_s", "ratio_vs_torch", "mfu", "matmul_peak_flops",
               "torch_threads"):
     assert result[key] > 0, key

@@ -1,4 +1,5 @@
 """The training loop end to end on the embedded corpus, at a very small size."""
+import dataclasses
 import json
 import os
 import shutil
@@ -8,11 +9,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from ao_mdm import model as model_lib
 from ao_mdm.checkpoint import checkpoints
+from ao_mdm.config import base_config
+from ao_mdm import model as model_lib
+from ao_mdm import specs
 from ao_mdm.train import loop
 from ao_mdm.train import state as train_state
-from ao_mdm.config import base_config
 
 
 def small_config(tfds_dir, steps=30):
@@ -27,7 +29,7 @@ def small_config(tfds_dir, steps=30):
 def test_train_reduces_loss_and_resumes(data_dir, tmp_path, capsys):
   cfg = small_config(data_dir, steps=20)
   workdir = str(tmp_path / "run")
-  first = loop.train_and_evaluate(cfg, workdir)
+  first = loop.train_and_evaluate(specs.parse(cfg), workdir)
   for split in ("train", "validation"):
     for kind in ("l2r", "random"):
       assert first["final_ema"][split][kind] < first["initial"][split][kind] - 0.5
@@ -41,7 +43,7 @@ def test_train_reduces_loss_and_resumes(data_dir, tmp_path, capsys):
   assert [r["step"] for r in rows if "loss" in r] == [10, 20]
   # A longer run in the same work dir continues from the saved step.
   cfg.train.num_steps = 30
-  second = loop.train_and_evaluate(cfg, workdir)
+  second = loop.train_and_evaluate(specs.parse(cfg), workdir)
   assert "initial" not in second
   assert "resumed from step 20" in capsys.readouterr().out
   config, ema = checkpoints.load_params(workdir)
@@ -52,7 +54,7 @@ def test_train_reduces_loss_and_resumes(data_dir, tmp_path, capsys):
 def test_export_roundtrip(data_dir, tmp_path):
   cfg = small_config(data_dir, steps=2)
   workdir = str(tmp_path / "run")
-  loop.train_and_evaluate(cfg, workdir)
+  loop.train_and_evaluate(specs.parse(cfg), workdir)
   _, ema = checkpoints.load_params(workdir, "ema")
   out = checkpoints.export(workdir, str(tmp_path / "export"))
   config, exported = checkpoints.load_params(out)
@@ -68,11 +70,11 @@ def test_checkpoints_keep_the_ema_apart_and_older_ones_still_load(data_dir, tmp_
   for sampling and for resuming alike."""
   cfg = small_config(data_dir, steps=2)
   workdir = str(tmp_path / "run")
-  loop.train_and_evaluate(cfg, workdir)
+  loop.train_and_evaluate(specs.parse(cfg), workdir)
   step_dir = os.path.join(workdir, "checkpoints", "2")
   assert {"state", "ema", "data", "config"} <= set(os.listdir(step_dir))
   state = checkpoints.restore(checkpoints.train_manager(workdir), 2,
-                              train_state.abstract_state(cfg))
+                              train_state.abstract_state(specs.parse(cfg)))
   equal = lambda a, b: jax.tree.map(np.testing.assert_array_equal, a, b)
   equal(checkpoints.load_params(workdir, "ema")[1], state.ema_params)
   equal(checkpoints.load_params(workdir, "params")[1], state.params)
@@ -86,7 +88,7 @@ def test_checkpoints_keep_the_ema_apart_and_older_ones_still_load(data_dir, tmp_
   mgr.wait_until_finished()
   equal(checkpoints.load_params(old, "ema")[1], state.ema_params)
   equal(checkpoints.load_params(old, "params")[1], state.params)
-  equal(checkpoints.restore(checkpoints.train_manager(old), 2, train_state.abstract_state(cfg)),
+  equal(checkpoints.restore(checkpoints.train_manager(old), 2, train_state.abstract_state(specs.parse(cfg))),
         state)
 
 
@@ -94,11 +96,11 @@ def test_bad_train_configs(data_dir, tmp_path):
   cfg = small_config(data_dir)
   cfg.train.microbatches = 3
   with pytest.raises(ValueError, match="train.batch_size=8 is not divisible by train.microbatches=3"):
-    loop.train_and_evaluate(cfg, str(tmp_path))
+    loop.train_and_evaluate(specs.parse(cfg), str(tmp_path))
   cfg = small_config(data_dir)
   cfg.order.kind = "spiral"
   with pytest.raises(ValueError, match="order.kind='spiral'"):
-    loop.train_and_evaluate(cfg, str(tmp_path))
+    loop.train_and_evaluate(specs.parse(cfg), str(tmp_path))
 
 
 # The authors decay exactly their >= 2-D tensors (configure_optimizers: p.dim() >= 2). Written out
@@ -121,6 +123,7 @@ def test_weight_decay_hits_exactly_the_authors_tensors(variant):
   c = base_config()
   c.model.update(variant=variant, vocab_size=256, block_size=16, n_layer=2, n_embd=32, n_head=2)
   c.train.update(warmup_steps=0, learning_rate=0.1, min_lr=0.1, weight_decay=0.5)
+  c = specs.parse(c)
   params = nn.unbox(model.init_params(c.model, jax.random.key(0)))
   # Norm scales start at one and biases at zero; make every leaf non-zero so decay shows.
   params = jax.tree.map(lambda x: x + 0.5, params)
@@ -139,12 +142,12 @@ def test_weight_decay_hits_exactly_the_authors_tensors(variant):
 
 def test_cosine_horizon_past_num_steps():
   """lr_decay_steps sets the cosine's end, independent of num_steps (the order study's 20k/500k)."""
-  c = base_config().train
-  c.update(num_steps=100, warmup_steps=10, learning_rate=1.0, min_lr=0.0, lr_decay_steps=1010)
+  c = dataclasses.replace(specs.default().train, num_steps=100, warmup_steps=10,
+                          learning_rate=1.0, min_lr=0.0, lr_decay_steps=1010)
   lr = train_state.learning_rate_schedule(c)
   # Hand-computed: warmup is linear to 1.0 at step 10; halfway through the cosine (step 510) it is 0.5.
   assert float(lr(5)) == pytest.approx(0.5) and float(lr(10)) == pytest.approx(1.0)
   assert float(lr(510)) == pytest.approx(0.5, abs=1e-6)
   assert float(lr(100)) == pytest.approx(0.980147, rel=1e-5)  # 0.5 (1 + cos(0.09 pi))
-  c.lr_decay_steps = 0
+  c = dataclasses.replace(c, lr_decay_steps=0)
   assert float(train_state.learning_rate_schedule(c)(100)) == pytest.approx(0.0, abs=1e-6)

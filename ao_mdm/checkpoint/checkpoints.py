@@ -10,7 +10,6 @@ still load). An export holds `<out>/0/{params, config}`. Both are read by `load_
 import concurrent.futures
 import contextlib
 import gc
-import json
 import os
 import sys
 import time
@@ -18,18 +17,18 @@ from typing import Any, Callable, Optional
 
 import grain
 import jax
-import ml_collections
 import orbax.checkpoint as ocp
 
-from ao_mdm.runtime import quiet
-from ao_mdm.storage import outputs
-from ao_mdm import model as model_lib
+from ao_mdm.checkpoint import layout
 from ao_mdm.data import tokenizer as tok_lib
+from ao_mdm import model as model_lib
+from ao_mdm.runtime import quiet
+from ao_mdm import specs
 from ao_mdm.storage import fs
 from ao_mdm.storage import gcs
 from ao_mdm.storage import lease as lease_lib
+from ao_mdm.storage import outputs
 from ao_mdm.storage import paths
-from ao_mdm.checkpoint import layout
 
 _TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a step being written (locally)
 _COMMITTED = "commit_success.txt"  # Orbax's mark of a finished step on gs://
@@ -49,14 +48,14 @@ def train_manager(workdir: str, max_to_keep: int = 3) -> ocp.CheckpointManager:
 
 
 def save(mgr: ocp.CheckpointManager, step: int, state: Any, data_iter: Any,
-         config: ml_collections.ConfigDict, force: bool = False) -> bool:
+         config: specs.Spec, force: bool = False) -> bool:
   """Save state (its EMA params as their own item), data-iterator position and config at
   `step` (asynchronously)."""
   return mgr.save(step, force=force, args=ocp.args.Composite(
       state=ocp.args.StandardSave(state.replace(ema_params=None)),
       ema=ocp.args.StandardSave(state.ema_params),
       data=grain.checkpoint.CheckpointSave(data_iter),
-      config=ocp.args.JsonSave(json.loads(config.to_json()))))
+      config=ocp.args.JsonSave(config.to_dict())))
 
 
 def restore(mgr: ocp.CheckpointManager, step: int, target: Any, data_iter: Any = None) -> Any:
@@ -80,26 +79,27 @@ def _items(mgr: ocp.CheckpointManager, step: int) -> set:
     return set()
 
 
-def read_config(mgr: ocp.CheckpointManager, step: int) -> ml_collections.ConfigDict:
-  """The config stored with checkpoint `step` (training work dir or export)."""
-  saved = mgr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
-  return with_defaults(saved)
+def read_config(mgr: ocp.CheckpointManager, step: int) -> dict:
+  """The config stored with checkpoint `step` (training work dir or export), as saved."""
+  return mgr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
 
 
 def restore_newest(mgr: ocp.CheckpointManager, load: Callable[[int, Any], Any],
                    check: Optional[Callable] = None, log: Callable[[str], None] = print,
                    skipped: Optional[list] = None):
-  """(step, config, load(step, config)) of the newest checkpoint that reads; None if none does.
+  """(step, spec, load(step, spec)) of the newest checkpoint that reads; None if none does.
 
-  A checkpoint that fails to read is skipped with one line saying which and why, and its step
-  appended to `skipped`. `check(config)` may raise to refuse a readable checkpoint (e.g. of
-  another model); that is not skipped, nor is a cancelled read.
+  The spec is the step's saved config on top of today's defaults (specs.with_defaults). A
+  checkpoint that fails to read is skipped with one line saying which and why, and its step
+  appended to `skipped`. `check(spec, saved)` (saved: the config as stored) may raise to refuse
+  a readable checkpoint (e.g. of another model); that is not skipped, nor is a cancelled read.
   """
   for step in sorted(mgr.all_steps(), reverse=True):
     where = f"checkpoint step {step} in {mgr.directory}"
     try:
       with _quiet_failures():
-        config = read_config(mgr, step)
+        saved = read_config(mgr, step)
+        config = specs.with_defaults(saved)
     except concurrent.futures.CancelledError:  # a cancelled read says nothing of the step
       raise
     except Exception as e:  # pylint: disable=broad-except  (any corruption: skip it)
@@ -108,7 +108,7 @@ def restore_newest(mgr: ocp.CheckpointManager, load: Callable[[int, Any], Any],
         skipped.append(step)
       continue
     if check:
-      check(config)
+      check(config, saved)
     try:
       with _quiet_failures():
         return step, config, load(step, config)
@@ -227,21 +227,6 @@ def _first_line(e: Exception) -> str:
   return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 
 
-def with_defaults(saved: dict) -> ml_collections.ConfigDict:
-  """A saved config on top of base_config(), so keys added since it was written get defaults."""
-  from ao_mdm.config import base_config  # pylint: disable=g-import-not-at-top
-
-  def merge(base, values):
-    for key, value in values.items():
-      if isinstance(value, dict) and isinstance(base.get(key), ml_collections.ConfigDict):
-        merge(base[key], value)
-      else:
-        base[key] = value
-  config = base_config()
-  merge(config, saved)
-  return config
-
-
 def reader(path: str) -> ocp.CheckpointManager:
   """A read-only manager over a training work dir or an export directory."""
   ckpt_dir = fs.join(path, layout.CHECKPOINTS)
@@ -257,8 +242,8 @@ def reader(path: str) -> ocp.CheckpointManager:
 
 
 def load_params(path: str, weights: str = "ema", log: Callable[[str], None] = print,
-                shardings: Optional[Callable[[ml_collections.ConfigDict], Any]] = None
-                ) -> tuple[ml_collections.ConfigDict, Any]:
+                shardings: Optional[Callable[[specs.Spec], Any]] = None
+                ) -> tuple[specs.Spec, Any]:
   """(config, params) of the newest readable checkpoint of a work dir (`ema` or `params`) or
   an export. Only those params are read; `shardings(config)` places them (default: this
   process's first device)."""
@@ -273,8 +258,9 @@ def load_params(path: str, weights: str = "ema", log: Callable[[str], None] = pr
     raise ValueError(f"--weights={weights}: {path} is an export, which holds one set of params "
                      "(the EMA unless made from raw params); use --weights=ema")
 
-  def check(config):
-    if "draft_head" in config:
+  def check(config, saved):
+    del config
+    if "draft_head" in saved:
       raise ValueError(f"{path} is a draft head (written by `ao-mdm train-draft`), not a model: "
                        f"pass it as --draft_head={path} with --mode=speculative, and the "
                        "model's run or export as --checkpoint")
@@ -320,21 +306,22 @@ def export(path: str, out: str, weights: str = "ema") -> str:
   """Write the EMA (or raw) params alone, with the config and tokenizer, as an Orbax checkpoint."""
   paths.new_output_dir(out)  # before the restore, which may take minutes
   config, params = load_params(path, weights)
-  return write_params_export(out, config, params, fs.join(path, layout.TOKENIZER))
+  return write_params_export(out, config.to_dict(), params, fs.join(path, layout.TOKENIZER))
 
 
-def write_params_export(out: str, config: ml_collections.ConfigDict, params: Any,
+def write_params_export(out: str, config: dict, params: Any,
                         tokenizer_dir: Optional[str] = None) -> str:
-  """Writes `<out>/0/{params, config}` (+ `tokenizer/`) so that nothing unfinished is ever
-  read as an export: locally into a temporary directory, renamed at the end; on gs:// in place,
-  the tokenizer first and Orbax's commit mark last. An error or Ctrl-C removes what was written."""
+  """Writes `<out>/0/{params, config}` (`config`: a JSON-able dict, e.g. Spec.to_dict()) and
+  `tokenizer/`, so that nothing unfinished is ever read as an export: locally into a temporary
+  directory, renamed at the end; on gs:// in place, the tokenizer first and Orbax's commit mark
+  last. An error or Ctrl-C removes what was written."""
   paths.new_output_dir(out)
   with outputs.output_dir(out) as tmp:
     if tokenizer_dir and fs.isdir(tokenizer_dir):  # samplers and evaluators read it here
       fs.copytree(tokenizer_dir, fs.join(tmp, layout.TOKENIZER))
     mgr = manager(tmp, max_to_keep=None, async_save=False, item_names=("params", "config"))
     mgr.save(0, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
-                                        config=ocp.args.JsonSave(json.loads(config.to_json()))))
+                                        config=ocp.args.JsonSave(config)))
     mgr.wait_until_finished()
     mgr.close()
   return fs.absolute(out)

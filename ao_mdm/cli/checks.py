@@ -73,11 +73,11 @@ def storage(v: dict, given: set) -> None:
       gcs.start_tensorstore()
 
 
-def data_dirs(config) -> None:
-  """The preparation's and the TFDS data's directories can be used (checked before any work)."""
-  data = config.data
-  paths.directory(data.get("prepared_dir") or None, "data.prepared_dir")
-  paths.directory(data.get("tfds_dir") or os.environ.get("TFDS_DATA_DIR") or None,
+def data_dirs(data) -> None:
+  """The preparation's and the TFDS data's directories (of a specs.DataSpec) can be used
+  (checked before any work)."""
+  paths.directory(data.prepared_dir or None, "data.prepared_dir")
+  paths.directory(data.tfds_dir or os.environ.get("TFDS_DATA_DIR") or None,
                   "data.tfds_dir (or TFDS_DATA_DIR)")
 
 
@@ -106,26 +106,13 @@ def error_text(e: Exception) -> str:
 
 def loaded_config(config) -> None:
   """A --config that loaded is a ConfigDict (a file that failed to load raises here) whose keys
-  are all base_config()'s (a misspelt field would be ignored and its default used); a
-  benchmark's own `bench` section aside."""
-  import difflib  # pylint: disable=g-import-not-at-top
+  are all base_config()'s (specs.check_keys)."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from ao_mdm.config import base_config  # pylint: disable=g-import-not-at-top
+  from ao_mdm import specs  # pylint: disable=g-import-not-at-top
   config.keys()
   if not isinstance(config, ml_collections.ConfigDict):
     raise TypeError("get_config() did not return a ConfigDict")
-
-  def check(node, base, prefix):
-    for key in node.keys():
-      name = f"{prefix}{key}"
-      if key not in base:
-        close = difflib.get_close_matches(key, list(base.keys()), n=1)
-        hint = f"; did you mean {prefix}{close[0]}?" if close else (
-            f"; {prefix.rstrip('.') or 'the config'} has {', '.join(sorted(base.keys()))}")
-        raise ValueError(f"the --config file sets {name}, which is no config key{hint}")
-      if isinstance(base[key], ml_collections.ConfigDict):
-        check(node[key], base[key], f"{name}.")
-  check({k: v for k, v in config.items() if k != "bench"}, base_config(), "")
+  specs.check_keys(config)
 
 
 def config_flag_error(argv: list, e: Exception) -> str:

@@ -13,6 +13,7 @@ from types import ModuleType
 from absl import app, flags, logging
 
 from ao_mdm.cli import checks
+from ao_mdm import specs
 
 # Every command, in the order `ao-mdm help` lists them; the module is cli/commands/<name>.py
 # with '-' as '_'.
@@ -46,7 +47,8 @@ def _command_help(command: str, fv: flags.FlagValues, ours: list) -> str:
     default = "" if flag.default in (None, "") else f" (default: {flag.default})"
     lines.append(f"  --{name}: {flag.help}{default}")
   if "config" in ours:
-    lines.append("  --config.KEY=VALUE: override any config field, e.g. --config.train.num_steps=100")
+    lines.append("  --config.KEY=VALUE: override any config field, e.g. "
+                 "--config.train.num_steps=100")
   return "\n".join(lines)
 
 
@@ -102,8 +104,10 @@ def _run(args: list) -> None:
         raise ValueError(f"unexpected argument(s) {' '.join(argv[1:])!r}; flags are --name=value")
       values = {n: fv[n].value for n in ours}
       given = {n for n in ours if fv[n].present}
-      if "config" in ours:
-        values["config_file"] = fv["config"].config_filename if fv["config"].present else None
+      if "config" in ours and values["config"] is not None:  # the config as the library takes it
+        values["config_file"] = fv["config"].config_filename
+        values["bench"] = values["config"].get("bench")
+        values["config"] = specs.parse(values["config"])
       checks.storage(values, given)
       module.check(values, given, *what)
       if os.environ.get("AO_MDM_CHECK_ONLY"):  # scripts/gpu_check.sh --dry_run: flags only

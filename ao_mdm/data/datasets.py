@@ -12,15 +12,15 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import ml_collections
 import tensorflow_datasets as tfds
 from etils import epath
 from tensorflow_datasets.core import utils as tfds_utils
 
 from ao_mdm.data import corpus
+from ao_mdm.data.detokenize import detokenize
+from ao_mdm import specs
 from ao_mdm.storage import fs
 from ao_mdm.storage import paths
-from ao_mdm.data.detokenize import detokenize
 
 VALIDATION_FRACTION = 0.05
 TEXT_KEY = "text"
@@ -270,7 +270,7 @@ def resolve_tfds_dir(tfds_dir: str) -> str:
   return tfds_dir
 
 
-def dataset_tag(data_config: Any) -> str:
+def dataset_tag(data_config: specs.DataSpec) -> str:
   """A file-name-safe dataset name; a local text source is named by its content hash."""
   spec = get_spec(data_config.dataset)
   if spec.name in ("text_file", "lambada"):  # read from data.text_file
@@ -278,8 +278,8 @@ def dataset_tag(data_config: Any) -> str:
   return spec.name
 
 
-def data_config_for(corpus_name_or_path: str) -> ml_collections.ConfigDict:
-  """A `config.data` for a registry name or a local text path (the `tokenizer` command's input)."""
+def data_config_for(corpus_name_or_path: str) -> specs.DataSpec:
+  """The data spec of a registry name or a local text path (the `tokenizer` command's input)."""
   if corpus_name_or_path in DATASETS and corpus_name_or_path != "text_file":
     dataset, text_file = corpus_name_or_path, ""
   elif fs.exists(corpus_name_or_path):
@@ -288,8 +288,8 @@ def data_config_for(corpus_name_or_path: str) -> ml_collections.ConfigDict:
     known = ", ".join(sorted(n for n in DATASETS if n != "text_file"))
     raise ValueError(
         f"corpus {corpus_name_or_path!r} is neither a dataset name ({known}) nor an existing path")
-  return ml_collections.ConfigDict(
-      {"dataset": dataset, "text_file": text_file, "tokenizer": "sentencepiece", "tfds_dir": ""})
+  return specs.DataSpec(dataset=dataset, text_file=text_file, tokenizer="sentencepiece",
+                        tfds_dir="", prepared_dir="")
 
 
 def _dataset_infos(root: str) -> list[str]:
@@ -382,7 +382,7 @@ def _prepare_local(builder: tfds.core.DatasetBuilder, rebuild: Callable, tfds_di
     raise
 
 
-def check_split(data_config: Any, split: str) -> None:
+def check_split(data_config: specs.DataSpec, split: str) -> None:
   """Refuses a split the dataset does not have."""
   spec = get_spec(data_config.dataset)
   if split not in spec.splits:
@@ -390,17 +390,17 @@ def check_split(data_config: Any, split: str) -> None:
         f"dataset {spec.name!r} has no split {split!r}; splits: {', '.join(spec.splits)}")
 
 
-def available(data_config: Any) -> bool:
+def available(data_config: specs.DataSpec) -> bool:
   """Whether this host has the dataset's source: a local source file that exists (the embedded
   corpus always), or a catalog dataset prepared in the TFDS dir."""
   spec = get_spec(data_config.dataset)
   if spec.make_builder is not None:
     return spec.name == "sotu" or bool(data_config.text_file) and fs.exists(data_config.text_file)
-  return bool(_dataset_infos(fs.join(resolve_tfds_dir(data_config.get("tfds_dir", "")),
+  return bool(_dataset_infos(fs.join(resolve_tfds_dir(data_config.tfds_dir),
                                      spec.tfds_path)))
 
 
-def load_documents(data_config: Any, split: str, tfds_dir: str) -> Documents:
+def load_documents(data_config: specs.DataSpec, split: str, tfds_dir: str) -> Documents:
   """Documents of a split, detokenized; local builders are prepared on first use."""
   check_split(data_config, split)
   spec = get_spec(data_config.dataset)

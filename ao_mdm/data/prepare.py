@@ -10,17 +10,18 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
-from ao_mdm.runtime import hosts
-from ao_mdm.runtime import interrupts
 from ao_mdm.data import datasets
 from ao_mdm.data import prepared
-from ao_mdm.data import tokenizer as tokenizer_lib
 from ao_mdm.data.prepared import CorruptShard, NotPrepared, PreparedSplit
+from ao_mdm.data import tokenizer as tokenizer_lib
 from ao_mdm.data.tokenizer import Tokenizer
+from ao_mdm.runtime import hosts
+from ao_mdm.runtime import interrupts
+from ao_mdm import specs
 from ao_mdm.storage import fs
 
 SHARD_DOCS = 1024  # documents per shard: the unit of parallel work and of redoing after a kill
@@ -158,8 +159,8 @@ def _done(directory: str, index: int, first: int, last: int) -> bool:
     return False
 
 
-def prepare(data_config: Any, tokenizer: Tokenizer, split: str, *, workers: int = 0,
-            process_index: int = 0, process_count: int = 1, shard_docs: int = 0,
+def prepare(data_config: specs.DataSpec, tokenizer: Tokenizer, split: str, *,
+            workers: int = 0, process_index: int = 0, process_count: int = 1, shard_docs: int = 0,
             log: Callable = print) -> Optional[PreparedSplit]:
   """Tokenizes this process's range of the split's shards; returns the split once every shard
   of every process is present (None before). Safe to kill and run again: finished shards stay,
@@ -171,7 +172,7 @@ def prepare(data_config: Any, tokenizer: Tokenizer, split: str, *, workers: int 
     raise ValueError(f"process_id must be in [0, {process_count}) with num_processes >= 1, "
                      f"got process_id={process_index}, num_processes={process_count}")
   workers = workers or default_workers()
-  tfds_dir = data_config.get("tfds_dir", "")
+  tfds_dir = data_config.tfds_dir
   docs = datasets.load_documents(data_config, split, tfds_dir)
   directory = prepared.split_dir(data_config, tokenizer, split)
   try:
@@ -243,8 +244,8 @@ def _finalize(directory: str, plan: dict, ranges: list, workers: int) -> Prepare
   return PreparedSplit(directory, manifest)
 
 
-def ensure(data_config: Any, tokenizer: Tokenizer, split: str, *, workers: int = 0,
-           process_index: int = 0, process_count: int = 1,
+def ensure(data_config: specs.DataSpec, tokenizer: Tokenizer, split: str, *,
+           workers: int = 0, process_index: int = 0, process_count: int = 1,
            barrier: Optional[Callable[[str], None]] = None,
            all_true: Optional[Callable[[bool], bool]] = None,
            log: Callable = print) -> PreparedSplit:
@@ -273,7 +274,7 @@ def ensure(data_config: Any, tokenizer: Tokenizer, split: str, *, workers: int =
   return done or prepare(data_config, tokenizer, split, workers=workers, log=log)
 
 
-def prepare_splits(config: Any, splits: list, workers: Optional[int], workdir: Optional[str],
+def prepare_splits(config: specs.Spec, splits: list, workers: Optional[int], workdir: Optional[str],
                    process_id: Optional[int], num_processes: Optional[int],
                    verify: bool = False) -> Iterator[str]:
   """What `ao-mdm prepare` does: prepares each split (this host's share), yielding a line per

@@ -24,12 +24,13 @@ import concurrent.futures
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
 from ao_mdm.data import datasets
 from ao_mdm.data.tokenizer import Tokenizer
+from ao_mdm import specs
 from ao_mdm.storage import fs
 from ao_mdm.storage import paths
 
@@ -45,14 +46,14 @@ class NotPrepared(FileNotFoundError):
   """The split has no complete preparation (no manifest) yet."""
 
 
-def root_dir(data_config: Any) -> str:
+def root_dir(data_config: specs.DataSpec) -> str:
   """data.prepared_dir (local or gs://), or ao_mdm_prepared under the TFDS data dir."""
-  if data_config.get("prepared_dir"):
+  if data_config.prepared_dir:
     return paths.check(data_config.prepared_dir, "data.prepared_dir")
-  return fs.join(datasets.resolve_tfds_dir(data_config.get("tfds_dir", "")), "ao_mdm_prepared")
+  return fs.join(datasets.resolve_tfds_dir(data_config.tfds_dir), "ao_mdm_prepared")
 
 
-def split_dir(data_config: Any, tokenizer: Tokenizer, split: str) -> str:
+def split_dir(data_config: specs.DataSpec, tokenizer: Tokenizer, split: str) -> str:
   """Where a split prepared with this tokenizer lives."""
   return fs.join(root_dir(data_config), datasets.dataset_tag(data_config),
                  f"{tokenizer.name}-{tokenizer.sha256[:16]}", split)
@@ -82,7 +83,7 @@ def read_json(path: str) -> Optional[dict]:
                      "again") from None
 
 
-def make_plan(data_config: Any, tokenizer: Tokenizer, split: str,
+def make_plan(data_config: specs.DataSpec, tokenizer: Tokenizer, split: str,
               docs: Optional[datasets.Documents], shard_docs: int) -> dict:
   """What identifies a preparation: checked against the manifest before any read. Without the
   source documents (a host that reads a preparation it did not make), the source's own
@@ -226,7 +227,7 @@ class Blocks(Sequence):
     return self.split.read(0, n * self.block_size).astype(np.int32).reshape(n, self.block_size)
 
 
-def open_split(data_config: Any, tokenizer: Tokenizer, split: str,
+def open_split(data_config: specs.DataSpec, tokenizer: Tokenizer, split: str,
                docs: Optional[datasets.Documents] = None, log: Callable = print) -> PreparedSplit:
   """The verified preparation of a split; NotPrepared without a manifest.
 
@@ -242,7 +243,7 @@ def open_split(data_config: Any, tokenizer: Tokenizer, split: str,
     raise NotPrepared(f"{split!r} of dataset {data_config.dataset!r} is not prepared "
                       f"(no {path}); `ao-mdm prepare --config=...` prepares it")
   if docs is None and datasets.available(data_config):
-    docs = datasets.load_documents(data_config, split, data_config.get("tfds_dir", ""))
+    docs = datasets.load_documents(data_config, split, data_config.tfds_dir)
   check_identity(manifest, make_plan(data_config, tokenizer, split, docs, 0), path)
   verify(directory, manifest, log)
   return PreparedSplit(directory, manifest)

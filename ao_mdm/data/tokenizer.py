@@ -7,6 +7,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import sentencepiece as spm
 
+from ao_mdm import specs
 from ao_mdm.storage import fs
 
 TOKENIZERS = ("sentencepiece", "gpt2")
@@ -140,13 +141,13 @@ def check_vocab(tokenizer: Tokenizer, model_vocab_size: int) -> None:
         f"{model_vocab_size}; set model.vocab_size >= {tokenizer.vocab_size}")
 
 
-def _dataset_tag(data_config: Any) -> str:
+def _dataset_tag(data_config: specs.DataSpec) -> str:
   """A file-name-safe name for the dataset; a local text file is named by its content hash."""
   from ao_mdm.data import datasets  # pylint: disable=g-import-not-at-top
   return datasets.dataset_tag(data_config)
 
 
-def get_tokenizer(data_config: Any, vocab_size: int, cache_dir: str) -> Tokenizer:
+def get_tokenizer(data_config: specs.DataSpec, vocab_size: int, cache_dir: str) -> Tokenizer:
   """Loads the cached tokenizer for the dataset, training it on the train split if it is missing."""
   name = data_config.tokenizer
   if name not in TOKENIZERS:
@@ -161,12 +162,12 @@ def get_tokenizer(data_config: Any, vocab_size: int, cache_dir: str) -> Tokenize
   path = fs.join(cache_dir, "tokenizer", f"sp_{_dataset_tag(data_config)}_{vocab_size}.model")
   if not fs.isfile(path):
     from ao_mdm.data import datasets  # pylint: disable=g-import-not-at-top
-    tfds_dir = datasets.resolve_tfds_dir(data_config.get("tfds_dir", ""))
+    tfds_dir = datasets.resolve_tfds_dir(data_config.tfds_dir)
     train_sentencepiece(datasets.load_documents(data_config, "train", tfds_dir), vocab_size, path)
   return SentencePieceTokenizer(path)
 
 
-def run_tokenizer(config: Any, workdir: str) -> Tokenizer:
+def run_tokenizer(config: specs.Spec, workdir: str) -> Tokenizer:
   """The tokenizer of a training run (trained into workdir/tokenizer/ if it is SentencePiece and
   missing), checked against the model's vocab size."""
   if config.data.tokenizer == "sentencepiece" and not workdir:
@@ -177,7 +178,8 @@ def run_tokenizer(config: Any, workdir: str) -> Tokenizer:
   return tokenizer
 
 
-def load_saved_tokenizer(data_config: Any, vocab_size: int, checkpoint: str) -> Tokenizer:
+def load_saved_tokenizer(data_config: specs.DataSpec, vocab_size: int,
+                         checkpoint: str) -> Tokenizer:
   """The tokenizer saved with a training work dir or export; never trains one, never writes.
 
   A SentencePiece run keeps `<checkpoint>/tokenizer/sp_<dataset>_<V>.model`; GPT-2 uses the
@@ -204,6 +206,6 @@ def train_tokenizer(corpus: str, vocab_size: int, out: str) -> str:
   from ao_mdm.data import datasets  # pylint: disable=g-import-not-at-top
   data_config = datasets.data_config_for(corpus)
   path = fs.join(out, f"sp_{_dataset_tag(data_config)}_{vocab_size}.model")
-  tfds_dir = datasets.resolve_tfds_dir(data_config.get("tfds_dir", ""))
+  tfds_dir = datasets.resolve_tfds_dir(data_config.tfds_dir)
   train_sentencepiece(datasets.load_documents(data_config, "train", tfds_dir), vocab_size, path)
   return path

@@ -10,10 +10,11 @@ from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from ao_mdm import model as model_lib
+from ao_mdm import specs
+
 
 @dataclasses.dataclass
 class SampleOutput:
@@ -23,7 +24,7 @@ class SampleOutput:
   stats: Optional[dict] = None  # mode-specific counts (speculative: forwards, accepted per row)
 
 
-def with_dtype(params: Any, cfg: ml_collections.ConfigDict, dtype: str) -> tuple:
+def with_dtype(params: Any, cfg: specs.ModelSpec, dtype: str) -> tuple:
   """(params, cfg) to decode in `dtype`: float32 (the default, exact) or bfloat16, where the
   params and the K/V cache are bf16 (half the bytes each step reads) and the logits, softmax and
   draw stay float32. The training config's own compute dtype is not used for decoding."""
@@ -31,10 +32,7 @@ def with_dtype(params: Any, cfg: ml_collections.ConfigDict, dtype: str) -> tuple
     raise ValueError(f"dtype={dtype!r}; accepted: {', '.join(model_lib.DTYPES)}")
   target = model_lib.DTYPES[dtype]
   cast = lambda x: x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x
-  cfg = cfg.copy_and_resolve_references()
-  with cfg.unlocked():
-    cfg.dtype = dtype
-  return jax.tree.map(cast, params), cfg
+  return jax.tree.map(cast, params), cfg.replace(dtype=dtype)
 
 
 def first_argmax(x_NV: jax.Array) -> jax.Array:
@@ -71,29 +69,42 @@ def filter_logits(logits_NV: jax.Array, top_p: jax.Array, top_k: jax.Array,
 
 
 @dataclasses.dataclass(frozen=True)
+class DrawRule:
+  """The static part of a draw (part of a decoder's spec): whether to filter (top_p < 1 or
+  top_k > 0), by which top-p rule, and the ids >= vocab_limit (the padding rows of a padded
+  vocab) that are never drawn."""
+  use_filter: bool = False
+  top_p_rule: str = "authors"
+  vocab_limit: Optional[int] = None
+
+  @classmethod
+  def of(cls, top_p: float, top_k: int, top_p_rule: str = "authors",
+         vocab_limit: Optional[int] = None) -> "DrawRule":
+    return cls(top_p < 1 or top_k > 0, top_p_rule, vocab_limit)
+
+
+@dataclasses.dataclass(frozen=True)
 class Draw:
-  """How a token is drawn from logits: temperature (0: greedy), top-p and top-k filtering by
-  `rule`, and ids >= vocab_limit (the padding rows of a padded vocab) never drawn."""
+  """How a token is drawn from logits: temperature (0: greedy), top-p and top-k (traced
+  values), and the static `rule`."""
   temperature: Any
   top_p: Any
   top_k: Any
-  use_filter: bool = False  # static: whether top_p < 1 or top_k > 0
-  rule: str = "authors"
-  vocab_limit: Optional[int] = None
+  rule: DrawRule = DrawRule()
 
   def scaled(self, logits_NV: jax.Array) -> jax.Array:
     """float32 logits / temperature, filtered: the draw is from their softmax."""
     logits_NV = self.limited(logits_NV)
     scaled = logits_NV / jnp.maximum(self.temperature, 1e-6)
-    if self.use_filter:
-      scaled = filter_logits(scaled, self.top_p, self.top_k, self.rule)
+    if self.rule.use_filter:
+      scaled = filter_logits(scaled, self.top_p, self.top_k, self.rule.top_p_rule)
     return scaled
 
   def limited(self, logits_NV: jax.Array) -> jax.Array:
     logits_NV = logits_NV.astype(jnp.float32)
-    v = logits_NV.shape[-1]
-    if self.vocab_limit is not None and self.vocab_limit < v:
-      logits_NV = jnp.where(jnp.arange(v) < self.vocab_limit, logits_NV, -jnp.inf)
+    v, limit = logits_NV.shape[-1], self.rule.vocab_limit
+    if limit is not None and limit < v:
+      logits_NV = jnp.where(jnp.arange(v) < limit, logits_NV, -jnp.inf)
     return logits_NV
 
   def probs(self, logits_NV: jax.Array) -> jax.Array:
@@ -167,7 +178,7 @@ def write_cache(cache: dict, kv: dict, slots: jax.Array) -> dict:
   return out
 
 
-def prefilled_cache(apply: Callable, cfg: ml_collections.ConfigDict, tokens_BT: jax.Array,
+def prefilled_cache(apply: Callable, cfg: specs.ModelSpec, tokens_BT: jax.Array,
                     order_BT: jax.Array, known: int) -> dict:
   """The empty K/V cache (k [L, B, H, K, T], v [L, B, H, T, K]) with slots 0..known-1 (the
   known tokens) written; `apply` is stack_fn(model, params)."""
@@ -225,7 +236,7 @@ def known_arrays(t: int, batch: int, positions: Any = (), token_ids: Any = ()) -
   return tokens, mask
 
 
-def known_inputs(cfg: ml_collections.ConfigDict, batch: int, positions: Any, token_ids: Any,
+def known_inputs(cfg: specs.ModelSpec, batch: int, positions: Any, token_ids: Any,
                  vocab_limit: Optional[int]) -> tuple:
   """known_arrays for a model config, refusing ids outside its vocab or at/above vocab_limit."""
   tokens, mask = known_arrays(cfg.block_size, batch, positions, token_ids)

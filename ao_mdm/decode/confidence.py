@@ -7,19 +7,19 @@ last known slot's input) and commits the n_i - n_{i-1} whose predictions are mos
 its target, and the target of the last committed slot is only chosen at the next step, so the
 committed slots enter the cache one step late: step i's real slots are those of step i - 1.
 """
+import dataclasses
 import functools
-import json
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from ao_mdm import model as model_lib
 from ao_mdm.decode import common
 from ao_mdm.decode import options
 from ao_mdm.decode import parallel
+from ao_mdm import model as model_lib
+from ao_mdm import specs
 
 QUERY_BUCKETS = 4  # decode loops, each with a query width for the unknown positions it can have
 
@@ -32,11 +32,28 @@ def confidence_score(logits_NV: jax.Array, score: str) -> jax.Array:
   return jnp.sum(jnp.exp(logp) * logp, axis=-1)  # minus the entropy
 
 
+@dataclasses.dataclass(frozen=True)
+class DecoderSpec:
+  """What one jitted confidence-ordered loop is made for (hashable: the key of its cache)."""
+  model: specs.ModelSpec
+  counts: tuple  # known positions after each step, n_0 .. n_S
+  score: str  # options.SCORES
+  draw: common.DrawRule = common.DrawRule()
+
+
+class Carry(NamedTuple):
+  """The loop's state between steps: the order grows as positions are committed."""
+  tokens_BT: jax.Array
+  known_BT: jax.Array
+  order_BT: jax.Array
+  cache: dict
+
+
 @functools.lru_cache(maxsize=16)
-def decoder(cfg_json: str, counts: tuple, score: str, use_filter: bool, top_p_rule: str,
-             vocab_limit: Optional[int]):
-  """The jitted confidence-ordered loop for one (model, schedule)."""
-  cfg = ml_collections.ConfigDict(json.loads(cfg_json))
+def decoder(spec: DecoderSpec):
+  """The jitted confidence-ordered loop of a spec: run(params, tokens, known, key, temperature,
+  top_p, top_k) -> (tokens, order)."""
+  cfg, counts = spec.model, spec.counts
   model = model_lib.make_model(cfg, decode=True)
   t = cfg.block_size
   known = counts[0]
@@ -51,11 +68,11 @@ def decoder(cfg_json: str, counts: tuple, score: str, use_filter: bool, top_p_ru
     b = tokens_BT.shape[0]
     order_BT = common.make_orders(key, known_BT, "l2r")  # known first; the rest is chosen below
     apply = common.stack_fn(model, params)
-    draw = common.Draw(temperature, top_p, top_k, use_filter, top_p_rule, vocab_limit)
+    draw = common.Draw(temperature, top_p, top_k, spec.draw)
     cache = common.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
     rows_B1 = jnp.arange(b)[:, None]
 
-    def step(i, carry, u_width):
+    def step(i, carry: Carry, u_width: int) -> Carry:
       tokens_BT, known_BT, order_BT, cache = carry
       n, c, m = counts_j[i], prev_j[i], counts_j[i + 1] - counts_j[i]
       w = r_width + u_width
@@ -79,8 +96,8 @@ def decoder(cfg_json: str, counts: tuple, score: str, use_filter: bool, top_p_ru
       cache = common.write_cache(cache, kv, jnp.where(real_R < n, real_R, t))
       q_cond = (cond[0], cond[1][:, r_width:])
       logits_BUV = model.apply({"params": params}, hidden[:, r_width:], q_cond, method="logits")
-      conf_BU = jnp.where(jnp.arange(u_width)[None, :] < t - n, confidence_score(logits_BUV, score),
-                          -jnp.inf)
+      conf_BU = jnp.where(jnp.arange(u_width)[None, :] < t - n,
+                          confidence_score(logits_BUV, spec.score), -jnp.inf)
       rank_BA = jnp.argsort(-conf_BU, axis=1, stable=True)[:, :m_width]  # ties: lower position
       picked = draw.tokens(jax.random.fold_in(key, i), jnp.take_along_axis(
           logits_BUV, rank_BA[..., None], axis=1).reshape(b * m_width, -1)).reshape(b, m_width)
@@ -90,17 +107,17 @@ def decoder(cfg_json: str, counts: tuple, score: str, use_filter: bool, top_p_ru
       known_BT = known_BT.at[rows_B1, pos_BA].set(True, mode="drop")
       slot_BA = jnp.where(live, n + jnp.arange(m_width)[None, :], t)
       order_BT = order_BT.at[rows_B1, slot_BA].set(pos_BA, mode="drop")
-      return tokens_BT, known_BT, order_BT, cache
+      return Carry(tokens_BT, known_BT, order_BT, cache)
 
-    carry = (jnp.where(known_BT, tokens_BT, 0), known_BT, order_BT, cache)
+    carry = Carry(jnp.where(known_BT, tokens_BT, 0), known_BT, order_BT, cache)
     for first, end, u_width in segments:
       carry = jax.lax.fori_loop(first, end, functools.partial(step, u_width=u_width), carry)
-    return carry[0], carry[2]
+    return carry.tokens_BT, carry.order_BT
 
   return jax.jit(run)
 
 
-def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, steps: int,
+def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, steps: int,
            schedule: str = "linear", score: str = "max_prob", temperature: float = 1.0,
            top_p: float = 1.0, top_k: int = 0, seed: int = 0, known_positions: Any = (),
            known_tokens: Any = (), top_p_rule: str = "authors",
@@ -110,15 +127,15 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
 
   The output's `order` is the order the positions were committed in (known ones first).
   """
-  options.sampling_options(steps, temperature, top_p, top_k, "l2r", top_p_rule, schedule)
-  options.one_of("score", score, options.SCORES)
+  options.check_sampling(steps, temperature, top_p, top_k, "l2r", top_p_rule, schedule)
+  options.check_choice("score", score, options.SCORES)
   t = cfg.block_size
   params, cfg = common.with_dtype(params, cfg, dtype)
   tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens,
                                        vocab_limit)
   counts = parallel.schedule_counts(t, int(mask[0].sum()), int(steps), schedule)
-  decode = decoder(cfg.to_json(), tuple(int(n) for n in counts), score,
-                    top_p < 1 or top_k > 0, top_p_rule, vocab_limit)
+  decode = decoder(DecoderSpec(cfg, tuple(int(n) for n in counts), score,
+                               common.DrawRule.of(top_p, top_k, top_p_rule, vocab_limit)))
   out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
   tokens_BT, order_BT = jax.device_get(out)

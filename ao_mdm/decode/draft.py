@@ -16,12 +16,12 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from ao_mdm import model as model_lib
 from ao_mdm.checkpoint import checkpoints
+from ao_mdm import model as model_lib
+from ao_mdm import specs
 from ao_mdm.storage import fs
 
 
@@ -29,7 +29,7 @@ class DraftHead(nn.Module):
   """(f_BWD, x_BWD, cond) -> the next hidden state: f the hidden state of the slot that
   predicted the token just sampled, x the base's slot-input embedding of that token, cond the
   base's conditioning for the next target (None for sigma-GPT, whose x holds the target)."""
-  cfg: Any  # the base model's config
+  cfg: specs.ModelSpec  # the base model's
 
   @nn.compact
   def __call__(self, f_BWD, x_BWD, cond):
@@ -48,8 +48,8 @@ class DraftHead(nn.Module):
     return u_BWD + gate * y
 
 
-def init_head(cfg: ml_collections.ConfigDict, key: jax.Array) -> Any:
-  """Initial (unboxed) params of a head for the base model config `cfg`."""
+def init_head(cfg: specs.ModelSpec, key: jax.Array) -> Any:
+  """Initial (unboxed) params of a head for the base model `cfg`."""
   t, d = cfg.block_size, cfg.n_embd
   cond = (jnp.zeros((t, cfg.cond_dim)), jnp.zeros((1, t), jnp.int32)) \
       if cfg.variant == "ao" else None
@@ -72,22 +72,22 @@ def fingerprint(params: Any) -> str:
   return hashlib.sha256(data).hexdigest()[:16]
 
 
-BASE_KEYS = ("variant", "vocab_size", "block_size", "n_embd", "cond_dim")  # what a head reads
+# The base model's shape keys that a head's params depend on: all but its depth and heads.
+BASE_KEYS = tuple(k for k in specs.ModelSpec.SHAPE if k not in ("n_layer", "n_head"))
 
 
-def save(workdir: str, cfg: ml_collections.ConfigDict, head_params: Any, settings: Any,
+def save(workdir: str, cfg: specs.ModelSpec, head_params: Any, settings: Any,
          figures: dict, base_checkpoint: str, base_weights: str, params: Any) -> str:
   """Writes a head (an export-style Orbax checkpoint, under a temporary name and renamed) with
   what `load` checks: the base model's shape and a fingerprint of the base params it fit."""
-  saved = ml_collections.ConfigDict({
-      "model": cfg.to_dict(),
-      "draft_head": {"settings": dataclasses.asdict(settings), "validation_overlap": figures,
-                     "base_checkpoint": fs.absolute(base_checkpoint), "base_weights": base_weights,
-                     "base_fingerprint": fingerprint(params)}})
+  saved = {"model": dataclasses.asdict(cfg),
+           "draft_head": {"settings": dataclasses.asdict(settings), "validation_overlap": figures,
+                          "base_checkpoint": fs.absolute(base_checkpoint),
+                          "base_weights": base_weights, "base_fingerprint": fingerprint(params)}}
   return checkpoints.write_params_export(workdir, saved, head_params)
 
 
-def load(path: str, cfg: ml_collections.ConfigDict, params: Any,
+def load(path: str, cfg: specs.ModelSpec, params: Any,
          log: Callable[[str], None] = print) -> Any:
   """The params of the head saved at `path` for the base model `cfg`;
   refused if it was made for another shape, a note if for other base params (saved by `save`)."""
@@ -97,8 +97,8 @@ def load(path: str, cfg: ml_collections.ConfigDict, params: Any,
   if "draft_head" not in saved:
     raise ValueError(f"--draft_head {path!r} is not a draft head (`ao-mdm train-draft "
                      "--checkpoint=RUN --workdir=DIR` makes one)")
-  diffs = [f"{k} {saved['model'].get(k)} vs {cfg[k]}" for k in BASE_KEYS
-           if saved["model"].get(k) != cfg[k]]
+  diffs = [f"{k} {saved['model'].get(k)} vs {getattr(cfg, k)}" for k in BASE_KEYS
+           if saved["model"].get(k) != getattr(cfg, k)]
   if diffs:
     raise ValueError(f"--draft_head {path!r} was trained for another model shape ("
                      + "; ".join(diffs) + ")")

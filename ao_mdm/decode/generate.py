@@ -3,7 +3,6 @@ writes; docs/sampling.md)."""
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
-import ml_collections
 import numpy as np
 
 from ao_mdm.decode import common
@@ -12,8 +11,9 @@ from ao_mdm.decode import options as options_lib
 from ao_mdm.decode import parallel
 from ao_mdm.decode import speculative
 from ao_mdm.decode import text
+from ao_mdm import specs
 
-def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
+def sample_texts(params: Any, cfg: specs.ModelSpec, tokenizer: Any, *,
                  num_samples: int, batch_size: int, prompt: str = "", infill: str = "",
                  infill_span: int = 8, seed: int = 0, progress: Optional[Callable] = None,
                  mode: str = "parallel", **options) -> Iterator[dict]:
@@ -28,8 +28,8 @@ def sample_texts(params: Any, cfg: ml_collections.ConfigDict, tokenizer: Any, *,
 
   Batch i uses seed + i * batch_size; ids beyond the tokenizer's vocab are never drawn.
   """
-  options_lib.sample_counts(num_samples, batch_size)
-  options_lib.one_of("mode", mode, options_lib.MODES)
+  options_lib.check_counts(num_samples, batch_size)
+  options_lib.check_choice("mode", mode, options_lib.MODES)
   sampler = {"parallel": parallel.sample, "speculative": speculative.sample,
              "confidence": confidence.sample}[mode]
   unknown = set(options) - options_lib.MODE_OPTION_NAMES

@@ -19,12 +19,12 @@ DEFAULT_STEPS = 64  # decoding steps when none are given (or the unknown positio
 DRAFT_TRAINING = {"steps": 600, "batch_size": 32}  # `ao-mdm train-draft`'s defaults
 
 
-def sampling_options(steps, temperature: float, top_p: float, top_k: int, order: str,
+def check_sampling(steps, temperature: float, top_p: float, top_k: int, order: str,
                      top_p_rule: str = "authors", schedule: str = "linear") -> None:
   """One clear ValueError per bad sampling option (steps=None: the default count)."""
   if steps is not None and int(steps) < 1:
     raise ValueError(f"steps={steps} must be >= 1")
-  one_of("schedule", schedule, SCHEDULES)
+  check_choice("schedule", schedule, SCHEDULES)
   if not temperature >= 0:
     raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
   if not 0 < top_p <= 1:
@@ -32,16 +32,16 @@ def sampling_options(steps, temperature: float, top_p: float, top_k: int, order:
   if int(top_k) < 0:
     raise ValueError(f"top_k={top_k} must be >= 0 (0 is off)")
   if order is not None:
-    one_of("order", order, ORDERS)
-  one_of("top_p_rule", top_p_rule, TOP_P_RULES)
+    check_choice("order", order, ORDERS)
+  check_choice("top_p_rule", top_p_rule, TOP_P_RULES)
 
 
-def sample_counts(num_samples: int, batch_size: int) -> None:
+def check_counts(num_samples: int, batch_size: int) -> None:
   if num_samples < 1 or batch_size < 1:
     raise ValueError(f"--num_samples={num_samples} and --batch_size={batch_size} must be >= 1")
 
 
-def one_of(name: str, value: str, choices: tuple) -> None:
-  """Refuses an option's value outside its choices (e.g. one_of("mode", mode, MODES))."""
+def check_choice(name: str, value: str, choices: tuple) -> None:
+  """Refuses an option's value outside its choices (e.g. check_choice("mode", mode, MODES))."""
   if value not in choices:
     raise ValueError(f"{name}={value!r}; accepted: {', '.join(choices)}")

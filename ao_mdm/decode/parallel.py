@@ -7,17 +7,16 @@ target. Each query sees the cached slots, the earlier real slots of the chunk, a
 """
 import dataclasses
 import functools
-import json
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from ao_mdm import model as model_lib
 from ao_mdm.decode import common
 from ao_mdm.decode import options
+from ao_mdm import model as model_lib
+from ao_mdm import specs
 
 CACHE_BUCKETS = 4  # decode loops, each reading only the cache prefix its steps can see
 
@@ -30,7 +29,7 @@ def schedule_counts(t: int, known: int, steps: int, schedule: str) -> np.ndarray
   n_i = max(P + int((T - P) * (1 - time_i)), n_{i-1} + 1), every operation in float32 and int()
   truncating; T is our block_size where they write 1024. With P = 0 this is their `generate`.
   """
-  options.one_of("schedule", schedule, options.SCHEDULES)
+  options.check_choice("schedule", schedule, options.SCHEDULES)
   if not 0 <= known < t:
     raise ValueError(f"{known} known tokens leave nothing to generate in T={t} positions")
   if not 1 <= steps <= t - known:
@@ -93,11 +92,29 @@ def _chunk_masks(plan: Plan, n: jax.Array, c: jax.Array, cache_len: int) -> dict
           "cache": jnp.broadcast_to(jnp.arange(cache_len)[None, :] < c, (w, cache_len))}
 
 
+@dataclasses.dataclass(frozen=True)
+class DecoderSpec:
+  """What one jitted decode loop is made for (hashable: the key of its cache)."""
+  model: specs.ModelSpec
+  plan: Plan
+  order: str  # of the unknown positions: "random" or "l2r"
+  draw: common.DrawRule = common.DrawRule()
+  use_cache: bool = True  # False: every real slot recomputed at every step
+  return_logits: bool = False
+
+
+class Carry(NamedTuple):
+  """The decode loop's state between steps."""
+  tokens_BT: jax.Array
+  cache: Optional[dict]
+  logits_BTV: Optional[jax.Array]
+
+
 @functools.lru_cache(maxsize=32)
-def decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_cache: bool,
-             return_logits: bool, top_p_rule: str = "authors", vocab_limit: Optional[int] = None):
-  """The jitted decode loop for one (model, plan): compiled once per batch shape."""
-  cfg = ml_collections.ConfigDict(json.loads(cfg_json))
+def decoder(spec: DecoderSpec):
+  """The jitted decode loop of a spec: run(params, tokens, known, key, temperature, top_p,
+  top_k) -> (tokens, order, logits); compiled once per batch shape."""
+  cfg, plan = spec.model, spec.plan
   model = model_lib.make_model(cfg, decode=True)
   t, v = cfg.block_size, cfg.vocab_size
   counts = jnp.asarray(plan.counts, jnp.int32)
@@ -108,12 +125,13 @@ def decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_ca
   def run(params, tokens_BT, known_BT, key, temperature, top_p, top_k):
     b = tokens_BT.shape[0]
     k_order, k_steps = jax.random.split(key)
-    draw = common.Draw(temperature, top_p, top_k, use_filter, top_p_rule, vocab_limit)
-    order_BT = common.make_orders(k_order, known_BT, order_mode)
+    draw = common.Draw(temperature, top_p, top_k, spec.draw)
+    order_BT = common.make_orders(k_order, known_BT, spec.order)
     apply = common.stack_fn(model, params)
-    cache = common.prefilled_cache(apply, cfg, tokens_BT, order_BT, known) if use_cache else None
+    cache = (common.prefilled_cache(apply, cfg, tokens_BT, order_BT, known) if spec.use_cache
+             else None)
 
-    def step(i, carry, cache_len):
+    def step(i, carry: Carry, cache_len: int) -> Carry:
       tokens_BT, cache, logits_BTV = carry
       n, n_next, c = counts[i], counts[i + 1], starts[i]
       real_R = c + jnp.arange(w_r)
@@ -123,11 +141,11 @@ def decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_ca
                                                 jnp.broadcast_to(slots_W, (b, w_r + w_p)))
       target_pos = jnp.take(order_BT, targets_W, axis=1)
       masks = _chunk_masks(plan, n, c, cache_len)
-      if use_cache:
+      if spec.use_cache:
         hidden, cond, kv = apply(prev_tok, prev_pos, target_pos, cache, masks)  # reads cache_len
       else:
         hidden, cond, kv = apply(prev_tok, prev_pos, target_pos, None, {"new": masks["new"]})
-      if use_cache:  # the real slots' K/V join the cache; padding rows are dropped
+      if spec.use_cache:  # the real slots' K/V join the cache; padding rows are dropped
         cache = common.write_cache(cache, kv, jnp.where(real_R <= n, real_R, t))
       rows_Q = jnp.concatenate([(n - c)[None], w_r + jnp.arange(w_p)])  # slot n, then phantoms
       h_BQD = jnp.take(hidden, rows_Q, axis=1)
@@ -140,17 +158,15 @@ def decoder(cfg_json: str, plan: Plan, order_mode: str, use_filter: bool, use_ca
       pos_BQ = jnp.where(q_slots < n_next, pos_BQ, t)  # padding queries write nothing
       rows_B1 = jnp.arange(b)[:, None]
       tokens_BT = tokens_BT.at[rows_B1, pos_BQ].set(picked_BQ, mode="drop")
-      if return_logits:
+      if spec.return_logits:
         logits_BTV = logits_BTV.at[rows_B1, pos_BQ].set(logits_BQV, mode="drop")
-      return tokens_BT, cache, logits_BTV
+      return Carry(tokens_BT, cache, logits_BTV)
 
-    tokens_BT = jnp.where(known_BT, tokens_BT, 0)
-    logits_BTV = jnp.zeros((b, t, v), jnp.float32) if return_logits else None
-    carry = (tokens_BT, cache, logits_BTV)
+    logits_BTV = jnp.zeros((b, t, v), jnp.float32) if spec.return_logits else None
+    carry = Carry(jnp.where(known_BT, tokens_BT, 0), cache, logits_BTV)
     for first, end, cache_len in plan.segments:
       carry = jax.lax.fori_loop(first, end, functools.partial(step, cache_len=cache_len), carry)
-    tokens_BT, _, logits_BTV = carry
-    return tokens_BT, order_BT, logits_BTV
+    return carry.tokens_BT, order_BT, carry.logits_BTV
 
   return jax.jit(run)
 
@@ -164,7 +180,7 @@ def default_order(order: Optional[str], num_known: int) -> str:
   return order
 
 
-def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, steps: int,
+def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, steps: int,
            schedule: str = "linear", temperature: float = 1.0, top_p: float = 1.0,
            top_k: int = 0, seed: int = 0, known_positions: Any = (), known_tokens: Any = (),
            order: Optional[str] = None, use_cache: bool = True, return_logits: bool = False,
@@ -178,14 +194,15 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, step
   use_cache=False recomputes every real slot at every step (the encoder-only cost model).
   vocab_limit: the tokenizer's vocab size when the model's is padded; larger ids are never drawn.
   """
-  options.sampling_options(steps, temperature, top_p, top_k, order, top_p_rule, schedule)
+  options.check_sampling(steps, temperature, top_p, top_k, order, top_p_rule, schedule)
   t = cfg.block_size
   params, cfg = common.with_dtype(params, cfg, dtype)
   tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
   order = default_order(order, int(mask[0].sum()))
   plan = Plan.make(schedule_counts(t, int(mask[0].sum()), int(steps), schedule), use_cache)
-  decode = decoder(cfg.to_json(), plan, order, top_p < 1 or top_k > 0, use_cache, return_logits,
-                    top_p_rule, vocab_limit)
+  decode = decoder(DecoderSpec(cfg, plan, order,
+                               common.DrawRule.of(top_p, top_k, top_p_rule, vocab_limit),
+                               use_cache, return_logits))
   out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
   tokens_BT, order_BT, logits_BTV = jax.device_get(out)

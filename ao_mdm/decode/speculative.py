@@ -17,19 +17,19 @@ the output is distributed exactly as ancestral sampling in that order with the s
 and top-p. One forward per iteration; rows keep their own counts; the loop ends when every row
 is done.
 """
+import dataclasses
 import functools
-import json
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from ao_mdm import model as model_lib
 from ao_mdm.decode import common
 from ao_mdm.decode import draft as draft_lib
 from ao_mdm.decode import options
+from ao_mdm import model as model_lib
+from ao_mdm import specs
 
 
 def _layout(k: int, phantoms: bool = True) -> dict:
@@ -49,18 +49,35 @@ def _layout(k: int, phantoms: bool = True) -> dict:
   return {"base": base, "ahead": ahead, "new": new}
 
 
-@functools.lru_cache(maxsize=16)
-def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str,
-             vocab_limit: Optional[int], verify: bool = True, order_mode: str = "l2r",
-             head: bool = False):
-  """The jitted speculative loop for one (model, k, prompt length, order mode, draft source):
-  run(params, head_params, tokens, known, key, temperature, top_p, top_k).
+@dataclasses.dataclass(frozen=True)
+class DecoderSpec:
+  """What one jitted speculative loop is made for (hashable: the key of its cache)."""
+  model: specs.ModelSpec
+  k: int  # tokens drafted per forward
+  known: int  # known positions (a prompt or infill context), first in the order
+  draw: common.DrawRule = common.DrawRule()
+  order: str = "l2r"  # of the unknown positions: "l2r" or "random"
+  head: bool = False  # drafts from a learned head (decode/draft.py), else from phantoms
+  verify: bool = True  # False accepts every draft: a wrong rule, for the exactness test
 
-  head=True drafts with a learned head (decode/draft.py; head_params), else with phantoms
-  (head_params None). verify=False accepts every draft (a wrong rule, for the exactness test
-  to reject).
-  """
-  cfg = ml_collections.ConfigDict(json.loads(cfg_json))
+
+class Loop(NamedTuple):
+  """The speculative loop's state between iterations (per row: n_B known slots so far)."""
+  tokens_BT: jax.Array
+  cache: dict
+  n_B: jax.Array
+  drafts_BG: jax.Array  # the k drafts of order slots n+1..n+k
+  q_BGV: jax.Array  # their proposals
+  it: jax.Array
+  stats: dict
+
+
+@functools.lru_cache(maxsize=16)
+def decoder(spec: DecoderSpec):
+  """The jitted speculative loop of a spec: run(params, head_params, tokens, known, key,
+  temperature, top_p, top_k) -> (tokens, order, stats, iterations); head_params is None unless
+  spec.head."""
+  cfg, k, known, head = spec.model, spec.k, spec.known, spec.head
   model = model_lib.make_model(cfg, decode=True)
   t = cfg.block_size
   lay = _layout(k, phantoms=not head)
@@ -90,16 +107,16 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
   def run(params, head_params, tokens_BT, known_BT, key, temperature, top_p, top_k):
     b = tokens_BT.shape[0]
     k_order = key
-    if order_mode == "random":  # an L2R order needs no key (and keeps its draws)
+    if spec.order == "random":  # an L2R order needs no key (and keeps its draws)
       k_order, key = jax.random.split(key)
-    order_BT = common.make_orders(k_order, known_BT, order_mode)
+    order_BT = common.make_orders(k_order, known_BT, spec.order)
     apply = common.stack_fn(model, params)
-    probs = common.Draw(temperature, top_p, top_k, use_filter, top_p_rule, vocab_limit).probs
+    probs = common.Draw(temperature, top_p, top_k, spec.draw).probs
     cache = common.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
     rows_B1 = jnp.arange(b)[:, None]
     k_loop, k_first = jax.random.split(key)
 
-    def body(carry):
+    def body(carry: Loop) -> Loop:
       tokens_BT, cache, n_B, drafts_BG, q_BGV, it, stats = carry
       m_B = jnp.clip(t - n_B, 0, k)  # drafts that fall inside the sequence
       # Every uniform of the iteration in one call: k to accept, 1 for the new token, the rest
@@ -122,7 +139,7 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
       p_d = jnp.take_along_axis(p_BRV[:, :k], drafts_BG[..., None], axis=2)[..., 0]
       q_d = jnp.take_along_axis(q_BGV, drafts_BG[..., None], axis=2)[..., 0]
       greedy_ok = drafts_BG == common.first_argmax(p_BRV[:, :k])
-      ok_BG = jnp.where(temperature > 0, u_BG * q_d < p_d, greedy_ok) | (not verify)
+      ok_BG = jnp.where(temperature > 0, u_BG * q_d < p_d, greedy_ok) | (not spec.verify)
       ok_BG &= jnp.arange(k)[None, :] < m_B[:, None]
       a_B = jnp.sum(jnp.cumprod(ok_BG.astype(jnp.int32), axis=1), axis=1)
       # P(first draft accepted) = sum_x min(p, q): the drafts' quality, without sampling noise.
@@ -167,26 +184,26 @@ def decoder(cfg_json: str, k: int, known: int, use_filter: bool, top_p_rule: str
                "first_drafts": stats["first_drafts"] + first,
                "first_accepted": stats["first_accepted"] + (first & (a_B > 0)),
                "first_overlap": stats["first_overlap"] + jnp.where(first, overlap_B, 0.0)}
-      return tokens_BT, cache, n_next, drafts_next, q_next, it + 1, stats
+      return Loop(tokens_BT, cache, n_next, drafts_next, q_next, it + 1, stats)
 
     tokens_BT = jnp.where(known_BT, tokens_BT, 0)
     zeros_B = jnp.zeros((b,), jnp.int32)
     # First drafts: uniform over the allowed ids (a poor but exact proposal).
-    limit = cfg.vocab_size if vocab_limit is None else vocab_limit
+    limit = cfg.vocab_size if spec.draw.vocab_limit is None else spec.draw.vocab_limit
     drafts_BG = jax.random.randint(k_first, (b, k), 0, limit)
     q_BGV = jnp.broadcast_to(jnp.where(jnp.arange(cfg.vocab_size) < limit, 1.0 / limit, 0.0),
                              (b, k, cfg.vocab_size))
-    carry = (tokens_BT, cache, jnp.full((b,), known, jnp.int32), drafts_BG, q_BGV, jnp.int32(0),
-             {"forwards": zeros_B, "accepted": zeros_B, "first_drafts": zeros_B,
-              "first_accepted": zeros_B, "first_overlap": jnp.zeros((b,), jnp.float32)})
-    carry = jax.lax.while_loop(lambda c: jnp.any(c[2] < t), body, carry)
-    tokens_BT, stats, iterations = carry[0], carry[6], carry[5]
-    return tokens_BT, order_BT, stats, iterations
+    carry = Loop(tokens_BT, cache, jnp.full((b,), known, jnp.int32), drafts_BG, q_BGV,
+                 jnp.int32(0), {"forwards": zeros_B, "accepted": zeros_B, "first_drafts": zeros_B,
+                                "first_accepted": zeros_B,
+                                "first_overlap": jnp.zeros((b,), jnp.float32)})
+    carry = jax.lax.while_loop(lambda c: jnp.any(c.n_B < t), body, carry)
+    return carry.tokens_BT, order_BT, carry.stats, carry.it
 
   return jax.jit(run)
 
 
-def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, draft: int = 4,
+def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, draft: int = 4,
            temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
            known_positions: Any = (), known_tokens: Any = (), order: Optional[str] = None,
            top_p_rule: str = "authors", vocab_limit: Optional[int] = None,
@@ -202,7 +219,7 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, draf
   acceptance probabilities sum_x min(p, q).
   """
   order = order or "l2r"
-  options.sampling_options(1, temperature, top_p, top_k, order, top_p_rule)
+  options.check_sampling(1, temperature, top_p, top_k, order, top_p_rule)
   t = cfg.block_size
   params, cfg = common.with_dtype(params, cfg, dtype)
   if draft_head is not None:
@@ -211,8 +228,9 @@ def sample(params: Any, cfg: ml_collections.ConfigDict, *, batch_size: int, draf
     raise ValueError(f"draft={draft} must be in [1, {t - 1}] (T - 1)")
   tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens,
                                        vocab_limit)
-  decode = decoder(cfg.to_json(), int(draft), int(mask[0].sum()), top_p < 1 or top_k > 0,
-                    top_p_rule, vocab_limit, True, order, draft_head is not None)
+  decode = decoder(DecoderSpec(cfg, int(draft), int(mask[0].sum()),
+                               common.DrawRule.of(top_p, top_k, top_p_rule, vocab_limit), order,
+                               draft_head is not None))
   out = decode(params, draft_head, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
   tokens_BT, order_BT, stats, iterations = jax.device_get(out)

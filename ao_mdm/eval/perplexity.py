@@ -9,9 +9,9 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import numpy as np
 
-from ao_mdm import orders as orders_lib
 from ao_mdm.decode import common
 from ao_mdm.eval import scoring
+from ao_mdm import orders as orders_lib
 from ao_mdm.storage import fs
 
 ENSEMBLE_BUCKETS = 8  # slot-count buckets for the truncated ensemble forwards

@@ -1,15 +1,15 @@
 """The scorer: jitted per-slot NLLs of a model placed on a mesh, what every perplexity and the
 validation during training are computed from."""
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax
-import ml_collections
 import numpy as np
 
 from ao_mdm import model as model_lib
 from ao_mdm import sharding
+from ao_mdm import specs
 
 
 class Scorer:
@@ -19,11 +19,11 @@ class Scorer:
   (float32 by default, as the authors evaluate, whatever the model trains in).
   """
 
-  def __init__(self, params: Any, cfg: ml_collections.ConfigDict, mesh_cfg=None,
-               dtype: str = "float32"):
-    self.cfg = ml_collections.ConfigDict({**cfg.to_dict(), "dtype": dtype})
+  def __init__(self, params: Any, cfg: specs.ModelSpec,
+               mesh_spec: Optional[specs.MeshSpec] = None, dtype: str = "float32"):
+    self.cfg = cfg.replace(dtype=dtype)
     self.model = model_lib.make_model(self.cfg)
-    self.mesh, self.rules, self._param_shardings = sharding.placement(cfg, mesh_cfg)
+    self.mesh, self.rules, self._param_shardings = sharding.placement(cfg, mesh_spec)
     self.dp = sharding.data_parallel_size(self.mesh, self.rules)
     self.set_params(params)
 

@@ -5,18 +5,18 @@ import math
 import time
 from typing import Any, Callable, Optional, Sequence
 
-import ml_collections
 import numpy as np
 
 from ao_mdm.eval import perplexity
 from ao_mdm.eval import scoring
+from ao_mdm import specs
 from ao_mdm.storage import paths
 
 
 PROTOCOLS = ("paper", "custom")
 
 
-def eval_sets(data_cfg: ml_collections.ConfigDict, tokenizer: Any, block_size: int, *,
+def eval_sets(data_cfg: specs.DataSpec, tokenizer: Any, block_size: int, *,
               names: Sequence[str] = (), text_file: Optional[str] = None,
               lambada_file: Optional[str] = None, protocol: str = "paper",
               split: str = "validation", max_blocks: Optional[int] = None) -> dict:
@@ -35,13 +35,12 @@ def eval_sets(data_cfg: ml_collections.ConfigDict, tokenizer: Any, block_size: i
                                               text_file)}
   sets = {}
   for name in names:
-    cfg = data_cfg.copy_and_resolve_references()
-    cfg.dataset = name
+    cfg = data_cfg.replace(dataset=name)
     if name == "lambada":
       if not lambada_file:
         raise ValueError("--datasets=lambada needs --lambada_file=lambada_test.jsonl (OpenAI's "
                          "LAMBADA test file, one JSON object with a 'text' field per line)")
-      cfg.text_file = lambada_file
+      cfg = cfg.replace(text_file=lambada_file)
     paper_protocol = protocol == "paper"
     prepared_split = prepare.ensure(cfg, tokenizer,
                                      paper.eval_split(name) if paper_protocol else split)
@@ -68,7 +67,8 @@ def evaluate_sets(scorer: scoring.Scorer, sets: dict, *, protocol: str = "paper"
       n_orders, ao_blocks = 1, paper.eval_any_order_blocks(name)
     else:
       n_orders, ao_blocks = orders, None
-    update = progress(name, perplexity.evaluation_units(len(blocks), ao_blocks)) if progress else None
+    units = perplexity.evaluation_units(len(blocks), ao_blocks)
+    update = progress(name, units) if progress else None
     start = time.perf_counter()
     r = perplexity.evaluate_blocks(scorer, blocks, orders=n_orders, any_order_blocks=ao_blocks,
                         ensemble=ensemble, batch_size=batch_size, seed=seed, progress=update)

@@ -14,19 +14,20 @@ from typing import Any, Callable, NamedTuple, Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from ao_mdm import model as model_lib
+from ao_mdm.checkpoint import checkpoints
 from ao_mdm.data import gpt2
+from ao_mdm import model as model_lib
+from ao_mdm import specs
 from ao_mdm.storage import fs
 from ao_mdm.storage import paths
-from ao_mdm.checkpoint import checkpoints
 
 TORCH_WEIGHTS = ("ema", "model")
 _ORIG_MOD = "_orig_mod."
-_MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+# The shape keys the authors' model_args hold; the variant and cond_dim are read off the weights.
+_MODEL_ARGS = tuple(k for k in specs.ModelSpec.SHAPE if k not in ("variant", "cond_dim"))
 # A causal-mask buffer the reference registers only when PyTorch lacks scaled_dot_product_attention.
 _MASK_BUFFER = re.compile(r"transformer\.h\.\d+\.attn\.bias")
 
@@ -40,7 +41,7 @@ class _Row(NamedTuple):
   layer: Optional[int] = None
 
 
-def _reference_layout(cfg: ml_collections.ConfigDict, bias: bool = True) -> list[_Row]:
+def _reference_layout(cfg: specs.ModelSpec, bias: bool = True) -> list[_Row]:
   """The reference state dict of a model config, in state-dict (= parameters()) order.
 
   `bias` is the reference's model_args.bias: without it the attention/MLP Linears (and the
@@ -88,7 +89,7 @@ def _reference_layout(cfg: ml_collections.ConfigDict, bias: bool = True) -> list
   return rows
 
 
-def _to_ours(row: _Row, w: np.ndarray, cfg: ml_collections.ConfigDict) -> np.ndarray:
+def _to_ours(row: _Row, w: np.ndarray, cfg: specs.ModelSpec) -> np.ndarray:
   """A reference tensor (PyTorch Linear weights are [out, in]) in our layout."""
   d, h = cfg.n_embd, cfg.n_head
   if row.conv in ("same", "tied"):
@@ -129,9 +130,8 @@ def _to_reference(row: _Row, x: np.ndarray) -> np.ndarray:
   raise ValueError(f"unknown conversion {row.conv!r} for {row.key}")
 
 
-def to_torch_state_dict(params: Any, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+def to_torch_state_dict(params: Any, cfg: specs.ModelSpec) -> dict[str, np.ndarray]:
   """Our params (boxed or not) as a reference state dict (float32 numpy, reference key order)."""
-  cfg = config.model if "model" in config else config
   flat = traverse_util.flatten_dict(jax.device_get(nn.unbox(params)))
   out = {}
   for row in _reference_layout(cfg):
@@ -193,29 +193,26 @@ def _strip_prefix(state: dict, path: str) -> dict:
   return out
 
 
-def _default_import_config(variant: str) -> ml_collections.ConfigDict:
+def _default_import_config(variant: str) -> specs.Spec:
   """The paper's `<variant>_small` run (ao_mdm/paper.py): the authors' recipe around the model."""
   from ao_mdm import paper  # pylint: disable=g-import-not-at-top
-  return paper.paper_config(f"{variant}_small")
+  return specs.parse(paper.paper_config(f"{variant}_small"))
 
 
-def _config_from_checkpoint(config: ml_collections.ConfigDict, model_args: dict, variant: str,
-                            cond_dim: int, path: str) -> tuple[ml_collections.ConfigDict, list]:
+def _config_from_checkpoint(config: specs.Spec, model_args: dict, variant: str,
+                            cond_dim: int, path: str) -> tuple[specs.Spec, list]:
   """`config` with the model fields set from the checkpoint, and a line per field it changed."""
   missing = [k for k in _MODEL_ARGS if k not in model_args]
   if missing:
     raise ValueError(f"{path!r}: model_args lacks {', '.join(missing)}; found "
                      f"{_names(list(model_args))}")
-  config = config.copy_and_resolve_references()
   wanted = {k: int(model_args[k]) for k in _MODEL_ARGS}
   wanted.update(variant=variant, cond_dim=cond_dim)
-  changes = []
-  for key, value in wanted.items():
-    if config.model[key] != value:
-      source = "keys" if key in ("variant", "cond_dim") else "model_args"
-      changes.append(f"model.{key} {config.model[key]} -> {value} from the checkpoint's {source}")
-      config.model[key] = value
-  return config, changes
+  changed = {k: v for k, v in wanted.items() if getattr(config.model, k) != v}
+  source = lambda k: "keys" if k in ("variant", "cond_dim") else "model_args"
+  changes = [f"model.{k} {getattr(config.model, k)} -> {v} from the checkpoint's {source(k)}"
+             for k, v in changed.items()]
+  return config.replace(model=config.model.replace(**changed)), changes
 
 
 def _detect_variant(state: dict, variant: Optional[str], path: str) -> str:
@@ -264,8 +261,8 @@ def _tensors(ckpt: dict, rows: list[_Row], weights: str, path: str) -> dict[str,
 
 
 def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optional[str] = None,
-                 config: Optional[ml_collections.ConfigDict] = None,
-                 log: Callable[[str], None] = print) -> tuple[ml_collections.ConfigDict, dict]:
+                 config: Optional[specs.Spec] = None,
+                 log: Callable[[str], None] = print) -> tuple[specs.Spec, dict]:
   """Convert a reference PyTorch checkpoint to an export at `out`; returns (config, params).
 
   The model fields of `config` (default: ao_mdm/paper.py `ao_small` / `sigma_small`) follow the
@@ -285,7 +282,6 @@ def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optio
   cond_dim = int(wtpe.shape[1]) if variant == "ao" and wtpe is not None else config.model.cond_dim
   config, changes = _config_from_checkpoint(config, ckpt["model_args"], variant, cond_dim,
                                             checkpoint)
-  model_lib.validate_model_config(config.model)
   if paper_recipe and config.model.vocab_size < gpt2.VOCAB_SIZE:
     raise ValueError(f"{checkpoint!r}: model_args.vocab_size={config.model.vocab_size} is below "
                      f"the {gpt2.VOCAB_SIZE} ids of GPT-2 BPE, the tokenizer of the authors' "
@@ -326,7 +322,7 @@ def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optio
   params = traverse_util.unflatten_dict(
       {p: jnp.asarray(np.ascontiguousarray(x, np.float32)) for p, x in flat.items()})
   del flat
-  checkpoints.write_params_export(out, config, params)
+  checkpoints.write_params_export(out, config.to_dict(), params)
   for line in changes:  # only once the import succeeded
     log(line)
   return config, params

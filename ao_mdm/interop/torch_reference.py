@@ -17,25 +17,25 @@ from typing import Any, Callable
 
 import flax.linen as flax_nn
 import jax
-import ml_collections
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ao_mdm import model as model_lib
 from ao_mdm.interop import torch_import
+from ao_mdm import model as model_lib
+from ao_mdm import specs
 from ao_mdm.train import state as train_state
 
 
-def _norm(cfg: ml_collections.ConfigDict, dim: int) -> nn.Module:
+def _norm(cfg: specs.ModelSpec, dim: int) -> nn.Module:
   """RMSNorm (AO-GPT) or LayerNorm with bias (sigma-GPT); eps as in ao_mdm.model."""
   if cfg.variant == "ao":
     return nn.RMSNorm(dim, eps=model_lib.NORM_EPS)
   return nn.LayerNorm(dim, eps=model_lib.NORM_EPS)
 
 
-def _adaln(cfg: ml_collections.ConfigDict, n: int) -> nn.Sequential:
+def _adaln(cfg: specs.ModelSpec, n: int) -> nn.Sequential:
   """SiLU, then a Linear from the target conditioning to n modulation vectors of width D."""
   return nn.Sequential(nn.SiLU(), nn.Linear(cfg.cond_dim, n * cfg.n_embd))
 
@@ -43,7 +43,7 @@ def _adaln(cfg: ml_collections.ConfigDict, n: int) -> nn.Sequential:
 class Attention(nn.Module):
   """Causal self-attention over the slots, with QK RMSNorm for AO-GPT."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict):
+  def __init__(self, cfg: specs.ModelSpec):
     super().__init__()
     d, self.n_head = cfg.n_embd, cfg.n_head
     self.c_attn = nn.Linear(d, 3 * d)
@@ -65,7 +65,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
   """Linear to 4D, exact GELU, Linear back to D."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict):
+  def __init__(self, cfg: specs.ModelSpec):
     super().__init__()
     self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
     self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
@@ -77,7 +77,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
   """Pre-norm block; AO-GPT modulates both norms and gates both branches (AdaLN)."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict):
+  def __init__(self, cfg: specs.ModelSpec):
     super().__init__()
     self.ln_1, self.attn = _norm(cfg, cfg.n_embd), Attention(cfg)
     self.ln_2, self.mlp = _norm(cfg, cfg.n_embd), MLP(cfg)
@@ -96,7 +96,7 @@ class Block(nn.Module):
 class FinalLayer(nn.Module):
   """AO-GPT's last RMSNorm, modulated by the target conditioning."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict):
+  def __init__(self, cfg: specs.ModelSpec):
     super().__init__()
     self.ln_f = _norm(cfg, cfg.n_embd)
     self.adaLN_final = _adaln(cfg, 2)  # pylint: disable=invalid-name  (the authors' key)
@@ -109,9 +109,8 @@ class FinalLayer(nn.Module):
 class TorchAOGPT(nn.Module):
   """AO-GPT or sigma-GPT (cfg.variant) with the authors' module tree and state-dict names."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict):
+  def __init__(self, cfg: specs.ModelSpec):
     super().__init__()
-    model_lib.validate_model_config(cfg)
     self.cfg = cfg
     ao = cfg.variant == "ao"
     d, t = cfg.n_embd, cfg.block_size
@@ -145,9 +144,8 @@ class TorchAOGPT(nn.Module):
     return self.lm_head(x_BXD)
 
 
-def from_params(params: Any, config: ml_collections.ConfigDict) -> TorchAOGPT:
+def from_params(params: Any, cfg: specs.ModelSpec) -> TorchAOGPT:
   """The PyTorch model holding our params (boxed or not, on device or host), float32 on CPU."""
-  cfg = config.model if "model" in config else config
   model = TorchAOGPT(cfg)
   state = torch_import.to_torch_state_dict(params, cfg)
   model.load_state_dict({k: torch.tensor(v) for k, v in state.items()})  # a copy: v is read-only
@@ -176,7 +174,7 @@ def mixed_orders(batch: int, t: int, random_ratio: float,
                       for coin in coins.tolist()])
 
 
-def order_ratio(order: ml_collections.ConfigDict) -> float:
+def order_ratio(order: specs.OrderSpec) -> float:
   """The random-order probability of an order config the baseline can draw (mixed/random/l2r)."""
   ratios = {"random": 1.0, "l2r": 0.0, "mixed": float(order.random_ratio)}
   if order.kind not in ratios:
@@ -185,7 +183,7 @@ def order_ratio(order: ml_collections.ConfigDict) -> float:
   return ratios[order.kind]
 
 
-def check_train_config(config: ml_collections.ConfigDict) -> None:
+def check_train_config(config: specs.Spec) -> None:
   """Raise one clear ValueError for a training config the PyTorch step cannot run."""
   if config.model.variant != "ao":
     raise ValueError(f"model.variant={config.model.variant!r}: the PyTorch training step is "
@@ -201,20 +199,20 @@ class Trainer:
   the number of steps taken (the lr of step n is the schedule at n, as in ao_mdm.train).
   """
 
-  def __init__(self, params: Any, config: ml_collections.ConfigDict):
+  def __init__(self, params: Any, config: specs.Spec):
     check_train_config(config)
-    t = config.train
-    self.model = from_params(params, config)
+    train = config.train
+    self.model = from_params(params, config.model)
     decays = _decay_flags(params, config)
     groups = [[p for n, p in self.model.named_parameters() if decays[n] == flag]
               for flag in (True, False)]
     self.optimizer = torch.optim.AdamW(
-        [{"params": groups[0], "weight_decay": float(t.weight_decay)},
+        [{"params": groups[0], "weight_decay": train.weight_decay},
          {"params": groups[1], "weight_decay": 0.0}],
-        lr=0.0, betas=(float(t.b1), float(t.b2)), eps=1e-8)
-    self.schedule: Callable = jax.jit(train_state.learning_rate_schedule(t))
-    self.grad_clip, self.ema_decay = float(t.grad_clip), float(t.ema_decay)
-    self.microbatches = int(t.microbatches)
+        lr=0.0, betas=(train.b1, train.b2), eps=1e-8)
+    self.schedule: Callable = jax.jit(train_state.learning_rate_schedule(train))
+    self.grad_clip, self.ema_decay = train.grad_clip, train.ema_decay
+    self.microbatches = train.microbatches
     self.ema = [p.detach().clone() for p in self.model.parameters()]
     self.step_count = 0
 
@@ -247,12 +245,12 @@ class Trainer:
     return params, {n: e.numpy().copy() for n, e in zip(names, self.ema)}
 
 
-def _decay_flags(params: Any, config: ml_collections.ConfigDict) -> dict[str, bool]:
+def _decay_flags(params: Any, config: specs.Spec) -> dict[str, bool]:
   """Per PyTorch parameter name: decayed under our `model.weight_decay_mask`?"""
   params = flax_nn.unbox(params)
   mask = model_lib.weight_decay_mask(params)
   filled = jax.tree.map(lambda p, m: np.full(np.shape(p), m, np.float32), params, mask)
-  return {k: bool(v.all()) for k, v in torch_import.to_torch_state_dict(filled, config).items()}
+  return {k: bool(v.all()) for k, v in torch_import.to_torch_state_dict(filled, config.model).items()}
 
 
 def time_steps(trainer: Trainer, tokens_BT: np.ndarray, random_ratio: float, warmup: int,

@@ -16,14 +16,14 @@ from typing import Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
-from ao_mdm.runtime import quiet
-from ao_mdm import hardware
-from ao_mdm import model as model_lib
 from ao_mdm.decode import common
 from ao_mdm.decode import parallel
+from ao_mdm import hardware
+from ao_mdm import model as model_lib
 from ao_mdm.perf import roofline
+from ao_mdm.runtime import quiet
+from ao_mdm import specs
 from ao_mdm.train import step as train_step
 
 TOPOLOGY_EXAMPLES = "v5e:1, v5e:2x2, v5e:4x4, v4:2x2x2, v5p:2x2x1, v6e:4x4"
@@ -71,7 +71,7 @@ def memory_gib(compiled) -> dict:
   return out
 
 
-def compile_sampler(config: ml_collections.ConfigDict, topology: str, name: str = "config", *,
+def compile_sampler(config: specs.Spec, topology: str, name: str = "config", *,
                     batch_size: int = 8, steps: int = 64, schedule: str = "linear",
                     dtype: str = "float32", log: Callable[[str], None] = print) -> dict:
   """Compile one unconditional generation of the cached sampler (every cache bucket of its plan)
@@ -90,7 +90,7 @@ def compile_sampler(config: ml_collections.ConfigDict, topology: str, name: str 
       config.model, jax.random.key(0))), config.model, dtype)[0])
   t = cfg.block_size
   plan = parallel.Plan.make(parallel.schedule_counts(t, 0, steps, schedule))
-  decoder = parallel.decoder(cfg.to_json(), plan, "random", False, True, False)
+  decoder = parallel.decoder(parallel.DecoderSpec(cfg, plan, "random"))
   on_device = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
   args = (jax.tree.map(on_device, abstract),
           on_device(jax.ShapeDtypeStruct((batch_size, t), jnp.int32)),
@@ -153,7 +153,7 @@ def format_sampler(r: dict) -> str:
   return "\n".join(lines)
 
 
-def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
+def compile_for_topology(config: specs.Spec, topology: str,
                          name: str = "config", log: Callable[[str], None] = print) -> dict:
   """Compile the train step for `topology`; log and return per-device GiB and compile time.
 
@@ -161,13 +161,13 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
   """
   devices = tpu_devices(topology)
   program = train_step.make_program(config, devices)
-  t = config.train
-  tokens = jax.ShapeDtypeStruct((t.batch_size, config.model.block_size), jnp.int32,
+  train = config.train
+  tokens = jax.ShapeDtypeStruct((train.batch_size, config.model.block_size), jnp.int32,
                                 sharding=program.batch_sharding)
   hbm = hardware.hbm_per_device_gib(devices)
   what = (f"the train step of {name} (L={config.model.n_layer} D={config.model.n_embd}, "
-          f"batch {t.batch_size}x{config.model.block_size}, "
-          f"train.microbatches={t.microbatches})")
+          f"batch {train.batch_size}x{config.model.block_size}, "
+          f"train.microbatches={train.microbatches})")
   advice = "raise train.microbatches or shard more (mesh.ici fsdp/tensor)"
   start = time.perf_counter()
   try:
@@ -183,7 +183,7 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
   seconds = time.perf_counter() - start
   result = {"topology": topology, "device_kind": devices[0].device_kind,
             "num_devices": len(devices), "mesh": dict(program.mesh.shape),
-            "microbatches": int(t.microbatches), "hbm_gib": hbm, "compile_seconds": seconds,
+            "microbatches": int(train.microbatches), "hbm_gib": hbm, "compile_seconds": seconds,
             **memory_gib(compiled)}
   result["projection"] = roofline.train_step(compiled, config, devices)
   log(format_result(result))

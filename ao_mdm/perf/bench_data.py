@@ -8,6 +8,7 @@ md4 stream). Prepare and the iterator run as fresh processes, as a user runs the
 bench.gcs (a bucket, or "local": a GCS server on 127.0.0.1), the iterator again over the same
 preparation in the bucket, and the save and restore rates of a checkpoint there and locally.
 """
+import dataclasses
 import json
 import os
 import random
@@ -23,6 +24,7 @@ import ml_collections
 import numpy as np
 
 from ao_mdm.data import corpus, datasets, tokenizer
+from ao_mdm import specs
 from ao_mdm.storage import fs
 from ao_mdm.storage import paths
 
@@ -70,12 +72,10 @@ def write_synthetic_corpus(path: str, tokens: int, seed: int = 0) -> int:
   return n
 
 
-def _data_config(config: ml_collections.ConfigDict, text_file: str, root: str,
-                 prepared: str) -> ml_collections.ConfigDict:
-  data = config.data.copy_and_resolve_references()
-  data.update(dataset="text_file", text_file=text_file, tfds_dir=os.path.join(root, "tfds"),
-              prepared_dir=os.path.join(root, prepared))
-  return data
+def _data_config(config: specs.Spec, text_file: str, root: str, prepared: str) -> specs.DataSpec:
+  return config.data.replace(dataset="text_file", text_file=text_file,
+                             tfds_dir=os.path.join(root, "tfds"),
+                             prepared_dir=os.path.join(root, prepared))
 
 
 def _tree_rss(pid: int) -> int:
@@ -126,7 +126,7 @@ def iterator_child(args_json: str) -> None:
   import grain  # pylint: disable=g-import-not-at-top
   from ao_mdm.data import gpt2, pipeline, prepared  # pylint: disable=g-import-not-at-top
   a = json.loads(args_json)
-  data = ml_collections.ConfigDict(a["data"])
+  data = specs.DataSpec(**a["data"])
   rss_start = _peak_rss_mb()
   start = time.perf_counter()
   split = prepared.open_split(data, gpt2.GPT2Tokenizer(), "train")
@@ -167,11 +167,11 @@ def _write_array_record(blocks: Any, path: str) -> None:
   writer.close()
 
 
-def _iterator(config: ml_collections.ConfigDict, data: ml_collections.ConfigDict,
+def _iterator(config: specs.Spec, bench: ml_collections.ConfigDict, data: specs.DataSpec,
               array_record: str = "") -> dict:
   """The iterator child's figures, run as a fresh process (with this process's environment)."""
-  child = {"data": data.to_dict(), "block_size": int(config.model.block_size),
-           "batch": int(config.bench.batch_size), "batches": int(config.bench.iterator_batches),
+  child = {"data": dataclasses.asdict(data), "block_size": config.model.block_size,
+           "batch": int(bench.batch_size), "batches": int(bench.iterator_batches),
            "array_record": array_record}
   out = subprocess.run([sys.executable, "-c", "import sys; from ao_mdm.perf import "
                         "bench_data; bench_data.iterator_child(sys.argv[1])",
@@ -227,15 +227,15 @@ def checkpoint_rates(directory: str, n_params: int, repeats: int = 2) -> dict:
   return {"mb": mb, "save_mb_per_s": mb / min(save), "restore_mb_per_s": mb / min(restore)}
 
 
-def bench_data(config: ml_collections.ConfigDict, config_file: str,
+def bench_data(config: specs.Spec, bench: ml_collections.ConfigDict, config_file: str,
                log: Callable[[str], None] = print) -> dict:
-  """Prepare and iterator figures at each size of config.bench.sizes; logs them, then one JSON line.
+  """Prepare and iterator figures at each size of bench.sizes; logs them, then one JSON line.
   With bench.gcs, also the iterator over the same preparation in a bucket and checkpoint save
   and restore rates there and locally.
 
   `config_file` is the config's path: `ao-mdm prepare` runs on it as a user would run it."""
   from ao_mdm.data import gpt2, prepare, prepared  # pylint: disable=g-import-not-at-top
-  b = config.bench
+  b = bench
   if b.dir and fs.is_gcs(paths.check(b.dir, "bench.dir")):
     raise ValueError(f"bench.dir={b.dir!r} is the bench's local scratch directory; give a "
                      "bucket as bench.gcs")
@@ -281,19 +281,19 @@ def bench_data(config: ml_collections.ConfigDict, config_file: str,
       array_record = os.path.join(root, f"blocks_{name}.array_record")
       _write_array_record(split.blocks(int(config.model.block_size)), array_record)
       data = _data_config(config, text, root, f"prepared_w{cores}")
-      r["iterator"] = it = _iterator(config, data, array_record)
+      r["iterator"] = it = _iterator(config, b, data, array_record)
       log(f"[{name}] train iterator: first batch {it['time_to_first_batch_s']:.2f} s, "
             f"{it['tokens_per_s'] / 1e6:.1f}M tokens/s (ArrayRecord through grain: "
             f"{it['array_record_tokens_per_s'] / 1e6:.1f}M), peak RSS {it['peak_rss_mb']:.0f} MB")
       os.remove(array_record)
       if remote:  # the same preparation in the bucket, read by a fresh process, twice: the
         # first open hashes every shard (new generations), the second finds them verified
-        data.prepared_dir = f"{remote}/prepared_{name}"
+        data = data.replace(prepared_dir=f"{remote}/prepared_{name}")
         start = time.perf_counter()
         fs.copytree(os.path.join(root, f"prepared_w{cores}"), data.prepared_dir)
         r["gcs_upload_mb_per_s"] = split.tokens * 2 / 1e6 / (time.perf_counter() - start)
-        r["gcs_iterator_first_open"] = _iterator(config, data)
-        r["gcs_iterator"] = it = _iterator(config, data)
+        r["gcs_iterator_first_open"] = _iterator(config, b, data)
+        r["gcs_iterator"] = it = _iterator(config, b, data)
         log(f"[{name}] train iterator from {remote}: first batch "
               f"{it['time_to_first_batch_s']:.2f} s ("
               f"{r['gcs_iterator_first_open']['time_to_first_batch_s']:.2f} s at the first "

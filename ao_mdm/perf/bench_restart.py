@@ -15,13 +15,13 @@ import tempfile
 import time
 from typing import Callable
 
-import ml_collections
 
-from ao_mdm.storage import fs
 from ao_mdm.checkpoint import layout
+from ao_mdm import specs
+from ao_mdm.storage import fs
 
 
-def _command(config_file: str, workdir: str, cache: str) -> list:
+def _train_argv(config_file: str, workdir: str, cache: str) -> list:
   return [sys.executable, "-m", "ao_mdm.cli.main", "train", f"--config={config_file}",
           f"--workdir={workdir}", f"--compile_cache={cache}", "--config.train.num_steps=1000000",
           "--config.train.log_every=1", "--config.train.eval_every=0"]
@@ -63,7 +63,7 @@ def _timed(command: list) -> float:
   return time.perf_counter() - start
 
 
-def bench_restart(config: ml_collections.ConfigDict, config_file: str,
+def bench_restart(config: specs.Spec, config_file: str,
                   log: Callable[[str], None] = print) -> dict:
   """Cold and warm restarts and `sample` calls of config_file's run; logs each, then one JSON
   line."""
@@ -73,11 +73,11 @@ def bench_restart(config: ml_collections.ConfigDict, config_file: str,
   results = {}
   try:
     log("first start (fills the work dir and the data preparation)")
-    _, step = _start_and_stop(_command(config_file, workdir, cache), workdir, 0, 1800)
+    _, step = _start_and_stop(_train_argv(config_file, workdir, cache), workdir, 0, 1800)
     for name in ("cold", "warm"):
       if name == "cold":
         fs.rmtree(cache)
-      phases, step = _start_and_stop(_command(config_file, workdir, cache), workdir, step, 1800)
+      phases, step = _start_and_stop(_train_argv(config_file, workdir, cache), workdir, step, 1800)
       results[f"restart_{name}"] = {**phases, "total": sum(phases.values())}
       log(f"{name} restart: first step {results[f'restart_{name}']['total']:.1f} s after the "
             "process started: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))

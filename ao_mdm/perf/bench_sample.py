@@ -12,12 +12,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from ao_mdm.decode import common
+from ao_mdm.decode import parallel
 from ao_mdm import hardware
 from ao_mdm import model as model_lib
 from ao_mdm import orders
-from ao_mdm.decode import common
-from ao_mdm.decode import parallel
 from ao_mdm.perf import roofline
+from ao_mdm import specs
 
 
 def _timed(fn: Callable[[int], Any], repeats: int) -> tuple[float, list]:
@@ -36,7 +37,8 @@ def _compile(jitted, *args) -> tuple[Any, float]:
   return compiled, time.perf_counter() - start
 
 
-def bench_sample(config: ml_collections.ConfigDict, dtypes: tuple = ("float32", "bfloat16"),
+def bench_sample(config: specs.Spec, bench: ml_collections.ConfigDict,
+                 dtypes: tuple = ("float32", "bfloat16"),
                  log: Callable[[str], None] = print) -> dict:
   """Per decoding dtype: full forward and cached sampler at each S (float32 also the no-cache
   sampler), in one run; logs each figure, then JSON.
@@ -44,8 +46,8 @@ def bench_sample(config: ml_collections.ConfigDict, dtypes: tuple = ("float32", 
   Per S also the cached step time and its floor (see step_floors), from the matmul peak and
   read bandwidth measured in the same run (the peak in float32).
   """
-  b, t = int(config.bench.batch_size), config.model.block_size
-  repeats = int(config.bench.repeats)
+  b, t = int(bench.batch_size), config.model.block_size
+  repeats = int(bench.repeats)
   params32 = nn.unbox(model_lib.init_params(config.model, jax.random.key(0)))
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, config.model.vocab_size, (b, t)),
                        jnp.int32)
@@ -57,7 +59,7 @@ def bench_sample(config: ml_collections.ConfigDict, dtypes: tuple = ("float32", 
   zeros, known = jnp.zeros((b, t), jnp.int32), jnp.zeros((b, t), bool)
   scalars = (jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
   results = {"matmul_peak_flops": peak, "read_bytes_per_s": bandwidth, "batch_size": b,
-             "block_size": t, "schedule": config.bench.schedule, "dtypes": {}}
+             "block_size": t, "schedule": bench.schedule, "dtypes": {}}
   for dtype in dtypes:
     params, cfg = common.with_dtype(params32, config.model, dtype)
     forward = jax.jit(lambda p, x, o, cfg=cfg: model_lib.make_model(cfg).apply(
@@ -67,17 +69,17 @@ def bench_sample(config: ml_collections.ConfigDict, dtypes: tuple = ("float32", 
     log(f"{dtype}: full forward B={b} T={t}: {full_forward_s:.4f} s (compile "
           f"{fwd_compile:.1f} s)")
     out = {"full_forward_s": full_forward_s, "full_forward_compile_s": fwd_compile, "steps": {}}
-    for steps in config.bench.steps:
-      counts = parallel.schedule_counts(t, 0, int(steps), config.bench.schedule)
+    for steps in bench.steps:
+      counts = parallel.schedule_counts(t, 0, int(steps), bench.schedule)
       row = {}
       for use_cache in (True, False) if dtype == "float32" else (True,):
         run_counts = counts
-        if not use_cache and steps > config.bench.no_cache_max_steps:
-          run_counts = counts[:config.bench.no_cache_max_steps + 1]
+        if not use_cache and steps > bench.no_cache_max_steps:
+          run_counts = counts[:bench.no_cache_max_steps + 1]
         plan = parallel.Plan.make(run_counts, use_cache)
         if not use_cache:  # a truncated plan keeps the full-length recomputation of every step
           plan = dataclasses.replace(plan, real_width=t)
-        decoder = parallel.decoder(cfg.to_json(), plan, "random", False, use_cache, False)
+        decoder = parallel.decoder(parallel.DecoderSpec(cfg, plan, "random", use_cache=use_cache))
         args = (params, zeros, known, jax.random.key(2), *scalars)
         compiled, compile_s = _compile(decoder, *args)
         elapsed, _ = _timed(lambda _: compiled(*args), repeats if use_cache else 1)
@@ -109,7 +111,7 @@ def bench_sample(config: ml_collections.ConfigDict, dtypes: tuple = ("float32", 
   return results
 
 
-def infill_context(params: Any, cfg: ml_collections.ConfigDict, seed: int = 0) -> tuple:
+def infill_context(params: Any, cfg: specs.ModelSpec, seed: int = 0) -> tuple:
   """(positions, tokens) of the speculative bench's infill: the first and last quarter of one
   L2R sample of the model (temperature 1), so the middle half is decoded around real context."""
   t = cfg.block_size
@@ -118,8 +120,8 @@ def infill_context(params: Any, cfg: ml_collections.ConfigDict, seed: int = 0) -
   return positions, [int(row[p]) for p in positions]
 
 
-def bench_speculative(config: ml_collections.ConfigDict, params: Any,
-                      cfg: ml_collections.ConfigDict, dtype: str = "float32",
+def bench_speculative(bench: ml_collections.ConfigDict, params: Any,
+                      cfg: specs.ModelSpec, dtype: str = "float32",
                       draft_head: Any = None, log: Callable[[str], None] = print) -> dict:
   """Speculative decoding against cached sequential decoding in the same order (one token per
   forward), same model, temperature 1 and top-p 1, all decoded in `dtype`: per batch size
@@ -132,8 +134,8 @@ def bench_speculative(config: ml_collections.ConfigDict, params: Any,
   params, cfg = common.with_dtype(params, cfg, dtype)  # once, outside the timed calls
   if draft_head is not None:
     draft_head = common.with_dtype(draft_head, cfg, dtype)[0]
-  seeds, t = int(config.bench.seeds), cfg.block_size
-  repeats = int(config.bench.get("repeats", 1))
+  seeds, t = int(bench.seeds), cfg.block_size
+  repeats = int(bench.get("repeats", 1))
   if seeds < 1:
     raise ValueError(f"bench.seeds={seeds} must be >= 1")
   positions, ids = infill_context(params, cfg)
@@ -157,7 +159,7 @@ def bench_speculative(config: ml_collections.ConfigDict, params: Any,
     return statistics.median(best["base"]), statistics.median(best["spec"]), outs
   results = {"block_size": t, "seeds": seeds, "dtype": dtype, "infill_known": len(positions),
              "rows": []}
-  for b in config.bench.speculative_batches:
+  for b in bench.speculative_batches:
     for layout, known in layouts.items():
       unknown = t - len(known.get("known_positions", ()))
       sequential = lambda seed, b=b, known=known, unknown=unknown: parallel.sample(
@@ -165,7 +167,7 @@ def bench_speculative(config: ml_collections.ConfigDict, params: Any,
       log(f"B={b} {layout}: {unknown} unknown positions, sequential decoding {unknown} "
             "forwards per sequence")
       for drafter, head in drafters.items():
-        for k in config.bench.drafts:
+        for k in bench.drafts:
           base_s, elapsed, outs = paired(sequential, lambda seed, b=b, known=known, k=k, head=head:
                                          speculative.sample(params, cfg, batch_size=b,
                                                             draft=int(k), seed=seed, dtype=dtype,

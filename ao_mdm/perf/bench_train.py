@@ -13,17 +13,19 @@ import numpy as np
 
 from ao_mdm import hardware
 from ao_mdm import model as model_lib
+from ao_mdm import specs
 from ao_mdm.train import step as train_step
 
 
 BASELINES = ("torch",)
 
 
-def bench_train(config: ml_collections.ConfigDict, baseline: Optional[str] = None,
+def bench_train(config: specs.Spec, bench: Optional[ml_collections.ConfigDict] = None,
+                baseline: Optional[str] = None,
                 log: Callable[[str], None] = print) -> dict:
   """Steady-state step time, tokens/s and MFU of the sharded train step; logs them, then JSON.
 
-  Any training config works; `config.bench` (repeats, matmul_size) is optional. With
+  Any training config works; its `bench` section (repeats, matmul_size) is optional. With
   baseline="torch" the same model and step in plain PyTorch (eager, float32, all cores; see
   interop/torch_reference.py) then trains from the same initial params on the same batch, and the
   result adds its tokens/s and our speed over it.
@@ -47,7 +49,7 @@ def bench_train(config: ml_collections.ConfigDict, baseline: Optional[str] = Non
     state, metrics = step(state, tokens)
   jax.block_until_ready(metrics)
   warmup_s = time.perf_counter() - start
-  bench = config.get("bench") or ml_collections.ConfigDict({"repeats": 10, "matmul_size": 2048})
+  bench = bench or ml_collections.ConfigDict({"repeats": 10, "matmul_size": 2048})
   times = []
   for _ in range(int(bench.repeats)):
     start = time.perf_counter()
@@ -84,7 +86,7 @@ def _torch_reference():
   return torch_reference
 
 
-def _torch_baseline(config: ml_collections.ConfigDict, params: Any, tokens_BT: np.ndarray,
+def _torch_baseline(config: specs.Spec, params: Any, tokens_BT: np.ndarray,
                     repeats: int, log: Callable[[str], None]) -> dict:
   """The PyTorch eager float32 step from the same params on the same batch: 2 warm-up steps,
   then the median of `repeats` steps, orders drawn in each step, on all the cores JAX uses."""

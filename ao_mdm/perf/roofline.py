@@ -4,15 +4,15 @@ and compute."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
+from ao_mdm.decode import parallel
 from ao_mdm import hardware
 from ao_mdm import model as model_lib
-from ao_mdm.decode import parallel
 from ao_mdm.perf import hlo
+from ao_mdm import specs
 
-def train_step(compiled, config: ml_collections.ConfigDict, devices: list) -> dict:
+def train_step(compiled, config: specs.Spec, devices: list) -> dict:
   """A projection (not a measurement): lower bound on step time, upper bound on MFU.
 
   Per device: time >= max(FLOPs / peak, HBM bytes / HBM bandwidth, collective bytes / ICI
@@ -52,8 +52,8 @@ def train_step(compiled, config: ml_collections.ConfigDict, devices: list) -> di
 
 
 
-def weight_counts(cfg: ml_collections.ConfigDict) -> tuple[int, int]:
-  """(block weights, head weights: final AdaLN and head, or the tied embedding) of a config."""
+def weight_counts(cfg: specs.ModelSpec) -> tuple[int, int]:
+  """(block weights, head weights: final AdaLN and head, or the tied embedding) of a model."""
   shapes = nn.unbox(jax.eval_shape(lambda k: model_lib.init_params(cfg, k), jax.random.key(0)))
   n_blocks = model_lib.count_params(shapes["blocks"])
   if cfg.variant == "sigma":
@@ -61,7 +61,7 @@ def weight_counts(cfg: ml_collections.ConfigDict) -> tuple[int, int]:
   return n_blocks, model_lib.count_params({k: shapes[k] for k in ("final_adaln", "head")})
 
 
-def step_costs(cfg: ml_collections.ConfigDict, plan: parallel.Plan, batch: int) -> list[dict]:
+def step_costs(cfg: specs.ModelSpec, plan: parallel.Plan, batch: int) -> list[dict]:
   """What each cache bucket's steps must do at least, in cfg.dtype: `bytes` read per step (the
   weights it multiplies by: blocks, final AdaLN and head, embedding rows being gathered; plus the
   K/V cache prefix it attends to) and `flops` per step (2 per weight per slot, the head only for
@@ -80,7 +80,7 @@ def step_costs(cfg: ml_collections.ConfigDict, plan: parallel.Plan, batch: int) 
   return costs
 
 
-def forward_costs(cfg: ml_collections.ConfigDict, batch: int) -> dict:
+def forward_costs(cfg: specs.ModelSpec, batch: int) -> dict:
   """The same counts for one full training forward of [batch, T] (attention over all T x T)."""
   itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
   n_blocks, n_head = weight_counts(cfg)
@@ -90,7 +90,7 @@ def forward_costs(cfg: ml_collections.ConfigDict, batch: int) -> dict:
           "bytes": itemsize * (n_blocks + n_head)}
 
 
-def step_floors(cfg: ml_collections.ConfigDict, plan: parallel.Plan, b: int, bandwidth: float,
+def step_floors(cfg: specs.ModelSpec, plan: parallel.Plan, b: int, bandwidth: float,
                 peak: float) -> np.ndarray:
   """Seconds each cached decode step must take at least: max(bytes / bandwidth, FLOPs / peak),
   with the bytes and FLOPs of parallel.step_costs."""
@@ -98,7 +98,7 @@ def step_floors(cfg: ml_collections.ConfigDict, plan: parallel.Plan, b: int, ban
                          for c in step_costs(cfg, plan, b)])
 
 
-def speculative_read_ratio(cfg: ml_collections.ConfigDict, k: int, batch: int,
+def speculative_read_ratio(cfg: specs.ModelSpec, k: int, batch: int,
                            head: bool) -> float:
   """Bytes a speculative iteration reads over those of a cached L2R step (S = T), where both
   are bound by reading (an accelerator at small batch): the weights once and the whole K/V

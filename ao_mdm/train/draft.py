@@ -8,14 +8,14 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 
-from ao_mdm import model as model_lib
-from ao_mdm import orders
 from ao_mdm.decode import draft as draft_lib
 from ao_mdm.decode import options
+from ao_mdm import model as model_lib
+from ao_mdm import orders
+from ao_mdm import specs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +61,7 @@ def mixed_orders(key: jax.Array, batch: int, t: int, l2r_fraction: float) -> jax
   return jnp.where(l2r_B1, jnp.arange(t, dtype=jnp.int32), orders.random_orders(k_order, batch, t))
 
 
-def validate(s: Settings, t: int) -> None:
+def check_settings(s: Settings, t: int) -> None:
   for name in ("num_steps", "batch_size", "log_every", "eval_batches"):
     if getattr(s, name) < 1:
       raise ValueError(f"train-draft {name}={getattr(s, name)} must be >= 1")
@@ -71,11 +71,11 @@ def validate(s: Settings, t: int) -> None:
     raise ValueError(f"train-draft l2r_fraction={s.l2r_fraction} must be in [0, 1]")
 
 
-def fit(cfg: ml_collections.ConfigDict, params: Any, batches: Callable[[], np.ndarray],
+def fit(cfg: specs.ModelSpec, params: Any, batches: Callable[[], np.ndarray],
         validation_BT: np.ndarray, s: Settings, log: Callable[[str], None] = print) -> tuple:
   """(head params, validation figures): s.num_steps AdamW steps on batches() with the base
   `params` frozen, then sum_x min(p, q) per draft on validation_BT in L2R and random orders."""
-  validate(s, cfg.block_size)
+  check_settings(s, cfg.block_size)
   model = model_lib.make_model(cfg)
   schedule = optax.warmup_cosine_decay_schedule(0.0, s.learning_rate, s.warmup_steps,
                                                 max(s.num_steps, s.warmup_steps + 1),
@@ -133,13 +133,13 @@ def describe(figures: dict) -> str:
   return "; ".join(f"{name}: " + " / ".join(f"{x:.3f}" for x in v) for name, v in figures.items())
 
 
-def train_head(config: ml_collections.ConfigDict, params: Any, tokenizer: Any, s: Settings,
+def train_head(config: specs.Spec, params: Any, tokenizer: Any, s: Settings,
                log: Callable[[str], None] = print) -> tuple:
   """(head params, validation figures, validation blocks) of a head fit to a run's `params` on
   its training split (prepared first if needed), validated on its validation split."""
   from ao_mdm.data import pipeline, prepare  # pylint: disable=g-import-not-at-top
   cfg, t = config.model, config.model.block_size
-  validate(s, t)
+  check_settings(s, t)
   splits = {name: prepare.ensure(config.data, tokenizer, name, log=log)
             for name in ("train", "validation")}
   data = pipeline.train_iterator(splits["train"].blocks(t), global_batch_size=s.batch_size,

@@ -1,34 +1,29 @@
 """The training loop: logging, validation, checkpoints, preemption (docs/design.md,
 "Training"); the step itself is train/step.py."""
+import json
 import math
 import time
 from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
+from ao_mdm.checkpoint import checkpoints
+from ao_mdm.checkpoint import layout
+from ao_mdm.eval import perplexity
+from ao_mdm.eval import scoring
 from ao_mdm import hardware
 from ao_mdm import model as model_lib
 from ao_mdm import sharding
-from ao_mdm.eval import perplexity
-from ao_mdm.eval import scoring
+from ao_mdm import specs
 from ao_mdm.storage import fs
-from ao_mdm.checkpoint import checkpoints
 from ao_mdm.train import records
 from ao_mdm.train import step as train_step
-from ao_mdm.checkpoint import layout
 
 
 def format_metrics(m: dict) -> str:
   return " ".join(f"{k}={float(v):.4g}" for k, v in m.items())
-
-
-def _model_differences(saved: ml_collections.ConfigDict, current: ml_collections.ConfigDict) -> list:
-  keys = ("variant", "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "cond_dim")
-  return [f"model.{k}: checkpoint {saved[k]} vs config {current[k]}" for k in keys
-          if saved.get(k) != current.get(k)]
 
 
 def _on_process_0(log: Callable[[str], None]) -> Callable[[str], None]:
@@ -51,7 +46,7 @@ class _StartClock:
     self.last = now
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+def train_and_evaluate(config: specs.Spec, workdir: str,
                        init_from: Optional[str] = None, start_over: bool = False,
                        log: Callable[[str], None] = print) -> dict:
   """Train on config.data, log, evaluate and checkpoint to workdir; return the eval losses.
@@ -90,24 +85,24 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   from ao_mdm.runtime import interrupts  # pylint: disable=g-import-not-at-top
   from ao_mdm.data import pipeline, tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
-  config, t = program.config, program.config.train
+  config, train = program.config, program.config.train
   tokenizer = tok_lib.run_tokenizer(config, workdir)
   splits = {split: _prepared(config.data, tokenizer, split, say)
             for split in ("train", "validation")}
   data_iter = pipeline.train_iterator(splits["train"].blocks(config.model.block_size),
-                                      global_batch_size=t.batch_size, seed=config.seed)
+                                      global_batch_size=train.batch_size, seed=config.seed)
   eval_sets = {
       split: pipeline.eval_blocks(prepared_split, config.model.block_size,
-                                  max_blocks=t.eval_batches * t.batch_size)
+                                  max_blocks=train.eval_batches * train.batch_size)
       for split, prepared_split in splits.items()}
   clock.mark("data")
   if jax.process_index() == 0:
     checkpoints.clean_workdir(workdir, say)
   multihost_utils.sync_global_devices("work dir cleaned")
-  mgr = checkpoints.train_manager(workdir, t.keep_checkpoints)
+  mgr = checkpoints.train_manager(workdir, train.keep_checkpoints)
 
-  def check(saved):
-    diffs = _model_differences(saved.model, config.model)
+  def check(saved, _):
+    diffs = saved.model.shape_differences(config.model)
     if diffs:
       raise ValueError(f"--workdir {workdir} holds a checkpoint of a different model: "
                        + "; ".join(diffs) + ". Use a new work dir or the matching config.")
@@ -154,16 +149,16 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
     out = {}
     for split in splits:
       r = perplexity.evaluate_blocks(scorer, eval_sets[split], seed=config.seed,
-                                     batch_size=t.batch_size // t.microbatches)
+                                     batch_size=train.batch_size // train.microbatches)
       out[split] = {"l2r": r["l2r_nll"], "random": r["any_order_nll"], "unigram": unigram[split]}
     return out
 
   run_log = records.RunLog(workdir, active=jax.process_index() == 0)
-  run_log.text(int(state.step), "config", f"```\n{config}\n```")
-  tokens_per_step = t.batch_size * config.model.block_size
+  run_log.text(int(state.step), "config", f"```\n{json.dumps(config.to_dict(), indent=2)}\n```")
+  tokens_per_step = train.batch_size * config.model.block_size
   flops_per_step = tokens_per_step * model_lib.flops_per_token(
       config.model, model_lib.count_params(state.params))
-  peak = t.peak_flops_per_device * jax.device_count()
+  peak = train.peak_flops_per_device * jax.device_count()
   if peak <= 0 and jax.default_backend() == "cpu":  # CPU devices share one host's cores
     peak = hardware.matmul_peak(1024, model_lib.DTYPES[config.model.dtype]) * jax.process_count()
     say(f"measured matmul peak {peak / 1e9:.1f} GFLOP/s (for MFU; set "
@@ -192,7 +187,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
   pending, window = None, None  # (step, metrics) of the previous step; (time, step) of a read
   saved = None  # the step of the last checkpoint written, checked at the next save
   try:
-    for step in range(first, t.num_steps):
+    for step in range(first, train.num_steps):
       tokens = program.global_batch(next(data_iter))
       state, metrics = program.step(state, tokens)
       if step == first:  # the start, phase by phase, once its first step has run
@@ -202,10 +197,10 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
         say(f"first step {sum(clock.phases.values()):.1f} s after the process started: "
              + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in clock.phases.items()))
       if pending is not None:  # the previous step's metrics, read while this step runs
-        window = _maybe_log(pending, window, t, log_metrics)
+        window = _maybe_log(pending, window, train, log_metrics)
       pending = (step + 1, metrics)
       done = step + 1
-      if t.eval_every and done % t.eval_every == 0 and done < t.num_steps:
+      if train.eval_every and done % train.eval_every == 0 and done < train.num_steps:
         ev = run_eval(state.ema_params, ("validation",))["validation"]
         scalars = {"eval/l2r_loss": ev["l2r"], "eval/any_order_loss": ev["random"]}
         run_log.scalars(done, scalars)
@@ -215,7 +210,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
         raise OSError(f"another process took over the lock of --workdir {workdir} (this one "
                       "stalled past its lease); stopping rather than write beside it")
       stop = stop_request.requested or mgr.reached_preemption(done)
-      if stop or done % t.checkpoint_every == 0 or done == t.num_steps:
+      if stop or done % train.checkpoint_every == 0 or done == train.num_steps:
         if saved is not None:
           checkpoints.check_saved(mgr, saved)
         if not checkpoints.save(mgr, done, state, data_iter, config, force=stop):
@@ -223,13 +218,13 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
                         "directory at or above it?); training stops rather than go on unsaved")
         saved = done
       if stop:
-        _maybe_log(pending, window, t, log_metrics, force=True)  # the saved step is logged
+        _maybe_log(pending, window, train, log_metrics, force=True)  # the saved step is logged
         checkpoints.check_saved(mgr, done)
         how = "interrupted" if stop_request.exit_code else "preempted"
         say(f"{how}: saved a checkpoint at step {done} in {workdir}; exiting")
         return {"preempted_at": done, "exit_code": stop_request.exit_code}
     if pending is not None:
-      _maybe_log(pending, window, t, log_metrics, force=True)
+      _maybe_log(pending, window, train, log_metrics, force=True)
     if saved is not None:
       checkpoints.check_saved(mgr, saved)
   finally:
@@ -245,14 +240,14 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
   return results
 
 
-def _maybe_log(pending: tuple, window: Optional[tuple], t, log_metrics: Callable,
-               force: bool = False) -> tuple:
+def _maybe_log(pending: tuple, window: Optional[tuple], train: specs.TrainSpec,
+               log_metrics: Callable, force: bool = False) -> tuple:
   """Log step metrics every log_every steps; tokens/s over the steps since the last read.
 
   The first read only starts the clock, so compilation never counts.
   """
   done, values = pending
-  due = force or done % t.log_every == 0 or done == t.num_steps
+  due = force or done % train.log_every == 0 or done == train.num_steps
   if not due and window is not None:
     return window
   values = jax.device_get(values)
@@ -263,12 +258,12 @@ def _maybe_log(pending: tuple, window: Optional[tuple], t, log_metrics: Callable
   return now, done
 
 
-def _init_params(config: ml_collections.ConfigDict, init_from: str,
+def _init_params(config: specs.Spec, init_from: str,
                  say: Callable[[str], None]) -> Any:
   """The params of an export or import, refused unless the model shape matches the config."""
   saved, params = checkpoints.load_params(  # read straight into the training mesh's layout
       init_from, log=say, shardings=lambda c: sharding.param_shardings(c.model, config.mesh))
-  diffs = _model_differences(saved.model, config.model)
+  diffs = saved.model.shape_differences(config.model)
   if diffs:
     raise ValueError(f"--init_from {init_from} holds a different model: " + "; ".join(diffs))
   return params
@@ -291,7 +286,7 @@ def _unigram_counts(train_split, workdir: str) -> np.ndarray:
   return counts
 
 
-def _prepared(data_config: ml_collections.ConfigDict, tokenizer, split: str,
+def _prepared(data_config: specs.DataSpec, tokenizer, split: str,
               say: Callable[[str], None]):
   """The prepared split, prepared here first if needed (each process its range of shards)."""
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top

@@ -19,8 +19,8 @@ import os
 import google_crc32c
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
 
-from ao_mdm.storage import fs
 from ao_mdm.checkpoint import layout
+from ao_mdm.storage import fs
 
 
 def _masked_crc(data: bytes) -> bytes:

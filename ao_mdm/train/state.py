@@ -9,11 +9,11 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
 from ao_mdm import model as model_lib
 from ao_mdm import sharding
+from ao_mdm import specs
 
 
 @flax.struct.dataclass
@@ -25,25 +25,26 @@ class TrainState:
   ema_params: Any
 
 
-def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
+def learning_rate_schedule(train: specs.TrainSpec) -> optax.Schedule:
   """Linear warmup to learning_rate, then cosine to min_lr at lr_decay_steps (0: num_steps).
 
   The horizon may lie past num_steps (the paper's order study stops at 20k of a 500k cosine).
   """
-  horizon = int(t.lr_decay_steps) or int(t.num_steps)
+  horizon = train.lr_decay_steps or train.num_steps
   return optax.warmup_cosine_decay_schedule(
-      0.0, t.learning_rate, t.warmup_steps, max(horizon, t.warmup_steps + 1), t.min_lr)
+      0.0, train.learning_rate, train.warmup_steps, max(horizon, train.warmup_steps + 1),
+      train.min_lr)
 
 
-def make_optimizer(t: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(train: specs.TrainSpec) -> optax.GradientTransformation:
   """Global-norm clip, then AdamW; weight decay on dense kernels and embeddings only."""
   return optax.chain(
-      optax.clip_by_global_norm(t.grad_clip),
-      optax.adamw(learning_rate_schedule(t), b1=t.b1, b2=t.b2, eps=1e-8,
-                  weight_decay=t.weight_decay, mask=model_lib.weight_decay_mask))
+      optax.clip_by_global_norm(train.grad_clip),
+      optax.adamw(learning_rate_schedule(train), b1=train.b1, b2=train.b2, eps=1e-8,
+                  weight_decay=train.weight_decay, mask=model_lib.weight_decay_mask))
 
 
-def init_state(config: ml_collections.ConfigDict, key: jax.Array) -> TrainState:
+def init_state(config: specs.Spec, key: jax.Array) -> TrainState:
   """Boxed initial state: parameters keep their logical axis names for sharding."""
   k_params, k_rng = jax.random.split(key)
   params = model_lib.init_params(config.model, k_params)
@@ -52,7 +53,7 @@ def init_state(config: ml_collections.ConfigDict, key: jax.Array) -> TrainState:
                     params=params, opt_state=opt_state, ema_params=params)
 
 
-def sharded_shapes(config: ml_collections.ConfigDict, mesh, axis_rules) -> tuple[Any, TrainState]:
+def sharded_shapes(config: specs.Spec, mesh, axis_rules) -> tuple[Any, TrainState]:
   """(NamedSharding per leaf, the unboxed ShapeDtypeStructs carrying them), from one trace of
   the initialiser."""
   boxed = jax.eval_shape(functools.partial(init_state, config), jax.random.key(0))
@@ -62,7 +63,7 @@ def sharded_shapes(config: ml_collections.ConfigDict, mesh, axis_rules) -> tuple
   return shardings, abstract
 
 
-def create_state(config: ml_collections.ConfigDict, mesh, axis_rules,
+def create_state(config: specs.Spec, mesh, axis_rules,
                  shardings: Any) -> TrainState:
   """Initialise the train state directly sharded over the mesh (`shardings`: sharded_shapes')."""
   init = jax.jit(lambda key: nn.unbox(init_state(config, key)), out_shardings=shardings)
@@ -70,7 +71,7 @@ def create_state(config: ml_collections.ConfigDict, mesh, axis_rules,
     return init(jax.random.key(config.seed))
 
 
-def abstract_state(config: ml_collections.ConfigDict) -> TrainState:
+def abstract_state(config: specs.Spec) -> TrainState:
   """Unboxed ShapeDtypeStructs of the train state on one device, for restoring."""
   boxed = jax.eval_shape(functools.partial(init_state, config), jax.random.key(0))
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])

@@ -6,44 +6,15 @@ from typing import Any, Callable, Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 
 from ao_mdm import model as model_lib
 from ao_mdm import orders
 from ao_mdm import sharding
+from ao_mdm import specs
 from ao_mdm.train import state as train_state
 from ao_mdm.train.state import TrainState
-
-
-def validate_train_config(config: ml_collections.ConfigDict) -> None:
-  """Raise one clear ValueError for training settings that cannot work."""
-  t = config.train
-  model_lib.validate_model_config(config.model)
-  orders.validate_order_config(config.order, config.model.block_size)
-  for key in ("batch_size", "num_steps", "microbatches", "log_every"):
-    if int(t[key]) < 1:
-      raise ValueError(f"train.{key}={t[key]} must be >= 1")
-  if int(t.lr_decay_steps) < 0:
-    raise ValueError(f"train.lr_decay_steps={t.lr_decay_steps} must be >= 0 (0: num_steps)")
-  if t.batch_size % t.microbatches:
-    raise ValueError(f"train.batch_size={t.batch_size} is not divisible by "
-                     f"train.microbatches={t.microbatches}")
-  if not 0.0 <= t.ema_decay < 1.0:
-    raise ValueError(f"train.ema_decay={t.ema_decay} must be in [0, 1)")
-  for key in ("learning_rate", "grad_clip"):
-    if not t[key] > 0:
-      raise ValueError(f"train.{key}={t[key]} must be > 0")
-  for key in ("min_lr", "weight_decay", "warmup_steps", "eval_every", "peak_flops_per_device"):
-    if not t[key] >= 0:
-      raise ValueError(f"train.{key}={t[key]} must be >= 0")
-  for key in ("b1", "b2"):
-    if not 0 <= t[key] < 1:
-      raise ValueError(f"train.{key}={t[key]} must be in [0, 1)")
-  for key in ("checkpoint_every", "keep_checkpoints", "eval_batches"):
-    if int(t[key]) < 1:
-      raise ValueError(f"train.{key}={t[key]} must be >= 1")
 
 
 def sequence_nll(model: nn.Module, params: Any, tokens_BT: jax.Array,
@@ -63,13 +34,13 @@ def _split_shares(nll_B: jax.Array, l2r_B: jax.Array) -> dict:
           "ao_sum": jnp.sum(nll_B * (1 - l2r)), "ao_count": jnp.sum(1 - l2r)}
 
 
-def make_train_step(config: ml_collections.ConfigDict) -> Callable:
+def make_train_step(config: specs.Spec) -> Callable:
   """(state, tokens_BT) -> (state, metrics); gradient accumulation inside via lax.scan."""
   model = model_lib.make_model(config.model)
   tx = train_state.make_optimizer(config.train)
   order_fn = orders.make_order_fn(config.order, config.model.block_size)
-  n_micro = int(config.train.microbatches)
-  ema_decay = float(config.train.ema_decay)
+  n_micro = config.train.microbatches
+  ema_decay = config.train.ema_decay
   schedule = train_state.learning_rate_schedule(config.train)
 
   def micro_loss(params, tokens_bT, key, step):
@@ -125,7 +96,7 @@ class Program:
   `step.jitted` is the jax.jit object (for lowering ahead of time). `abstract_state`: the
   state's ShapeDtypeStructs carrying their shardings (restore and AOT targets).
   """
-  config: ml_collections.ConfigDict
+  config: specs.Spec
   mesh: jax.sharding.Mesh
   axis_rules: tuple
   shardings: TrainState  # NamedSharding per leaf
@@ -161,16 +132,15 @@ class Program:
     return sharding.global_batch(local_bT, self.batch_sharding)
 
 
-def make_program(config: ml_collections.ConfigDict, devices: Optional[list] = None) -> Program:
-  """Validate the config, build the mesh over `devices` (default: all) and jit the step."""
-  validate_train_config(config)
-  t = config.train
+def make_program(config: specs.Spec, devices: Optional[list] = None) -> Program:
+  """Build the mesh over `devices` (default: all) and jit the step."""
+  train = config.train
   mesh = sharding.make_mesh(config.mesh, devices=devices)
   axis_rules = sharding.rules(config.mesh)
   dp = sharding.data_parallel_size(mesh, axis_rules)
-  if t.batch_size % (dp * t.microbatches):
-    raise ValueError(f"train.batch_size={t.batch_size} must be divisible by the data-parallel "
-                     f"size {dp} times train.microbatches={t.microbatches}")
+  if train.batch_size % (dp * train.microbatches):
+    raise ValueError(f"train.batch_size={train.batch_size} must be divisible by the "
+                     f"data-parallel size {dp} times train.microbatches={train.microbatches}")
   shardings, abstract = train_state.sharded_shapes(config, mesh, axis_rules)
   batch = sharding.batch_sharding(mesh, axis_rules)
   jitted = jax.jit(make_train_step(config), in_shardings=(shardings, batch),

@@ -55,38 +55,38 @@ def check(v: dict, given: set, what: str) -> None:
     layout.check_checkpoint(v["checkpoint"])
   if v["draft_head"]:
     layout.check_checkpoint(v["draft_head"], "--draft_head", layout.DRAFT_HEAD)
-  bench_config(v["config"], what, v["mode"])
+  bench_config(v["config"], v["bench"], what, v["mode"])
 
 
-def bench_config(config, what: str, mode: str) -> None:
+def bench_config(config, bench, what: str, mode: str) -> None:
   """A benchmark's config has its `bench` section, and every value in it can run (all are
   checked before the first is timed)."""
   if what not in CONFIGS:
     return
-  if "bench" not in config:
+  if bench is None:
     raise ValueError(f"--config has no `bench` section, which `ao-mdm bench {what}` reads; give "
                      f"{CONFIGS[what]} (or a copy of it)")
   if what == "sample" and mode == "parallel":
-    t = int(config.model.block_size)
-    bad = [int(s) for s in config.bench.steps if not 1 <= int(s) <= t]
+    t = config.model.block_size
+    bad = [int(s) for s in bench.steps if not 1 <= int(s) <= t]
     if bad:
-      raise ValueError(f"config.bench.steps={tuple(config.bench.steps)}: {bad} outside [1, {t}] "
+      raise ValueError(f"config.bench.steps={tuple(bench.steps)}: {bad} outside [1, {t}] "
                        "(model.block_size: one token per step at most)")
 
 
 def run(v: dict, given: set, what: str) -> None:
   del given
   flags_lib.enable_compile_cache(v["compile_cache"])
-  config, name = v["config"], v["config_file"]
+  config, bench, name = v["config"], v["bench"], v["config_file"]
   if what == "data":
     from ao_mdm.perf import bench_data  # pylint: disable=g-import-not-at-top
-    bench_data.bench_data(config, name, log=_print)
+    bench_data.bench_data(config, bench, name, log=_print)
   elif what == "restart":
     from ao_mdm.perf import bench_restart  # pylint: disable=g-import-not-at-top
     bench_restart.bench_restart(config, name, log=_print)
   elif what == "train":
     from ao_mdm.perf import bench_train  # pylint: disable=g-import-not-at-top
-    bench_train.bench_train(config, None if v["baseline"] == "none" else v["baseline"],
+    bench_train.bench_train(config, bench, None if v["baseline"] == "none" else v["baseline"],
                             log=_print)
   elif v["mode"] == "speculative":
     from ao_mdm.checkpoint import checkpoints  # pylint: disable=g-import-not-at-top
@@ -94,12 +94,12 @@ def run(v: dict, given: set, what: str) -> None:
     from ao_mdm.perf import bench_sample  # pylint: disable=g-import-not-at-top
     saved, params = checkpoints.load_params(v["checkpoint"], v["weights"])
     head = draft.load(v["draft_head"], saved.model, params) if v["draft_head"] else None
-    bench_sample.bench_speculative(config, params, saved.model, v["dtype"] or "float32", head,
+    bench_sample.bench_speculative(bench, params, saved.model, v["dtype"] or "float32", head,
                                    log=_print)
   else:
     from ao_mdm.perf import bench_sample  # pylint: disable=g-import-not-at-top
-    bench_sample.bench_sample(config, (v["dtype"],) if v["dtype"] else ("float32", "bfloat16"),
-                              log=_print)
+    bench_sample.bench_sample(config, bench,
+                              (v["dtype"],) if v["dtype"] else ("float32", "bfloat16"), log=_print)
 
 
 def _print(line: str) -> None:

@@ -27,7 +27,7 @@ def define(fv: flags.FlagValues) -> None:
 def check(v: dict, given: set) -> None:
   del given
   checks.require(v, "config")
-  checks.data_dirs(v["config"])
+  checks.data_dirs(v["config"].data)
   paths.directory(v["workdir"], "--workdir")
   if v["workers"] is not None and v["workers"] < 1:
     raise ValueError(f"--workers={v['workers']} must be >= 1")

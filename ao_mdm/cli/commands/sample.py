@@ -11,7 +11,7 @@ from ao_mdm.checkpoint import layout
 from ao_mdm.cli import checks
 from ao_mdm.cli import flags as flags_lib
 from ao_mdm.decode.options import (DEFAULT_STEPS, MODE_OPTION_NAMES, MODE_OPTIONS, MODES, ORDERS,
-                                   SCHEDULES, SCORES, TOP_P_RULES, sample_counts)
+                                   SCHEDULES, SCORES, TOP_P_RULES, check_counts)
 from ao_mdm.runtime import interrupts
 from ao_mdm.storage import fs
 from ao_mdm.storage import paths
@@ -78,7 +78,7 @@ def check(v: dict, given: set) -> None:
   if "infill_span" in given and not v["infill"]:
     raise ValueError("--infill_span applies with --infill")
   mode_options(v["mode"], given & MODE_OPTION_NAMES)
-  sample_counts(v["num_samples"], v["batch_size"])
+  check_counts(v["num_samples"], v["batch_size"])
   if v["draft_head"]:
     layout.check_checkpoint(v["draft_head"], "--draft_head", layout.DRAFT_HEAD)
 

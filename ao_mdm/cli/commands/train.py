@@ -53,7 +53,7 @@ def processes(coordinator, num_processes, process_id, timeout: int) -> None:
 def check(v: dict, given: set) -> None:
   del given
   checks.require(v, "config", "workdir")
-  checks.data_dirs(v["config"])
+  checks.data_dirs(v["config"].data)
   layout.check_writable(v["workdir"])
   if v["init_from"]:
     layout.check_checkpoint(v["init_from"], "--init_from")

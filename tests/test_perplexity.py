@@ -6,18 +6,17 @@ import numpy as np
 import pytest
 
 from ao_mdm.eval import perplexity
+from ao_mdm import specs
 
 from ao_mdm.eval import scoring
 from ao_mdm import model as model_lib
-from ao_mdm.config import base_config
 
 T = 16
 
 
 @pytest.fixture(scope="module")
 def scorer():
-  cfg = base_config().model
-  cfg.update(block_size=T, vocab_size=64, n_layer=2, n_embd=32, n_head=4)
+  cfg = specs.default().model.replace(block_size=T, vocab_size=64, n_layer=2, n_embd=32, n_head=4)
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
   params = jax.tree.map(lambda p: p * 3.0 if p.ndim >= 2 else p, params)
   return scoring.Scorer(params, cfg)
@@ -139,8 +138,7 @@ def test_unigram_nll_is_add_one_smoothed():
 def test_scorer_scores_in_float32_whatever_the_model_trains_in(scorer):
   """Validation during training and `ao-mdm eval` agree: both score through a float32 Scorer by
   default, also for a model that trains in bfloat16."""
-  bf16 = scorer.cfg.copy_and_resolve_references()
-  bf16.dtype = "bfloat16"
+  bf16 = scorer.cfg.replace(dtype="bfloat16")
   x, order = tokens(), perplexity.random_orders(5, 3, T)
   same = scoring.Scorer(scorer.params, bf16)
   assert same.cfg.dtype == "float32"
@@ -157,9 +155,9 @@ def test_the_placement_is_built_once(monkeypatch):
   made = []
   make_mesh = sharding.make_mesh
   monkeypatch.setattr(sharding, "make_mesh", lambda *a, **k: made.append(1) or make_mesh(*a, **k))
-  cfg = base_config().model
-  cfg.update(block_size=T, vocab_size=64, n_layer=1, n_embd=16, n_head=2, cond_dim=8)
-  mesh_cfg = base_config().mesh
+  cfg = specs.default().model.replace(block_size=T, vocab_size=64, n_layer=1, n_embd=16, n_head=2,
+                                      cond_dim=8)
+  mesh_cfg = specs.default().mesh
   shardings = sharding.param_shardings(cfg, mesh_cfg)
   params = jax.device_put(nn.unbox(model_lib.init_params(cfg, jax.random.key(0))), shardings)
   scorer = scoring.Scorer(params, cfg, mesh_cfg)

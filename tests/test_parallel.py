@@ -8,19 +8,19 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ao_mdm.decode import options
 from ao_mdm.decode import common
-from ao_mdm import model as model_lib
+from ao_mdm.decode import options
 from ao_mdm.decode import parallel
 from ao_mdm.decode import text
-from ao_mdm.config import base_config
+from ao_mdm import model as model_lib
+from ao_mdm import specs
 
 T = 32
 
 
 def tiny_model(variant="ao", vocab=64):
-  cfg = base_config().model
-  cfg.update(variant=variant, block_size=T, vocab_size=vocab, n_layer=2, n_embd=32, n_head=4)
+  cfg = specs.default().model.replace(variant=variant, block_size=T, vocab_size=vocab, n_layer=2,
+                                      n_embd=32, n_head=4)
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
   # Sharper logits than the init gives, so that argmax decisions are far from ties.
   params = jax.tree.map(lambda p: p * 3.0 if p.ndim >= 2 else p, params)
@@ -228,10 +228,10 @@ def test_top_p_rules_on_a_hand_computed_example(p, authors, nucleus):
   for rule, expected in (("authors", authors), ("nucleus", nucleus)):
     kept = np.asarray(common.filter_logits(logits, jnp.float32(p), jnp.int32(0), rule))[0]
     assert set(np.flatnonzero(np.isfinite(kept))) == expected, rule
-    draw = common.Draw(jnp.float32(1), jnp.float32(p), jnp.int32(0), True, rule)
+    draw = common.Draw(jnp.float32(1), jnp.float32(p), jnp.int32(0), common.DrawRule(True, rule))
     drawn = np.asarray(draw.tokens(jax.random.key(0), jnp.repeat(logits, 4000, 0)))
     assert set(np.unique(drawn)) == expected, rule
-  draw = common.Draw(jnp.float32(1), jnp.float32(1), jnp.int32(2), True)
+  draw = common.Draw(jnp.float32(1), jnp.float32(1), jnp.int32(2), common.DrawRule(True))
   drawn = np.asarray(draw.tokens(jax.random.key(1), jnp.repeat(logits, 4000, 0)))
   assert set(np.unique(drawn)) == {1, 3}  # top-k
 
@@ -265,8 +265,8 @@ def test_new_seed_does_not_recompile():
   cfg, params = cached_model("ao")
   kwargs = dict(batch_size=2, steps=8, known_positions=[0, 1], known_tokens=[1, 2])
   parallel.sample(params, cfg, seed=0, **kwargs)
-  decoder = parallel.decoder(cfg.to_json(), parallel.Plan.make(
-      parallel.schedule_counts(T, 2, 8, "linear")), "l2r", False, True, False, "authors", None)
+  decoder = parallel.decoder(parallel.DecoderSpec(cfg, parallel.Plan.make(
+      parallel.schedule_counts(T, 2, 8, "linear")), "l2r"))
   before = decoder._cache_size()
   parallel.sample(params, cfg, seed=1, **kwargs)
   parallel.sample(params, cfg, seed=2, known_positions=[0, 1], known_tokens=[9, 9],
