@@ -24,7 +24,10 @@ def base_config() -> ml_collections.ConfigDict:
                                  # steps on CPU (no stacked residuals) but longer compiles; the
                                  # cached decoders always loop (faster there)
   c.model.remat = "none"  # none | full | dots: rematerialise each block in the backward pass
-  c.model.attention = "xla"  # xla | cudnn (jax.nn.dot_product_attention on GPUs, training only)
+  # Attention of training and scoring (the cached decoders keep their own): auto = splash on TPU
+  # (T a multiple of 128), cudnn on GPU (bfloat16), else xla; xla | cudnn | splash (the Pallas
+  # TPU kernel; interpreted, slowly, elsewhere) to choose.
+  c.model.attention = "auto"
 
   c.order = ml_collections.ConfigDict()
   c.order.kind = "mixed"  # random | l2r | mixed | fixed | blockwise
@@ -64,7 +67,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.eval_every = 200  # validation loss with the EMA params every N steps (0: at the end only)
   c.train.eval_batches = 8  # validation batches for the L2R / random-order loss
   c.train.peak_flops_per_device = 0.0  # FLOP/s of one device, for MFU (0: measured on CPU,
-                                       # MFU not reported on other platforms)
+                                       # hardware.PEAK_FLOPS on TPUs and GPUs)
+  # A jax.profiler trace of steps profile_start_step .. + profile_steps - 1 into WORKDIR/profile
+  c.train.profile_start_step = 10  # after the first steps' compiles
+  c.train.profile_steps = 0  # 0: no trace
 
   # Mesh ('data', 'fsdp', 'tensor'): ICI sizes within a slice/host group, DCN sizes across them.
   # -1 fills the remaining devices. Rules map logical axis names to mesh axes.

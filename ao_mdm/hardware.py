@@ -18,6 +18,15 @@ HBM_GIB = {"TPU v4": 32.0, "TPU v5 lite": 16.0, "TPU v5e": 16.0, "TPU v5": 95.0,
 CHIP_SPECS = {"TPU v5 lite": (197e12, 819e9, 400e9), "TPU v5e": (197e12, 819e9, 400e9),
               "TPU v5": (459e12, 2765e9, 1200e9), "TPU v5p": (459e12, 2765e9, 1200e9),
               "TPU v6 lite": (918e12, 1638e9, 800e9), "TPU v6e": (918e12, 1638e9, 800e9)}
+# Dense bf16 FLOP/s per device, what MFU is measured against on accelerators. TPUs: the chip
+# (Google Cloud TPU docs, cloud.google.com/tpu/docs/v4: 275 TFLOPs; v5e, v5p, v6e as above).
+# NVIDIA GPUs: the datasheets' bf16 Tensor Core figure without sparsity (half the headline
+# one): H100 SXM and H200 989 TFLOPS, H100 PCIe 756, H100 NVL 835, A100 (SXM4) 312, L4 121.
+PEAK_FLOPS = {"TPU v4": 275e12, **{kind: spec[0] for kind, spec in CHIP_SPECS.items()},
+              "NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12,
+              "NVIDIA H100 NVL": 835e12, "NVIDIA H200": 989e12,
+              "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA A100-SXM4-40GB": 312e12,
+              "NVIDIA L4": 121e12}
 
 
 def hbm_per_device_gib(devices: list) -> float:
@@ -25,8 +34,20 @@ def hbm_per_device_gib(devices: list) -> float:
   kind = devices[0].device_kind
   if kind not in HBM_GIB:
     raise ValueError(f"unknown TPU device_kind {kind!r}; known: {sorted(HBM_GIB)}")
+  return HBM_GIB[kind] / devices_per_chip(devices)
+
+
+def devices_per_chip(devices: list) -> int:
+  """How many JAX devices share one chip (TPU megacores, v4 and v5p, show as one device)."""
   per_chip = collections.Counter(tuple(getattr(d, "coords", (d.id,))) for d in devices)
-  return HBM_GIB[kind] / max(per_chip.values())
+  return max(per_chip.values())
+
+
+def peak_flops(devices: list) -> float:
+  """Dense bf16 FLOP/s of one of `devices` from PEAK_FLOPS, or 0 for a kind not listed."""
+  kind = devices[0].device_kind
+  peak = PEAK_FLOPS.get(kind, 0.0)
+  return peak / devices_per_chip(devices) if kind.startswith("TPU") else peak
 
 
 def chip_figures(devices: list) -> tuple:
@@ -34,8 +55,7 @@ def chip_figures(devices: list) -> tuple:
   kind = devices[0].device_kind
   if kind not in CHIP_SPECS:
     return None
-  per_chip = collections.Counter(tuple(getattr(d, "coords", (d.id,))) for d in devices)
-  cores = max(per_chip.values())  # devices per chip share its figures
+  cores = devices_per_chip(devices)  # devices per chip share its figures
   return tuple(x / cores for x in CHIP_SPECS[kind])
 
 

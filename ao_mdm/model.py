@@ -96,6 +96,78 @@ def attention(q_BWHK, k_BWHK, v_BWHK, mask_WW, cache_k_BHKT=None, cache_v_BHTK=N
   return out_BHWK.transpose(0, 2, 1, 3) + jnp.einsum("bhqs,bshk->bqhk", p_BHWW, v_BWHK)
 
 
+def platform() -> str:
+  """The platform being traced for: the mesh's (a TPU topology compiled for on a CPU host is
+  'tpu'), else the default backend's."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return jax.default_backend() if mesh.empty else mesh.abstract_device.platform
+
+
+def attention_kind(cfg: specs.ModelSpec, target: str, length: int) -> str:
+  """The attention `cfg.attention` means for `length` slots on platform `target`: 'auto' is
+  splash on TPU, cuDNN on GPU in bfloat16 with a head dim it takes, else XLA; splash needs the
+  length in blocks of 128 (a forward cut short, as the ensemble's, falls back to XLA)."""
+  if cfg.attention == "splash" or (cfg.attention == "auto" and target == "tpu"):
+    return "splash" if length % 128 == 0 else "xla"
+  if cfg.attention != "auto":
+    return cfg.attention
+  k_dim = cfg.n_embd // cfg.n_head
+  if target in ("gpu", "cuda") and cfg.dtype == "bfloat16" and k_dim <= 128 and k_dim % 8 == 0:
+    return "cudnn"
+  return "xla"
+
+
+def _splash_kernel(t: int, heads: int, interpret: bool) -> Any:
+  """The causal splash kernel over t slots of `heads` heads, built at each trace (it holds
+  arrays, which must not outlive one); its blocks: the largest of 512, 256, 128 that divides t
+  (the kernel computes in blocks of at least 128 keys)."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # pylint: disable=g-import-not-at-top
+  b = next(b for b in (512, 256, 128) if t % b == 0)
+  blocks = splash.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
+                             block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
+  mask = splash.MultiHeadMask([splash.CausalMask((t, t)) for _ in range(heads)])
+  return splash.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1,
+                                interpret=interpret)
+
+
+def splash_attention(q_BTHK, k_BTHK, v_BTHK):
+  """Causal softmax attention over all T slots by the Pallas splash kernel (docs/design.md,
+  "The model"): on a mesh each device runs it on its rows and heads (shard_map); interpreted
+  off TPU. The kernel does not scale the scores, so q is scaled first."""
+  interpret = platform() != "tpu"
+
+  def local(q_bThK, k_bThK, v_bThK):
+    b, t, h, k_dim = q_bThK.shape
+    kernel = _splash_kernel(t, h, interpret)
+    heads_first = lambda x: x.transpose(0, 2, 1, 3)
+    out_bhTK = jax.vmap(kernel)(heads_first(q_bThK * k_dim ** -0.5), heads_first(k_bThK),
+                                heads_first(v_bThK))
+    return heads_first(out_bhTK)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return local(q_BTHK, k_BTHK, v_BTHK)
+  spec = _splash_spec()
+  return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
+                       check_vma=False)(q_BTHK, k_BTHK, v_BTHK)
+
+
+def _splash_spec() -> jax.sharding.PartitionSpec:
+  return nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
+
+
+def splash_fits(q_BTHK) -> bool:
+  """Whether each device gets whole rows and heads of q (not so for the batch of one that
+  initialises the params, which then goes through XLA attention)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return True
+  for size, axes in zip(q_BTHK.shape, _splash_spec()):
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+    if size % math.prod(mesh.shape[a] for a in axes):
+      return False
+  return True
+
+
 class Dense(nn.Module):
   """Kernel over the last `n_in` input axes to `features`; float32 params, compute in cfg.dtype."""
   cfg: specs.ModelSpec
@@ -161,11 +233,17 @@ class Block(nn.Module):
     if cfg.variant == "ao":
       q_BWHK = Norm(cfg, "kv", name="q_norm")(q_BWHK)
       k_BWHK = Norm(cfg, "kv", name="k_norm")(k_BWHK)
-    if cache is None and mask is None and cfg.attention == "cudnn":  # GPU training path
+    w = x_BWD.shape[1]
+    full = cache is None and mask is None and not self.return_kv  # training and scoring
+    kind = attention_kind(cfg, platform(), w) if full else "xla"  # the decoders keep theirs
+    if kind == "splash" and not splash_fits(q_BWHK):
+      kind = "xla"
+    if kind == "cudnn":
       a_BWHK = jax.nn.dot_product_attention(q_BWHK, k_BWHK, v_BWHK, is_causal=True,
                                             implementation="cudnn")
+    elif kind == "splash":
+      a_BWHK = splash_attention(q_BWHK, k_BWHK, v_BWHK)
     elif cache is None:
-      w = x_BWD.shape[1]
       mask_WW = jnp.tril(jnp.ones((w, w), bool)) if mask is None else mask["new"]
       a_BWHK = attention(q_BWHK, k_BWHK, v_BWHK, mask_WW)
     else:

@@ -1,5 +1,4 @@
-"""Device mesh, logical axis rules, where params live on a mesh, host-local <-> global arrays,
-the start-up of a multi-process run.
+"""Device mesh, logical axis rules, where params live on a mesh, host-local <-> global arrays.
 
 docs/design.md, "Sharding", has the mesh axes and the default rules.
 """
@@ -13,7 +12,6 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ao_mdm import model as model_lib
-from ao_mdm.runtime import hosts
 from ao_mdm import specs
 
 MESH_AXES = specs.MESH_AXES
@@ -99,45 +97,3 @@ def placement(cfg: specs.ModelSpec, mesh_spec: Optional[specs.MeshSpec] = None) 
 def param_shardings(cfg: specs.ModelSpec, mesh_spec: Optional[specs.MeshSpec] = None) -> Any:
   """Where params of model `cfg` live on `mesh_spec`: placement's third part."""
   return placement(cfg, mesh_spec)[2]
-
-
-class JoinTimeout(TimeoutError):
-  """No answer from the coordinator in time. The join cannot be cancelled and would block the
-  interpreter's exit, so a command that catches this must end the process at once."""
-  exit_now = True
-
-
-def initialize_distributed(coordinator: Optional[str] = None, num_processes: Optional[int] = None,
-                           process_id: Optional[int] = None, timeout: int = 180) -> None:
-  """Join a multi-process run: explicit coordinator flags, or auto-detected TPU VM / SLURM.
-
-  Gives up after `timeout` seconds with JoinTimeout (an unreachable coordinator), and a signal
-  works while it waits: the join runs in a thread that this one watches.
-  """
-  import threading  # pylint: disable=g-import-not-at-top
-  if coordinator:
-    if num_processes is None or process_id is None or not 0 <= process_id < num_processes:
-      raise ValueError(f"--coordinator needs --num_processes >= 1 and --process_id in "
-                       f"[0, num_processes); got {num_processes}, {process_id}")
-    kwargs = dict(coordinator_address=coordinator, num_processes=num_processes,
-                  process_id=process_id)
-  elif hosts.detected_launcher():
-    kwargs = {}  # jax.distributed reads the coordinator from the launcher's variables
-  else:
-    return
-  failure = []
-
-  def join():
-    try:  # jax's own deadline comes later, so that ours gives the error
-      jax.distributed.initialize(**kwargs, initialization_timeout=timeout + 60)
-    except Exception as e:  # pylint: disable=broad-except
-      failure.append(e)
-  thread = threading.Thread(target=join, daemon=True)
-  thread.start()
-  where = coordinator or f"the coordinator of this {hosts.detected_launcher()} job"
-  thread.join(timeout)
-  if thread.is_alive():
-    raise JoinTimeout(f"no answer from {where} within {timeout} s (--init_timeout); is process 0 "
-                      "running and the address reachable from here?")
-  if failure:
-    raise OSError(f"could not join {where}: {str(failure[0]).strip().splitlines()[0]}")

@@ -18,7 +18,7 @@ from ao_mdm import config as config_lib
 
 VARIANTS = ("ao", "sigma")
 REMAT = ("none", "full", "dots")
-ATTENTION = ("xla", "cudnn")
+ATTENTION = ("auto", "xla", "cudnn", "splash")  # of training and scoring (model.py)
 ORDER_KINDS = ("random", "l2r", "mixed", "fixed", "blockwise")
 MESH_AXES = ("data", "fsdp", "tensor")
 PAPER_ORDERS_FILE = os.path.join(os.path.dirname(__file__), "data", "paper_orders.json")
@@ -64,6 +64,9 @@ class ModelSpec:
     if self.n_embd % self.n_head:
       raise ValueError(f"model.n_embd={self.n_embd} is not divisible by "
                        f"model.n_head={self.n_head}")
+    if self.attention == "splash" and self.block_size % 128:
+      raise ValueError(f"model.attention='splash' needs model.block_size a multiple of 128 (the "
+                       f"kernel's blocks); got {self.block_size}: use 'auto' or 'xla'")
 
   def shape_differences(self, other: "ModelSpec", mine: str = "checkpoint",
                         theirs: str = "config", keys: tuple = SHAPE) -> list:
@@ -160,6 +163,8 @@ class TrainSpec:
   eval_every: int
   eval_batches: int
   peak_flops_per_device: float
+  profile_start_step: int
+  profile_steps: int
 
   def __post_init__(self):
     _at_least("train", self, ("batch_size", "num_steps", "microbatches", "log_every"), 1)
@@ -171,7 +176,7 @@ class TrainSpec:
       raise ValueError(f"train.ema_decay={self.ema_decay} must be in [0, 1)")
     _at_least("train", self, ("learning_rate", "grad_clip"), 0, strict=True)
     _at_least("train", self, ("min_lr", "weight_decay", "warmup_steps", "eval_every",
-                              "peak_flops_per_device"), 0)
+                              "peak_flops_per_device", "profile_start_step", "profile_steps"), 0)
     for name in ("b1", "b2"):
       if not 0 <= getattr(self, name) < 1:
         raise ValueError(f"train.{name}={getattr(self, name)} must be in [0, 1)")

@@ -14,10 +14,11 @@ SPEC_PARAMS = {"mlp_in": ("blocks", "mlp_in", "kernel"), "token_embed": ("token_
                "qkv": ("blocks", "qkv", "kernel")}
 
 
-def tiny_config(ici=(1, 1, 1), microbatches=1, order="mixed"):
+def tiny_config(ici=(1, 1, 1), microbatches=1, order="mixed", attention="xla", block_size=32):
   from ao_mdm.config import base_config  # pylint: disable=g-import-not-at-top
   c = base_config()
-  c.model.update(vocab_size=256, block_size=32, n_layer=2, n_embd=32, n_head=2, cond_dim=32)
+  c.model.update(vocab_size=256, block_size=block_size, n_layer=2, n_embd=32, n_head=2,
+                 cond_dim=32, attention=attention)
   c.train.update(batch_size=8, warmup_steps=1, learning_rate=1e-2, microbatches=microbatches)
   c.order.kind = order
   c.mesh.ici = ici
@@ -64,6 +65,10 @@ def main(out_dir: str) -> None:
   run(tiny_config(order="fixed"), devices[:1], f"{out_dir}/accum_m1.npz")
   run(tiny_config(order="fixed", microbatches=4), devices[:1], f"{out_dir}/accum_m4.npz")
   run(tiny_config((2, 1, 2), 4, "fixed"), devices[:4], f"{out_dir}/accum_m4_mesh_2_1_2.npz")
+  # Splash attention (interpreted) on a mesh: each device runs it on its rows and heads.
+  run(tiny_config(block_size=128), devices[:1], f"{out_dir}/attention_xla.npz")
+  run(tiny_config((2, 2, 2), attention="splash", block_size=128), devices,
+      f"{out_dir}/attention_splash_mesh_2_2_2.npz")
   with open(f"{out_dir}/specs.json", "w") as f:
     json.dump(specs, f)
 

@@ -315,8 +315,11 @@ def test_sample_reads_the_run_quietly_and_writes_nothing_into_it(files, tmp_path
   before = _snapshot(files["run"])
   path = tmp_path / "new" / "dir" / "samples.jsonl"  # missing directories are made
   out = ao_mdm("sample", f"--checkpoint={files['run']}", "--steps=8", "--num_samples=2",
-               "--batch_size=1", "--prompt=The Congress", f"--out={path}")
+               "--batch_size=1", "--prompt=The Congress", f"--out={path}",
+               f"--profile={tmp_path / 'profile'}")
   assert out.returncode == 0, out.stderr
+  assert len(list((tmp_path / "profile").glob("plugins/profile/*/*_0.xplane.pb"))) == 1
+  assert f"wrote a profile to {tmp_path / 'profile'}" in out.stdout
   assert _snapshot(files["run"]) == before
   assert "WARNING" not in out.stderr and "Traceback" not in out.stderr, out.stderr
   records = [json.loads(line) for line in path.read_text().splitlines()]

@@ -3,6 +3,7 @@ work-dir lock, the run's records, prepared data, and a run trained, resumed, exp
 and evaluated in a bucket. Slower multi-process cases are in the slow stage."""
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -287,7 +288,7 @@ def _steps(run) -> list:
       fs.join(d, n, "commit_success.txt"))) if fs.isdir(d) else []
 
 
-@pytest.mark.slow  # five two-process runs, about three minutes
+@pytest.mark.slow  # seven two-process runs, about four minutes
 def test_two_processes_prepare_and_train_in_a_bucket_and_resume_exactly_after_sigkill(
     gcs_server, data_dir, tmp_path):
   base = f"gs://bucket/mp-{time.time_ns()}"
@@ -327,12 +328,29 @@ def test_two_processes_prepare_and_train_in_a_bucket_and_resume_exactly_after_si
   outs = _wait(_two("train", *run(killed, 6)))
   assert "resumed from step 3" in outs[0]
   losses = lambda d: {r["step"]: r["loss"] for r in map(json.loads, fs.read_text(
-      fs.join(d, "metrics.jsonl")).splitlines()) if "loss" in r}
-  assert losses(straight) == losses(killed) and sorted(losses(killed)) == [1, 2, 3, 4, 5, 6]
-  for weights in ("params", "ema"):
-    _, want = checkpoints.load_params(straight, weights)
-    _, got = checkpoints.load_params(killed, weights)
-    jax.tree.map(np.testing.assert_array_equal, got, want)
+      fs.join(d, "metrics.jsonl")).splitlines()) if "loss" in r} if fs.isfile(
+          fs.join(d, "metrics.jsonl")) else {}
+
+  def same_as_straight(workdir):
+    assert losses(straight) == losses(workdir) and sorted(losses(workdir)) == [1, 2, 3, 4, 5, 6]
+    for weights in ("params", "ema"):
+      _, want = checkpoints.load_params(straight, weights)
+      _, got = checkpoints.load_params(workdir, weights)
+      jax.tree.map(np.testing.assert_array_equal, got, want)
+  same_as_straight(killed)
+  # SIGTERM to one of the two processes: both save the same step in the bucket and exit 0.
+  stopped = f"{base}/stopped"
+  procs = _two("train", *run(stopped, 6), "--config.train.checkpoint_every=100")
+  deadline = time.time() + 400
+  while not losses(stopped) and time.time() < deadline and all(p.poll() is None for p in procs):
+    time.sleep(0.2)
+  procs[1].send_signal(signal.SIGTERM)
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], outs[1][1][-3000:]
+  step = int(outs[0][0].split("preempted: saved a checkpoint at step ")[1].split()[0])
+  assert _steps(stopped) == [step] and step < 6
+  _wait(_two("train", *run(stopped, 6), "--config.train.checkpoint_every=100"))
+  same_as_straight(stopped)
 
 
 @pytest.mark.slow  # three CLI runs and an export, about a minute

@@ -1,9 +1,11 @@
 """Two local processes x 4 CPU devices train exactly like one process with 8 devices."""
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -54,3 +56,166 @@ def test_two_processes_match_one(tmp_path):
   assert np.all(np.isfinite(got["loss"]))
   for name in want.files:
     np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+# `ao-mdm train` as two processes of 2 CPU devices each, joined through a coordinator on
+# 127.0.0.1: signals to one or both, a process killed, each stop resumed to the end and compared
+# with a run that was never stopped.
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SMALL = ["--config.model.vocab_size=512", "--config.model.block_size=32",
+         "--config.model.n_layer=2", "--config.model.n_embd=32", "--config.model.n_head=2",
+         "--config.train.batch_size=8", "--config.train.warmup_steps=2",
+         "--config.train.log_every=1", "--config.train.eval_batches=1"]
+STEPS = 12
+
+
+def two_trains(workdir: str, data_dir: str, *flags) -> list:
+  """Both processes of a run of STEPS steps, started at once."""
+  port = free_port()
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"}
+  return [subprocess.Popen(
+      [sys.executable, "-m", "ao_mdm.cli.main", "train", f"--config={ROOT}/configs/tiny.py",
+       f"--workdir={workdir}", f"--config.data.tfds_dir={data_dir}", *SMALL,
+       f"--config.train.num_steps={STEPS}", "--config.train.eval_every=0", *flags,
+       f"--coordinator=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for i in range(2)]
+
+
+def finish(procs: list) -> list:
+  """(returncode, stdout, stderr) of each process, once both ended (killed past TIMEOUT_S)."""
+  outs = []
+  try:
+    for p in procs:
+      outs.append((*p.communicate(timeout=TIMEOUT_S),))
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  return [(p.returncode, o, e) for p, (o, e) in zip(procs, outs)]
+
+
+def records(workdir: str) -> dict:
+  """step -> loss of metrics.jsonl, the last record of a step winning (a resume rewrites)."""
+  from ao_mdm.storage import fs  # pylint: disable=g-import-not-at-top
+  path = fs.join(workdir, "metrics.jsonl")
+  if not fs.isfile(path):
+    return {}
+  import json  # pylint: disable=g-import-not-at-top
+  return {r["step"]: r["loss"] for r in map(json.loads, fs.read_text(path).splitlines())
+          if "loss" in r}
+
+
+def wait_for_step(procs: list, workdir: str, step: int) -> None:
+  deadline = time.time() + TIMEOUT_S
+  while max(records(workdir), default=0) < step and time.time() < deadline and all(
+      p.poll() is None for p in procs):
+    time.sleep(0.05)
+  assert max(records(workdir), default=0) >= step, [p.poll() for p in procs]
+
+
+def error_lines(err: str) -> list:
+  return [line for line in err.splitlines() if line.startswith("error: ")]
+
+
+def assert_same_run(workdir: str, straight: str) -> None:
+  """Losses of every step and the final params and EMA equal the straight run's, bitwise."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from ao_mdm.checkpoint import checkpoints  # pylint: disable=g-import-not-at-top
+  assert records(workdir) == records(straight) and sorted(records(workdir)) == list(
+      range(1, STEPS + 1))
+  for weights in ("params", "ema"):
+    _, want = checkpoints.load_params(straight, weights)
+    _, got = checkpoints.load_params(workdir, weights)
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
+def stop_and_resume(workdir: str, data_dir: str, straight: str, act, *flags) -> list:
+  """A run stopped by `act(procs)`, then resumed to the end: its stop's results, checked equal
+  to the straight run after the resume."""
+  procs = two_trains(workdir, data_dir, "--config.train.checkpoint_every=100", *flags)
+  act(procs)
+  stopped = finish(procs)
+  resumed = finish(two_trains(workdir, data_dir, "--config.train.checkpoint_every=100", *flags))
+  assert [r[0] for r in resumed] == [0, 0], resumed[0][2][-3000:]
+  assert_same_run(workdir, straight)
+  return stopped
+
+
+@pytest.fixture(scope="module")
+def straight(data_dir, tmp_path_factory):
+  """A two-process run never stopped: what every stopped and resumed run must equal."""
+  workdir = str(tmp_path_factory.mktemp("straight") / "run")
+  outs = finish(two_trains(workdir, data_dir, "--config.train.checkpoint_every=100"))
+  assert [r[0] for r in outs] == [0, 0], outs[0][2][-3000:]
+  return workdir
+
+
+def saved_step(stopped: list, said: str) -> int:
+  """The step both processes saved, from process 0's line."""
+  line = [x for x in stopped[0][1].splitlines() if x.startswith(f"{said}: saved a checkpoint")]
+  assert len(line) == 1, stopped[0][1][-2000:]
+  return int(line[0].split("at step ")[1].split()[0])
+
+
+def test_sigterm_to_one_process_stops_both_at_one_step(straight, data_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+
+  def act(procs):
+    wait_for_step(procs, workdir, 3)
+    procs[1].send_signal(signal.SIGTERM)  # a preemption notice reaches one host
+  stopped = stop_and_resume(workdir, data_dir, straight, act)
+  assert [r[0] for r in stopped] == [0, 0], stopped[1][2][-3000:]
+  assert 3 < saved_step(stopped, "preempted") < STEPS
+  assert not any(error_lines(r[2]) or "Traceback" in r[2] for r in stopped)
+
+
+def test_sigterm_to_both_at_different_moments_and_during_start_up(straight, data_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+
+  def act(procs):
+    time.sleep(1.0)  # well before the first step: joining, building, restoring
+    procs[0].send_signal(signal.SIGTERM)
+    wait_for_step(procs, workdir, 1)
+    procs[1].send_signal(signal.SIGTERM)
+  stopped = stop_and_resume(workdir, data_dir, straight, act)
+  assert [r[0] for r in stopped] == [0, 0], stopped[0][2][-3000:]
+  assert saved_step(stopped, "preempted") <= 3  # at the first boundaries, not when both asked
+
+
+def test_ctrl_c_to_one_process_exits_130_on_both(straight, data_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+
+  def act(procs):
+    wait_for_step(procs, workdir, 4)
+    procs[0].send_signal(signal.SIGINT)
+  stopped = stop_and_resume(workdir, data_dir, straight, act, "--config.train.eval_every=5")
+  assert [r[0] for r in stopped] == [130, 130], stopped[1][2][-3000:]
+  assert 4 < saved_step(stopped, "interrupted") < STEPS
+
+
+def test_a_killed_process_ends_the_other_with_one_line_in_bounded_time(straight, data_dir,
+                                                                       tmp_path):
+  """SIGKILL of either process (1, then the coordinator 0): the other exits 2 with one line
+  naming it and the newest complete checkpoint, within the heartbeat timeout; both resumed
+  from there equal the straight run."""
+  workdir = str(tmp_path / "run")
+  for victim in (1, 0):
+    procs = two_trains(workdir, data_dir, "--config.train.checkpoint_every=3",
+                       "--heartbeat_timeout=10")
+    wait_for_step(procs, workdir, 5 if victim == 1 else 10)
+    start = time.time()
+    procs[victim].kill()
+    survivor = finish(procs)[1 - victim]
+    elapsed = time.time() - start
+    assert survivor[0] == 2 and elapsed < 10 + 20, (survivor, elapsed)
+    assert survivor[2].splitlines() == error_lines(survivor[2]), survivor[2][-3000:]
+    line = error_lines(survivor[2])[0]
+    assert f"process {victim} of 2 stopped" in line and "--heartbeat_timeout=10 s" in line
+    newest = int(line.split("newest complete checkpoint is step ")[1].split()[0])
+    assert newest % 3 == 0 and newest >= 3 and workdir in line
+  resumed = finish(two_trains(workdir, data_dir, "--config.train.checkpoint_every=3"))
+  assert [r[0] for r in resumed] == [0, 0], resumed[0][2][-3000:]
+  assert_same_run(workdir, straight)

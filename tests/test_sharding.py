@@ -61,3 +61,9 @@ def test_params_sharded_by_rules(results):
 def test_gradient_accumulation_matches_one_batch(results):
   assert_same(results / "accum_m4.npz", results / "accum_m1.npz")
   assert_same(results / "accum_m4_mesh_2_1_2.npz", results / "accum_m1.npz")
+
+
+def test_splash_attention_on_a_mesh_matches_xla_on_one_device(results):
+  """The kernel under shard_map (batch over data and fsdp, heads over tensor)
+  trains as XLA attention on one device does."""
+  assert_same(results / "attention_splash_mesh_2_2_2.npz", results / "attention_xla.npz")

@@ -151,3 +151,17 @@ def test_cosine_horizon_past_num_steps():
   assert float(lr(100)) == pytest.approx(0.980147, rel=1e-5)  # 0.5 (1 + cos(0.09 pi))
   c = dataclasses.replace(c, lr_decay_steps=0)
   assert float(train_state.learning_rate_schedule(c)(100)) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_profile_window_writes_a_trace_that_names_the_train_steps(data_dir, tmp_path):
+  import glob  # pylint: disable=g-import-not-at-top
+  import gzip  # pylint: disable=g-import-not-at-top
+  cfg = small_config(data_dir, steps=3)
+  cfg.train.update(profile_start_step=1, profile_steps=2)
+  workdir = str(tmp_path / "run")
+  loop.train_and_evaluate(specs.parse(cfg), workdir)
+  runs = glob.glob(os.path.join(workdir, "profile", "plugins", "profile", "*"))
+  assert len(runs) == 1 and glob.glob(os.path.join(runs[0], "*_0.xplane.pb"))
+  trace = json.load(gzip.open(glob.glob(os.path.join(runs[0], "*_0.trace.json.gz"))[0]))
+  steps = [e["args"]["step_num"] for e in trace["traceEvents"] if e.get("name") == "train"]
+  assert steps == ["1", "2"]  # steps 0-based: the window's two, each annotated

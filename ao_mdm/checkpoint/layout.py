@@ -9,6 +9,7 @@ LOCK = "train.lock"
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
 TOKENIZER = "tokenizer"
+PROFILE = "profile"  # jax.profiler traces (train.profile_steps)
 
 DRAFT_HEAD = "the --workdir of an `ao-mdm train-draft`"
 
@@ -46,7 +47,7 @@ def check_writable(workdir: str, flag: str = "--workdir") -> None:
   """Every path a run writes in `workdir` can be written: no file where it keeps a directory,
   no directory where it writes a file, and (locally) a writable place to create them."""
   paths.directory(workdir, flag)
-  for name in (CHECKPOINTS, SET_ASIDE, TENSORBOARD, TOKENIZER):
+  for name in (CHECKPOINTS, SET_ASIDE, TENSORBOARD, TOKENIZER, PROFILE):
     if fs.isfile(fs.join(workdir, name)):
       raise ValueError(f"{flag} {workdir!r}: {name} is a file, where a run keeps a directory; "
                        "move it away or use another work dir")

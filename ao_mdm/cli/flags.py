@@ -13,7 +13,7 @@ from ao_mdm.config import DTYPES
 # Flags that name a path: each may be local or gs://BUCKET/..., with ~ expanded
 # (storage/paths.py checks their form before anything else).
 PATH_FLAGS = ("workdir", "out", "checkpoint", "init_from", "draft_head", "text_file",
-              "lambada_file", "generated", "scorer", "hf_dir", "compile_cache")
+              "lambada_file", "generated", "scorer", "hf_dir", "compile_cache", "profile")
 
 
 def config(fv: flags.FlagValues) -> None:
@@ -68,6 +68,20 @@ def process_index(fv: flags.FlagValues) -> None:
                        flag_values=fv)
   flags.DEFINE_integer("process_id", None, "Multi-process: this process's index.",
                        flag_values=fv)
+
+
+def profile(fv: flags.FlagValues, what: str) -> None:
+  flags.DEFINE_string("profile", None, f"A directory (or gs:// path) for a jax.profiler trace of "
+                      f"{what}; TensorBoard's profile plugin or XProf opens it.", flag_values=fv)
+
+
+def profiled(directory: Optional[str]):
+  """A jax.profiler trace into `directory` around the block (ao_mdm.profiler), or nothing."""
+  import contextlib  # pylint: disable=g-import-not-at-top
+  if not directory:
+    return contextlib.nullcontext()
+  from ao_mdm import profiler  # pylint: disable=g-import-not-at-top
+  return profiler.trace(directory, lambda line: print(line, flush=True))
 
 
 def enable_compile_cache(flag: Optional[str], workdir: Optional[str] = None) -> None:

@@ -184,6 +184,8 @@ def compile_for_topology(config: specs.Spec, topology: str,
   result = {"topology": topology, "device_kind": devices[0].device_kind,
             "num_devices": len(devices), "mesh": dict(program.mesh.shape),
             "microbatches": int(train.microbatches), "hbm_gib": hbm, "compile_seconds": seconds,
+           "attention": model_lib.attention_kind(config.model, devices[0].platform,
+                                                 config.model.block_size),
             **memory_gib(compiled)}
   result["projection"] = roofline.train_step(compiled, config, devices)
   log(format_result(result))
@@ -197,8 +199,8 @@ def format_result(r: dict) -> str:
   """A small table of the compile figures."""
   mesh = " ".join(f"{k}={v}" for k, v in r["mesh"].items())
   lines = [f"{r['topology']}: {r['num_devices']} x {r['device_kind']}, mesh {mesh}, "
-           f"microbatches={r['microbatches']}, compiled in {r['compile_seconds']:.1f} s",
-           "per-device memory (GiB):"]
+           f"microbatches={r['microbatches']}, {r['attention']} attention, compiled in "
+           f"{r['compile_seconds']:.1f} s", "per-device memory (GiB):"]
   for key in ("arguments", "outputs", "aliased", "temps", "generated_code", "total"):
     lines.append(f"  {key:<15}{r[key]:9.3f}")
   lines.append(f"  {'HBM':<15}{r['hbm_gib']:9.3f}  ({100 * r['total'] / r['hbm_gib']:.0f}% used)")

@@ -4,6 +4,8 @@ lives. Free of JAX, so the command line checks its process flags before JAX load
 import os
 from typing import Optional
 
+HEARTBEAT_S = 100  # the distributed runtime's default: a process unheard this long is lost
+
 
 def detected_launcher() -> str:
   """'slurm' or 'tpu' when this process was started as one of several by SLURM or on a

@@ -36,13 +36,6 @@ def _exit_now(signum, frame) -> None:
     os._exit(128 + signum)  # pylint: disable=protected-access
 
 
-def _say(line: str) -> None:
-  """One line on stderr from a signal handler: a raw write, which (unlike print) cannot collide
-  with a write the signal interrupted."""
-  sys.stderr.flush()
-  os.write(2, (line + "\n").encode())
-
-
 def install() -> None:
   """Ctrl-C and SIGTERM run the registered cleanups and exit (a training loop's StopRequest
   takes both over while it runs, to save first)."""
@@ -61,23 +54,33 @@ def on_interrupt(cleanup: Callable[[], Optional[str]]) -> Iterator[None]:
     _CLEANUPS.remove(cleanup)
 
 
+STOP_TERM, STOP_INT = 1, 2  # StopRequest.code after SIGTERM (a preemption) and after Ctrl-C
+
+
 class StopRequest:
   """While alive, SIGTERM and a first Ctrl-C set `requested` (the loop saves at the next step
   boundary and exits: `exit_code` 0 after SIGTERM, as a preemption, 130 after Ctrl-C); a Ctrl-C
-  after a request exits at once, leaving the last complete checkpoint."""
+  after a request exits at once, leaving the last complete checkpoint. `code` (0, STOP_TERM,
+  STOP_INT) is what processes of one run agree on (train/cluster.py)."""
 
   def __init__(self):
     self.requested, self.exit_code = False, 0
     self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
+  @property
+  def code(self) -> int:
+    if not self.requested:
+      return 0
+    return STOP_INT if self.exit_code == 130 else STOP_TERM
+
   def _handle(self, signum, frame) -> None:
     del frame
     if signum == signal.SIGINT:
       if self.requested:
-        _say("interrupted again: exiting now; the last complete checkpoint stays")
+        quiet.say("interrupted again: exiting now; the last complete checkpoint stays")
         os._exit(130)  # pylint: disable=protected-access
       self.exit_code = 130
-      _say("interrupted: saving a checkpoint at the next step boundary (Ctrl-C again to exit at "
+      quiet.say("interrupted: saving a checkpoint at the next step boundary (Ctrl-C again to exit at "
            "once)")
     self.requested = True
 

@@ -1,26 +1,62 @@
-"""Keeping what C++ libraries write to the terminal out of a command's output."""
+"""Keeping what C++ libraries write to the terminal out of a command's output: file descriptor 2
+sent to /dev/null for a while, or for the rest of a process, while our own lines still reach
+the terminal."""
 import contextlib
 import os
 import sys
 from collections.abc import Iterator
 
-_REAL_STDERR: list = []  # the real stderr's descriptor while stderr is silenced (nested: the outer)
+_TERMINAL: list = []  # descriptors of the terminal's stderr while fd 2 goes elsewhere (nested)
+_SILENCED_FOR_GOOD: list = []
+
+
+def terminal_fd() -> int:
+  """A descriptor that reaches the terminal's stderr, whatever fd 2 is now."""
+  return _TERMINAL[0] if _TERMINAL else 2
+
+
+def say(line: str) -> None:
+  """One line on the terminal's stderr as one raw write (safe in a signal handler, where a
+  print could collide with the write it interrupted)."""
+  os.write(terminal_fd(), (line + "\n").encode())
+
+
+def _devnull_on(fd: int) -> None:
+  (sys.stdout if fd == 1 else sys.stderr).flush()
+  quiet = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(quiet, fd)
+  os.close(quiet)
 
 
 @contextlib.contextmanager
 def silenced_stderr() -> Iterator[int]:
   """File descriptor 2 goes to /dev/null inside (C++ libraries write there directly, past
-  sys.stderr); yields a descriptor of the real stderr (the same one when nested)."""
+  sys.stderr); yields a descriptor of the terminal's stderr."""
   sys.stderr.flush()
   saved = os.dup(2)
-  quiet = os.open(os.devnull, os.O_WRONLY)
-  os.dup2(quiet, 2)
-  os.close(quiet)
-  _REAL_STDERR.append(_REAL_STDERR[0] if _REAL_STDERR else saved)
+  _TERMINAL.append(_TERMINAL[0] if _TERMINAL else saved)
+  _devnull_on(2)
   try:
-    yield _REAL_STDERR[-1]
+    yield _TERMINAL[-1]
   finally:
-    _REAL_STDERR.pop()
+    _TERMINAL.pop()
     sys.stderr.flush()
     os.dup2(saved, 2)
     os.close(saved)
+
+
+def silence_for_good() -> None:
+  """For the rest of the process, file descriptors 1 and 2 go to /dev/null while Python's
+  sys.stdout and sys.stderr (our lines, warnings, tracebacks) keep the terminal: what a
+  distributed runtime writes as it connects and as it fails is dropped (a multi-process
+  training run)."""
+  if _SILENCED_FOR_GOOD:
+    return
+  _SILENCED_FOR_GOOD.append(True)
+  sys.stdout.flush()
+  sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)
+  sys.stderr.flush()
+  _TERMINAL.insert(0, os.dup(2))
+  sys.stderr = os.fdopen(os.dup(_TERMINAL[0]), "w", buffering=1)
+  _devnull_on(1)
+  _devnull_on(2)

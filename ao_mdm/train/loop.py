@@ -15,9 +15,12 @@ from ao_mdm.eval import perplexity
 from ao_mdm.eval import scoring
 from ao_mdm import hardware
 from ao_mdm import model as model_lib
+from ao_mdm import profiler
+from ao_mdm.runtime import interrupts
 from ao_mdm import sharding
 from ao_mdm import specs
 from ao_mdm.storage import fs
+from ao_mdm.train import cluster
 from ao_mdm.train import records
 from ao_mdm.train import step as train_step
 
@@ -48,16 +51,31 @@ class _StartClock:
 
 def train_and_evaluate(config: specs.Spec, workdir: str,
                        init_from: Optional[str] = None, start_over: bool = False,
-                       log: Callable[[str], None] = print) -> dict:
+                       log: Callable[[str], None] = print,
+                       stop: Optional[interrupts.StopRequest] = None) -> dict:
   """Train on config.data, log, evaluate and checkpoint to workdir; return the eval losses.
 
   Resumes from the newest readable checkpoint in workdir (newer unreadable ones are moved
   aside); otherwise starts from scratch or, with init_from, from the params of an export or
   imported checkpoint (a warm start). If no checkpoint reads, it stops unless `start_over`.
   One run per work dir (checkpoints.WorkdirLock). Progress goes to `log`, on process 0 only.
+  SIGTERM and Ctrl-C (`stop`, made here unless given: the command line makes it before joining
+  the other processes) save a checkpoint at a step boundary that every process agrees on.
   """
-  say = _on_process_0(log)
+  own_stop = stop is None
+  stop = interrupts.StopRequest() if own_stop else stop
+  try:
+    return _train_and_evaluate(config, workdir, init_from, start_over, _on_process_0(log), stop)
+  finally:
+    if own_stop:
+      stop.restore()
+
+
+def _train_and_evaluate(config: specs.Spec, workdir: str, init_from: Optional[str],
+                        start_over: bool, say: Callable[[str], None],
+                        stop: interrupts.StopRequest) -> dict:
   clock = _StartClock()
+  cluster.note_checkpoint(workdir, None)  # what a lost run's line names until one is read
   clock.mark("process_and_imports")
   jax.devices()
   clock.mark("jax")
@@ -69,21 +87,20 @@ def train_and_evaluate(config: specs.Spec, workdir: str,
   program.check_fits()
   clock.mark("program")
   init_params = _init_params(config, init_from, say) if init_from else None
-  from ao_mdm.runtime import interrupts  # pylint: disable=g-import-not-at-top
   lock = checkpoints.WorkdirLock(workdir, log=say) if jax.process_index() == 0 else None
   release = lock.release if lock else lambda: None
   try:
     with interrupts.on_interrupt(release):  # a new work dir holding only the lock goes too
-      return _train(program, workdir, init_params, init_from, start_over, lock, clock, say)
+      return _train(program, workdir, init_params, init_from, start_over, lock, clock, say,
+                    stop)
   finally:
     release()
 
 
 def _train(program: train_step.Program, workdir: str, init_params: Any, init_from: Optional[str],
            start_over: bool, lock: Optional[checkpoints.WorkdirLock], clock: _StartClock,
-           say: Callable[[str], None]) -> dict:
+           say: Callable[[str], None], stop: interrupts.StopRequest) -> dict:
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  from ao_mdm.runtime import interrupts  # pylint: disable=g-import-not-at-top
   from ao_mdm.data import pipeline, tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   config, train = program.config, program.config.train
   tokenizer = tok_lib.run_tokenizer(config, workdir)
@@ -128,6 +145,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
   start = None
   if found is not None:
     start, _, state = found
+    cluster.note_checkpoint(workdir, start)
     say(f"resumed from step {start} in {workdir}")
     if jax.process_index() == 0:
       records.drop_after(workdir, start)
@@ -163,6 +181,11 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
     peak = hardware.matmul_peak(1024, model_lib.DTYPES[config.model.dtype]) * jax.process_count()
     say(f"measured matmul peak {peak / 1e9:.1f} GFLOP/s (for MFU; set "
          "train.peak_flops_per_device to skip)")
+  elif peak <= 0:
+    peak = hardware.peak_flops(jax.devices()) * jax.device_count()
+    kind = jax.devices()[0].device_kind
+    say(f"MFU against {peak / jax.device_count() / 1e12:.0f} TFLOP/s per {kind} (dense bf16)"
+        if peak else f"no peak FLOP/s known for {kind}: no MFU (set train.peak_flops_per_device)")
 
   def log_metrics(step: int, values: dict, seconds: Optional[float]) -> None:
     values = {k: float(v) for k, v in values.items()}
@@ -171,6 +194,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
         del values[share]
     if seconds:
       values["tokens_per_s"] = tokens_per_step / seconds
+      values["tokens_per_s_per_device"] = tokens_per_step / seconds / jax.device_count()
       if peak > 0:
         values["mfu"] = flops_per_step / seconds / peak
     run_log.scalars(step, values)
@@ -183,13 +207,17 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
     say(f"step 0 eval: {_format_eval(results['initial'])}")
   first = int(state.step)
   clock.mark("setup")
-  stop_request = interrupts.StopRequest()
+  agree = cluster.StopAgreement(program.mesh)
+  profile = profiler.Window(fs.join(workdir, layout.PROFILE), train.profile_start_step,
+                            train.profile_steps, say)
   pending, window = None, None  # (step, metrics) of the previous step; (time, step) of a read
   saved = None  # the step of the last checkpoint written, checked at the next save
   try:
     for step in range(first, train.num_steps):
       tokens = program.global_batch(next(data_iter))
-      state, metrics = program.step(state, tokens)
+      with profile.step(step):
+        state, metrics = program.step(state, tokens)
+      profile.after(step, metrics)
       if step == first:  # the start, phase by phase, once its first step has run
         jax.block_until_ready(metrics)
         clock.mark("first_step")
@@ -206,29 +234,34 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
         run_log.scalars(done, scalars)
         run_log.flush()
         say(f"step {done} eval (EMA): validation l2r={ev['l2r']:.4f} random={ev['random']:.4f}")
-      if lock is not None and lock.lost:
-        raise OSError(f"another process took over the lock of --workdir {workdir} (this one "
+      # Every process gets the same code: a stop asked anywhere stops all at this step.
+      code = agree(cluster.LEASE_LOST if lock is not None and lock.lost else stop.code)
+      if code == cluster.LEASE_LOST:
+        raise OSError(f"another process took over the lock of --workdir {workdir} (this run "
                       "stalled past its lease); stopping rather than write beside it")
-      stop = stop_request.requested or mgr.reached_preemption(done)
-      if stop or done % train.checkpoint_every == 0 or done == train.num_steps:
+      stopping = code > 0
+      if stopping or done % train.checkpoint_every == 0 or done == train.num_steps:
         if saved is not None:
           checkpoints.check_saved(mgr, saved)
-        if not checkpoints.save(mgr, done, state, data_iter, config, force=stop):
+          cluster.note_checkpoint(workdir, saved)
+        if not checkpoints.save(mgr, done, state, data_iter, config, force=stopping):
           raise OSError(f"Orbax declined to save step {done} in {mgr.directory} (a step "
                         "directory at or above it?); training stops rather than go on unsaved")
         saved = done
-      if stop:
+      if stopping:
         _maybe_log(pending, window, train, log_metrics, force=True)  # the saved step is logged
         checkpoints.check_saved(mgr, done)
-        how = "interrupted" if stop_request.exit_code else "preempted"
+        cluster.note_checkpoint(workdir, done)
+        how = "interrupted" if code == interrupts.STOP_INT else "preempted"
         say(f"{how}: saved a checkpoint at step {done} in {workdir}; exiting")
-        return {"preempted_at": done, "exit_code": stop_request.exit_code}
+        return {"preempted_at": done, "exit_code": 130 if code == interrupts.STOP_INT else 0}
     if pending is not None:
       _maybe_log(pending, window, train, log_metrics, force=True)
     if saved is not None:
       checkpoints.check_saved(mgr, saved)
+      cluster.note_checkpoint(workdir, saved)
   finally:
-    stop_request.restore()
+    profile.close()
     mgr.wait_until_finished()
     run_log.flush()
   results["final_ema"] = run_eval(state.ema_params)

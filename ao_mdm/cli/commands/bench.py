@@ -6,6 +6,7 @@ from ao_mdm.checkpoint import layout
 from ao_mdm.cli import checks
 from ao_mdm.cli import flags as flags_lib
 from ao_mdm.decode.options import MODES
+from ao_mdm.storage import paths
 
 SUMMARY = ("benchmarks: `bench sample --config=configs/bench_sampler.py [--mode=speculative "
            "--checkpoint=DIR]`, `bench train --config=configs/bench_train.py`, "
@@ -33,6 +34,7 @@ def define(fv: flags.FlagValues) -> None:
   flags.DEFINE_string("draft_head", None, "bench sample --mode=speculative: a draft head "
                       "written by `ao-mdm train-draft`, timed beside self-drafting.",
                       flag_values=fv)
+  flags_lib.profile(fv, "bench sample's whole run")
   flags_lib.storage_timeout(fv)
   flags_lib.compile_cache(fv)
 
@@ -44,6 +46,10 @@ def check(v: dict, given: set, what: str) -> None:
     raise ValueError(f"--dtype={v['dtype']} applies to `ao-mdm bench sample` only")
   if v["baseline"] != "none" and what != "train":
     raise ValueError(f"--baseline={v['baseline']} applies to `ao-mdm bench train` only")
+  paths.directory(v["profile"], "--profile")
+  if v["profile"] and what != "sample":
+    raise ValueError("--profile applies to `ao-mdm bench sample` only (training: "
+                     "train.profile_steps)")
   if v["mode"] != "parallel" and what != "sample":
     raise ValueError(f"--mode={v['mode']} applies to `ao-mdm bench sample` only")
   if v["mode"] == "speculative" and not v["checkpoint"]:
@@ -94,12 +100,15 @@ def run(v: dict, given: set, what: str) -> None:
     from ao_mdm.perf import bench_sample  # pylint: disable=g-import-not-at-top
     saved, params = checkpoints.load_params(v["checkpoint"], v["weights"])
     head = draft.load(v["draft_head"], saved.model, params) if v["draft_head"] else None
-    bench_sample.bench_speculative(bench, params, saved.model, v["dtype"] or "float32", head,
-                                   log=_print)
+    with flags_lib.profiled(v["profile"]):
+      bench_sample.bench_speculative(bench, params, saved.model, v["dtype"] or "float32", head,
+                                     log=_print)
   else:
     from ao_mdm.perf import bench_sample  # pylint: disable=g-import-not-at-top
-    bench_sample.bench_sample(config, bench,
-                              (v["dtype"],) if v["dtype"] else ("float32", "bfloat16"), log=_print)
+    with flags_lib.profiled(v["profile"]):
+      bench_sample.bench_sample(config, bench,
+                                (v["dtype"],) if v["dtype"] else ("float32", "bfloat16"),
+                                log=_print)
 
 
 def _print(line: str) -> None:

@@ -57,6 +57,7 @@ def define(fv: flags.FlagValues) -> None:
   flags_lib.out(fv, "A new JSON-lines file: one object per sample (text, tokens, settings).")
   flags_lib.dtype(fv, "Decode in float32 (the default; exact) or bfloat16 (params and K/V "
                   "cache; logits and the draw stay float32).")
+  flags_lib.profile(fv, "the sampling (after the checkpoint is loaded)")
   flags_lib.storage_timeout(fv)
   flags_lib.compile_cache(fv)
 
@@ -81,6 +82,7 @@ def check(v: dict, given: set) -> None:
   check_counts(v["num_samples"], v["batch_size"])
   if v["draft_head"]:
     layout.check_checkpoint(v["draft_head"], "--draft_head", layout.DRAFT_HEAD)
+  paths.directory(v["profile"], "--profile")
 
 
 def describe(record: dict, mode: str, settings: dict) -> str:
@@ -120,7 +122,8 @@ def run(v: dict, given: set) -> None:
   def show(i: int, record: dict) -> None:
     tqdm.tqdm.write(f"--- sample {i} ({describe(record, v['mode'], settings)}) ---\n"
                     f"{record.get('marked', record['text'])}\n")
-  written = write_samples(records, out, v["num_samples"], extra, show, tqdm.tqdm.write)
+  with flags_lib.profiled(v["profile"]):
+    written = write_samples(records, out, v["num_samples"], extra, show, tqdm.tqdm.write)
   bar.close()
   if out:
     print(f"wrote {written} samples to {out}")

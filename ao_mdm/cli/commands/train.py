@@ -1,5 +1,7 @@
 """`ao-mdm train`: train a model from a config into a work dir, resuming where it stopped."""
+import os
 import sys
+import traceback
 
 from absl import flags
 
@@ -24,15 +26,20 @@ def define(fv: flags.FlagValues) -> None:
   flags_lib.process_index(fv)
   flags.DEFINE_integer("init_timeout", 180, "Multi-process: seconds to wait for the other "
                        "processes and the coordinator before giving up.", flag_values=fv)
+  flags.DEFINE_integer("heartbeat_timeout", hosts.HEARTBEAT_S, "Multi-process: seconds a process may "
+                       "go unheard before the others take it for lost and stop, each with one "
+                       "error line.", flag_values=fv)
   flags_lib.storage_timeout(fv)
   flags_lib.compile_cache(fv, default="WORKDIR/xla_cache")
 
 
-def processes(coordinator, num_processes, process_id, timeout: int) -> None:
+def processes(coordinator, num_processes, process_id, timeout: int, heartbeat: int) -> None:
   """The multi-process flags: a HOST:PORT coordinator with a count and an index, or a launcher
   that jax.distributed detects (SLURM, multi-host TPU VMs), or one process."""
   if timeout < 1:
     raise ValueError(f"--init_timeout={timeout} must be >= 1 (seconds)")
+  if heartbeat < 1:
+    raise ValueError(f"--heartbeat_timeout={heartbeat} must be >= 1 (seconds)")
   if coordinator is not None:
     host, _, port = coordinator.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -57,15 +64,26 @@ def check(v: dict, given: set) -> None:
   layout.check_writable(v["workdir"])
   if v["init_from"]:
     layout.check_checkpoint(v["init_from"], "--init_from")
-  processes(v["coordinator"], v["num_processes"], v["process_id"], v["init_timeout"])
+  processes(v["coordinator"], v["num_processes"], v["process_id"], v["init_timeout"],
+            v["heartbeat_timeout"])
 
 
 def run(v: dict, given: set) -> None:
   del given
   flags_lib.enable_compile_cache(v["compile_cache"], v["workdir"])
-  from ao_mdm import sharding  # pylint: disable=g-import-not-at-top
-  from ao_mdm.train import loop  # pylint: disable=g-import-not-at-top
-  sharding.initialize_distributed(v["coordinator"], v["num_processes"], v["process_id"],
-                                  v["init_timeout"])
-  result = loop.train_and_evaluate(v["config"], v["workdir"], v["init_from"], v["start_over"])
-  sys.exit(result.get("exit_code", 0))
+  from ao_mdm.runtime import interrupts  # pylint: disable=g-import-not-at-top
+  from ao_mdm.train import cluster, loop  # pylint: disable=g-import-not-at-top
+  cluster.join(v["coordinator"], v["num_processes"], v["process_id"], v["init_timeout"],
+               v["heartbeat_timeout"])  # a signal while joining ends the process at once
+  stop = interrupts.StopRequest()  # from here on a signal means: save at the next step boundary
+  try:
+    result = loop.train_and_evaluate(v["config"], v["workdir"], v["init_from"], v["start_over"],
+                                     stop=stop)
+  except Exception as e:  # pylint: disable=broad-except
+    if not cluster.multi_process():
+      raise
+    if os.environ.get("AO_MDM_TRACEBACK"):
+      traceback.print_exc()
+    message = " ".join(checks.error_text(e).split())
+    cluster.fail(e, lambda: print(f"error: {message}", file=sys.stderr, flush=True))
+  cluster.finish(result.get("exit_code", 0))
