@@ -73,7 +73,7 @@ def _run(args: list) -> None:
   command, rest, what = args[0], args[1:], ()
   module = command_module(command)
   from ao_mdm.runtime import interrupts  # pylint: disable=g-import-not-at-top
-  interrupts.install()
+  interrupts.install(hold=getattr(module, "HOLDS_SIGNALS", False))
   if not os.environ.get("AO_MDM_TRACEBACK"):  # errors that Python ignores anyway (a library's
     sys.unraisablehook = lambda unraisable: None  # coroutines left by a failed read, collected)
   try:

@@ -36,11 +36,26 @@ def _exit_now(signum, frame) -> None:
     os._exit(128 + signum)  # pylint: disable=protected-access
 
 
-def install() -> None:
-  """Ctrl-C and SIGTERM run the registered cleanups and exit (a training loop's StopRequest
-  takes both over while it runs, to save first)."""
+_HELD: list = []  # signals that came before training's StopRequest, which takes them over
+
+
+def _hold(signum, frame) -> None:
+  del frame
+  if signum == signal.SIGINT:
+    if signal.SIGINT in _HELD:
+      quiet.say("interrupted again: exiting now")
+      os._exit(130)  # pylint: disable=protected-access
+    quiet.say("interrupted: stopping at the first step boundary (Ctrl-C again to exit at once)")
+  _HELD.append(signum)
+
+
+def install(hold: bool = False) -> None:
+  """Ctrl-C and SIGTERM run the registered cleanups and exit. With `hold` (training) they are
+  held for the training loop's StopRequest instead, so that a signal during start-up (joining,
+  preparing, restoring, compiling) stops the run at its first step boundary, saved and agreed
+  by every process."""
   for signum in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(signum, _exit_now)
+    signal.signal(signum, _hold if hold else _exit_now)
 
 
 @contextlib.contextmanager
@@ -66,6 +81,10 @@ class StopRequest:
   def __init__(self):
     self.requested, self.exit_code = False, 0
     self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    for signum in _HELD:  # already said, by _hold
+      self.requested = True
+      self.exit_code = 130 if signum == signal.SIGINT else self.exit_code
+    _HELD.clear()
 
   @property
   def code(self) -> int:
