@@ -102,3 +102,38 @@ def test_commands_are_quiet_on_a_host_without_accelerators(checkpoint, tmp_path)
   noise = [line for line in out.stderr.splitlines()
            if line[:1] in "WEI" and line[1:5].isdigit() or "libtpu" in line or "TPU" in line]
   assert noise == [], noise[:5]
+
+
+def test_infill_file_scores_each_span_exactly(checkpoint, tmp_path):
+  """`eval --infill_file`: per-record log p(span | prefix, suffix) equal to infill_nll of the
+  same params; the order inside the span is a flag; bad records are one error line."""
+  from ao_mdm.data import tokenizer  # pylint: disable=g-import-not-at-top
+  from ao_mdm.eval import infill  # pylint: disable=g-import-not-at-top
+  records = [{"prefix": "We hold these truths to be", "span": " self-evident",
+              "suffix": ", that all men are created equal."},
+             {"prefix": "", "span": "The state of the Union", "suffix": " is strong."},
+             {"prefix": "Thank you.", "span": " God bless America.", "suffix": ""}]
+  path = tmp_path / "infill.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in records))
+  config, params = checkpoints.load_params(checkpoint)
+  tok = tokenizer.load_saved_tokenizer(config.data, 512, checkpoint)
+  scorer = scoring.Scorer(params, config.model)
+  for order in ("l2r", "random"):
+    out = _eval(f"--checkpoint={checkpoint}", f"--infill_file={path}", f"--infill_order={order}",
+                "--seed=4", "--batch_size=2")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    items = [(tok.encode(r["prefix"]), tok.encode(r["span"]), tok.encode(r["suffix"]),
+              infill.span_order(len(tok.encode(r["span"])), order, 4 + i))
+             for i, r in enumerate(records)]
+    expected = [-float(n.sum()) for n in infill.infill_nll(scorer, items)]
+    np.testing.assert_allclose(result["logprobs"], expected, rtol=1e-5)
+    assert result["span_tokens"] == [len(item[1]) for item in items]
+    assert "1 of 3 records are longer than T=32 tokens" in out.stdout
+  path.write_text(json.dumps({"prefix": "a", "span": "", "suffix": "b"}) + "\n")
+  out = _eval(f"--checkpoint={checkpoint}", f"--infill_file={path}")
+  assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == (
+      f"error: --infill_file {path} record 1 lacks string fields 'prefix', 'span' (not empty) "
+      "and 'suffix'")
+  out = _eval(f"--checkpoint={checkpoint}", f"--infill_file={path}", "--datasets=sotu")
+  assert out.returncode == 2 and "--datasets do not apply with --infill_file" in out.stderr

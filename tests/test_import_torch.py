@@ -4,6 +4,8 @@ Imported params are run through our model and compared with the PyTorch model of
 ao_mdm/torch_reference.py (the authors' module tree and computation), so the key mapping is
 checked against the reference computation, not only against its own inverse.
 """
+import json
+
 import flax
 import jax
 import numpy as np
@@ -245,3 +247,44 @@ def test_untied_sigma_head_refused(tmp_path):
   ckpt["model"]["lm_head.weight"] = ckpt["model"]["lm_head.weight"] + 1.0
   _refused(tmp_path, ckpt, config, "lm_head.weight differs from transformer.wte.weight",
            weights="model")
+
+
+@pytest.mark.parametrize("variant", ["ao", "sigma"])
+def test_export_torch_loads_in_the_reference_and_imports_back_bitwise(tmp_path, variant):
+  """`export-torch` of an export of a bfloat16 run: float32 tensors under the authors' names;
+  their module tree (torch_reference) gives our logits; import-torch gives our params back
+  bitwise, from `model` and from `ema_model`; safetensors holds the same tensors."""
+  from ao_mdm.interop import torch_export  # pylint: disable=g-import-not-at-top
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  config = _config(variant)
+  config = config.replace(model=config.model.replace(dtype="bfloat16"))
+  params = random_params(config, 5)
+  export = checkpoints.write_params_export(str(tmp_path / "export"), config.to_dict(), params)
+  path = torch_export.export_torch(export, str(tmp_path / "out" / "ckpt.pt"))
+  ckpt = torch.load(path, weights_only=True)
+  m = config.model
+  assert ckpt["model_args"] == dict(n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
+                                    block_size=m.block_size, bias=True, vocab_size=m.vocab_size,
+                                    dropout=0.0)
+  assert all(t.dtype == torch.float32 for t in ckpt["model"].values())
+  reference = torch_reference.TorchAOGPT(m)
+  reference.load_state_dict(ckpt["model"])  # strict: every name and shape theirs
+  tokens, order = _batch(config)
+  ours = model_lib.make_model(m.replace(dtype="float32")).apply({"params": params}, tokens, order)
+  np.testing.assert_allclose(torch_reference.logits(reference, tokens, order), np.asarray(ours),
+                             rtol=1e-4, atol=1e-4)
+  for weights in ("model", "ema"):
+    _, back = torch_import.import_torch(path, str(tmp_path / f"back_{weights}"), weights=weights,
+                                        config=config)
+    _assert_params_equal(back, params)
+  safe = torch_export.export_torch(export, str(tmp_path / "out" / "model.safetensors"),
+                                   fmt="safetensors")
+  tensors = load_file(safe)
+  assert sorted(tensors) == sorted(ckpt["model"])
+  for name, value in tensors.items():
+    np.testing.assert_array_equal(value, ckpt["model"][name].numpy(), err_msg=name)
+  with safe_open(safe, "np") as f:
+    assert json.loads(f.metadata()["model_args"]) == ckpt["model_args"]
+  with pytest.raises(FileExistsError, match="exists; give a new path"):
+    torch_export.export_torch(export, path)

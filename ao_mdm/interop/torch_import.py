@@ -41,7 +41,7 @@ class _Row(NamedTuple):
   layer: Optional[int] = None
 
 
-def _reference_layout(cfg: specs.ModelSpec, bias: bool = True) -> list[_Row]:
+def reference_layout(cfg: specs.ModelSpec, bias: bool = True) -> list[_Row]:
   """The reference state dict of a model config, in state-dict (= parameters()) order.
 
   `bias` is the reference's model_args.bias: without it the attention/MLP Linears (and the
@@ -134,7 +134,7 @@ def to_torch_state_dict(params: Any, cfg: specs.ModelSpec) -> dict[str, np.ndarr
   """Our params (boxed or not) as a reference state dict (float32 numpy, reference key order)."""
   flat = traverse_util.flatten_dict(jax.device_get(nn.unbox(params)))
   out = {}
-  for row in _reference_layout(cfg):
+  for row in reference_layout(cfg):
     x = np.asarray(flat[row.path], np.float32)
     x = x if row.layer is None else x[row.layer]
     out[row.key] = np.ascontiguousarray(_to_reference(row, x))
@@ -288,7 +288,7 @@ def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optio
                      "models (their vocab_size is 50304); an export of it could not be sampled "
                      "or evaluated")
   bias = bool(ckpt["model_args"].get("bias", True))
-  rows = _reference_layout(config.model, bias)
+  rows = reference_layout(config.model, bias)
   tensors = _tensors(ckpt, rows, weights, checkpoint)
   del ckpt, state
 

@@ -9,6 +9,7 @@ from absl import flags
 from ao_mdm.checkpoint import layout
 from ao_mdm.cli import checks
 from ao_mdm.cli import flags as flags_lib
+from ao_mdm.eval.infill import SPAN_ORDERS
 from ao_mdm.storage import fs
 from ao_mdm.storage import paths
 
@@ -44,11 +45,26 @@ def define(fv: flags.FlagValues) -> None:
   flags.DEFINE_string("scorer", None, "Scores --generated samples left to right: an "
                       "import-gpt2 export (the paper: GPT-2 Large) or an ao_mdm checkpoint.",
                       flag_values=fv)
+  flags.DEFINE_string("infill_file", None, "JSON lines of {\"prefix\", \"span\", \"suffix\"} "
+                      "texts: the exact log p(span | prefix, suffix) of each, the span's tokens "
+                      "last in the order.", flag_values=fv)
+  flags.DEFINE_enum("infill_order", "l2r", list(SPAN_ORDERS), "--infill_file: the order of "
+                    "a span's own tokens (random: seeded by --seed).", flag_values=fv)
   flags_lib.storage_timeout(fv)
   flags_lib.compile_cache(fv)
 
 
 def check(v: dict, given: set) -> None:
+  if "infill_order" in given and not v["infill_file"]:
+    raise ValueError("--infill_order applies with --infill_file")
+  if v["infill_file"]:
+    checks.not_with(given, ("datasets", "text_file", "lambada_file", "protocol", "split",
+                            "orders", "ensemble", "max_blocks", "generated", "scorer"),
+                    "with --infill_file (which scores its spans under --checkpoint)")
+    checks.require(v, "checkpoint")
+    layout.check_checkpoint(v["checkpoint"])
+    paths.text_file(v["infill_file"], "--infill_file")
+    return
   if v["generated"]:
     checks.not_with(given, ("checkpoint", "datasets", "text_file", "lambada_file", "protocol",
                             "split", "orders", "ensemble", "max_blocks"),
@@ -83,6 +99,9 @@ def check(v: dict, given: set) -> None:
 def run(v: dict, given: set) -> None:
   del given
   flags_lib.enable_compile_cache(v["compile_cache"])
+  if v["infill_file"]:
+    _infill(v)
+    return
   if v["generated"]:
     r = _generated(v["generated"], v["scorer"], v["weights"], v["batch_size"])
     print(f"generative perplexity {r['gen_ppl']:.2f} +- {r['gen_ppl_sem']:.2f} (median "
@@ -129,6 +148,42 @@ def format_table(results: dict, ensemble: list, unigram: bool) -> str:
                  + (f"{r['unigram_ppl']:>12.2f} " if unigram else "")
                  + " ".join(f"{r['ensemble_ppl'][str(m)]:>10.2f}" for m in ensemble))
   return "\n".join(lines)
+
+
+def _infill(v: dict) -> None:
+  """log p(span | prefix, suffix) of each record of --infill_file, then the mean per token."""
+  import math  # pylint: disable=g-import-not-at-top
+  from ao_mdm import sharding  # pylint: disable=g-import-not-at-top
+  from ao_mdm.checkpoint import checkpoints  # pylint: disable=g-import-not-at-top
+  from ao_mdm.eval import infill, scoring  # pylint: disable=g-import-not-at-top
+  records = paths.jsonl_records(v["infill_file"], "--infill_file")
+  for number, r in enumerate(records, 1):
+    if not all(isinstance(r.get(k), str) for k in ("prefix", "span", "suffix")) or not r["span"]:
+      raise ValueError(f"--infill_file {v['infill_file']} record {number} lacks string fields "
+                       "'prefix', 'span' (not empty) and 'suffix'")
+  config, params, tokenizer = checkpoints.load_run(
+      v["checkpoint"], v["weights"],
+      shardings=lambda c: sharding.param_shardings(c.model, c.mesh))
+  scorer = scoring.Scorer(params, config.model, config.mesh)
+  items = []
+  for number, r in enumerate(records):
+    span = tokenizer.encode(r["span"])
+    items.append((tokenizer.encode(r["prefix"]), span, tokenizer.encode(r["suffix"]),
+                  infill.span_order(len(span), v["infill_order"], v["seed"] + number)))
+  cut = sum(len(p) + len(s) + len(u) > scorer.block_size for p, s, u, _ in items)
+  if cut:
+    print(f"{cut} of {len(items)} records are longer than T={scorer.block_size} tokens: the "
+          "context farthest from their spans is dropped")
+  nlls = infill.infill_nll(scorer, items, batch_size=v["batch_size"])
+  logprobs = [-float(n.sum()) for n in nlls]
+  tokens = sum(len(n) for n in nlls)
+  mean = -sum(logprobs) / tokens
+  for number, (r, lp, n) in enumerate(zip(records, logprobs, nlls)):
+    print(f"{number}: log p(span) = {lp:.3f} ({len(n)} tokens) {r['span'][:60]!r}")
+  print(f"{len(records)} spans, {tokens} tokens: {mean:.4f} nats per token (perplexity "
+        f"{math.exp(mean):.2f}), {v['infill_order']} order inside each span")
+  print(json.dumps({"logprobs": logprobs, "span_tokens": [len(n) for n in nlls],
+                    "nll_per_token": mean, "order": v["infill_order"]}))
 
 
 def _generated(generated: str, scorer_path: str, weights: str, batch_size: int) -> dict:
