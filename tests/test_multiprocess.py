@@ -116,6 +116,19 @@ def wait_for_step(procs: list, workdir: str, step: int) -> None:
   assert max(records(workdir), default=0) >= step, [p.poll() for p in procs]
 
 
+def catches_sigterm(proc) -> None:
+  """Waits until `proc` has its SIGTERM handler (the signal's bit in /proc's SigCgt mask): a
+  signal before it is the default's, which no program can catch."""
+  deadline = time.time() + TIMEOUT_S
+  while time.time() < deadline and proc.poll() is None:
+    with open(f"/proc/{proc.pid}/status") as f:
+      caught = int([x for x in f if x.startswith("SigCgt:")][0].split()[1], 16)
+    if caught >> (signal.SIGTERM - 1) & 1:
+      return
+    time.sleep(0.01)
+  raise AssertionError(f"process {proc.pid} never caught SIGTERM")
+
+
 def error_lines(err: str) -> list:
   return [line for line in err.splitlines() if line.startswith("error: ")]
 
@@ -176,7 +189,7 @@ def test_sigterm_to_both_at_different_moments_and_during_start_up(straight, data
   workdir = str(tmp_path / "run")
 
   def act(procs):
-    time.sleep(1.0)  # well before the first step: joining, building, restoring
+    catches_sigterm(procs[0])  # as early as can be: before joining, building, restoring
     procs[0].send_signal(signal.SIGTERM)
     wait_for_step(procs, workdir, 1)
     procs[1].send_signal(signal.SIGTERM)

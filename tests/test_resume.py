@@ -231,16 +231,16 @@ def test_ctrl_c_elsewhere_exits_130_and_leaves_no_partial_output(data_dir, tmp_p
         assert records and all(len(r["tokens"]) == 32 for r in records)
   # Some runs were stopped mid-work: nothing of an export, and samples kept.
   assert ("export", 130, False) in outcomes and ("sample", 130, True) in outcomes, outcomes
-  # A signal during training's start-up (tokenizer, data, compile) is held for the loop, which
-  # saves its first step and stops.
+  # Training start-up (tokenizer, data, compile) stops too: with nothing saved, or, had the
+  # loop begun (a fast machine), with a checkpoint of the step it reached.
   workdir = tmp_path / "startup"
   proc = subprocess.Popen(_command(str(workdir), data_dir, 100, 100), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
   time.sleep(4)
   proc.send_signal(signal.SIGINT)
   out, err = proc.communicate(timeout=120)
-  assert proc.returncode == 130 and "Traceback" not in err, err
-  assert "interrupted: saved a checkpoint at step " in out and _complete_steps(str(workdir))
+  assert proc.returncode in (130, -2) and "Traceback" not in err, err
+  assert ("interrupted: saved a checkpoint" in out) == bool(_complete_steps(str(workdir)))
 
 
 @pytest.mark.slow
@@ -282,25 +282,24 @@ def test_a_second_ctrl_c_during_the_save_exits_at_once(monkeypatch):
   assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_a_signal_before_the_loop_is_held_for_it(monkeypatch):
-  """`ao-mdm train` holds Ctrl-C and SIGTERM from its start (joining, restoring, compiling) for
-  the loop's StopRequest; a second Ctrl-C while held exits at once."""
+def test_a_sigterm_before_the_loop_is_held_for_it(monkeypatch):
+  """`ao-mdm train` holds a SIGTERM from its start (joining, restoring, compiling) for the
+  loop's StopRequest, which saves at the first step boundary; Ctrl-C before it exits at once."""
   from ao_mdm.runtime import interrupts  # pylint: disable=g-import-not-at-top
   exits = []
   monkeypatch.setattr(interrupts.os, "_exit", exits.append)
   before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
   try:
-    for signum, code in ((signal.SIGTERM, 0), (signal.SIGINT, 130)):
-      interrupts.install(hold=True)
-      os.kill(os.getpid(), signum)
-      time.sleep(0.01)  # the handler runs at the next bytecode of the main thread
-      assert not exits
-      stop = interrupts.StopRequest()
-      assert stop.requested and stop.exit_code == code
-      stop.restore()
-      assert not interrupts.StopRequest().requested  # taken over once
     interrupts.install(hold=True)
-    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.01)  # the handler runs at the next bytecode of the main thread
+    assert not exits
+    stop = interrupts.StopRequest()
+    assert stop.requested and stop.exit_code == 0
+    stop.restore()
+    stop = interrupts.StopRequest()
+    assert not stop.requested  # taken over once
+    stop.restore()
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.01)
     assert exits == [130]

@@ -36,26 +36,21 @@ def _exit_now(signum, frame) -> None:
     os._exit(128 + signum)  # pylint: disable=protected-access
 
 
-_HELD: list = []  # signals that came before training's StopRequest, which takes them over
+_HELD: list = []  # SIGTERMs that came before training's StopRequest, which takes them over
 
 
 def _hold(signum, frame) -> None:
   del frame
-  if signum == signal.SIGINT:
-    if signal.SIGINT in _HELD:
-      quiet.say("interrupted again: exiting now")
-      os._exit(130)  # pylint: disable=protected-access
-    quiet.say("interrupted: stopping at the first step boundary (Ctrl-C again to exit at once)")
   _HELD.append(signum)
 
 
 def install(hold: bool = False) -> None:
-  """Ctrl-C and SIGTERM run the registered cleanups and exit. With `hold` (training) they are
-  held for the training loop's StopRequest instead, so that a signal during start-up (joining,
-  preparing, restoring, compiling) stops the run at its first step boundary, saved and agreed
-  by every process."""
-  for signum in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(signum, _hold if hold else _exit_now)
+  """Ctrl-C and SIGTERM run the registered cleanups and exit. With `hold` (training) a SIGTERM
+  is held for the training loop's StopRequest instead, so that a preemption notice during
+  start-up (joining, preparing, restoring, compiling) stops the run at its first step boundary,
+  saved and agreed by every process; Ctrl-C until that StopRequest exists still exits at once."""
+  signal.signal(signal.SIGINT, _exit_now)
+  signal.signal(signal.SIGTERM, _hold if hold else _exit_now)
 
 
 @contextlib.contextmanager
@@ -81,9 +76,7 @@ class StopRequest:
   def __init__(self):
     self.requested, self.exit_code = False, 0
     self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
-    for signum in _HELD:  # already said, by _hold
-      self.requested = True
-      self.exit_code = 130 if signum == signal.SIGINT else self.exit_code
+    self.requested = bool(_HELD)
     _HELD.clear()
 
   @property

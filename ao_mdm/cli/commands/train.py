@@ -10,7 +10,7 @@ from ao_mdm.cli import checks
 from ao_mdm.cli import flags as flags_lib
 from ao_mdm.runtime import hosts
 
-HOLDS_SIGNALS = True  # one during start-up stops at the first step boundary (interrupts.install)
+HOLDS_SIGNALS = True  # a SIGTERM during start-up stops at the first step boundary
 SUMMARY = "train a model: --config=configs/tiny.py --workdir=DIR [--config.x.y=value ...]"
 
 
@@ -74,9 +74,9 @@ def run(v: dict, given: set) -> None:
   flags_lib.enable_compile_cache(v["compile_cache"], v["workdir"])
   from ao_mdm.runtime import interrupts  # pylint: disable=g-import-not-at-top
   from ao_mdm.train import cluster, loop  # pylint: disable=g-import-not-at-top
-  stop = interrupts.StopRequest()  # a signal held since start-up, or to come: save at a boundary
   cluster.join(v["coordinator"], v["num_processes"], v["process_id"], v["init_timeout"],
-               v["heartbeat_timeout"])
+               v["heartbeat_timeout"])  # Ctrl-C while joining ends the process at once
+  stop = interrupts.StopRequest()  # a SIGTERM held since start-up, or any signal from now on
   try:
     result = loop.train_and_evaluate(v["config"], v["workdir"], v["init_from"], v["start_over"],
                                      stop=stop)
