@@ -15,11 +15,12 @@ $(STAMP): setup.py constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e .
 	touch $(STAMP)
 
-# Tests also need pytest, scipy, torch (import-torch) and libtpu (TPU ahead-of-time compiles):
-# one install of the package with those extras, which is also the plain install.
+# Tests also need pytest, scipy, torch (import-torch), libtpu (TPU ahead-of-time compiles) and
+# lm_eval (the harness model): one install of the package with those extras, which is also the
+# plain install.
 $(TEST_STAMP): setup.py constraints.txt
 	$(NEW_VENV)
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,tpu]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,tpu,harness]"
 	touch $(STAMP) $(TEST_STAMP)
 
 install: $(STAMP)

@@ -46,6 +46,7 @@ setup(
         "cuda": ["jax[cuda12]>=0.10.2,<0.12"],  # NVIDIA GPUs: the CUDA 12 plugin of the same jax
         "torch": ["torch>=2.13,<3"],
         "repro": ["matplotlib>=3.11.2,<4"],  # plots of scripts/reproduce.py
+        "harness": ["lm_eval>=0.4.13,<0.5"],  # `ao-mdm harness`, interop/harness.py
     },
     entry_points={"console_scripts": ["ao-mdm=ao_mdm.cli.main:run"]},
 )

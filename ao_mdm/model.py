@@ -370,6 +370,16 @@ def slot_nll(model: AOGPT, params: Any, tokens_BT: jax.Array, order_Bt: jax.Arra
       logits_BtV, slot_labels(tokens_BT, order_Bt))
 
 
+def slot_scores(model: AOGPT, params: Any, tokens_BT: jax.Array, order_Bt: jax.Array) -> tuple:
+  """([B, t] NLL as slot_nll, [B, t] whether the target has the slot's largest logit: the
+  harness's is_greedy)."""
+  logits_BtV = model.apply({"params": params}, tokens_BT, order_Bt)
+  labels_Bt = slot_labels(tokens_BT, order_Bt)
+  target_Bt = jnp.take_along_axis(logits_BtV, labels_Bt[..., None], axis=-1)[..., 0]
+  return (optax.softmax_cross_entropy_with_integer_labels(logits_BtV, labels_Bt),
+          target_Bt >= jnp.max(logits_BtV, axis=-1))
+
+
 EMBEDDINGS = ("token_embed", "pos_embed", "none_embed", "target_embed")
 
 

@@ -18,7 +18,7 @@ from ao_mdm import specs
 # Every command, in the order `ao-mdm help` lists them; the module is cli/commands/<name>.py
 # with '-' as '_'.
 COMMANDS = ("train", "prepare", "train-draft", "info", "tokenizer", "export", "sample", "eval",
-            "import-torch", "export-torch", "import-gpt2", "compile", "bench")
+            "harness", "import-torch", "export-torch", "import-gpt2", "compile", "bench")
 
 
 def command_module(name: str) -> ModuleType:

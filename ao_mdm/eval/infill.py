@@ -1,5 +1,5 @@
 """Exact infill likelihood: log p(span | prefix, suffix) of an any-order model in one forward,
-the span's positions put last in the order (docs/sampling.md, "Scoring an infill").
+the span's positions put last in the order (docs/evaluation.md, "Scoring an infill").
 
 The pieces lie side by side, prefix at positions 0.., then the span, then the suffix; the order
 is the prefix left to right, the suffix left to right, then the span (left to right by default,
@@ -57,11 +57,19 @@ def fit(prefix: Sequence[int], span: Sequence[int], suffix: Sequence[int],
 def infill_nll(scorer: Any, items: Sequence[tuple], batch_size: int = 8,
                bucket: int = 32) -> list[np.ndarray]:
   """Per item (prefix ids, span ids, suffix ids[, span order]): the NLL of each span token in
-  its order, in nats, from `scorer.slot_nll`; their sum is -log p(span | prefix, suffix).
+  its order, in nats; their sum is -log p(span | prefix, suffix) (span_scores)."""
+  return [nll for nll, _ in span_scores(scorer, items, batch_size, bucket)]
 
-  An item longer than the model's T slots is cut by `fit`. Items are padded to a length
-  rounded up to `bucket` (a few compiled shapes), the padding positions after every real slot in
-  the order, so that no real slot attends to them."""
+
+def span_scores(scorer: Any, items: Sequence[tuple], batch_size: int = 8,
+                bucket: int = 32) -> list[tuple]:
+  """Per item (prefix ids, span ids, suffix ids[, span order]): (NLL, is-greedy) of each span
+  token in its order, from `scorer.slot_scores`. With an empty suffix this is the L2R
+  log-likelihood of a continuation, its context cut on the left to fit.
+
+  An item longer than the model's T slots is cut by `fit`. Items go in batches of similar
+  length, padded to a length rounded up to `bucket` (a few compiled shapes), the padding
+  positions after every real slot in the order, so that no real slot attends to them."""
   t = scorer.block_size
   laid = []
   for number, (prefix, span, suffix, *order) in enumerate(items, 1):
@@ -71,16 +79,18 @@ def infill_nll(scorer: Any, items: Sequence[tuple], batch_size: int = 8,
       raise ValueError(f"infill {number}: {e}") from None
     laid.append(layout(prefix, span, suffix, *order))
   out = [None] * len(laid)
+  by_length = sorted(range(len(laid)), key=lambda i: -len(laid[i][0]))
   for start in range(0, len(laid), batch_size):
-    chunk = laid[start:start + batch_size]
-    n = min(t, -(-max(len(tokens) for tokens, _ in chunk) // bucket) * bucket)
+    chunk = by_length[start:start + batch_size]
+    n = min(t, -(-len(laid[chunk[0]][0]) // bucket) * bucket)
     tokens_BN = np.zeros((len(chunk), n), np.int32)
     order_BN = np.zeros((len(chunk), n), np.int32)
-    for row, (tokens, order) in enumerate(chunk):
+    for row, i in enumerate(chunk):
+      tokens, order = laid[i]
       tokens_BN[row, :len(tokens)] = tokens
       order_BN[row] = np.concatenate([order, np.arange(len(tokens), n)])
-    nll_BN = scorer.slot_nll(tokens_BN, order_BN)
-    for row, (tokens, order) in enumerate(chunk):
-      s = len(items[start + row][1])
-      out[start + row] = nll_BN[row, len(tokens) - s:len(tokens)]
+    nll_BN, greedy_BN = scorer.slot_scores(tokens_BN, order_BN)
+    for row, i in enumerate(chunk):
+      end, s = len(laid[i][0]), len(items[i][1])
+      out[i] = (nll_BN[row, end - s:end], greedy_BN[row, end - s:end])
   return out

@@ -37,6 +37,11 @@ class Scorer:
     return jax.jit(functools.partial(model_lib.slot_nll, self.model),
                    out_shardings=sharding.replicated(self.mesh))
 
+  @functools.cached_property
+  def _scores(self) -> Callable:
+    return jax.jit(functools.partial(model_lib.slot_scores, self.model),
+                   out_shardings=sharding.replicated(self.mesh))
+
   @property
   def vocab_size(self) -> int:
     return int(self.cfg.vocab_size)
@@ -54,6 +59,14 @@ class Scorer:
 
     Every process passes the same whole batch; each places its own part on the mesh.
     """
+    return np.asarray(self._run(self._nll, tokens_BT, order_Bt), np.float64)
+
+  def slot_scores(self, tokens_BT: np.ndarray, order_Bt: np.ndarray) -> tuple:
+    """([B, t] NLL as slot_nll, [B, t] bool: the target is the slot's most likely token)."""
+    nll, greedy = self._run(self._scores, tokens_BT, order_Bt)
+    return np.asarray(nll, np.float64), np.asarray(greedy)
+
+  def _run(self, fn: Callable, tokens_BT: np.ndarray, order_Bt: np.ndarray) -> Any:
     b = len(tokens_BT)
     pad = -b % self.dp  # the batch is split over the data axes: pad it to a multiple
     if pad:
@@ -63,9 +76,9 @@ class Scorer:
     place = lambda x: jax.make_array_from_callback(
         x.shape, batch, lambda index: x[index])
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      out = self._nll(self.params, place(np.asarray(tokens_BT, np.int32)),
-                      place(np.asarray(order_Bt, np.int32)))
-    return np.asarray(jax.device_get(out), np.float64)[:b]
+      out = fn(self.params, place(np.asarray(tokens_BT, np.int32)),
+               place(np.asarray(order_Bt, np.int32)))
+    return jax.tree.map(lambda x: x[:b], jax.device_get(out))
 
 
 def l2r_nll(scorer: Any, tokens_BT: np.ndarray) -> np.ndarray:
