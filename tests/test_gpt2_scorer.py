@@ -159,3 +159,39 @@ def test_cli_scores_other_tokenizers_samples_as_gpt2_text(tmp_path):
   samples.write_text(json.dumps({"text": "x", "tokens": [1, 50300, 3], "tokenizer": "gpt2"}) + "\n")
   out = run("eval", f"--generated={samples}", f"--scorer={tmp_path / 'sc'}")
   assert out.returncode != 0 and "50300 is outside the scorer's vocab" in out.stderr
+
+
+class _RunsCode:
+  """Pickled as a call of os.system: what a malicious pytorch_model.bin holds."""
+
+  def __reduce__(self):
+    return (os.system, ("echo ran > ran.txt",))
+
+
+def test_a_damaged_hf_dir_is_one_error_line(tmp_path, hf_model):
+  """import-gpt2 on a truncated model.safetensors, a truncated pytorch_model.bin and a .bin whose
+  pickle would run code: one `error:` line naming the file, exit 2, nothing run or written."""
+  import pickle  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  st = _save(hf_model, tmp_path / "st")
+  data = open(os.path.join(st, "model.safetensors"), "rb").read()
+  open(os.path.join(st, "model.safetensors"), "wb").write(data[:40])
+  pt = _save(hf_model, tmp_path / "pt", "bin")
+  data = open(os.path.join(pt, "pytorch_model.bin"), "rb").read()
+  open(os.path.join(pt, "pytorch_model.bin"), "wb").write(data[:len(data) // 2])
+  evil = _save(hf_model, tmp_path / "evil", "bin")
+  with open(os.path.join(evil, "pytorch_model.bin"), "wb") as f:
+    pickle.dump({"wte.weight": _RunsCode()}, f)
+  for hf_dir, file, what in ((st, "model.safetensors", "not a readable safetensors file"),
+                             (pt, "pytorch_model.bin", "not a readable PyTorch state dict"),
+                             (evil, "pytorch_model.bin", "not a readable PyTorch state dict")):
+    out = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", "import-gpt2",
+                          f"--hf_dir={hf_dir}", f"--out={tmp_path / 'out'}"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu",
+                              "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert lines[0].startswith(f"error: {os.path.join(hf_dir, file)}: {what} ("), lines[0]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "ran.txt").exists()

@@ -232,3 +232,26 @@ def test_a_killed_process_ends_the_other_with_one_line_in_bounded_time(straight,
   resumed = finish(two_trains(workdir, data_dir, "--config.train.checkpoint_every=3"))
   assert [r[0] for r in resumed] == [0, 0], resumed[0][2][-3000:]
   assert_same_run(workdir, straight)
+
+
+def test_ctrl_c_to_the_local_launcher_is_an_interrupt_not_a_failure(data_dir, tmp_path):
+  """launch/local_multiprocess.sh: Ctrl-C (SIGINT to its process group, as a terminal sends it)
+  saves one step in both processes and the launcher exits 130 without calling it a failure."""
+  workdir = str(tmp_path / "run")
+  env = {**os.environ, "PORT": str(free_port()), "DEVICES_PER_PROCESS": "2",
+         "AO_MDM": os.path.join(os.path.dirname(sys.executable), "ao-mdm")}
+  launcher = subprocess.Popen(
+      ["bash", str(ROOT / "launch/local_multiprocess.sh"), "2", f"{ROOT}/configs/tiny.py",
+       workdir, f"--config.data.tfds_dir={data_dir}", *SMALL, "--config.train.num_steps=200",
+       "--config.train.eval_every=0", "--config.train.checkpoint_every=1000"],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)
+  try:
+    wait_for_step([launcher], workdir, 3)
+    os.killpg(launcher.pid, signal.SIGINT)
+    out, err = launcher.communicate(timeout=TIMEOUT_S)
+  finally:
+    if launcher.poll() is None:
+      os.killpg(launcher.pid, signal.SIGKILL)
+  assert launcher.returncode == 130, err[-3000:]
+  assert "failed" not in err and "interrupted: saved a checkpoint at step" in out, err[-3000:]

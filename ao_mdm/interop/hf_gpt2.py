@@ -3,6 +3,8 @@ read with torch's weights-only loader) converted into the export that eval/gpt2_
 scores with: the paper's generative-perplexity scorer (GPT-2 Large)."""
 import dataclasses
 import io
+import pickle
+import warnings
 
 import flax
 import numpy as np
@@ -32,18 +34,42 @@ HF_NAMES = {
 
 
 def _read_hf_weights(hf_dir: str) -> dict:
-  """The state dict of `model.safetensors` or else `pytorch_model.bin`, as float32 numpy."""
+  """The state dict of `model.safetensors` or else `pytorch_model.bin`, as float32 numpy; a file
+  that does not read (truncated, damaged, or a pickle that would run code) is a ValueError
+  naming it."""
   st, pt = fs.join(hf_dir, "model.safetensors"), fs.join(hf_dir, "pytorch_model.bin")
   if fs.isfile(st):
     from safetensors.numpy import load  # pylint: disable=import-outside-toplevel
-    sd = load(fs.read_bytes(st))
+    try:
+      sd = load(fs.read_bytes(st))
+    except Exception as e:  # pylint: disable=broad-except  (SafetensorError and its kin)
+      raise ValueError(f"{st}: not a readable safetensors file ({_first_line(e)})") from e
   elif fs.isfile(pt):
-    import torch  # pylint: disable=import-outside-toplevel
-    sd = {k: v.float().numpy() for k, v in torch.load(
-        io.BytesIO(fs.read_bytes(pt)), map_location="cpu", weights_only=True).items()}
+    try:
+      import torch  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+      raise ImportError(f"{pt} needs PyTorch to read: pip install -e '.[torch]' (or convert "
+                        "it to model.safetensors)") from e
+    try:  # weights_only: the safe unpickler, which refuses any code in the file
+      with warnings.catch_warnings():  # its notes on pickle protocols
+        warnings.simplefilter("ignore")
+        state = torch.load(io.BytesIO(fs.read_bytes(pt)), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+      raise ValueError(f"{pt}: not a readable PyTorch state dict (its pickle holds more than "
+                       "tensors, e.g. code, which the safe loader refuses)") from e
+    except Exception as e:  # pylint: disable=broad-except  (a damaged zip archive)
+      raise ValueError(f"{pt}: not a readable PyTorch state dict ({_first_line(e)})") from e
+    if not isinstance(state, dict):
+      raise ValueError(f"{pt}: holds a {type(state).__name__}, not a state dict")
+    sd = {k: v.float().numpy() for k, v in state.items()}
   else:
     raise FileNotFoundError(f"{hf_dir!r} has neither model.safetensors nor pytorch_model.bin")
   return {k.removeprefix("transformer."): np.asarray(v, np.float32) for k, v in sd.items()}
+
+
+def _first_line(e: Exception) -> str:
+  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+  return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 def _hf_params(sd: dict, cfg: gpt2_scorer.GPT2Config, source: str) -> dict:

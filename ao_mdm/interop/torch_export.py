@@ -40,11 +40,7 @@ def export_torch(checkpoint: str, out: str, weights: str = "ema", fmt: str = "to
   state = torch_import.to_torch_state_dict(params, cfg)
   args = model_args(cfg)
   if fmt == "safetensors":
-    try:
-      from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
-    except ImportError as e:
-      raise ImportError("export-torch --format=safetensors needs safetensors: pip install -e "
-                        "'.[torch]'") from e
+    from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
     data = save(state, metadata={"model_args": json.dumps(args), "variant": cfg.variant,
                                  "cond_dim": str(cfg.cond_dim)})
   else:
