@@ -416,3 +416,13 @@ def test_tokenizer_errors_leave_nothing_behind(tmp_path):
   from ao_mdm.data import datasets  # pylint: disable=g-import-not-at-top
   assert os.listdir(tfds_dir / "text_file") == [
       "h" + datasets.text_source_hash(str(tmp_path / "two.txt"))]
+
+
+def test_verbosity_brings_the_libraries_logs_back(files):
+  """Quiet by default; absl's --verbosity=0 shows the libraries' INFO and WARNING lines."""
+  quiet = ao_mdm("export", f"--workdir={files['run']}", f"--out={files['root']}/v1")
+  loud = ao_mdm("export", f"--workdir={files['run']}", f"--out={files['root']}/v2",
+                "--verbosity=0")
+  assert quiet.returncode == 0 and loud.returncode == 0, loud.stderr[-2000:]
+  library = lambda out: [l for l in out.stderr.splitlines() if l[:1] in "IW" and ".py:" in l]
+  assert not library(quiet) and any("checkpoint_manager.py" in l for l in library(loud))

@@ -77,6 +77,13 @@ def test_eviction_keeps_the_bound_and_the_recently_used(tmp_path):
 
 def test_where_the_cache_lives(monkeypatch, tmp_path):
   monkeypatch.delenv(compile_cache.ENV, raising=False)
+  monkeypatch.setenv(compile_cache.JAX_ENV, str(tmp_path / "jax"))  # JAX's own variable
+  assert compile_cache.where(None, "run") == str(tmp_path / "jax")
+  assert compile_cache.where(str(tmp_path / "flag"), "run") == str(tmp_path / "flag")
+  monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "ours"))  # ours comes first
+  assert compile_cache.where(None, "run") == str(tmp_path / "ours")
+  monkeypatch.delenv(compile_cache.ENV)
+  monkeypatch.delenv(compile_cache.JAX_ENV)
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
   assert compile_cache.where(None) == str(tmp_path / "xdg" / "ao_mdm" / "xla")
   assert compile_cache.where(None, "gs://b/run") == "gs://b/run/xla_cache"

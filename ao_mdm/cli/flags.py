@@ -31,7 +31,8 @@ def compile_cache(fv: flags.FlagValues, default: str = "$XDG_CACHE_HOME/ao_mdm/x
                   "(~/.cache/ao_mdm/xla)") -> None:
   flags.DEFINE_string("compile_cache", None, "Where compiled programs are kept for the next run "
                       "(a directory or gs:// path; `off`: nowhere); default: "
-                      f"{default}; also AO_MDM_COMPILE_CACHE. Remove the directory to clear it.",
+                      f"{default}; also AO_MDM_COMPILE_CACHE, else JAX_COMPILATION_CACHE_DIR. "
+                      "Remove the directory to clear it.",
                       flag_values=fv)
 
 

@@ -98,7 +98,8 @@ def _run(args: list) -> None:
   name = " ".join((command,) + what)
 
   def main(argv):
-    logging.set_verbosity(logging.ERROR)  # Orbax/TFDS warnings are not the user's business
+    if not fv["verbosity"].present:  # absl's --verbosity=0 (INFO) brings them back to debug
+      logging.set_verbosity(logging.ERROR)  # Orbax/TFDS warnings are not the user's business
     try:
       if len(argv) > 1:
         raise ValueError(f"unexpected argument(s) {' '.join(argv[1:])!r}; flags are --name=value")

@@ -21,6 +21,7 @@ from typing import Optional
 from ao_mdm.storage import fs
 
 ENV = "AO_MDM_COMPILE_CACHE"
+JAX_ENV = "JAX_COMPILATION_CACHE_DIR"  # the convention users bring from JAX
 OFF = "off"
 WORKDIR_SUBDIR = "xla_cache"
 MAX_BYTES = 4 << 30
@@ -35,9 +36,10 @@ def user_dir() -> str:
 
 
 def where(flag: Optional[str], workdir: Optional[str] = None) -> Optional[str]:
-  """The cache directory a command uses: --compile_cache, else AO_MDM_COMPILE_CACHE, else the
-  work dir's (train) or the user's; None when either says `off`."""
-  chosen = flag or os.environ.get(ENV) or ""
+  """The cache directory a command uses: --compile_cache, else AO_MDM_COMPILE_CACHE, else JAX's
+  own JAX_COMPILATION_CACHE_DIR, else the work dir's (train) or the user's; None when the
+  chosen one says `off`."""
+  chosen = flag or os.environ.get(ENV) or os.environ.get(JAX_ENV) or ""
   if chosen == OFF:
     return None
   if chosen:

@@ -72,7 +72,8 @@ def run(v: dict, given: set) -> None:
   from lm_eval import tasks as lm_tasks  # pylint: disable=g-import-not-at-top
   from lm_eval import utils as lm_utils  # pylint: disable=g-import-not-at-top
   from ao_mdm.interop import harness  # pylint: disable=g-import-not-at-top
-  logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its INFO lines are not our output
+  if not flags.FLAGS["verbosity"].present:  # its INFO lines are not our output
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
   model = harness.AoMdm(v["checkpoint"], weights=v["weights"], dtype=v["dtype"],
                         batch_size=v["batch_size"], mode=v["mode"], steps=v["steps"],
                         seed=v["seed"], log=print)
