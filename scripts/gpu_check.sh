@@ -11,7 +11,8 @@
 #
 # Install: a venv in OUT_DIR that sees the machine's own packages (an image with jax and its
 # CUDA plugin keeps them), then the package: from wheels in $WHEELS without the network when
-# set, else `pip install -e '.[cuda]'`. Env: PYTHON (python3), BUDGET_S, WHEELS.
+# set, else `pip install -e '.[cuda]'`. Env: PYTHON (python3; for --dry_run, the checkout's
+# .venv/bin/python when there is one), BUDGET_S, WHEELS.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR [--dry_run]}
 dry=${2:-}
@@ -21,8 +22,8 @@ start=$(date +%s)
 budget=${BUDGET_S:-480}
 skipped=()
 
-if [[ $dry == --dry_run ]]; then
-  python=${PYTHON:-python3}
+if [[ $dry == --dry_run ]]; then  # this checkout's .venv (as `make` makes it), else python3
+  python=${PYTHON:-$([[ -x .venv/bin/python ]] && echo "$PWD/.venv/bin/python" || echo python3)}
   aomdm=(env AO_MDM_CHECK_ONLY=1 "$python" -m ao_mdm.cli.main)
 else
   "${PYTHON:-python3}" -m venv --system-site-packages "$out/venv" || exit 1
