@@ -130,12 +130,17 @@ def draw_from_probs(u_N: jax.Array, probs_NV: jax.Array) -> jax.Array:
   return jnp.minimum(drawn, last).astype(jnp.int32)
 
 
-def make_orders(key: jax.Array, known_BT: jax.Array, mode: str) -> jax.Array:
-  """Known positions first (left to right), then the unknown ones at random or left to right."""
+def make_orders(key: jax.Array, known_BT: jax.Array, mode: str,
+                block_len: Optional[int] = None) -> jax.Array:
+  """Known positions first (left to right), then the unknown ones at random or left to right;
+  with `block_len`, the unknown ones in blocks of that many (left to right), each block's
+  positions in that order."""
   b, t = known_BT.shape
   pos = jnp.arange(t, dtype=jnp.float32)
   rest = jax.random.uniform(key, (b, t)) * t if mode == "random" else jnp.broadcast_to(pos, (b, t))
-  return jnp.argsort(jnp.where(known_BT, pos - 2 * t, rest), axis=1).astype(jnp.int32)
+  rank_BT = jnp.cumsum(~known_BT, axis=1) - 1  # among the unknown positions
+  block_BT = jnp.where(known_BT, -1, rank_BT // (block_len or t))
+  return jnp.lexsort((jnp.where(known_BT, pos, rest), block_BT), axis=1).astype(jnp.int32)
 
 
 def slot_inputs(tokens_BT: jax.Array, order_BT: jax.Array, slots_BW: jax.Array) -> tuple:
@@ -192,6 +197,13 @@ def prefilled_cache(apply: Callable, cfg: specs.ModelSpec, tokens_BT: jax.Array,
     _, _, kv = apply(*slot_inputs(tokens_BT, order_BT, slots), order_BT[:, :known], None, None)
     cache = write_cache(cache, kv, jnp.arange(known))
   return cache
+
+
+def eos_lengths(tokens_BT: np.ndarray, start: int, eos_id: int) -> np.ndarray:
+  """[B] tokens up to and including the first EOS at a position >= start (T without one)."""
+  t = tokens_BT.shape[1]
+  hit_BT = (tokens_BT == eos_id) & (np.arange(t) >= start)
+  return np.where(hit_BT.any(1), hit_BT.argmax(1) + 1, t).astype(np.int32)
 
 
 def bucket_bounds(total: int, buckets: int) -> list:

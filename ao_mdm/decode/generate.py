@@ -16,7 +16,7 @@ from ao_mdm import specs
 def sample_texts(params: Any, cfg: specs.ModelSpec, tokenizer: Any, *,
                  num_samples: int, batch_size: int, prompt: str = "", infill: str = "",
                  infill_span: int = 8, seed: int = 0, progress: Optional[Callable] = None,
-                 mode: str = "parallel", **options) -> Iterator[dict]:
+                 mode: str = "parallel", until_eos: bool = False, **options) -> Iterator[dict]:
   """An iterator of `num_samples` texts ({text, tokens}, `marked` with a prompt or infill, the
   `steps` used), each batch's as it finishes. The arguments are checked at the call, the mode's
   own options by its sampler (first batch). `options` go to the mode's sampler: parallel.sample
@@ -25,17 +25,26 @@ def sample_texts(params: Any, cfg: specs.ModelSpec, tokenizer: Any, *,
   refused. steps=None: decode/options.DEFAULT_STEPS, or the number of unknown positions if
   fewer. order=None (parallel): left to right after a prompt or infill, random without
   (parallel.default_order); the parallel mode's records name the order used.
+  until_eos (parallel or L2R speculative, no infill): each sample ends at its first EOS after the
+  prompt (tokenizer.eos_id; the parallel mode decodes in blocks of block_len, default
+  options.DEFAULT_BLOCK_LEN, and stops after the block that holds it); its record's tokens end
+  there and it gains `length` (those tokens, T without an EOS) and `forwards` (its steps or
+  speculative forwards).
 
   Batch i uses seed + i * batch_size; ids beyond the tokenizer's vocab are never drawn.
   """
   options_lib.check_counts(num_samples, batch_size)
   options_lib.check_choice("mode", mode, options_lib.MODES)
+  if until_eos:
+    options_lib.check_until_eos(mode, options.get("order"), infill)
   sampler = {"parallel": parallel.sample, "speculative": speculative.sample,
              "confidence": confidence.sample}[mode]
   unknown = set(options) - options_lib.MODE_OPTION_NAMES
   if unknown:
     raise TypeError(f"sample_texts got unknown options {sorted(unknown)}")
   options = {k: v for k, v in options.items() if k in options_lib.MODE_OPTIONS[mode]}
+  if until_eos and mode == "parallel" and options.get("block_len") is None:
+    options["block_len"] = options_lib.DEFAULT_BLOCK_LEN
   positions, ids = text.layout_known(tokenizer.encode, cfg.block_size, prompt, infill,
                                          infill_span)
   if "steps" in options and options["steps"] is None:
@@ -52,22 +61,27 @@ def sample_texts(params: Any, cfg: specs.ModelSpec, tokenizer: Any, *,
   batch_size = min(batch_size, num_samples)
   known = np.zeros(cfg.block_size, bool)
   known[positions] = True
+  stop = {"eos_id": tokenizer.eos_id} if until_eos else {}
 
   def records() -> Iterator[dict]:
     for start in range(0, num_samples, batch_size):
       out = sampler(params, cfg, batch_size=batch_size, seed=seed + start,
                     known_positions=positions, known_tokens=ids,
-                    vocab_limit=min(tokenizer.vocab_size, cfg.vocab_size), **options)
+                    vocab_limit=min(tokenizer.vocab_size, cfg.vocab_size), **stop, **options)
       if progress:
         progress(1)
       for i, row in enumerate(out.tokens[:num_samples - start]):
+        if until_eos:  # the tokens after the first EOS are not part of the sample
+          row = row[:out.stats["length"][i]]
         decoded = text.decode_text(tokenizer.decode, row, tokenizer.eos_id, tokenizer.vocab_size)
         record = {"text": decoded, "tokens": row.tolist()}
         if "steps" in options:
           record["steps"] = int(options["steps"])
         if "order" in options:
           record["order"] = options["order"]
-        if out.stats:  # speculative: sequential forwards and draft counts of this sample
+        if options.get("block_len") is not None:
+          record["block_len"] = int(options["block_len"])
+        if out.stats:  # sequential forwards (and speculative draft counts, until_eos lengths)
           record.update({k: v[i].item() for k, v in out.stats.items() if np.ndim(v)})
         if positions:
           record["marked"] = text.mark_generated(tokenizer.decode, row, known,

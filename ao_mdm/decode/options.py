@@ -8,7 +8,7 @@ TOP_P_RULES = ("authors", "nucleus")
 SCORES = ("max_prob", "entropy")  # confidence of a prediction (confidence mode)
 MODE_OPTIONS = {  # the options each mode's sampler takes
     "parallel": ("steps", "schedule", "temperature", "top_p", "top_k", "order", "top_p_rule",
-                 "dtype"),
+                 "dtype", "block_len"),
     "speculative": ("temperature", "top_p", "top_k", "top_p_rule", "draft", "order", "dtype",
                     "draft_head"),
     "confidence": ("steps", "schedule", "temperature", "top_p", "top_k", "top_p_rule", "score",
@@ -16,6 +16,7 @@ MODE_OPTIONS = {  # the options each mode's sampler takes
 }
 MODE_OPTION_NAMES = frozenset(name for names in MODE_OPTIONS.values() for name in names)
 DEFAULT_STEPS = 64  # decoding steps when none are given (or the unknown positions, if fewer)
+DEFAULT_BLOCK_LEN = 16  # positions per block of `ao-mdm sample --until_eos` (parallel mode)
 DRAFT_TRAINING = {"steps": 600, "batch_size": 32}  # `ao-mdm train-draft`'s defaults
 
 
@@ -45,3 +46,23 @@ def check_choice(name: str, value: str, choices: tuple) -> None:
   """Refuses an option's value outside its choices (e.g. check_choice("mode", mode, MODES))."""
   if value not in choices:
     raise ValueError(f"{name}={value!r}; accepted: {', '.join(choices)}")
+
+
+def check_until_eos(mode: str, order, infill: str = "") -> None:
+  """Refuses --until_eos where no text follows a first EOS: confidence mode (its order is chosen
+  online), a speculative random order, an infill text (known tokens after the generated ones)."""
+  if mode not in ("parallel", "speculative"):
+    raise ValueError(f"--until_eos applies to --mode=parallel or --mode=speculative, not "
+                     f"--mode={mode}")
+  if mode == "speculative" and order not in (None, "l2r"):
+    raise ValueError(f"--until_eos with --mode=speculative needs --order=l2r, not --order={order}"
+                     " (use --mode=parallel for blocks in a random order)")
+  if infill:
+    raise ValueError("--until_eos applies with --prompt or no text, not --infill (the text after "
+                     "the EOS would not be generated)")
+
+
+def check_block_len(block_len) -> None:
+  """block_len: None (one block, the whole sequence) or >= 1."""
+  if block_len is not None and int(block_len) < 1:
+    raise ValueError(f"block_len={block_len} must be >= 1")

@@ -4,6 +4,10 @@ Step i turns the known count n_{i-1} into n_i. Its chunk holds the real slots wh
 known in the previous step (their K/V go into the cache), the last of which (slot n_{i-1}) is the
 first query, plus one phantom slot per extra target: a copy of slot n_{i-1}'s input with its own
 target. Each query sees the cached slots, the earlier real slots of the chunk, and itself.
+
+With `block_len` the unknown positions are decoded in blocks left to right (any order inside a
+block, the steps spread over the blocks by their sizes), and with `eos_id` the loop stops after
+the block that holds a row's first EOS once every row has one (docs/sampling.md, "Until EOS").
 """
 import dataclasses
 import functools
@@ -55,6 +59,31 @@ def schedule_counts(t: int, known: int, steps: int, schedule: str) -> np.ndarray
   return np.asarray(counts, np.int32)
 
 
+def block_counts(t: int, known: int, steps: int, schedule: str,
+                 block_len: Optional[int] = None) -> np.ndarray:
+  """schedule_counts for the unknown positions in blocks of `block_len` (None: one block), left to
+  right: block j of l_j positions gets floor(S e_j / U) - floor(S e_{j-1} / U) of the S steps
+  (e_j: the unknown positions up to its end, U: all of them), at least one each, S in all, and
+  counts by the schedule inside it (schedule_counts with T = l_j)."""
+  options.check_block_len(block_len)
+  unknown = t - known
+  if block_len is None or block_len >= unknown:
+    return schedule_counts(t, known, steps, schedule)
+  ends = list(range(block_len, unknown, block_len)) + [unknown]
+  if not len(ends) <= steps <= unknown:
+    raise ValueError(f"steps={steps} must be in [{len(ends)}, {unknown}]: the {unknown} unknown "
+                     f"positions make {len(ends)} blocks of block_len={block_len}, each decoded "
+                     "in at least one step (give more steps or a larger block_len)")
+  counts, start, done = [known], 0, 0
+  for end in ends:
+    block_steps = steps * end // unknown - done
+    done += block_steps
+    inner = schedule_counts(end - start, 0, block_steps, schedule)
+    counts += (known + start + inner[1:]).tolist()
+    start = end
+  return np.asarray(counts, np.int32)
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """Static shape of one decode loop: counts per step and the padded chunk widths."""
@@ -101,6 +130,8 @@ class DecoderSpec:
   draw: common.DrawRule = common.DrawRule()
   use_cache: bool = True  # False: every real slot recomputed at every step
   return_logits: bool = False
+  block_len: Optional[int] = None  # unknown positions per block (None: one block)
+  eos_id: Optional[int] = None  # stop after the block holding each row's first EOS
 
 
 class Carry(NamedTuple):
@@ -108,12 +139,13 @@ class Carry(NamedTuple):
   tokens_BT: jax.Array
   cache: Optional[dict]
   logits_BTV: Optional[jax.Array]
+  forwards_B: jax.Array  # steps each row took part in before it was done
 
 
 @functools.lru_cache(maxsize=32)
 def decoder(spec: DecoderSpec):
   """The jitted decode loop of a spec: run(params, tokens, known, key, temperature, top_p,
-  top_k) -> (tokens, order, logits); compiled once per batch shape."""
+  top_k) -> (tokens, order, logits, forwards); compiled once per batch shape."""
   cfg, plan = spec.model, spec.plan
   model = model_lib.make_model(cfg, decode=True)
   t, v = cfg.block_size, cfg.vocab_size
@@ -121,18 +153,23 @@ def decoder(spec: DecoderSpec):
   starts = jnp.asarray(plan.starts, jnp.int32)
   w_r, w_p = plan.real_width, plan.phantom_width
   known = plan.counts[0]
+  # A row is done before step i when an EOS sits at order slots [known, bound_i): the slots of
+  # the blocks before step i's, or (L2R) every slot already decoded.
+  block = spec.block_len or t
+  bounds = jnp.asarray([n if spec.order == "l2r" else known + (n - known) // block * block
+                        for n in plan.counts[:-1]], jnp.int32)
 
   def run(params, tokens_BT, known_BT, key, temperature, top_p, top_k):
     b = tokens_BT.shape[0]
     k_order, k_steps = jax.random.split(key)
     draw = common.Draw(temperature, top_p, top_k, spec.draw)
-    order_BT = common.make_orders(k_order, known_BT, spec.order)
+    order_BT = common.make_orders(k_order, known_BT, spec.order, spec.block_len)
     apply = common.stack_fn(model, params)
     cache = (common.prefilled_cache(apply, cfg, tokens_BT, order_BT, known) if spec.use_cache
              else None)
 
     def step(i, carry: Carry, cache_len: int) -> Carry:
-      tokens_BT, cache, logits_BTV = carry
+      tokens_BT, cache, logits_BTV, forwards_B = carry
       n, n_next, c = counts[i], counts[i + 1], starts[i]
       real_R = c + jnp.arange(w_r)
       slots_W = jnp.concatenate([jnp.minimum(real_R, n), jnp.full((w_p,), n)])
@@ -160,13 +197,27 @@ def decoder(spec: DecoderSpec):
       tokens_BT = tokens_BT.at[rows_B1, pos_BQ].set(picked_BQ, mode="drop")
       if spec.return_logits:
         logits_BTV = logits_BTV.at[rows_B1, pos_BQ].set(logits_BQV, mode="drop")
-      return Carry(tokens_BT, cache, logits_BTV)
+      return Carry(tokens_BT, cache, logits_BTV, forwards_B)
+
+    def counted_step(i, carry: Carry, cache_len: int) -> Carry:
+      """step i for the rows not done (with eos_id: nothing once every row is done)."""
+      done_B = jnp.zeros((b,), bool)
+      if spec.eos_id is not None:
+        slots_T = jnp.arange(t)
+        eos_BT = jnp.take_along_axis(carry.tokens_BT, order_BT, axis=1) == spec.eos_id
+        done_B = jnp.any(eos_BT & (slots_T >= known) & (slots_T < bounds[i]), axis=1)
+      carry = carry._replace(forwards_B=carry.forwards_B + ~done_B)
+      if spec.eos_id is None:
+        return step(i, carry, cache_len)
+      return jax.lax.cond(jnp.all(done_B), lambda c: c, lambda c: step(i, c, cache_len), carry)
 
     logits_BTV = jnp.zeros((b, t, v), jnp.float32) if spec.return_logits else None
-    carry = Carry(jnp.where(known_BT, tokens_BT, 0), cache, logits_BTV)
+    carry = Carry(jnp.where(known_BT, tokens_BT, 0), cache, logits_BTV,
+                  jnp.zeros((b,), jnp.int32))
     for first, end, cache_len in plan.segments:
-      carry = jax.lax.fori_loop(first, end, functools.partial(step, cache_len=cache_len), carry)
-    return carry.tokens_BT, order_BT, carry.logits_BTV
+      carry = jax.lax.fori_loop(first, end, functools.partial(counted_step, cache_len=cache_len),
+                                carry)
+    return carry.tokens_BT, order_BT, carry.logits_BTV, carry.forwards_B
 
   return jax.jit(run)
 
@@ -185,7 +236,8 @@ def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, steps: int,
            top_k: int = 0, seed: int = 0, known_positions: Any = (), known_tokens: Any = (),
            order: Optional[str] = None, use_cache: bool = True, return_logits: bool = False,
            top_p_rule: str = "authors", vocab_limit: Optional[int] = None,
-           dtype: str = "float32") -> common.SampleOutput:
+           dtype: str = "float32", block_len: Optional[int] = None,
+           eos_id: Optional[int] = None) -> common.SampleOutput:
   """Generate [batch_size, T] token ids in `steps` parallel steps (model config `cfg`).
 
   Known tokens (a prompt or infill context, shared by the batch) come first in the order and are
@@ -193,17 +245,33 @@ def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, steps: int,
   left to right with known tokens, random without, see default_order). temperature=0 is greedy.
   use_cache=False recomputes every real slot at every step (the encoder-only cost model).
   vocab_limit: the tokenizer's vocab size when the model's is padded; larger ids are never drawn.
+  block_len: decode the unknown positions in blocks of that many, left to right, in `order`
+  inside each (block_counts spreads the steps). eos_id: a row is done after the block that holds
+  its first EOS after the known tokens (in L2R order: after the step), and the loop runs no
+  further step once every row is done; then `stats` holds per row the steps it took part in
+  ("forwards") and its "length", the tokens up to and including that EOS (T without one); the
+  tokens after it are not meaningful. Known tokens must then be a prefix (a prompt).
   """
   options.check_sampling(steps, temperature, top_p, top_k, order, top_p_rule, schedule)
   t = cfg.block_size
   params, cfg = common.with_dtype(params, cfg, dtype)
   tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
-  order = default_order(order, int(mask[0].sum()))
-  plan = Plan.make(schedule_counts(t, int(mask[0].sum()), int(steps), schedule), use_cache)
+  known = int(mask[0].sum())
+  if eos_id is not None and not mask[0, :known].all():
+    raise ValueError("eos_id (stop at the first EOS) needs the known tokens to be a prefix "
+                     "(a prompt), not scattered (an infill)")
+  order = default_order(order, known)
+  block_len = None if block_len is None else int(block_len)
+  plan = Plan.make(block_counts(t, known, int(steps), schedule, block_len), use_cache)
   decode = decoder(DecoderSpec(cfg, plan, order,
                                common.DrawRule.of(top_p, top_k, top_p_rule, vocab_limit),
-                               use_cache, return_logits))
+                               use_cache, return_logits, block_len,
+                               None if eos_id is None else int(eos_id)))
   out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
-  tokens_BT, order_BT, logits_BTV = jax.device_get(out)
-  return common.SampleOutput(tokens_BT, order_BT, logits_BTV)
+  tokens_BT, order_BT, logits_BTV, forwards_B = jax.device_get(out)
+  stats = None
+  if eos_id is not None:
+    stats = {"forwards": np.asarray(forwards_B),
+             "length": common.eos_lengths(tokens_BT, known, int(eos_id))}
+  return common.SampleOutput(tokens_BT, order_BT, logits_BTV, stats)

@@ -15,7 +15,7 @@ conditional, the phantoms. With a drafts accepted, the drafts for n+a+1..n+a+k a
 that list. A proposal may depend on anything but the draft itself (here: on rejected drafts), so
 the output is distributed exactly as ancestral sampling in that order with the same temperature
 and top-p. One forward per iteration; rows keep their own counts; the loop ends when every row
-is done.
+is done (with `eos_id`, in L2R order: a row is done once it has drawn an EOS).
 """
 import dataclasses
 import functools
@@ -59,6 +59,7 @@ class DecoderSpec:
   order: str = "l2r"  # of the unknown positions: "l2r" or "random"
   head: bool = False  # drafts from a learned head (decode/draft.py), else from phantoms
   verify: bool = True  # False accepts every draft: a wrong rule, for the exactness test
+  eos_id: Optional[int] = None  # a row is done once it has drawn this id (L2R order)
 
 
 class Loop(NamedTuple):
@@ -178,6 +179,8 @@ def decoder(spec: DecoderSpec):
         q_next = jnp.take_along_axis(cand_q, next_BG[..., None], axis=1)
       done_before = n_B >= t
       n_next = jnp.where(done_before, n_B, n_B + a_B + 1)
+      if spec.eos_id is not None:  # the tokens after a new EOS are not used
+        n_next = jnp.where(jnp.any(live & (new_tok == spec.eos_id), axis=1), t, n_next)
       first = (m_B > 0) & ~done_before  # a first draft was verified
       stats = {"forwards": stats["forwards"] + jnp.where(done_before, 0, 1),
                "accepted": stats["accepted"] + jnp.where(done_before, 0, a_B),
@@ -207,7 +210,8 @@ def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, draft: int = 4
            temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
            known_positions: Any = (), known_tokens: Any = (), order: Optional[str] = None,
            top_p_rule: str = "authors", vocab_limit: Optional[int] = None,
-           dtype: str = "float32", draft_head: Any = None) -> common.SampleOutput:
+           dtype: str = "float32", draft_head: Any = None,
+           eos_id: Optional[int] = None) -> common.SampleOutput:
   """Samples ([batch_size, T]) of sequential decoding in `order` ("l2r", the default, or
   "random": a random order of the unknown positions per row) by speculative decoding with
   `draft` tokens per forward, drafted by the model itself (phantom slots) or, given its params
@@ -217,6 +221,11 @@ def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, draft: int = 4
   order used, and its `stats` hold, per row, the forwards it took, the drafts it accepted, and
   for the first draft of each forward: how many were verified, accepted, and the sum of their
   acceptance probabilities sum_x min(p, q).
+
+  eos_id (L2R order only): a row is done once it draws an EOS after the known tokens, and the
+  loop ends when every row is; `stats` then also holds each row's "length", the tokens up to
+  and including that EOS (T without one); the tokens after it are not meaningful. The tokens
+  up to it are those of the same call without eos_id.
   """
   order = order or "l2r"
   options.check_sampling(1, temperature, top_p, top_k, order, top_p_rule)
@@ -228,11 +237,18 @@ def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, draft: int = 4
     raise ValueError(f"draft={draft} must be in [1, {t - 1}] (T - 1)")
   tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens,
                                        vocab_limit)
-  decode = decoder(DecoderSpec(cfg, int(draft), int(mask[0].sum()),
+  known = int(mask[0].sum())
+  if eos_id is not None and (order != "l2r" or not mask[0, :known].all()):
+    raise ValueError("eos_id (stop at the first EOS) needs order='l2r' and the known tokens to "
+                     "be a prefix (a prompt)")
+  decode = decoder(DecoderSpec(cfg, int(draft), known,
                                common.DrawRule.of(top_p, top_k, top_p_rule, vocab_limit), order,
-                               draft_head is not None))
+                               draft_head is not None,
+                               eos_id=None if eos_id is None else int(eos_id)))
   out = decode(params, draft_head, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
   tokens_BT, order_BT, stats, iterations = jax.device_get(out)
-  return common.SampleOutput(tokens_BT, order_BT, stats={
-      **{name: np.asarray(v) for name, v in stats.items()}, "iterations": int(iterations)})
+  stats = {**{name: np.asarray(v) for name, v in stats.items()}, "iterations": int(iterations)}
+  if eos_id is not None:
+    stats["length"] = common.eos_lengths(tokens_BT, known, int(eos_id))
+  return common.SampleOutput(tokens_BT, order_BT, stats=stats)

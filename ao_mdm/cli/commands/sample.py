@@ -10,14 +10,15 @@ from absl import flags
 from ao_mdm.checkpoint import layout
 from ao_mdm.cli import checks
 from ao_mdm.cli import flags as flags_lib
-from ao_mdm.decode.options import (DEFAULT_STEPS, MODE_OPTION_NAMES, MODE_OPTIONS, MODES, ORDERS,
-                                   SCHEDULES, SCORES, TOP_P_RULES, check_counts)
+from ao_mdm.decode.options import (DEFAULT_BLOCK_LEN, DEFAULT_STEPS, MODE_OPTION_NAMES,
+                                   MODE_OPTIONS, MODES, ORDERS, SCHEDULES, SCORES, TOP_P_RULES,
+                                   check_block_len, check_counts, check_until_eos)
 from ao_mdm.runtime import interrupts
 from ao_mdm.storage import fs
 from ao_mdm.storage import paths
 
 SUMMARY = "sample texts: --checkpoint=DIR [--prompt=TEXT | --infill='a [MASK] b'] [--steps=64 ...]"
-TEXT_OPTIONS = ("prompt", "infill", "infill_span", "mode", "num_samples")
+TEXT_OPTIONS = ("prompt", "infill", "infill_span", "mode", "num_samples", "until_eos")
 
 
 def define(fv: flags.FlagValues) -> None:
@@ -32,6 +33,14 @@ def define(fv: flags.FlagValues) -> None:
                     "drafted and verified per forward; confidence = S steps, the most confident "
                     "positions first.", flag_values=fv)
   flags.DEFINE_integer("steps", DEFAULT_STEPS, "Decoding steps S (parallel, confidence).",
+                       flag_values=fv)
+  flags.DEFINE_boolean("until_eos", False, "Stop each sample at its first end-of-text token "
+                       "after the prompt (parallel: after the --block_len block that holds it; "
+                       "speculative: L2R order); the text after it is not generated.",
+                       flag_values=fv)
+  flags.DEFINE_integer("block_len", DEFAULT_BLOCK_LEN, "Positions per block (parallel): blocks "
+                       "decoded left to right, --order inside each, the steps spread over them; "
+                       "applies with --until_eos unless given (without: one block).",
                        flag_values=fv)
   flags.DEFINE_integer("draft", 4, "Tokens drafted per forward (speculative).", flag_values=fv)
   flags.DEFINE_string("draft_head", None, "A draft head written by `ao-mdm train-draft` "
@@ -80,6 +89,9 @@ def check(v: dict, given: set) -> None:
     raise ValueError("--infill_span applies with --infill")
   mode_options(v["mode"], given & MODE_OPTION_NAMES)
   check_counts(v["num_samples"], v["batch_size"])
+  if v["until_eos"]:
+    check_until_eos(v["mode"], v["order"], v["infill"])
+  check_block_len(v["block_len"])
   if v["draft_head"]:
     layout.check_checkpoint(v["draft_head"], "--draft_head", layout.DRAFT_HEAD)
   paths.directory(v["profile"], "--profile")
@@ -87,11 +99,14 @@ def check(v: dict, given: set) -> None:
 
 def describe(record: dict, mode: str, settings: dict) -> str:
   """How a sample was made, as it is printed above the text."""
+  length = f", {record['length']} tokens" if "length" in record else ""
   if mode == "speculative":
     drafter = "learned head" if settings.get("draft_head") else "self-drafted"
     return (f"speculative, {record['order']} order, draft {settings['draft']} ({drafter}): "
-            f"{record['forwards']} forwards, {record['accepted']} drafts accepted")
-  return f"steps={record['steps']}, {record.get('order', mode)} order"
+            f"{record['forwards']} forwards, {record['accepted']} drafts accepted{length}")
+  blocks = f", blocks of {record['block_len']}" if "block_len" in record else ""
+  steps = f": {record['forwards']} steps{length}" if length else ""
+  return f"steps={record['steps']}, {record.get('order', mode)} order{blocks}{steps}"
 
 
 def run(v: dict, given: set) -> None:
@@ -103,11 +118,13 @@ def run(v: dict, given: set) -> None:
   options = {k: v[k] for k in MODE_OPTIONS[v["mode"]]}
   if "steps" in options and "steps" not in given:
     options["steps"] = None  # DEFAULT_STEPS, or fewer if fewer positions are unknown
+  if "block_len" in options and "block_len" not in given and not v["until_eos"]:
+    del options["block_len"]  # one block
   options["dtype"] = v["dtype"] or "float32"
   checkpoint, out = v["checkpoint"], v["out"]
   config, params, tokenizer = checkpoints.load_run(checkpoint, v["weights"])
   settings = {"checkpoint": checkpoint, "prompt": v["prompt"], "infill": v["infill"],
-              "seed": v["seed"], "mode": v["mode"], **options}
+              "seed": v["seed"], "mode": v["mode"], "until_eos": v["until_eos"], **options}
   if options.get("draft_head"):  # the path is recorded; the sampler takes the params
     options["draft_head"] = draft.load(options["draft_head"], config.model, params)
   batches = -(-v["num_samples"] // min(v["batch_size"], v["num_samples"]))
