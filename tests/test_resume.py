@@ -183,6 +183,29 @@ def test_every_checkpoint_unreadable_stops_unless_start_over(data_dir, tmp_path)
   assert aside[0].startswith("2.unreadable")
 
 
+def test_every_checkpoint_damaged_is_one_line_each_from_the_command(data_dir, tmp_path):
+  """`ao-mdm train` over steps damaged three ways (every file cut short, the arrays cut short,
+  the config emptied): a line per step saying why it was skipped, one error line, no library
+  output."""
+  workdir = str(tmp_path / "run")
+  loop.train_and_evaluate(specs.parse(_small_config(data_dir, 6)), workdir)
+  ckpts = os.path.join(workdir, "checkpoints")
+  assert _steps_in(ckpts) == [2, 4, 6]
+  for step, damage in ((6, lambda d, p: os.truncate(p, 3)),
+                       (4, lambda d, p: f"{os.sep}d" in d and os.truncate(p, 10)),
+                       (2, lambda d, p: "config" in d and open(p, "w").close())):
+    for d, _, names in os.walk(os.path.join(ckpts, str(step))):
+      for name in names:
+        damage(d, os.path.join(d, name))
+  out = subprocess.run(_command(workdir, data_dir, 8, 2), capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+  assert out.returncode == 2 and out.stderr.splitlines() == [
+      l for l in out.stderr.splitlines() if l.startswith("error: no checkpoint in ")], out.stderr
+  assert len(out.stderr.splitlines()) == 1
+  assert [l.split(":")[0] for l in out.stdout.splitlines() if l.startswith("skipped")] == [
+      f"skipped checkpoint step {s} in {ckpts}" for s in (6, 4, 2)], out.stdout
+
+
 def test_a_second_run_in_the_same_workdir_is_refused(data_dir, tmp_path):
   workdir = str(tmp_path / "run")
   lock = checkpoints.WorkdirLock(workdir)
@@ -304,6 +327,6 @@ def test_a_sigterm_before_the_loop_is_held_for_it(monkeypatch):
     time.sleep(0.01)
     assert exits == [130]
   finally:
-    interrupts._HELD.clear()  # pylint: disable=protected-access
+    interrupts.StopRequest().restore()  # takes over (and so drops) a SIGTERM still held
     for s, handler in before.items():
       signal.signal(s, handler)

@@ -99,7 +99,7 @@ def _run(args: list) -> None:
 
   def main(argv):
     if not fv["verbosity"].present:  # absl's --verbosity=0 (INFO) brings them back to debug
-      logging.set_verbosity(logging.ERROR)  # Orbax/TFDS warnings are not the user's business
+      logging.set_verbosity(logging.FATAL)  # Orbax's and TFDS's lines: ours say what failed
     try:
       if len(argv) > 1:
         raise ValueError(f"unexpected argument(s) {' '.join(argv[1:])!r}; flags are --name=value")
