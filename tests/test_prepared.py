@@ -276,3 +276,42 @@ def test_ensure_takes_one_path_when_only_some_processes_find_the_preparation(
     splits = list(pool.map(run, range(2)))
   assert sorted(votes) == [False, True] and _files(splits[0]) == _files(splits[1])
 
+
+
+def test_prepare_with_workers_is_quiet_and_a_kill_leaves_no_worker(tmp_path):
+  """`ao-mdm prepare --workers=2`: no TFDS note from the workers; SIGKILL to the command ends its
+  workers with it (no broken-pipe tracebacks on the terminal, no process left)."""
+  from ao_mdm.data import corpus  # pylint: disable=g-import-not-at-top
+  words = " ".join(corpus.sotu_documents("validation")).split(" ")
+  path = tmp_path / "many.txt"
+  path.write_text("\n".join(" ".join(words[i % 5000:i % 5000 + 200]) for i in range(24000)))
+  args = [sys.executable, "-m", "ao_mdm.cli.main", "prepare", f"--config={ROOT}/configs/tiny.py",
+          "--config.data.dataset=text_file", f"--config.data.text_file={path}",
+          "--config.data.tokenizer=gpt2", "--config.model.vocab_size=50304", "--workers=2",
+          "--splits=train"]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  stderr = tmp_path / "stderr.txt"
+  with open(stderr, "w") as err:
+    proc = subprocess.Popen([*args, f"--config.data.tfds_dir={tmp_path / 'a'}"], cwd=ROOT,
+                            env=env, stdout=subprocess.DEVNULL, stderr=err,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while not glob.glob(str(tmp_path / "a" / "**" / "shard-*.json"), recursive=True):
+      assert proc.poll() is None and time.time() < deadline, stderr.read_text()
+      time.sleep(0.01)
+    proc.kill()
+    proc.wait()
+    while time.time() < deadline:  # the workers go with it
+      try:
+        os.killpg(proc.pid, 0)
+      except ProcessLookupError:
+        break
+      time.sleep(0.05)
+    else:
+      raise AssertionError("workers outlived the killed command")
+  said = stderr.read_text()  # the progress bar, nothing else
+  assert not any(w in said for w in ("Traceback", "Error", "absl")), said[-3000:]
+  done = subprocess.run([*args, f"--config.data.tfds_dir={tmp_path / 'b'}"], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0 and "absl" not in done.stdout + done.stderr, done.stderr[-3000:]
+  assert "documents" in done.stdout and " shards, every shard hashed" in done.stdout

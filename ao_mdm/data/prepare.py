@@ -2,9 +2,11 @@
 (layout there), by parallel workers and disjoint shard ranges per host; safe to kill and rerun.
 `ensure` is what `train` and `eval` call: the prepared split, prepared first if missing."""
 import concurrent.futures
+import ctypes
 import hashlib
 import multiprocessing
 import os
+import pickle
 import queue
 import signal
 import threading
@@ -68,11 +70,25 @@ def _with_eos(ids: list[list[int]], eos_id: int, dtype: np.dtype) -> np.ndarray:
 _WORKER: list = []  # the _ShardWriter of a worker process, made by its initializer
 
 
-def _init_worker(*args) -> None:
+def _init_worker(args: bytes) -> None:
+  """A worker's set-up: quiet, deaf to Ctrl-C (the parent's to handle), gone with the parent,
+  then its _ShardWriter, unpickled here: rebuilding the source logs TFDS's notes."""
   from absl import logging  # pylint: disable=g-import-not-at-top
-  logging.set_verbosity(logging.ERROR)  # TFDS's notes on a local source are not the user's
-  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-  _WORKER[:] = [_ShardWriter(*args)]
+  logging.set_verbosity(logging.FATAL)  # errors reach the parent as exceptions
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  _die_with_parent()
+  _WORKER[:] = [_ShardWriter(*pickle.loads(args))]
+
+
+def _die_with_parent() -> None:
+  """On Linux the kernel kills this process when its parent dies (PR_SET_PDEATHSIG): a parent
+  killed mid-way leaves no worker behind printing broken-pipe tracebacks."""
+  try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+  except (OSError, AttributeError):  # not Linux
+    return
+  if os.getppid() == 1:  # the parent died before the call
+    os._exit(1)  # pylint: disable=protected-access
 
 
 def _write_shard(job: tuple[int, int, int]) -> tuple[int, int]:
@@ -108,7 +124,8 @@ def _write_shards(jobs: list, workers: int, desc: str, writer_args: tuple):
   os.environ["PYTHONWARNINGS"] = "ignore:resource_tracker:UserWarning"
   try:
     pool = multiprocessing.get_context("spawn").Pool(
-        helpers, initializer=_init_worker, initargs=writer_args) if helpers > 0 else None
+        helpers, initializer=_init_worker,
+        initargs=(pickle.dumps(writer_args),)) if helpers > 0 else None
   finally:
     if warnings_before is None:
       os.environ.pop("PYTHONWARNINGS")
