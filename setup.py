@@ -39,6 +39,9 @@ INSTALL_REQUIRES = [
     "google-crc32c>=1.9.0,<2",
     "etils>=1.15.0,<2",
     "safetensors>=0.8,<1",
+    # Means of the training metrics per logging window and the parameter table (clu.metrics and
+    # clu.parameter_overview, which import without TensorFlow; its metric_writers do not).
+    "clu>=0.0.12,<0.1",
 ]
 
 setup(

@@ -432,10 +432,20 @@ def abstract_params(cfg: specs.ModelSpec) -> Any:
 
 
 def describe(cfg: specs.ModelSpec) -> str:
-  """`ao-mdm info`: the model's shape, parameter count and training FLOPs per token."""
+  """`ao-mdm info`: the model's shape, parameter count, training FLOPs per token and the table
+  of its parameters."""
   shapes = nn.unbox(jax.eval_shape(lambda k: init_params(cfg, k), jax.random.key(0)))
   n = count_params(shapes)
   fpt = flops_per_token(cfg, n)
   return (f"variant={cfg.variant} L={cfg.n_layer} D={cfg.n_embd} H={cfg.n_head} "
           f"T={cfg.block_size} V={cfg.vocab_size}\nparameters: {n:,}\n"
-          f"training FLOPs per token: {fpt:,.0f} ({fpt / 1e9:.3f} GFLOP)")
+          f"training FLOPs per token: {fpt:,.0f} ({fpt / 1e9:.3f} GFLOP)\n"
+          f"{parameter_table(shapes)}")
+
+
+def parameter_table(params: Any, shardings: bool = False) -> str:
+  """clu's table of the parameters: name, shape, dtype, size (the blocks' stacked along L) and,
+  with `shardings`, each array's partition spec."""
+  from clu import parameter_overview  # pylint: disable=g-import-not-at-top
+  return parameter_overview.get_parameter_overview(
+      params, include_stats="sharding" if shardings else False)

@@ -165,3 +165,32 @@ def test_a_profile_window_writes_a_trace_that_names_the_train_steps(data_dir, tm
   trace = json.load(gzip.open(glob.glob(os.path.join(runs[0], "*_0.trace.json.gz"))[0]))
   steps = [e["args"]["step_num"] for e in trace["traceEvents"] if e.get("name") == "train"]
   assert steps == ["1", "2"]  # steps 0-based: the window's two, each annotated
+
+
+def test_logged_metrics_are_the_means_of_their_window(data_dir, tmp_path, capsys):
+  """A step logged every 4 shows the mean of its 4 steps' metrics (clu.metrics; loss_l2r over
+  the steps whose batch held L2R sequences), checked against the same run logged every step;
+  the parameter table is printed and written to TensorBoard."""
+  def run(name, log_every):
+    cfg = small_config(data_dir, steps=8)
+    cfg.order.update(kind="mixed", random_ratio=0.5)
+    cfg.train.update(log_every=log_every, eval_every=0, checkpoint_every=100, eval_batches=1)
+    loop.train_and_evaluate(specs.parse(cfg), str(tmp_path / name))
+    with open(tmp_path / name / "metrics.jsonl") as f:
+      return {r["step"]: r for r in map(json.loads, f) if "loss" in r}
+  every, fours = run("every", 1), run("fours", 4)
+  assert sorted(fours) == [4, 8] and sorted(every) == list(range(1, 9))
+  for end in (4, 8):
+    steps = [every[s] for s in range(end - 3, end + 1)]
+    for key in ("loss", "loss_any_order", "l2r_fraction", "grad_norm"):
+      np.testing.assert_allclose(fours[end][key], np.mean([r[key] for r in steps]), rtol=1e-5)
+    with_l2r = [r["loss_l2r"] for r in steps if "loss_l2r" in r]
+    if with_l2r:
+      np.testing.assert_allclose(fours[end]["loss_l2r"], np.mean(with_l2r), rtol=1e-5)
+    assert fours[end]["learning_rate"] == every[end]["learning_rate"]  # the last, not a mean
+  assert not np.isclose(fours[4]["loss"], every[4]["loss"])  # a mean, not the step's own
+  out = capsys.readouterr().out
+  assert "| blocks/qkv/kernel" in out and "| Sharding" in out
+  events = os.listdir(tmp_path / "fours" / "tensorboard")
+  assert events and any(b"blocks/qkv/kernel" in (tmp_path / "fours" / "tensorboard" / e).read_bytes()
+                        for e in events)

@@ -173,6 +173,9 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
 
   run_log = records.RunLog(workdir, active=jax.process_index() == 0)
   run_log.text(int(state.step), "config", f"```\n{json.dumps(config.to_dict(), indent=2)}\n```")
+  table = model_lib.parameter_table(state.params, shardings=True)
+  run_log.text(int(state.step), "parameters", f"```\n{table}\n```")
+  say(table)
   tokens_per_step = train.batch_size * config.model.block_size
   flops_per_step = tokens_per_step * model_lib.flops_per_token(
       config.model, model_lib.count_params(state.params))
@@ -211,6 +214,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
   profile = profiler.Window(fs.join(workdir, layout.PROFILE), train.profile_start_step,
                             train.profile_steps, say)
   pending, window = None, None  # (step, metrics) of the previous step; (time, step) of a read
+  means = records.WindowMeans()  # what a logged step shows: the means since the last one
   saved = None  # the step of the last checkpoint written, checked at the next save
   try:
     for step in range(first, train.num_steps):
@@ -225,7 +229,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
         say(f"first step {sum(clock.phases.values()):.1f} s after the process started: "
              + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in clock.phases.items()))
       if pending is not None:  # the previous step's metrics, read while this step runs
-        window = _maybe_log(pending, window, train, log_metrics)
+        window = _maybe_log(pending, window, train, log_metrics, means)
       pending = (step + 1, metrics)
       done = step + 1
       if train.eval_every and done % train.eval_every == 0 and done < train.num_steps:
@@ -249,14 +253,14 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
                         "directory at or above it?); training stops rather than go on unsaved")
         saved = done
       if stopping:
-        _maybe_log(pending, window, train, log_metrics, force=True)  # the saved step is logged
+        _maybe_log(pending, window, train, log_metrics, means, force=True)  # the saved step
         checkpoints.check_saved(mgr, done)
         cluster.note_checkpoint(workdir, done)
         how = "interrupted" if code == interrupts.STOP_INT else "preempted"
         say(f"{how}: saved a checkpoint at step {done} in {workdir}; exiting")
         return {"preempted_at": done, "exit_code": 130 if code == interrupts.STOP_INT else 0}
     if pending is not None:
-      _maybe_log(pending, window, train, log_metrics, force=True)
+      _maybe_log(pending, window, train, log_metrics, means, force=True)
     if saved is not None:
       checkpoints.check_saved(mgr, saved)
       cluster.note_checkpoint(workdir, saved)
@@ -274,20 +278,22 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
 
 
 def _maybe_log(pending: tuple, window: Optional[tuple], train: specs.TrainSpec,
-               log_metrics: Callable, force: bool = False) -> tuple:
-  """Log step metrics every log_every steps; tokens/s over the steps since the last read.
+               log_metrics: Callable, means: records.WindowMeans, force: bool = False) -> tuple:
+  """Adds a step's metrics to the window's means and logs them every log_every steps, with
+  tokens/s over the steps since the last read.
 
   The first read only starts the clock, so compilation never counts.
   """
   done, values = pending
+  means.add(values)
   due = force or done % train.log_every == 0 or done == train.num_steps
   if not due and window is not None:
     return window
-  values = jax.device_get(values)
+  jax.block_until_ready(values)
   now = time.perf_counter()
   if due:
     rate_window = None if window is None or done == window[1] else (now - window[0]) / (done - window[1])
-    log_metrics(done, values, rate_window)
+    log_metrics(done, means.read(), rate_window)
   return now, done
 
 

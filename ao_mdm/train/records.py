@@ -1,6 +1,6 @@
 """A run's records in its work dir: `metrics.jsonl` (one JSON object per line) and TensorBoard
 event files under `tensorboard/`, written by process 0 through storage/fs.py, so both work on a
-gs:// work dir.
+gs:// work dir; and the means of the step metrics over each logging window (clu.metrics).
 
 Records are buffered and appended at each `flush()` (the training loop flushes at every logged
 step and evaluation): one local append, or on gs:// one small object composed onto the file. So
@@ -16,7 +16,11 @@ import struct
 import time
 import os
 
+from clu import metrics as clu_metrics
+import flax
 import google_crc32c
+import jax
+import jax.numpy as jnp
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
 
 from ao_mdm.checkpoint import layout
@@ -113,3 +117,46 @@ def _record_step(line: str) -> float:
     return json.loads(line)["step"]
   except (ValueError, KeyError, TypeError):  # a line cut by a kill
     return math.inf
+
+
+@flax.struct.dataclass
+class _DefinedAverage(clu_metrics.Average):
+  """The mean over the steps where the value is defined: a NaN (a batch without sequences of
+  that kind, as loss_l2r) counts for nothing; no defined step gives NaN."""
+
+  @classmethod
+  def from_model_output(cls, values: jax.Array, **_) -> clu_metrics.Metric:
+    defined = ~jnp.isnan(values)
+    return cls(total=jnp.where(defined, values, 0.0).astype(jnp.float32),
+               count=defined.astype(jnp.int32))
+
+
+@flax.struct.dataclass
+class _StepMetrics(clu_metrics.Collection):
+  loss: clu_metrics.Average.from_output("loss")
+  loss_l2r: _DefinedAverage.from_output("loss_l2r")
+  loss_any_order: _DefinedAverage.from_output("loss_any_order")
+  l2r_fraction: clu_metrics.Average.from_output("l2r_fraction")
+  grad_norm: clu_metrics.Average.from_output("grad_norm")
+  learning_rate: clu_metrics.LastValue.from_output("learning_rate")
+
+
+_first = jax.jit(lambda m: _StepMetrics.single_from_model_output(**m))
+_merged = jax.jit(lambda acc, m: acc.merge(_StepMetrics.single_from_model_output(**m)))
+
+
+class WindowMeans:
+  """The train step's metrics averaged over the steps since the last read (learning_rate: its
+  last value), merged on device at each step (no host sync), read when a step is logged."""
+
+  def __init__(self):
+    self._acc = None
+
+  def add(self, metrics: dict) -> None:
+    self._acc = _first(metrics) if self._acc is None else _merged(self._acc, metrics)
+
+  def read(self) -> dict:
+    """The means of the window, which starts again."""
+    values = jax.device_get(self._acc.compute())
+    self._acc = None
+    return {k: float(v) for k, v in values.items()}
