@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import IO, NamedTuple, Optional
@@ -74,7 +75,7 @@ def isfile(path: str) -> bool:
   if is_bucket(path):
     return False
   with gcs.errors(path):
-    return gcs.blob(path).exists(timeout=gcs.timeout_s(), retry=gcs.retry())
+    return gcs.blob(path).exists(timeout=gcs.wait_s(), retry=gcs.retry())
 
 
 def isdir(path: str) -> bool:
@@ -117,7 +118,7 @@ def stat(path: str) -> Stat:
     return Stat(st.st_size, st.st_mtime_ns)
   blob = gcs.blob(path)
   with gcs.errors(path):
-    blob.reload(timeout=gcs.timeout_s(), retry=gcs.retry())
+    blob.reload(timeout=gcs.wait_s(), retry=gcs.retry())
   return Stat(int(blob.size), int(blob.generation))
 
 
@@ -128,7 +129,7 @@ def read_bytes(path: str) -> bytes:
     with open(path, "rb") as f:
       return f.read()
   with gcs.errors(path):
-    return gcs.blob(path).download_as_bytes(timeout=gcs.timeout_s(), retry=gcs.retry())
+    return gcs.blob(path).download_as_bytes(timeout=gcs.wait_s(), retry=gcs.retry())
 
 
 def read_versioned(path: str) -> tuple[bytes, int]:
@@ -138,8 +139,8 @@ def read_versioned(path: str) -> tuple[bytes, int]:
     return read_bytes(path), version
   blob = gcs.blob(path)
   with gcs.errors(path):
-    blob.reload(timeout=gcs.timeout_s(), retry=gcs.retry())
-    data = blob.download_as_bytes(if_generation_match=blob.generation, timeout=gcs.timeout_s())
+    blob.reload(timeout=gcs.wait_s(), retry=gcs.retry())
+    data = blob.download_as_bytes(if_generation_match=blob.generation, timeout=gcs.wait_s())
   return data, int(blob.generation)
 
 
@@ -164,7 +165,7 @@ def open_read(path: str) -> Iterator[IO[bytes]]:
     with open(path, "rb") as f:
       yield f
     return
-  with gcs.errors(path), gcs.blob(path).open("rb", timeout=gcs.timeout_s(),
+  with gcs.errors(path), gcs.blob(path).open("rb", timeout=gcs.wait_s(),
                                             retry=gcs.retry()) as f:
     yield f
 
@@ -176,7 +177,7 @@ def open_text(path: str) -> Iterator[IO[str]]:
     with open(path, encoding="utf-8") as f:
       yield f
     return
-  with gcs.errors(path), gcs.blob(path).open("rt", encoding="utf-8", timeout=gcs.timeout_s(),
+  with gcs.errors(path), gcs.blob(path).open("rt", encoding="utf-8", timeout=gcs.wait_s(),
                                             retry=gcs.retry()) as f:
     yield f
 
@@ -233,11 +234,13 @@ class RangeReader:
       bucket, key = gcs.split(path)
       future = self._store(bucket).read(key, byte_range=slice(start, stop))
       pending.append((path, stop - start, view, future))
-    timeout = gcs.timeout_s()
+    begun = time.monotonic()
+    deadline = begun + gcs.wait_s()  # for all the reads together
     for path, size, view, future in pending:
       try:
-        result = future.result(timeout=timeout)
+        result = future.result(timeout=max(deadline - time.monotonic(), 0.01))
       except TimeoutError:
+        gcs.unanswered(begun)
         raise gcs.no_answer(path) from None
       except ValueError as e:  # tensorstore's OUT_OF_RANGE
         if "OUT_OF_RANGE" in str(e):
@@ -272,7 +275,7 @@ def write_bytes(path: str, data: bytes, if_version: Optional[int] = None) -> int
   if is_gcs(path):
     blob = gcs.blob(path)
     with gcs.errors(path):
-      blob.upload_from_string(data, if_generation_match=if_version, timeout=gcs.timeout_s(),
+      blob.upload_from_string(data, if_generation_match=if_version, timeout=gcs.wait_s(),
                               retry=gcs.retry() if if_version is None else None)
     return int(blob.generation)
   makedirs(parent(path))
@@ -313,7 +316,7 @@ def open_write(path: str) -> Iterator[IO[bytes]]:
   An error or a kill inside leaves nothing under `path`."""
   if is_gcs(path):  # an error inside cancels the upload
     with gcs.errors(path), gcs.blob(path).open("wb", chunk_size=16 << 20, ignore_flush=True,
-                                              timeout=gcs.timeout_s(),
+                                              timeout=gcs.wait_s(),
                                               retry=gcs.retry()) as writer:
       yield writer
     return
@@ -343,11 +346,11 @@ def append(path: str, data: bytes) -> None:
     return
   part = gcs.blob(f"{path}.append-{uuid.uuid4().hex[:12]}")
   with gcs.errors(path):
-    part.upload_from_string(data, timeout=gcs.timeout_s(), retry=gcs.retry())
+    part.upload_from_string(data, timeout=gcs.wait_s(), retry=gcs.retry())
     try:
-      gcs.blob(path).compose([gcs.blob(path), part], timeout=gcs.timeout_s(), retry=gcs.retry())
+      gcs.blob(path).compose([gcs.blob(path), part], timeout=gcs.wait_s(), retry=gcs.retry())
     finally:
-      part.delete(timeout=gcs.timeout_s(), retry=gcs.retry())
+      part.delete(timeout=gcs.wait_s(), retry=gcs.retry())
 
 
 def remove(path: str, if_version: Optional[int] = None) -> None:
@@ -358,7 +361,7 @@ def remove(path: str, if_version: Optional[int] = None) -> None:
     return
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
   with gcs.errors(path), contextlib.suppress(exceptions.NotFound):
-    gcs.blob(path).delete(if_generation_match=if_version, timeout=gcs.timeout_s(),
+    gcs.blob(path).delete(if_generation_match=if_version, timeout=gcs.wait_s(),
                           retry=gcs.retry())
 
 
@@ -376,7 +379,7 @@ def rmtree(path: str) -> None:
   with gcs.errors(path):
     for blob in blobs:
       with contextlib.suppress(exceptions.NotFound):
-        blob.delete(timeout=gcs.timeout_s(), retry=gcs.retry())
+        blob.delete(timeout=gcs.wait_s(), retry=gcs.retry())
 
 
 def copy(src: str, dst: str) -> None:
@@ -385,7 +388,7 @@ def copy(src: str, dst: str) -> None:
     source, (bucket, key) = gcs.blob(src), gcs.split(dst)
     with gcs.errors(src):
       source.bucket.copy_blob(source, gcs.client().bucket(bucket), key,
-                              timeout=gcs.timeout_s(), retry=gcs.retry())
+                              timeout=gcs.wait_s(), retry=gcs.retry())
     return
   write_bytes(dst, read_bytes(src))
 

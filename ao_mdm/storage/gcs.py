@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from typing import Optional
 
@@ -26,7 +27,25 @@ def split(path: str) -> tuple[str, str]:
 
 
 def timeout_s() -> float:
+  """The bound on waiting for an unanswering Cloud Storage: --storage_timeout."""
   return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S)
+
+
+_OUTAGE: list = [None]  # time.monotonic() when calls began to go unanswered; None: answering
+
+
+def wait_s() -> float:
+  """What the next call may wait: timeout_s() in all over one outage, however many calls (a
+  check, then a listing, then a read) it spans; any answer starts the clock again."""
+  since = _OUTAGE[0]
+  left = timeout_s() if since is None else timeout_s() - (time.monotonic() - since)
+  return max(left, 0.5)
+
+
+def unanswered(since: float) -> None:
+  """Notes that a call begun at `since` got no answer (the outage began then at the latest)."""
+  if _OUTAGE[0] is None or since < _OUTAGE[0]:
+    _OUTAGE[0] = since
 
 
 def configure() -> None:
@@ -56,9 +75,12 @@ def start_tensorstore() -> None:
   on stderr once per process, which a caller that silences stderr around this keeps quiet."""
   configure()
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  start = time.monotonic()
   try:
     store = ts.KvStore.open({"driver": "gcs", "bucket": "ao-mdm-start"}).result()
-    store.read("start").result(timeout=timeout_s())
+    store.read("start").result(timeout=wait_s())
+  except TimeoutError:
+    unanswered(start)
   except Exception:  # pylint: disable=broad-except  (the bucket need not exist)
     pass
 
@@ -82,9 +104,9 @@ def client():
 
 
 def retry():
-  """Retries of transient errors, for at most timeout_s() in all."""
+  """Retries of transient errors, for what is left of timeout_s() (wait_s)."""
   from google.api_core import retry as retry_lib  # pylint: disable=g-import-not-at-top
-  return retry_lib.Retry(deadline=timeout_s(), initial=0.2, maximum=8.0)
+  return retry_lib.Retry(deadline=wait_s(), initial=0.2, maximum=8.0)
 
 
 def no_answer(path: str) -> TimeoutError:
@@ -101,22 +123,29 @@ def missing_bucket(path: str) -> FileNotFoundError:
 
 @contextlib.contextmanager
 def errors(path: str) -> Iterator[None]:
-  """Cloud Storage errors as one OSError naming the path."""
+  """Cloud Storage errors as one OSError naming the path; no answer within what is left of the
+  bound (wait_s) is a TimeoutError, and an answer of any kind ends the outage."""
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
   import requests  # pylint: disable=g-import-not-at-top
+  start = time.monotonic()
   try:
     yield
+  except (exceptions.RetryError, requests.exceptions.ConnectionError,
+          requests.exceptions.Timeout, exceptions.ServiceUnavailable):
+    unanswered(start)
+    raise no_answer(path) from None
   except exceptions.NotFound as e:
+    _OUTAGE[0] = None
     if "bucket" in str(e).lower() and "object" not in str(e).lower():
       raise missing_bucket(path) from None
     raise FileNotFoundError(f"{path}: no such object") from None
   except exceptions.PreconditionFailed:
+    _OUTAGE[0] = None
     raise VersionMismatch(f"{path} was changed by another writer") from None
   except exceptions.Forbidden as e:
+    _OUTAGE[0] = None
     raise PermissionError(f"{path}: no permission ({str(e).splitlines()[0][:200]})") from None
-  except (exceptions.RetryError, requests.exceptions.ConnectionError,
-          requests.exceptions.Timeout, exceptions.ServiceUnavailable):
-    raise no_answer(path) from None
+  _OUTAGE[0] = None
 
 
 def blob(path: str):
@@ -127,7 +156,7 @@ def blob(path: str):
 def check_bucket(path: str) -> None:
   """Refuses a gs:// path whose bucket is missing or does not answer (within timeout_s)."""
   with errors(path):
-    if not client().bucket(split(path)[0]).exists(timeout=timeout_s(), retry=retry()):
+    if not client().bucket(split(path)[0]).exists(timeout=wait_s(), retry=retry()):
       raise missing_bucket(path)
 
 
@@ -137,6 +166,6 @@ def listing(path: str, recursive: bool, limit: Optional[int] = None) -> tuple[li
   with errors(path):
     pages = client().list_blobs(bucket, prefix=f"{key}/" if key else "",
                                 delimiter=None if recursive else "/", max_results=limit,
-                                timeout=timeout_s(), retry=retry())
+                                timeout=wait_s(), retry=retry())
     blobs = list(pages)
     return blobs, sorted(pages.prefixes)
