@@ -401,3 +401,42 @@ def test_gs_paths_without_credentials_are_one_error_line(tmp_path):
   out = ao_mdm("sample", "--checkpoint=gs://bucket/run", "--storage_timeout=5", env=env)
   assert out.returncode == 2 and len(error_lines(out)) == 1 and "Traceback" not in out.stderr
   assert time.time() - start < 60 and "credentials" in out.stderr, out.stderr
+
+
+@pytest.mark.slow  # a training run against its own server, stopped mid-run (about 40 s)
+def test_a_server_that_stops_answering_ends_training_with_one_line_in_bounded_time(data_dir):
+  """The server SIGSTOPped at step 12 (connections open, nothing answered), then SIGTERM to
+  the run: it ends with one error line naming the newest complete step, within the bound
+  (--storage_timeout plus the probe interval and a step), not hung in Orbax's writers."""
+  from ao_mdm.storage import emulator  # pylint: disable=g-import-not-at-top
+  server = emulator.LocalServer(("bucket",))
+  env = {**os.environ, **server.env(), "JAX_PLATFORMS": "cpu"}
+  small = ["--config.model.vocab_size=512", "--config.model.block_size=32",
+           "--config.model.n_layer=2", "--config.model.n_embd=32", "--config.model.n_head=2",
+           "--config.train.batch_size=8", "--config.train.log_every=1",
+           "--config.train.eval_every=0", "--config.train.checkpoint_every=5",
+           "--config.train.num_steps=1000", f"--config.data.tfds_dir={data_dir}"]
+  proc = subprocess.Popen([sys.executable, "-m", "ao_mdm.cli.main", "train", TINY,
+                           "--workdir=gs://bucket/run", "--storage_timeout=10", *small],
+                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  try:
+    for line in proc.stdout:  # the run's own progress lines
+      if line.startswith("step 12:"):
+        break
+    server._proc.send_signal(signal.SIGSTOP)  # pylint: disable=protected-access
+    stopped = time.time()
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    waited = time.time() - stopped
+  finally:
+    server._proc.send_signal(signal.SIGCONT)  # pylint: disable=protected-access
+    if proc.poll() is None:
+      proc.kill()
+    server.stop()
+  lines = err.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1, err[-3000:]
+  assert "no answer from Cloud Storage" in lines[0] and "within 10 s" in lines[0]
+  assert "training stopped: the newest complete checkpoint is step " in lines[0]
+  assert waited < 10 + checkpoints.PROBE_S + 10, waited

@@ -12,6 +12,7 @@ import contextlib
 import gc
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -51,11 +52,11 @@ def save(mgr: ocp.CheckpointManager, step: int, state: Any, data_iter: Any,
          config: specs.Spec, force: bool = False) -> bool:
   """Save state (its EMA params as their own item), data-iterator position and config at
   `step` (asynchronously)."""
-  return mgr.save(step, force=force, args=ocp.args.Composite(
+  return probed(str(mgr.directory), lambda: mgr.save(step, force=force, args=ocp.args.Composite(
       state=ocp.args.StandardSave(state.replace(ema_params=None)),
       ema=ocp.args.StandardSave(state.ema_params),
       data=grain.checkpoint.CheckpointSave(data_iter),
-      config=ocp.args.JsonSave(config.to_dict())))
+      config=ocp.args.JsonSave(config.to_dict()))))
 
 
 def restore(mgr: ocp.CheckpointManager, step: int, target: Any, data_iter: Any = None) -> Any:
@@ -186,11 +187,49 @@ def clean_workdir(workdir: str, log: Callable[[str], None] = print) -> None:
       set_aside(workdir, name, "not-a-training-checkpoint", log)
 
 
+PROBE_S = 2.0  # how often a wait on Orbax in a bucket asks whether the bucket answers
+
+
+def probed(directory: str, call: Callable[[], Any]) -> Any:
+  """call() (an Orbax call into `directory`: a save, a wait for one, a listing); in a bucket,
+  with the bucket asked every PROBE_S whether it answers, and one silent for --storage_timeout
+  ends the wait with gcs.no_answer, marked `exit_now` (Orbax's calls into storage have no
+  deadline and cannot be stopped). Slow work in a bucket that answers is waited for."""
+  if not fs.is_gcs(directory):
+    return call()
+  done, out = threading.Event(), {}
+
+  def run():
+    try:
+      out["value"] = call()
+    except BaseException as e:  # pylint: disable=broad-except  (re-raised below)
+      out["error"] = e
+    finally:
+      done.set()
+  threading.Thread(target=run, daemon=True, name="ao_mdm-orbax-call").start()
+  while not done.wait(PROBE_S):
+    try:
+      gcs.check_bucket(directory)
+    except TimeoutError as e:
+      e.exit_now = True
+      raise
+  if "error" in out:
+    raise out["error"]
+  return out.get("value")
+
+
+def wait_for_saves(mgr: ocp.CheckpointManager) -> None:
+  """mgr.wait_until_finished(), probed: a bucket that stops answering ends it (probed)."""
+  probed(str(mgr.directory), mgr.wait_until_finished)
+
+
 def check_saved(mgr: ocp.CheckpointManager, step: int) -> None:
   """Refuses to go on when the checkpoint of `step` did not land (after its write finished)."""
-  mgr.wait_until_finished()
-  mgr.reload()
-  if step not in mgr.all_steps():
+  def landed() -> bool:
+    mgr.wait_until_finished()
+    mgr.reload()
+    return step in mgr.all_steps()
+  if not probed(str(mgr.directory), landed):
     raise OSError(f"the checkpoint of step {step} was not written to {mgr.directory}; "
                   "training stops rather than go on without it")
 

@@ -95,7 +95,8 @@ def note_checkpoint(workdir: str, step: Optional[int]) -> None:
   RUN.workdir, RUN.checkpoint = workdir, step
 
 
-def _newest() -> str:
+def newest_checkpoint() -> str:
+  """What the last line of a stopped run says of its checkpoints."""
   if RUN.checkpoint is None:
     return f"no checkpoint of this run is complete yet in {RUN.workdir or 'the work dir'}"
   return f"the newest complete checkpoint is step {RUN.checkpoint} in {RUN.workdir}"
@@ -109,8 +110,8 @@ def _lost(processes: list) -> None:
   RUN.ending = True
   names = ", ".join(map(str, processes))
   quiet.say(f"error: process {names} of {RUN.count} stopped or became unreachable (silent for "
-          f"--heartbeat_timeout={RUN.heartbeat_s} s at most); {_newest()}; start every process "
-          "again to resume from it")
+            f"--heartbeat_timeout={RUN.heartbeat_s} s at most); {newest_checkpoint()}; start "
+            "every process again to resume from it")
   os._exit(2)  # pylint: disable=protected-access
 
 
@@ -146,7 +147,7 @@ def _on_abort() -> None:
       os._exit(RUN.exit_code)  # pylint: disable=protected-access
     if RUN.process != 0:
       _lost([0])
-    quiet.say(f"error: the distributed runtime ended process 0; {_newest()}")
+    quiet.say(f"error: the distributed runtime ended process 0; {newest_checkpoint()}")
     os._exit(2)  # pylint: disable=protected-access
   _ABORT_HANDLER.append(callback_type(handler))
   ctypes.CDLL(None).signal(signal.SIGABRT, _ABORT_HANDLER[0])

@@ -93,6 +93,10 @@ def _train_and_evaluate(config: specs.Spec, workdir: str, init_from: Optional[st
     with interrupts.on_interrupt(release):  # a new work dir holding only the lock goes too
       return _train(program, workdir, init_params, init_from, start_over, lock, clock, say,
                     stop)
+  except TimeoutError as e:  # storage stopped answering: say what is saved, and exit at once
+    error = TimeoutError(f"{e}; training stopped: {cluster.newest_checkpoint()}")
+    error.exit_now = True
+    raise error from None
   finally:
     release()
 
@@ -266,7 +270,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
       cluster.note_checkpoint(workdir, saved)
   finally:
     profile.close()
-    mgr.wait_until_finished()
+    checkpoints.wait_for_saves(mgr)
     run_log.flush()
   results["final_ema"] = run_eval(state.ema_params)
   say(f"final eval (EMA params): {_format_eval(results['final_ema'])}")
