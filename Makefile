@@ -15,12 +15,12 @@ $(STAMP): setup.py constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e .
 	touch $(STAMP)
 
-# Tests also need pytest, scipy, torch (import-torch), libtpu (TPU ahead-of-time compiles) and
-# lm_eval (the harness model): one install of the package with those extras, which is also the
-# plain install.
+# Tests also need pytest, scipy, torch (import-torch), libtpu (TPU ahead-of-time compiles),
+# lm_eval (the harness model) and wandb (its writer, tested offline): one install of the package
+# with those extras, which is also the plain install.
 $(TEST_STAMP): setup.py constraints.txt
 	$(NEW_VENV)
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,tpu,harness]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,tpu,harness,wandb]"
 	touch $(STAMP) $(TEST_STAMP)
 
 install: $(STAMP)

@@ -61,6 +61,7 @@ setup(
         "torch": ["torch>=2.13,<3"],
         "repro": ["matplotlib>=3.11.2,<4"],  # plots of scripts/reproduce.py
         "harness": ["lm_eval>=0.4.13,<0.5"],  # `ao-mdm harness`, interop/harness.py
+        "wandb": ["wandb>=0.31,<0.32"],  # train.wandb_project: metrics to Weights & Biases too
     },
     entry_points={"console_scripts": ["ao-mdm=ao_mdm.cli.main:run"]},
 )

@@ -71,6 +71,9 @@ def base_config() -> ml_collections.ConfigDict:
   # A jax.profiler trace of steps profile_start_step .. + profile_steps - 1 into WORKDIR/profile
   c.train.profile_start_step = 10  # after the first steps' compiles
   c.train.profile_steps = 0  # 0: no trace
+  # Weights & Biases: the logged metrics also go to this project (the [wandb] extra; WANDB_MODE
+  # and the other WANDB_* variables as wandb reads them); "": not at all
+  c.train.wandb_project = ""
 
   # Mesh ('data', 'fsdp', 'tensor'): ICI sizes within a slice/host group, DCN sizes across them.
   # -1 fills the remaining devices. Rules map logical axis names to mesh axes.

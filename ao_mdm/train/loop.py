@@ -175,7 +175,8 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
       out[split] = {"l2r": r["l2r_nll"], "random": r["any_order_nll"], "unigram": unigram[split]}
     return out
 
-  run_log = records.RunLog(workdir, active=jax.process_index() == 0)
+  run_log = records.RunLog(workdir, active=jax.process_index() == 0,
+                           wandb_project=train.wandb_project, config=config.to_dict())
   run_log.text(int(state.step), "config", f"```\n{json.dumps(config.to_dict(), indent=2)}\n```")
   table = model_lib.parameter_table(state.params, shardings=True)
   run_log.text(int(state.step), "parameters", f"```\n{table}\n```")
@@ -272,6 +273,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
     profile.close()
     checkpoints.wait_for_saves(mgr)
     run_log.flush()
+    run_log.close()
   results["final_ema"] = run_eval(state.ema_params)
   say(f"final eval (EMA params): {_format_eval(results['final_ema'])}")
   v = results["final_ema"]["validation"]

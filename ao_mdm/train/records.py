@@ -9,12 +9,14 @@ with the records, not with their square. The event files are written without Ten
 record is a serialized `Event` proto framed as TFRecord (length, masked CRC32C, data, masked
 CRC32C), which TensorBoard reads from a local directory or a bucket.
 """
+import hashlib
 import json
 import math
+import os
 import socket
 import struct
 import time
-import os
+from typing import Optional
 
 from clu import metrics as clu_metrics
 import flax
@@ -58,8 +60,10 @@ class RunLog:
   """Scalars and texts of a run, for `metrics.jsonl` and TensorBoard; inactive (writes nothing)
   on every process but the first."""
 
-  def __init__(self, workdir: str, active: bool = True):
+  def __init__(self, workdir: str, active: bool = True, wandb_project: str = "",
+               config: Optional[dict] = None):
     self.active = active
+    self._wandb = _wandb_run(workdir, wandb_project, config) if active and wandb_project else None
     self.metrics = fs.join(workdir, layout.METRICS)
     self.events = fs.join(workdir, layout.TENSORBOARD,
                           f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}."
@@ -76,6 +80,8 @@ class RunLog:
     summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=v)
                                          for k, v in values.items()])
     self._event(step, summary)
+    if self._wandb is not None:
+      self._wandb.log(values, step=step)
 
   def text(self, step: int, tag: str, text: str) -> None:
     """A text for TensorBoard's text tab (e.g. the run's config)."""
@@ -98,6 +104,29 @@ class RunLog:
       fs.append(self.metrics, "".join(lines).encode())
     if records:
       fs.append(self.events, b"".join(records))
+
+  def close(self) -> None:
+    """Ends the Weights & Biases run, if any (its files are then complete)."""
+    if self._wandb is not None:
+      self._wandb.finish()
+      self._wandb = None
+
+
+def _wandb_run(workdir: str, project: str, config: Optional[dict]):
+  """A Weights & Biases run of the work dir: one id per work dir, so that a resumed run goes on
+  in the same wandb run; its local files under WORKDIR/wandb (a local work dir) or wandb's own
+  directory (a bucket); quiet. A resumed run's steps up to the last one wandb has are dropped
+  by wandb (its steps only grow)."""
+  try:
+    import wandb  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ImportError("train.wandb_project needs wandb: pip install -e '.[wandb]'") from None
+  workdir = fs.absolute(workdir)
+  local = None if fs.is_gcs(workdir) else workdir  # wandb writes into DIR/wandb
+  run_id = hashlib.sha256(workdir.encode()).hexdigest()[:16]
+  return wandb.init(project=project, id=run_id, resume="allow", name=os.path.basename(workdir),
+                    dir=local, config=config, settings=wandb.Settings(silent=True,
+                                                                      console="off"))
 
 
 def drop_after(workdir: str, step: int) -> None:
