@@ -418,6 +418,7 @@ def test_tokenizer_errors_leave_nothing_behind(tmp_path):
       "h" + datasets.text_source_hash(str(tmp_path / "two.txt"))]
 
 
+@pytest.mark.slow  # two exports in processes of their own (about 17 s)
 def test_verbosity_brings_the_libraries_logs_back(files):
   """Quiet by default; absl's --verbosity=0 shows the libraries' INFO and WARNING lines."""
   quiet = ao_mdm("export", f"--workdir={files['run']}", f"--out={files['root']}/v1")

@@ -168,6 +168,7 @@ class _RunsCode:
     return (os.system, ("echo ran > ran.txt",))
 
 
+@pytest.mark.slow  # three import-gpt2 processes (about 15 s)
 def test_a_damaged_hf_dir_is_one_error_line(tmp_path, hf_model):
   """import-gpt2 on a truncated model.safetensors, a truncated pytorch_model.bin and a .bin whose
   pickle would run code: one `error:` line naming the file, exit 2, nothing run or written."""

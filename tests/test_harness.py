@@ -187,7 +187,8 @@ def test_parallel_generation_and_errors(checkpoint, lm):
     lm._loglikelihood_tokens([(("a", "b"), [1], [5] * 40)])  # pylint: disable=protected-access
 
 
-def test_the_harness_command_and_the_harness_command_line(checkpoint, tasks, tmp_path, lm):
+@pytest.mark.slow  # two harness processes (about 25 s)
+def test_the_harness_command(checkpoint, tasks, tmp_path, lm):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_DATASETS_OFFLINE": "1"}
   out = tmp_path / "results.json"
   proc = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", "harness",

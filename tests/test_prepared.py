@@ -278,6 +278,7 @@ def test_ensure_takes_one_path_when_only_some_processes_find_the_preparation(
 
 
 
+@pytest.mark.slow  # two prepare processes with workers (about 10 s)
 def test_prepare_with_workers_is_quiet_and_a_kill_leaves_no_worker(tmp_path):
   """`ao-mdm prepare --workers=2`: no TFDS note from the workers; SIGKILL to the command ends its
   workers with it (no broken-pipe tracebacks on the terminal, no process left)."""

@@ -183,6 +183,7 @@ def test_every_checkpoint_unreadable_stops_unless_start_over(data_dir, tmp_path)
   assert aside[0].startswith("2.unreadable")
 
 
+@pytest.mark.slow  # a run of 6 steps and a train process (about 12 s)
 def test_every_checkpoint_damaged_is_one_line_each_from_the_command(data_dir, tmp_path):
   """`ao-mdm train` over steps damaged three ways (every file cut short, the arrays cut short,
   the config emptied): a line per step saying why it was skipped, one error line, no library
