@@ -6,7 +6,6 @@ import ctypes
 import hashlib
 import multiprocessing
 import os
-import pickle
 import queue
 import signal
 import threading
@@ -70,14 +69,25 @@ def _with_eos(ids: list[list[int]], eos_id: int, dtype: np.dtype) -> np.ndarray:
 _WORKER: list = []  # the _ShardWriter of a worker process, made by its initializer
 
 
-def _init_worker(args: bytes) -> None:
-  """A worker's set-up: quiet, deaf to Ctrl-C (the parent's to handle), gone with the parent,
-  then its _ShardWriter, unpickled here: rebuilding the source logs TFDS's notes."""
+def _quiet_logging() -> None:
   from absl import logging  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.FATAL)  # errors reach the parent as exceptions
+
+
+class _QuietFirst:
+  """Sent first among a worker's arguments: unpickling it quiets the worker's logging before the
+  next argument, the source, is rebuilt (which logs TFDS's notes on a local source)."""
+
+  def __reduce__(self):
+    return _quiet_logging, ()
+
+
+def _init_worker(_, *args) -> None:
+  """A worker's set-up (its logging already quiet: _QuietFirst): deaf to Ctrl-C (the parent's to
+  handle), gone with the parent, then its _ShardWriter."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   _die_with_parent()
-  _WORKER[:] = [_ShardWriter(*pickle.loads(args))]
+  _WORKER[:] = [_ShardWriter(*args)]
 
 
 def _die_with_parent() -> None:
@@ -125,7 +135,7 @@ def _write_shards(jobs: list, workers: int, desc: str, writer_args: tuple):
   try:
     pool = multiprocessing.get_context("spawn").Pool(
         helpers, initializer=_init_worker,
-        initargs=(pickle.dumps(writer_args),)) if helpers > 0 else None
+        initargs=(_QuietFirst(), *writer_args)) if helpers > 0 else None
   finally:
     if warnings_before is None:
       os.environ.pop("PYTHONWARNINGS")
