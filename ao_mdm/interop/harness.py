@@ -8,7 +8,8 @@ forward, never an estimate.
 - loglikelihood_rolling: the harness's windows with one token of context each (EOS before the
   first), T - 1 new tokens per window of T slots.
 - generate_until: the cached decoders, L2R (exact sequential samples; greedy unless the task
-  samples) or the parallel sampler in `steps` steps; stops at EOS and at the task's `until`.
+  samples) or the parallel sampler in `steps` steps; the decoder stops at an EOS, the text
+  also at the task's `until`.
 
 Needs the `[harness]` extra. `register()` makes the name known to the harness (the `ao-mdm
 harness` command and `python -m ao_mdm.interop.harness`, the harness's own command line, do).
@@ -162,7 +163,7 @@ class AoMdm(TemplateLM):
                 top_k=int(kwargs.get("top_k", 0) or 0) if sampled else 0)
     ids = (self.tok_encode(context) or [self.eot_token_id])[-(t - new):]
     known = dict(batch_size=1, seed=seed, known_positions=np.arange(len(ids)),
-                 known_tokens=ids, dtype=self._dtype,
+                 known_tokens=ids, dtype=self._dtype, eos_id=self.eot_token_id,
                  vocab_limit=min(self.tokenizer_.vocab_size, self._cfg.vocab_size), **draw)
     if self._mode == "l2r":
       out = speculative.sample(self._params, self._cfg, draft=min(self._draft, t - 1),
@@ -170,7 +171,7 @@ class AoMdm(TemplateLM):
     else:
       steps = self._steps or options_lib.DEFAULT_STEPS
       out = parallel.sample(self._params, self._cfg, steps=min(steps, t - len(ids)), **known)
-    row = out.tokens[0, len(ids):len(ids) + new].tolist()
+    row = out.tokens[0, len(ids):len(ids) + new].tolist()  # the decoder stopped at an EOS
     row = row[:row.index(self.eot_token_id)] if self.eot_token_id in row else row
     generated = self.tok_decode(row)
     for stop in until:
