@@ -195,6 +195,7 @@ def ao_mdm(*args):
                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
 
 
+@pytest.mark.slow  # six sample processes (about 20 s)
 def test_cli_until_eos_writes_variable_length_records(export, tmp_path):
   path = str(tmp_path / "samples.jsonl")
   out = ao_mdm("sample", f"--checkpoint={export[0]}", "--until_eos", "--block_len=8",
