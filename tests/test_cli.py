@@ -217,11 +217,13 @@ BAD_INPUTS = [
     (["eval", "--generated={root}/big_ids.jsonl", "--scorer={run}"],
      "sample token id 99999 is outside the scorer's vocab [0, 512)"),
     # export, imports, tokenizer, compile
-    (["export", "--workdir={run}"], "missing --out"),
-    (["export", "--workdir={run}", "--out={root}/full"], "exists and is not an empty directory"),
-    (["export", "--workdir={run}", "--out={root}/e", "--weights=model"],
+    (["export", "--checkpoint={run}"], "missing --out"),
+    (["export", "--checkpoint={run}", "--out={root}/full"], "exists and is not an empty directory"),
+    (["export", "--checkpoint={run}", "--out={root}/e", "--weights=model"],
      "--weights=model: value should be one of <ema|params>"),
-    (["export", "--workdir={root}/empty", "--out={root}/e"], "holds no checkpoint"),
+    (["export", "--checkpoint={root}/empty", "--out={root}/e"], "holds no checkpoint"),
+    (["export", "--workdir={run}", "--out={root}/e"],
+     "--workdir is now --checkpoint in `ao-mdm export`, as in every command that reads a run"),
     (["import-torch", "--checkpoint={root}/nowhere.pt", "--out={root}/t"], "no such file"),
     (["import-torch", "--checkpoint={root}/a_file", "--out={root}/t", "--weights=params"],
      "--weights=params: value should be one of <ema|model>"),
@@ -254,7 +256,7 @@ BAD_INPUTS = [
     (["info", "--config={root}/a_file"], "is not a Python config file"),
     (["import-torch", "--checkpoint={root}/empty", "--out={root}/t"], "is a directory; give"),
     (["sample", "--checkpoint={run}/checkpoints/2"], "is inside a training work dir; give the work"),
-    (["export", "--workdir={run}/checkpoints", "--out={root}/e"], "give the work dir itself"),
+    (["export", "--checkpoint={run}/checkpoints", "--out={root}/e"], "give the work dir itself"),
     (["train", TINY, "--workdir={root}/w", "--config.data.prepared_dir={root}/a_file/prep"],
      "cannot be made: '{root}/a_file' is a file"),
     (["bench", "sample", TINY], "has no `bench` section, which `ao-mdm bench sample` reads"),
@@ -301,7 +303,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_step(files, tmp_pa
     for name in names:
       with open(os.path.join(d, name), "wb") as f:
         f.write(b"garbage")
-  out = ao_mdm("export", f"--workdir={run}", f"--out={tmp_path / 'export'}")
+  out = ao_mdm("export", f"--checkpoint={run}", f"--out={tmp_path / 'export'}")
   assert out.returncode == 0, out.stderr
   assert "skipped checkpoint step 2" in out.stdout and "cannot be restored" in out.stdout
   _, exported = checkpoints.load_params(str(tmp_path / "export"))
@@ -421,8 +423,8 @@ def test_tokenizer_errors_leave_nothing_behind(tmp_path):
 @pytest.mark.slow  # two exports in processes of their own (about 17 s)
 def test_verbosity_brings_the_libraries_logs_back(files):
   """Quiet by default; absl's --verbosity=0 shows the libraries' INFO and WARNING lines."""
-  quiet = ao_mdm("export", f"--workdir={files['run']}", f"--out={files['root']}/v1")
-  loud = ao_mdm("export", f"--workdir={files['run']}", f"--out={files['root']}/v2",
+  quiet = ao_mdm("export", f"--checkpoint={files['run']}", f"--out={files['root']}/v1")
+  loud = ao_mdm("export", f"--checkpoint={files['run']}", f"--out={files['root']}/v2",
                 "--verbosity=0")
   assert quiet.returncode == 0 and loud.returncode == 0, loud.stderr[-2000:]
   library = lambda out: [l for l in out.stderr.splitlines() if l[:1] in "IW" and ".py:" in l]

@@ -236,7 +236,7 @@ def test_a_run_in_a_bucket_resumes_exactly_and_serves_export_sample_eval(gcs_ser
   assert fs.listdir(fs.join(run, "tensorboard")) and not fs.exists(fs.join(run, "train.lock"))
 
   export = f"{run}-export"
-  out = ao_mdm("export", f"--workdir={run}", f"--out={export}")
+  out = ao_mdm("export", f"--checkpoint={run}", f"--out={export}")
   assert out.returncode == 0 and fs.isfile(fs.join(export, "0", "commit_success.txt")), out.stderr
   samples = f"{run}-samples/s.jsonl"
   out = ao_mdm("sample", f"--checkpoint={export}", "--num_samples=2", "--steps=4",
@@ -377,7 +377,7 @@ def test_in_a_bucket_an_unreadable_step_is_set_aside_and_ctrl_c_leaves_no_export
   # Ctrl-C during an export to the bucket: nothing is left that reads as an export.
   out_dir = f"{run}-export"
   proc = subprocess.Popen([sys.executable, "-m", "ao_mdm.cli.main", "export",
-                           f"--workdir={run}", f"--out={out_dir}"], cwd=ROOT,
+                           f"--checkpoint={run}", f"--out={out_dir}"], cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env={**os.environ, "JAX_PLATFORMS": "cpu"})
   deadline = time.time() + 120

@@ -155,7 +155,7 @@ def test_sigterm_during_export_leaves_nothing_and_leftovers_of_the_dead_are_remo
   dead.wait()
   leftover = tmp_path / f"export.tmp-{socket.gethostname()}-{dead.pid}.0123abcd"  # a kill -9's
   (leftover / "0").mkdir(parents=True)
-  proc = start("export", f"--workdir={run['run']}", f"--out={out_dir}")
+  proc = start("export", f"--checkpoint={run['run']}", f"--out={out_dir}")
   deadline = time.time() + 120
   while time.time() < deadline and not any(
       n.startswith("export.tmp") and n != leftover.name for n in os.listdir(tmp_path)):
@@ -235,7 +235,7 @@ def test_a_damaged_step_is_one_plain_line(run, tmp_path):
   assert "Exception ignored" not in out.stderr and "Event loop is closed" not in out.stderr
   assert len(out.stderr.splitlines()) <= 2, out.stderr
   shutil.rmtree(os.path.join(workdir, "checkpoints", "4", "ema"))
-  out = ao_mdm("export", f"--workdir={workdir}", f"--out={tmp_path / 'x'}")
+  out = ao_mdm("export", f"--checkpoint={workdir}", f"--out={tmp_path / 'x'}")
   assert out.returncode == 0 and "(its ema item is missing)" in out.stdout, out.stdout
 
 

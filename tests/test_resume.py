@@ -231,7 +231,7 @@ def test_ctrl_c_elsewhere_exits_130_and_leaves_no_partial_output(data_dir, tmp_p
   for delay in (1.0, 2.5, 4.0, 6.0, 9.0):
     for command, out in (("export", tmp_path / f"export{delay}"),
                          ("sample", tmp_path / f"s{delay}.jsonl")):
-      args = ([f"--workdir={run}", f"--out={out}"] if command == "export" else
+      args = ([f"--checkpoint={run}", f"--out={out}"] if command == "export" else
               [f"--checkpoint={run}", f"--out={out}", "--num_samples=100000", "--batch_size=1",
                "--steps=4"])
       proc = subprocess.Popen([sys.executable, "-m", "ao_mdm.cli.main", command, *args], cwd=ROOT,

@@ -143,6 +143,10 @@ def _parse_flags(argv: list, command: str) -> list:
       checks.loaded_config(flags.FLAGS.config)
     return rest
   except flags.UnrecognizedFlagError as e:
+    renamed = getattr(command_module(command), "RENAMED_FLAGS", {})
+    if e.flagname in renamed:
+      _fail(f"--{e.flagname} is now --{renamed[e.flagname]} in `ao-mdm {command}`, as in every "
+            f"command that reads a run: give --{renamed[e.flagname]}=...")
     if any(e.flagname in flag_names(other) for other in COMMANDS if other != command):
       _fail(f"--{e.flagname} not accepted by `ao-mdm {command}`; `ao-mdm {command} --help` "
             "lists its flags")

@@ -6,12 +6,14 @@ from ao_mdm.cli import checks
 from ao_mdm.cli import flags as flags_lib
 from ao_mdm.storage import paths
 
-SUMMARY = "write the EMA params alone: --workdir=DIR --out=DIR [--weights=ema|params]"
+SUMMARY = "write the EMA params alone: --checkpoint=DIR --out=DIR [--weights=ema|params]"
+# Old flag names, refused with a line naming the new one: --checkpoint, as every command that
+# reads a run names it.
+RENAMED_FLAGS = {"workdir": "checkpoint"}
 
 
 def define(fv: flags.FlagValues) -> None:
-  flags.DEFINE_string("workdir", None, "The training work dir to export (its newest readable "
-                      "step).", flag_values=fv)
+  flags_lib.checkpoint(fv)
   flags_lib.out(fv, "Directory of the export (new or empty).")
   flags_lib.weights(fv, help_text="Which params: ema | params.")
   flags_lib.storage_timeout(fv)
@@ -20,8 +22,8 @@ def define(fv: flags.FlagValues) -> None:
 
 def check(v: dict, given: set) -> None:
   del given
-  checks.require(v, "workdir", "out")
-  layout.check_checkpoint(v["workdir"], "--workdir")
+  checks.require(v, "checkpoint", "out")
+  layout.check_checkpoint(v["checkpoint"])
   paths.new_output_dir(v["out"])
 
 
@@ -29,4 +31,4 @@ def run(v: dict, given: set) -> None:
   del given
   flags_lib.enable_compile_cache(v["compile_cache"])
   from ao_mdm.checkpoint import checkpoints  # pylint: disable=g-import-not-at-top
-  print(checkpoints.export(v["workdir"], v["out"], v["weights"]))
+  print(checkpoints.export(v["checkpoint"], v["out"], v["weights"]))
