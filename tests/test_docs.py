@@ -58,10 +58,12 @@ def test_every_documented_demo_command_runs(demo_run):
                          capture_output=True, text=True, timeout=600)
     return name, command, out
   commands = demo_commands()
-  # A draft head is trained before the commands that read it (runs/demo_draft).
-  results = [run(c) for c in commands if " train-draft " in c[1]]
+  # Commands whose outputs others read run first, in the docs' order: a draft head
+  # (runs/demo_draft), the torch exports and their import (runs/demo.safetensors, runs/demo_back).
+  first = [c for c in commands if re.search(r" (train-draft|export-torch|import-torch) ", c[1])]
+  results = [run(c) for c in first]
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
-    results += list(pool.map(run, [c for c in commands if " train-draft " not in c[1]]))
+    results += list(pool.map(run, [c for c in commands if c not in first]))
   failures = [f"{name}: {command}\n  rc={out.returncode} {out.stderr[-500:]}"
               for name, command, out in results if out.returncode]
   assert not failures, "\n".join(failures)

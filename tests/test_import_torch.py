@@ -5,6 +5,8 @@ ao_mdm/torch_reference.py (the authors' module tree and computation), so the key
 checked against the reference computation, not only against its own inverse.
 """
 import json
+import subprocess
+import sys
 
 import flax
 import jax
@@ -288,3 +290,99 @@ def test_export_torch_loads_in_the_reference_and_imports_back_bitwise(tmp_path, 
     assert json.loads(f.metadata()["model_args"]) == ckpt["model_args"]
   with pytest.raises(FileExistsError, match="exists; give a new path"):
     torch_export.export_torch(export, path)
+
+
+@pytest.fixture(scope="module")
+def sp_export(sp_tokenizer, sotu_config, tmp_path_factory):
+  """A small AO-GPT with its own SentencePiece tokenizer (conftest's, vocab 512), written as
+  `ao-mdm export` writes one: params, config and tokenizer/."""
+  c = base_config()
+  c.model.update(vocab_size=512, block_size=32, n_layer=2, n_head=2, n_embd=32, cond_dim=32)
+  c.data.update(dataset=sotu_config.dataset, tfds_dir=sotu_config.tfds_dir)
+  config = specs.parse(c)
+  root = tmp_path_factory.mktemp("sp_export")
+  (root / "tok").mkdir()
+  (root / "tok" / "sp_sotu_512.model").write_bytes(open(sp_tokenizer.model_path, "rb").read())
+  return checkpoints.write_params_export(str(root / "export"), config.to_dict(),
+                                         random_params(config, 9), str(root / "tok"))
+
+
+def _greedy(path):
+  """Greedy samples (texts and ids) of a run or export after a prompt (its tokenizer's ids)."""
+  from ao_mdm.decode import generate  # pylint: disable=g-import-not-at-top
+  config, params, tokenizer = checkpoints.load_run(path)
+  return [(r["text"], list(map(int, r["tokens"]))) for r in generate.sample_texts(
+      params, config.model, tokenizer, num_samples=2, batch_size=2,
+      prompt="Fellow citizens of the Senate", temperature=0.0, steps=8)]
+
+
+@pytest.mark.parametrize("fmt", ["torch", "safetensors"])
+def test_export_torch_of_a_sentencepiece_model_imports_back_with_the_same_greedy_samples(
+    tmp_path, sp_export, fmt, capsys):
+  """Issue 43, items 1 and 2: the file carries its tokenizer (torch: a uint8 tensor that
+  weights_only loads, beside the keys the authors' loaders read; safetensors: its metadata),
+  import-torch takes either format and the round trip changes no param, no tokenizer byte and
+  no greedy sample."""
+  from ao_mdm.interop import torch_export  # pylint: disable=g-import-not-at-top
+  path = torch_export.export_torch(sp_export, str(tmp_path / f"model.{fmt}"), fmt=fmt)
+  _, want, tokenizer = checkpoints.load_run(sp_export)
+  if fmt == "torch":
+    ckpt = torch.load(path, weights_only=True)
+    assert {"model", "model_args", "ema_model"} < set(ckpt)
+    assert ckpt["tokenizer"]["name"] == "sentencepiece"
+    assert ckpt["tokenizer"]["model"].numpy().tobytes() == open(tokenizer.model_path, "rb").read()
+  capsys.readouterr()
+  config, params = torch_import.import_torch(path, str(tmp_path / "back"))  # the paper's recipe
+  assert "data.tokenizer gpt2 -> sentencepiece from the checkpoint" in capsys.readouterr().out
+  assert config.data.tokenizer == "sentencepiece" and config.model.vocab_size == 512
+  _assert_params_equal(params, jax.device_get(want))
+  assert checkpoints.load_run(str(tmp_path / "back"))[2].sha256 == tokenizer.sha256
+  assert _greedy(str(tmp_path / "back")) == _greedy(sp_export)
+
+
+def test_a_file_without_its_tokenizer_needs_tokenizer_flag(tmp_path, sp_export):
+  """A file that lost the entry (e.g. saved again by the authors' trainer) is refused under the
+  paper's GPT-2 recipe with a line naming --tokenizer; with it, it imports; a damaged model is
+  refused with one line."""
+  from ao_mdm.interop import torch_export  # pylint: disable=g-import-not-at-top
+  ckpt = torch.load(torch_export.export_torch(sp_export, str(tmp_path / "full.pt")),
+                    weights_only=True)
+  tokenizer = ckpt.pop("tokenizer")
+  path = _save(tmp_path, ckpt, "theirs.pt")
+  with pytest.raises(ValueError, match=r"vocab_size=512 is below the 50257 ids .* --tokenizer=FILE"):
+    torch_import.import_torch(path, str(tmp_path / "out"))
+  model = tmp_path / "sp.model"
+  model.write_bytes(tokenizer["model"].numpy().tobytes())
+  config, _ = torch_import.import_torch(path, str(tmp_path / "out"), tokenizer=str(model))
+  assert config.data.tokenizer == "sentencepiece"
+  assert checkpoints.load_run(str(tmp_path / "out"))[2].vocab_size == 512
+  damaged = _save(tmp_path, {**ckpt, "tokenizer": {"name": "sentencepiece",
+                                                    "model": torch.zeros(9, dtype=torch.uint8)}},
+                  "damaged.pt")
+  with pytest.raises(ValueError, match=r"the tokenizer of .*damaged.pt' is not a SentencePiece "
+                                       r"model that loads"):
+    torch_import.import_torch(damaged, str(tmp_path / "out2"))
+  assert not (tmp_path / "out2").exists()
+
+
+def test_error_lines_list_a_few_keys(tmp_path, ao_checkpoint):
+  """A dict that is no checkpoint (here a bare state dict) is named by a few of its keys."""
+  config, ckpt = ao_checkpoint
+  n = len(ckpt["model"])
+  with pytest.raises(ValueError) as e:
+    torch_import.import_torch(_save(tmp_path, ckpt["model"]), str(tmp_path / "out"),
+                              config=config)
+  assert f"... and {n - 4} more" in str(e.value) and len(str(e.value)) < 400, str(e.value)
+
+
+def test_safetensors_import_refuses_weights_given_on_the_command_line(tmp_path, sp_export):
+  """A safetensors file holds one set of weights: --weights would be ignored, so it is refused
+  (one line, exit 2, nothing written)."""
+  from ao_mdm.interop import torch_export  # pylint: disable=g-import-not-at-top
+  path = torch_export.export_torch(sp_export, str(tmp_path / "m.safetensors"), fmt="safetensors")
+  out = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", "import-torch",
+                        f"--checkpoint={path}", f"--out={tmp_path / 'back'}", "--weights=model"],
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+  assert out.stderr.startswith("error: --weights does not apply to")
+  assert not (tmp_path / "back").exists()

@@ -4,10 +4,15 @@ A reference checkpoint is a `torch.save` dict with `model` (state dict), `ema_mo
 ({decay, num_updates, shadow_params}: a list in `model.parameters()` order), `model_args`,
 `optimizer`, `iter_num` and `config`. `import_torch` maps it onto our parameter tree and writes
 an export (`<out>/0/{params, config}`); `to_torch_state_dict` is the inverse (reference layout).
+It also takes the safetensors file of `export-torch --format=safetensors` (one set of weights,
+model_args in its metadata) and the tokenizer our exports carry (TOKENIZER).
 docs/checkpoints.md has the key mapping; docs/design.md, "Checkpoints", the formats.
 """
+import base64
 import io
+import json
 import re
+import tempfile
 import zipfile
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -19,6 +24,7 @@ from flax import traverse_util
 
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.data import gpt2
+from ao_mdm.data import tokenizer as tok_lib
 from ao_mdm import model as model_lib
 from ao_mdm import specs
 from ao_mdm.storage import fs
@@ -30,6 +36,12 @@ _ORIG_MOD = "_orig_mod."
 _MODEL_ARGS = tuple(k for k in specs.ModelSpec.SHAPE if k not in ("variant", "cond_dim"))
 # A causal-mask buffer the reference registers only when PyTorch lacks scaled_dot_product_attention.
 _MASK_BUFFER = re.compile(r"transformer\.h\.\d+\.attn\.bias")
+# Where our exports name their tokenizer (the authors' loaders read only model, model_args and
+# ema_model): in a torch file the entry {"name": "gpt2"} or {"name": "sentencepiece", "model":
+# the .model protobuf as a uint8 tensor}; in a safetensors file's metadata, TOKENIZER (the name)
+# and TOKENIZER_MODEL (the protobuf, base64). GPT-2 BPE is named only: its files ship with us.
+TOKENIZER = "tokenizer"
+TOKENIZER_MODEL = "tokenizer_model"
 
 
 class _Row(NamedTuple):
@@ -141,11 +153,60 @@ def to_torch_state_dict(params: Any, cfg: specs.ModelSpec) -> dict[str, np.ndarr
   return out
 
 
-def _names(keys: list, limit: int = 8) -> str:
-  """A short listing of key names for an error message."""
-  keys = sorted(keys)
-  more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
-  return ", ".join(keys[:limit]) + more
+def _few(items: list, limit: int = 4, sep: str = ", ") -> str:
+  """The first few items for an error line, then how many more."""
+  more = f" ... and {len(items) - limit} more" if len(items) > limit else ""
+  return sep.join(map(str, items[:limit])) + more
+
+
+def _names(keys) -> str:
+  """A short, sorted listing of key names for an error line."""
+  return _few(sorted(map(str, keys)))
+
+
+def is_safetensors(path: str) -> bool:
+  """Whether the file starts as a safetensors file does: its header's length, then '{'."""
+  with fs.open_read(path) as f:
+    head = f.read(9)
+  return len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") > 1
+
+
+def _load_safetensors(path: str) -> dict:
+  """A safetensors export as a checkpoint dict: `model` (numpy), `model_args` and `tokenizer`
+  from the metadata."""
+  from safetensors.numpy import load  # pylint: disable=g-import-not-at-top
+  data = fs.read_bytes(path)
+  try:
+    size = int.from_bytes(data[:8], "little")
+    metadata = json.loads(data[8:8 + size]).get("__metadata__") or {}
+    state = load(data)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"{path!r} is not a safetensors file safetensors can read: "
+                     f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+  try:
+    args = json.loads(metadata["model_args"])
+  except (KeyError, ValueError):
+    raise ValueError(f"{path!r} is a safetensors file without the JSON model_args in its metadata "
+                     "that `ao-mdm export-torch --format=safetensors` writes; found metadata "
+                     f"{_names(metadata) or 'none'}") from None
+  ckpt = {"model": state, "model_args": args}
+  if TOKENIZER in metadata:
+    model = metadata.get(TOKENIZER_MODEL)
+    try:
+      model = None if model is None else base64.b64decode(model, validate=True)
+    except ValueError:
+      raise ValueError(f"{path!r}: metadata {TOKENIZER_MODEL} is not base64") from None
+    ckpt[TOKENIZER] = {"name": metadata[TOKENIZER], "model": model}
+  return ckpt
+
+
+def _load_checkpoint(path: str) -> tuple[dict, bool]:
+  """(the checkpoint dict, whether it holds one set of weights: a safetensors file)."""
+  if not fs.isfile(path):
+    raise FileNotFoundError(f"no reference checkpoint file at {path!r}")
+  if is_safetensors(path):
+    return _load_safetensors(path), True
+  return _load_torch_checkpoint(path), False
 
 
 def _load_torch_checkpoint(path: str) -> dict:
@@ -154,8 +215,6 @@ def _load_torch_checkpoint(path: str) -> dict:
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ImportError("import-torch needs PyTorch: pip install -e '.[torch]'") from e
-  if not fs.isfile(path):
-    raise FileNotFoundError(f"no reference checkpoint file at {path!r}")
   # A local zip-format file is mapped (only the tensors used are read, not the optimizer
   # state); one in a bucket is read whole.
   source = io.BytesIO(fs.read_bytes(path)) if fs.is_gcs(path) else path
@@ -176,7 +235,7 @@ def _load_torch_checkpoint(path: str) -> dict:
                      ) from None
   if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict) or not isinstance(
       ckpt.get("model_args"), dict):
-    found = sorted(map(str, ckpt)) if isinstance(ckpt, dict) else type(ckpt).__name__
+    found = f"the keys {_names(ckpt)}" if isinstance(ckpt, dict) else type(ckpt).__name__
     raise ValueError(f"{path!r} is not a reference AO-GPT checkpoint: expected a dict with "
                      f"'model' (state dict) and 'model_args'; found {found}")
   return ckpt
@@ -240,7 +299,7 @@ def _tensors(ckpt: dict, rows: list[_Row], weights: str, path: str) -> dict[str,
   bad = [f"{r.key} has shape {tuple(state[r.key].shape)}, expected {r.shape}" for r in rows
          if tuple(state[r.key].shape) != r.shape]
   if bad:
-    raise ValueError(f"{path!r}: wrong shape(s): " + "; ".join(bad))
+    raise ValueError(f"{path!r}: wrong shape(s): " + _few(bad, sep="; "))
   if weights == "model":
     return {r.key: state[r.key] for r in rows}
   ema = ckpt.get("ema_model")
@@ -256,24 +315,78 @@ def _tensors(ckpt: dict, rows: list[_Row], weights: str, path: str) -> dict[str,
   bad = [f"{r.key} (shadow_params[{i}]) has shape {tuple(s.shape)}, expected {r.shape}"
          for i, (r, s) in enumerate(zip(params, shadow)) if tuple(s.shape) != r.shape]
   if bad:
-    raise ValueError(f"{path!r}: wrong EMA shape(s): " + "; ".join(bad))
+    raise ValueError(f"{path!r}: wrong EMA shape(s): " + _few(bad, sep="; "))
   return {r.key: s for r, s in zip(params, shadow)}
 
 
+def _tokenizer(ckpt: dict, given: Optional[str], path: str) -> tuple[Optional[str], Any]:
+  """(name, SentencePiece model bytes or None) of the tokenizer to import: `given` ("gpt2" or a
+  SentencePiece .model file), else the one the checkpoint carries (TOKENIZER); (None, None)
+  when neither names one, as in the authors' checkpoints (GPT-2 BPE)."""
+  if given:
+    return ("gpt2", None) if given == "gpt2" else ("sentencepiece", fs.read_bytes(given))
+  entry = ckpt.get(TOKENIZER)
+  if entry is None:
+    return None, None
+  name = entry.get("name") if isinstance(entry, dict) else None
+  if name not in tok_lib.TOKENIZERS:
+    raise ValueError(f"{path!r}: its {TOKENIZER!r} entry names no tokenizer of ours (accepted: "
+                     f"{', '.join(tok_lib.TOKENIZERS)}); give --tokenizer=FILE|gpt2")
+  model = entry.get("model")
+  if name == "sentencepiece" and not isinstance(model, bytes):
+    array = model.numpy() if hasattr(model, "numpy") else None  # a uint8 tensor in a torch file
+    if array is None or array.dtype != np.uint8 or array.ndim != 1:
+      raise ValueError(f"{path!r}: its SentencePiece tokenizer is not the bytes of a .model file "
+                       "(a 1-D uint8 tensor); give --tokenizer=FILE|gpt2")
+    model = array.tobytes()
+  return name, model if name == "sentencepiece" else None
+
+
+def _sentencepiece_dir(model: bytes, vocab_size: int, directory: str, source: str) -> str:
+  """`directory` holding the SentencePiece model as an export keeps it (the name
+  load_saved_tokenizer finds), after checking that it loads and fits the model's vocab."""
+  path = fs.join(directory, f"sp_imported_{vocab_size}.model")
+  fs.write_bytes(path, model)
+  try:
+    sp = tok_lib.SentencePieceTokenizer(path)
+  except (RuntimeError, ValueError) as e:
+    raise ValueError(f"{source} is not a SentencePiece model that loads: "
+                     f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+  if sp.vocab_size > vocab_size:
+    raise ValueError(f"{source} has {sp.vocab_size} pieces, more than the model's "
+                     f"vocab_size={vocab_size}")
+  return directory
+
+
+def _as_numpy(x: Any) -> np.ndarray:
+  """A tensor of either file format as a float32 numpy array."""
+  if isinstance(x, np.ndarray):
+    return x.astype(np.float32, copy=False)
+  import torch  # pylint: disable=g-import-not-at-top
+  return x.detach().to(torch.float32).cpu().numpy()
+
+
 def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optional[str] = None,
-                 config: Optional[specs.Spec] = None,
+                 config: Optional[specs.Spec] = None, tokenizer: Optional[str] = None,
                  log: Callable[[str], None] = print) -> tuple[specs.Spec, dict]:
-  """Convert a reference PyTorch checkpoint to an export at `out`; returns (config, params).
+  """Convert a reference PyTorch checkpoint, or our safetensors export (one set of weights:
+  `weights` does not apply), to an export at `out`; returns (config, params).
 
   The model fields of `config` (default: ao_mdm/paper.py `ao_small` / `sigma_small`) follow the
-  checkpoint's model_args; every change is logged. Missing, unused or misshaped keys are refused.
+  checkpoint's model_args, data.tokenizer the tokenizer (`tokenizer`: "gpt2" or a SentencePiece
+  .model file; default: the one the file carries, else GPT-2 BPE); every change is logged.
+  Missing, unused or misshaped keys are refused.
   """
   if weights not in TORCH_WEIGHTS:
     raise ValueError(f"weights={weights!r}; accepted: {', '.join(TORCH_WEIGHTS)}")
   if variant not in (None, "ao", "sigma"):
     raise ValueError(f"variant={variant!r}; accepted: ao, sigma (or None to detect it)")
+  if tokenizer not in (None, "gpt2") and not fs.isfile(tokenizer):
+    raise FileNotFoundError(f"--tokenizer {tokenizer!r}: no such file (a SentencePiece .model, "
+                            "or gpt2)")
   paths.new_output_dir(out)
-  ckpt = _load_torch_checkpoint(checkpoint)
+  ckpt, one_set = _load_checkpoint(checkpoint)
+  weights = "model" if one_set else weights
   state = _strip_prefix(ckpt["model"], checkpoint)
   variant = _detect_variant(state, variant, checkpoint)
   paper_recipe = config is None
@@ -282,47 +395,61 @@ def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optio
   cond_dim = int(wtpe.shape[1]) if variant == "ao" and wtpe is not None else config.model.cond_dim
   config, changes = _config_from_checkpoint(config, ckpt["model_args"], variant, cond_dim,
                                             checkpoint)
-  if paper_recipe and config.model.vocab_size < gpt2.VOCAB_SIZE:
+  name, sp_model = _tokenizer(ckpt, tokenizer, checkpoint)
+  if name and name != config.data.tokenizer:
+    changes.append(f"data.tokenizer {config.data.tokenizer} -> {name} from "
+                   f"{'--tokenizer' if tokenizer else 'the checkpoint'}")
+    config = config.replace(data=config.data.replace(tokenizer=name))
+  if paper_recipe and name != "sentencepiece" and config.model.vocab_size < gpt2.VOCAB_SIZE:
     raise ValueError(f"{checkpoint!r}: model_args.vocab_size={config.model.vocab_size} is below "
                      f"the {gpt2.VOCAB_SIZE} ids of GPT-2 BPE, the tokenizer of the authors' "
                      "models (their vocab_size is 50304); an export of it could not be sampled "
-                     "or evaluated")
+                     "or evaluated" + ("" if name else "; a model of another tokenizer needs "
+                                       "it: --tokenizer=FILE (a SentencePiece .model)"))
   bias = bool(ckpt["model_args"].get("bias", True))
   rows = reference_layout(config.model, bias)
   tensors = _tensors(ckpt, rows, weights, checkpoint)
   del ckpt, state
+  with tempfile.TemporaryDirectory(prefix="ao_mdm_import_") as tmp:
+    tokenizer_dir = None if sp_model is None else _sentencepiece_dir(
+        sp_model, config.model.vocab_size, tmp,
+        f"--tokenizer {tokenizer!r}" if tokenizer else f"the tokenizer of {checkpoint!r}")
+    params = _params(tensors, rows, config.model, bias, checkpoint)
+    checkpoints.write_params_export(out, config.to_dict(), params, tokenizer_dir)
+  for line in changes:  # only once the import succeeded
+    log(line)
+  return config, params
 
-  import torch  # pylint: disable=g-import-not-at-top
-  tied = tensors.pop("lm_head.weight") if variant == "sigma" and weights == "model" else None
-  if tied is not None and not torch.equal(tied, tensors["transformer.wte.weight"]):
-    raise ValueError(f"{checkpoint!r}: lm_head.weight differs from transformer.wte.weight; "
+
+def _params(tensors: dict, rows: list[_Row], cfg: specs.ModelSpec, bias: bool,
+            path: str) -> dict:
+  """Our parameter tree of the checked reference tensors (emptied as they are converted)."""
+  tied = tensors.pop("lm_head.weight") if rows[-1].conv == "tied" and "lm_head.weight" in tensors \
+      else None
+  if tied is not None and not np.array_equal(_as_numpy(tied),
+                                             _as_numpy(tensors["transformer.wte.weight"])):
+    raise ValueError(f"{path!r}: lm_head.weight differs from transformer.wte.weight; "
                      "sigma-GPT ties them")
-  as_np = lambda x: x.detach().to(torch.float32).cpu().numpy()
   flat, layers = {}, {}
   for row in rows:
     if row.conv == "tied":  # checked above; the token embedding is the head
       continue
-    x = _to_ours(row, as_np(tensors.pop(row.key)), config.model)
+    x = _to_ours(row, _as_numpy(tensors.pop(row.key)), cfg)
     if row.layer is None:
       flat[row.path] = x
     else:
       layers.setdefault(row.path, []).append(x)
   flat.update({p: np.stack(xs) for p, xs in layers.items()})
-  del tensors, layers
+  del layers
 
   abstract = traverse_util.flatten_dict(nn.unbox(jax.eval_shape(
-      lambda: model_lib.init_params(config.model, jax.random.key(0)))))
-  for path, a in abstract.items():  # model_args.bias=False: the absent biases are zero
-    if path not in flat and not bias and path[-1] == "bias":
-      flat[path] = np.zeros(a.shape, np.float32)
+      lambda: model_lib.init_params(cfg, jax.random.key(0)))))
+  for p, a in abstract.items():  # model_args.bias=False: the absent biases are zero
+    if p not in flat and not bias and p[-1] == "bias":
+      flat[p] = np.zeros(a.shape, np.float32)
   wrong = [f"{'/'.join(p)}: {flat[p].shape if p in flat else 'absent'} != {a.shape}"
            for p, a in abstract.items() if p not in flat or flat[p].shape != a.shape]
   if wrong or set(flat) - set(abstract):
     raise AssertionError(f"import mapping does not fit the model: {wrong}")
-  params = traverse_util.unflatten_dict(
+  return traverse_util.unflatten_dict(
       {p: jnp.asarray(np.ascontiguousarray(x, np.float32)) for p, x in flat.items()})
-  del flat
-  checkpoints.write_params_export(out, config.to_dict(), params)
-  for line in changes:  # only once the import succeeded
-    log(line)
-  return config, params
