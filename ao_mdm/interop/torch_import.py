@@ -185,6 +185,8 @@ def _load_safetensors(path: str) -> dict:
                      f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
   try:
     args = json.loads(metadata["model_args"])
+    if not isinstance(args, dict):
+      raise ValueError("not an object")
   except (KeyError, ValueError):
     raise ValueError(f"{path!r} is a safetensors file without the JSON model_args in its metadata "
                      "that `ao-mdm export-torch --format=safetensors` writes; found metadata "
@@ -319,7 +321,8 @@ def _tensors(ckpt: dict, rows: list[_Row], weights: str, path: str) -> dict[str,
   return {r.key: s for r, s in zip(params, shadow)}
 
 
-def _tokenizer(ckpt: dict, given: Optional[str], path: str) -> tuple[Optional[str], Any]:
+def _tokenizer(ckpt: dict, given: Optional[str], path: str
+               ) -> tuple[Optional[str], Optional[bytes]]:
   """(name, SentencePiece model bytes or None) of the tokenizer to import: `given` ("gpt2" or a
   SentencePiece .model file), else the one the checkpoint carries (TOKENIZER); (None, None)
   when neither names one, as in the authors' checkpoints (GPT-2 BPE)."""
