@@ -351,6 +351,31 @@ def test_sample_texts_library_call(files):
     assert len(r["tokens"]) == config.model.block_size and max(r["tokens"]) < tokenizer.vocab_size
 
 
+@pytest.mark.parametrize("mode", ["parallel", pytest.param("speculative", marks=pytest.mark.slow),
+                                  pytest.param("confidence", marks=pytest.mark.slow)])
+def test_an_infill_ends_at_its_text(files, mode):
+  """Only the [MASK] spans are drawn: the record ends where the text ends (a text ending in
+  [MASK] is continued by --infill_span tokens), the known tokens where the text puts them."""
+  from ao_mdm.decode import generate  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  config, params = checkpoints.load_params(files["export"])
+  tokenizer = tok_lib.load_saved_tokenizer(config.data, config.model.vocab_size, files["export"])
+  head, tail = tokenizer.encode("We the "), tokenizer.encode(" of the Union.")
+  steps = {} if mode == "speculative" else {"steps": 3}
+  for infill, span, length in [("We the [MASK] of the Union.", 4, len(head) + 4 + len(tail)),
+                               ("We the [MASK]", 5, len(head) + 5)]:
+    records = list(generate.sample_texts(params, config.model, tokenizer, num_samples=2,
+                                         batch_size=2, infill=infill, infill_span=span,
+                                         mode=mode, temperature=0, **steps))
+    assert length < config.model.block_size
+    for r in records:
+      assert len(r["tokens"]) == length and r["tokens"][:len(head)] == head
+      if infill.endswith("Union."):
+        assert r["tokens"][-len(tail):] == tail and r["marked"].endswith("]] of the Union."), r["marked"]
+      else:
+        assert r["marked"].startswith("We the [[") and r["marked"].endswith("]]")
+
+
 def _unused_port() -> int:
   import socket  # pylint: disable=g-import-not-at-top
   with socket.socket() as s:

@@ -51,19 +51,20 @@ def test_ties_break_by_position():
   np.testing.assert_array_equal(out.order[0], np.arange(6))
 
 
-def _naive_greedy(cfg, params, steps, score, known_positions=(), known_tokens=()):
-  """Greedy confidence decoding by full forwards: each unknown p scored at slot n with the
-  order so far plus p, the best n_i - n_{i-1} committed in confidence order."""
+def _naive_greedy(cfg, params, steps, score, known_positions=(), known_tokens=(), end=None):
+  """Greedy confidence decoding by full forwards: each unknown p before `end` scored at slot n
+  with the order so far plus p, the best n_i - n_{i-1} committed in confidence order."""
   from ao_mdm.decode import parallel
   t = cfg.block_size
+  end = end or t
   # One compiled forward over t candidate rows (padded with copies): one row per unknown p.
   forward = jax.jit(lambda tok, o: model_lib.make_model(cfg).apply({"params": params}, tok, o))
   tokens = np.zeros(t, np.int32)
   tokens[list(known_positions)] = known_tokens
   order = sorted(known_positions)
-  counts = parallel.schedule_counts(t, len(order), steps, "linear")
+  counts = parallel.schedule_counts(end, len(order), steps, "linear")
   for n, n_next in zip(counts[:-1], counts[1:]):
-    unknown = [p for p in range(t) if p not in order]
+    unknown = [p for p in range(end) if p not in order]
     rest = lambda p: [q for q in range(t) if q not in order and q != p]  # later slots: causal
     orders = np.asarray([order + [p] + rest(p) for p in unknown], np.int32)
     orders = np.concatenate([orders, np.repeat(orders[-1:], t - len(unknown), 0)])
@@ -74,7 +75,7 @@ def _naive_greedy(cfg, params, steps, score, known_positions=(), known_tokens=()
     for i in best:
       tokens[unknown[i]] = int(np.argmax(logits[i]))
       order.append(unknown[i])
-  return tokens, np.asarray(order)
+  return tokens, np.asarray(order + list(range(end, t)))
 
 
 @pytest.mark.parametrize("steps,known", [(5, 3), pytest.param(12, 0, marks=pytest.mark.slow),
@@ -89,3 +90,17 @@ def test_cached_equals_naive_full_forwards(steps, known):
   out = confidence.sample(params, cfg, batch_size=1, steps=steps, temperature=0.0, **prompt)
   np.testing.assert_array_equal(out.order[0], want_order)
   np.testing.assert_array_equal(out.tokens[0], want_tokens)
+
+
+def test_confidence_stops_at_end():
+  """Positions from `end` on are never candidates: 0 in the output, last in the order."""
+  cfg = specs.default().model.replace(vocab_size=32, block_size=12, n_layer=2, n_embd=32, n_head=4,
+                                      cond_dim=16)
+  params = nn.unbox(model_lib.init_params(cfg, jax.random.key(3)))
+  params = jax.tree.map(lambda p: p * 4.0 if p.ndim >= 2 else p, params)
+  prompt = dict(known_positions=[2, 7], known_tokens=[4, 5])
+  want_tokens, want_order = _naive_greedy(cfg, params, 3, "max_prob", end=8, **prompt)
+  out = confidence.sample(params, cfg, batch_size=1, steps=3, temperature=0.0, end=8, **prompt)
+  np.testing.assert_array_equal(out.order[0], want_order)
+  np.testing.assert_array_equal(out.tokens[0], want_tokens)
+  assert np.all(out.tokens[0, 8:] == 0)

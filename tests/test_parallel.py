@@ -89,6 +89,35 @@ def test_cached_equals_naive(variant, case, steps_div, schedule):
   np.testing.assert_array_equal(plain.tokens, out.tokens)
 
 
+@pytest.mark.parametrize("decoder,mode", [("parallel", "random"), ("parallel", "l2r"),
+                                          ("speculative", "random")])
+def test_decoding_stops_at_end_and_equals_naive(decoder, mode):
+  """With `end`, the positions from it on are last in the order and never drawn; the others are
+  what the naive sampler draws in that order (an infill that ends at its text)."""
+  from ao_mdm.decode import speculative  # pylint: disable=g-import-not-at-top
+  cfg, params = cached_model("ao")
+  positions, end = [0, 3, 4, 11, 19], 20
+  ids = np.random.default_rng(0).integers(0, cfg.vocab_size, len(positions))
+  known = dict(known_positions=positions, known_tokens=ids)
+  if decoder == "parallel":
+    out = parallel.sample(params, cfg, batch_size=3, steps=5, temperature=0, seed=1, order=mode,
+                          end=end, **known)
+    counts = parallel.schedule_counts(end, len(positions), 5, "linear")
+  else:
+    out = speculative.sample(params, cfg, batch_size=3, draft=3, temperature=0, seed=1,
+                             order=mode, end=end, **known)
+    counts = np.arange(len(positions), end + 1)  # sequential: one token per step
+  assert np.all(out.order[:, end:] == np.arange(end, T)) and np.all(out.tokens[:, end:] == 0)
+  start, _ = common.known_arrays(T, 3, positions, ids)
+  want, _ = naive_greedy(cfg, params, start, out.order, counts)
+  np.testing.assert_array_equal(out.tokens, want)
+  with pytest.raises(ValueError, match="end=11 leaves known positions after it"):
+    parallel.sample(params, cfg, batch_size=1, steps=2, end=11, **known)
+  with pytest.raises(ValueError, match="leaves nothing to generate"):
+    parallel.sample(params, cfg, batch_size=1, steps=2, known_positions=[0, 1], known_tokens=[1, 2],
+                    end=2)
+
+
 def test_l2r_full_steps_is_autoregressive_decoding():
   cfg, params = cached_model("ao")
   out = parallel.sample(params, cfg, batch_size=2, steps=T - 1, temperature=0, order="l2r",

@@ -131,15 +131,20 @@ def draw_from_probs(u_N: jax.Array, probs_NV: jax.Array) -> jax.Array:
 
 
 def make_orders(key: jax.Array, known_BT: jax.Array, mode: str,
-                block_len: Optional[int] = None) -> jax.Array:
+                block_len: Optional[int] = None, end: Optional[int] = None) -> jax.Array:
   """Known positions first (left to right), then the unknown ones at random or left to right;
   with `block_len`, the unknown ones in blocks of that many (left to right), each block's
-  positions in that order."""
+  positions in that order; with `end`, the positions from `end` on last of all (left to right):
+  a decoder that stops at slot `end` never draws them."""
   b, t = known_BT.shape
   pos = jnp.arange(t, dtype=jnp.float32)
   rest = jax.random.uniform(key, (b, t)) * t if mode == "random" else jnp.broadcast_to(pos, (b, t))
   rank_BT = jnp.cumsum(~known_BT, axis=1) - 1  # among the unknown positions
   block_BT = jnp.where(known_BT, -1, rank_BT // (block_len or t))
+  if end is not None:
+    after_T = jnp.arange(t) >= end
+    block_BT = jnp.where(after_T, t, block_BT)
+    rest = jnp.where(after_T, pos, rest)
   return jnp.lexsort((jnp.where(known_BT, pos, rest), block_BT), axis=1).astype(jnp.int32)
 
 
@@ -246,6 +251,23 @@ def known_arrays(t: int, batch: int, positions: Any = (), token_ids: Any = ()) -
   tokens[:, positions] = token_ids
   mask[:, positions] = True
   return tokens, mask
+
+
+def decode_end(end: Optional[int], known_T: np.ndarray) -> int:
+  """The slot a decoder stops at: `end` (positions from it on are never drawn), T for None.
+  Every known position must lie before it, and at least one unknown one."""
+  t = known_T.shape[0]
+  if end is None:
+    return t
+  end = int(end)
+  if not 1 <= end <= t:
+    raise ValueError(f"end={end} must be in [1, {t}] (T)")
+  if known_T[end:].any():
+    raise ValueError(f"end={end} leaves known positions after it (the last is at "
+                     f"{int(np.flatnonzero(known_T)[-1])})")
+  if known_T[:end].all():
+    raise ValueError(f"end={end} leaves nothing to generate: every position before it is known")
+  return end
 
 
 def known_inputs(cfg: specs.ModelSpec, batch: int, positions: Any, token_ids: Any,

@@ -36,7 +36,7 @@ def confidence_score(logits_NV: jax.Array, score: str) -> jax.Array:
 class DecoderSpec:
   """What one jitted confidence-ordered loop is made for (hashable: the key of its cache)."""
   model: specs.ModelSpec
-  counts: tuple  # known positions after each step, n_0 .. n_S
+  counts: tuple  # known positions after each step, n_0 .. n_S (the last: the end slot)
   score: str  # options.SCORES
   draw: common.DrawRule = common.DrawRule()
 
@@ -44,7 +44,7 @@ class DecoderSpec:
 class Carry(NamedTuple):
   """The loop's state between steps: the order grows as positions are committed."""
   tokens_BT: jax.Array
-  known_BT: jax.Array
+  closed_BT: jax.Array  # known, committed, or at/after the end slot
   order_BT: jax.Array
   cache: dict
 
@@ -62,18 +62,20 @@ def decoder(spec: DecoderSpec):
   counts_j = jnp.asarray(counts, jnp.int32)
   prev_j = jnp.asarray((known,) + counts[:-2], jnp.int32)  # n_{i-2}: first slot of step i's chunk
   # (first step, end step, query width): a width for the unknown positions each step can have
-  segments = common.bucket_segments([t - n for n in counts[:-1]], t, QUERY_BUCKETS)
+  end = counts[-1]  # positions from here on are never drawn
+  segments = common.bucket_segments([end - n for n in counts[:-1]], end, QUERY_BUCKETS)
 
   def run(params, tokens_BT, known_BT, key, temperature, top_p, top_k):
     b = tokens_BT.shape[0]
     order_BT = common.make_orders(key, known_BT, "l2r")  # known first; the rest is chosen below
+    closed_BT = known_BT | (jnp.arange(t) >= end)[None, :]  # no candidates at or after end
     apply = common.stack_fn(model, params)
     draw = common.Draw(temperature, top_p, top_k, spec.draw)
     cache = common.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
     rows_B1 = jnp.arange(b)[:, None]
 
     def step(i, carry: Carry, u_width: int) -> Carry:
-      tokens_BT, known_BT, order_BT, cache = carry
+      tokens_BT, closed_BT, order_BT, cache = carry
       n, c, m = counts_j[i], prev_j[i], counts_j[i + 1] - counts_j[i]
       w = r_width + u_width
       # Real slots c..n-1 (committed last step, targets now known), then one query per unknown
@@ -82,7 +84,7 @@ def decoder(spec: DecoderSpec):
       slots_W = jnp.concatenate([jnp.minimum(real_R, t - 1), jnp.full((u_width,), n)])
       prev_tok, prev_pos = common.slot_inputs(tokens_BT, order_BT,
                                                 jnp.broadcast_to(slots_W, (b, w)))
-      cand_BU = jnp.argsort(known_BT, axis=1, stable=True)[:, :u_width].astype(jnp.int32)
+      cand_BU = jnp.argsort(closed_BT, axis=1, stable=True)[:, :u_width].astype(jnp.int32)
       target_BW = jnp.concatenate(
           [jnp.take(order_BT, jnp.minimum(real_R, t - 1), axis=1), cand_BU], axis=1)
       j = jnp.arange(w)
@@ -96,7 +98,7 @@ def decoder(spec: DecoderSpec):
       cache = common.write_cache(cache, kv, jnp.where(real_R < n, real_R, t))
       q_cond = (cond[0], cond[1][:, r_width:])
       logits_BUV = model.apply({"params": params}, hidden[:, r_width:], q_cond, method="logits")
-      conf_BU = jnp.where(jnp.arange(u_width)[None, :] < t - n,
+      conf_BU = jnp.where(jnp.arange(u_width)[None, :] < end - n,
                           confidence_score(logits_BUV, spec.score), -jnp.inf)
       rank_BA = jnp.argsort(-conf_BU, axis=1, stable=True)[:, :m_width]  # ties: lower position
       picked = draw.tokens(jax.random.fold_in(key, i), jnp.take_along_axis(
@@ -104,14 +106,14 @@ def decoder(spec: DecoderSpec):
       live = jnp.arange(m_width)[None, :] < m
       pos_BA = jnp.where(live, jnp.take_along_axis(cand_BU, rank_BA, axis=1), t)
       tokens_BT = tokens_BT.at[rows_B1, pos_BA].set(picked, mode="drop")
-      known_BT = known_BT.at[rows_B1, pos_BA].set(True, mode="drop")
+      closed_BT = closed_BT.at[rows_B1, pos_BA].set(True, mode="drop")
       slot_BA = jnp.where(live, n + jnp.arange(m_width)[None, :], t)
       order_BT = order_BT.at[rows_B1, slot_BA].set(pos_BA, mode="drop")
-      return Carry(tokens_BT, known_BT, order_BT, cache)
+      return Carry(tokens_BT, closed_BT, order_BT, cache)
 
-    carry = Carry(jnp.where(known_BT, tokens_BT, 0), known_BT, order_BT, cache)
-    for first, end, u_width in segments:
-      carry = jax.lax.fori_loop(first, end, functools.partial(step, u_width=u_width), carry)
+    carry = Carry(jnp.where(known_BT, tokens_BT, 0), closed_BT, order_BT, cache)
+    for first, last, u_width in segments:
+      carry = jax.lax.fori_loop(first, last, functools.partial(step, u_width=u_width), carry)
     return carry.tokens_BT, carry.order_BT
 
   return jax.jit(run)
@@ -121,11 +123,12 @@ def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, steps: int,
            schedule: str = "linear", score: str = "max_prob", temperature: float = 1.0,
            top_p: float = 1.0, top_k: int = 0, seed: int = 0, known_positions: Any = (),
            known_tokens: Any = (), top_p_rule: str = "authors",
-           vocab_limit: Optional[int] = None,
-           dtype: str = "float32") -> common.SampleOutput:
+           vocab_limit: Optional[int] = None, dtype: str = "float32",
+           end: Optional[int] = None) -> common.SampleOutput:
   """[batch_size, T] samples in `steps` steps, committing the most confident positions first.
 
-  The output's `order` is the order the positions were committed in (known ones first).
+  The output's `order` is the order the positions were committed in (known ones first). end:
+  only the positions before it are drawn; the later ones stay 0 and last in the order.
   """
   options.check_sampling(steps, temperature, top_p, top_k, "l2r", top_p_rule, schedule)
   options.check_choice("score", score, options.SCORES)
@@ -133,7 +136,8 @@ def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, steps: int,
   params, cfg = common.with_dtype(params, cfg, dtype)
   tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens,
                                        vocab_limit)
-  counts = parallel.schedule_counts(t, int(mask[0].sum()), int(steps), schedule)
+  counts = parallel.schedule_counts(common.decode_end(end, mask[0]), int(mask[0].sum()),
+                                    int(steps), schedule)
   decode = decoder(DecoderSpec(cfg, tuple(int(n) for n in counts), score,
                                common.DrawRule.of(top_p, top_k, top_p_rule, vocab_limit)))
   out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),

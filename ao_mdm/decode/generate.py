@@ -29,7 +29,8 @@ def sample_texts(params: Any, cfg: specs.ModelSpec, tokenizer: Any, *,
   prompt (tokenizer.eos_id; the parallel mode decodes in blocks of block_len, default
   options.DEFAULT_BLOCK_LEN, and stops after the block that holds it); its record's tokens end
   there and it gains `length` (those tokens, T without an EOS) and `forwards` (its steps or
-  speculative forwards).
+  speculative forwards). An infill sample ends where its text ends: only the [MASK] spans are
+  drawn (a text ending in [MASK] is continued by infill_span tokens).
 
   Batch i uses seed + i * batch_size; ids beyond the tokenizer's vocab are never drawn.
   """
@@ -45,10 +46,12 @@ def sample_texts(params: Any, cfg: specs.ModelSpec, tokenizer: Any, *,
   options = {k: v for k, v in options.items() if k in options_lib.MODE_OPTIONS[mode]}
   if until_eos and mode == "parallel" and options.get("block_len") is None:
     options["block_len"] = options_lib.DEFAULT_BLOCK_LEN
-  positions, ids = text.layout_known(tokenizer.encode, cfg.block_size, prompt, infill,
-                                         infill_span)
+  positions, ids, end = text.layout_known(tokenizer.encode, cfg.block_size, prompt, infill,
+                                          infill_span)
+  if end < cfg.block_size:
+    options["end"] = end
   if "steps" in options and options["steps"] is None:
-    options["steps"] = min(options_lib.DEFAULT_STEPS, cfg.block_size - len(positions))
+    options["steps"] = min(options_lib.DEFAULT_STEPS, end - len(positions))
   if mode == "parallel":
     options["order"] = parallel.default_order(options.get("order"), len(positions))
   elif mode == "speculative":
@@ -73,6 +76,7 @@ def sample_texts(params: Any, cfg: specs.ModelSpec, tokenizer: Any, *,
       for i, row in enumerate(out.tokens[:num_samples - start]):
         if until_eos:  # the tokens after the first EOS are not part of the sample
           row = row[:out.stats["length"][i]]
+        row = row[:end]  # an infill ends at its text
         decoded = text.decode_text(tokenizer.decode, row, tokenizer.eos_id, tokenizer.vocab_size)
         record = {"text": decoded, "tokens": row.tolist()}
         if "steps" in options:

@@ -50,7 +50,7 @@ def check_choice(name: str, value: str, choices: tuple) -> None:
 
 def check_until_eos(mode: str, order, infill: str = "") -> None:
   """Refuses --until_eos where no text follows a first EOS: confidence mode (its order is chosen
-  online), a speculative random order, an infill text (known tokens after the generated ones)."""
+  online), a speculative random order, an infill text (it ends at its text's end already)."""
   if mode not in ("parallel", "speculative"):
     raise ValueError(f"--until_eos applies to --mode=parallel or --mode=speculative, not "
                      f"--mode={mode}")
@@ -58,8 +58,9 @@ def check_until_eos(mode: str, order, infill: str = "") -> None:
     raise ValueError(f"--until_eos with --mode=speculative needs --order=l2r, not --order={order}"
                      " (use --mode=parallel for blocks in a random order)")
   if infill:
-    raise ValueError("--until_eos applies with --prompt or no text, not --infill (the text after "
-                     "the EOS would not be generated)")
+    raise ValueError("--until_eos applies with --prompt or no text, not --infill: an infill "
+                     "sample ends where its text ends (end the text with [MASK] to continue it "
+                     "by --infill_span tokens)")
 
 
 def check_block_len(block_len) -> None:

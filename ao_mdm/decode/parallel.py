@@ -163,7 +163,8 @@ def decoder(spec: DecoderSpec):
     b = tokens_BT.shape[0]
     k_order, k_steps = jax.random.split(key)
     draw = common.Draw(temperature, top_p, top_k, spec.draw)
-    order_BT = common.make_orders(k_order, known_BT, spec.order, spec.block_len)
+    order_BT = common.make_orders(k_order, known_BT, spec.order, spec.block_len,
+                                  plan.counts[-1])
     apply = common.stack_fn(model, params)
     cache = (common.prefilled_cache(apply, cfg, tokens_BT, order_BT, known) if spec.use_cache
              else None)
@@ -237,7 +238,7 @@ def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, steps: int,
            order: Optional[str] = None, use_cache: bool = True, return_logits: bool = False,
            top_p_rule: str = "authors", vocab_limit: Optional[int] = None,
            dtype: str = "float32", block_len: Optional[int] = None,
-           eos_id: Optional[int] = None) -> common.SampleOutput:
+           eos_id: Optional[int] = None, end: Optional[int] = None) -> common.SampleOutput:
   """Generate [batch_size, T] token ids in `steps` parallel steps (model config `cfg`).
 
   Known tokens (a prompt or infill context, shared by the batch) come first in the order and are
@@ -251,6 +252,8 @@ def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, steps: int,
   further step once every row is done; then `stats` holds per row the steps it took part in
   ("forwards") and its "length", the tokens up to and including that EOS (T without one); the
   tokens after it are not meaningful. Known tokens must then be a prefix (a prompt).
+  end: only the positions before it are drawn (the steps spread over them); the later ones are
+  last in the order, never drawn, and 0 in the output (an infill that ends at its text).
   """
   options.check_sampling(steps, temperature, top_p, top_k, order, top_p_rule, schedule)
   t = cfg.block_size
@@ -260,9 +263,10 @@ def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, steps: int,
   if eos_id is not None and not mask[0, :known].all():
     raise ValueError("eos_id (stop at the first EOS) needs the known tokens to be a prefix "
                      "(a prompt), not scattered (an infill)")
+  end = common.decode_end(end, mask[0])
   order = default_order(order, known)
   block_len = None if block_len is None else int(block_len)
-  plan = Plan.make(block_counts(t, known, int(steps), schedule, block_len), use_cache)
+  plan = Plan.make(block_counts(end, known, int(steps), schedule, block_len), use_cache)
   decode = decoder(DecoderSpec(cfg, plan, order,
                                common.DrawRule.of(top_p, top_k, top_p_rule, vocab_limit),
                                use_cache, return_logits, block_len,

@@ -60,6 +60,7 @@ class DecoderSpec:
   head: bool = False  # drafts from a learned head (decode/draft.py), else from phantoms
   verify: bool = True  # False accepts every draft: a wrong rule, for the exactness test
   eos_id: Optional[int] = None  # a row is done once it has drawn this id (L2R order)
+  end: Optional[int] = None  # order slots from here on are never drawn (None: T)
 
 
 class Loop(NamedTuple):
@@ -81,6 +82,7 @@ def decoder(spec: DecoderSpec):
   cfg, k, known, head = spec.model, spec.k, spec.known, spec.head
   model = model_lib.make_model(cfg, decode=True)
   t = cfg.block_size
+  end = t if spec.end is None else spec.end
   lay = _layout(k, phantoms=not head)
   base_W, ahead_W = jnp.asarray(lay["base"]), jnp.asarray(lay["ahead"])
   new_WW = jnp.asarray(lay["new"])
@@ -110,7 +112,7 @@ def decoder(spec: DecoderSpec):
     k_order = key
     if spec.order == "random":  # an L2R order needs no key (and keeps its draws)
       k_order, key = jax.random.split(key)
-    order_BT = common.make_orders(k_order, known_BT, spec.order)
+    order_BT = common.make_orders(k_order, known_BT, spec.order, end=spec.end)
     apply = common.stack_fn(model, params)
     probs = common.Draw(temperature, top_p, top_k, spec.draw).probs
     cache = common.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
@@ -119,7 +121,7 @@ def decoder(spec: DecoderSpec):
 
     def body(carry: Loop) -> Loop:
       tokens_BT, cache, n_B, drafts_BG, q_BGV, it, stats = carry
-      m_B = jnp.clip(t - n_B, 0, k)  # drafts that fall inside the sequence
+      m_B = jnp.clip(end - n_B, 0, k)  # drafts that fall inside the sequence
       # Every uniform of the iteration in one call: k to accept, 1 for the new token, the rest
       # for the drafts (the head's k, or the k + 1 candidates of real slot n+k and the phantoms).
       u_BU = jax.random.uniform(jax.random.fold_in(k_loop, it), (b, 2 * k + 1 + (not head)))
@@ -157,7 +159,7 @@ def decoder(spec: DecoderSpec):
       new_tok = jnp.where(j_1R < a_B[:, None], jnp.pad(drafts_BG, ((0, 0), (0, 1))),
                           fix_B[:, None])
       slot_new = n_B[:, None] + j_1R
-      live = (j_1R <= a_B[:, None]) & (slot_new < t)
+      live = (j_1R <= a_B[:, None]) & (slot_new < end)
       pos_new = jnp.where(live, jnp.take_along_axis(order_BT, jnp.minimum(slot_new, t - 1), 1), t)
       tokens_BT = tokens_BT.at[rows_B1, pos_new].set(new_tok, mode="drop")
       # Real slots n..n+a had correct inputs: their K/V join the cache.
@@ -177,10 +179,10 @@ def decoder(spec: DecoderSpec):
         next_BG = a_B[:, None] + 1 + jnp.arange(k)[None, :]
         drafts_next = jnp.take_along_axis(cand_tok, next_BG, axis=1)
         q_next = jnp.take_along_axis(cand_q, next_BG[..., None], axis=1)
-      done_before = n_B >= t
+      done_before = n_B >= end
       n_next = jnp.where(done_before, n_B, n_B + a_B + 1)
       if spec.eos_id is not None:  # the tokens after a new EOS are not used
-        n_next = jnp.where(jnp.any(live & (new_tok == spec.eos_id), axis=1), t, n_next)
+        n_next = jnp.where(jnp.any(live & (new_tok == spec.eos_id), axis=1), end, n_next)
       first = (m_B > 0) & ~done_before  # a first draft was verified
       stats = {"forwards": stats["forwards"] + jnp.where(done_before, 0, 1),
                "accepted": stats["accepted"] + jnp.where(done_before, 0, a_B),
@@ -200,7 +202,7 @@ def decoder(spec: DecoderSpec):
                  jnp.int32(0), {"forwards": zeros_B, "accepted": zeros_B, "first_drafts": zeros_B,
                                 "first_accepted": zeros_B,
                                 "first_overlap": jnp.zeros((b,), jnp.float32)})
-    carry = jax.lax.while_loop(lambda c: jnp.any(c.n_B < t), body, carry)
+    carry = jax.lax.while_loop(lambda c: jnp.any(c.n_B < end), body, carry)
     return carry.tokens_BT, order_BT, carry.stats, carry.it
 
   return jax.jit(run)
@@ -211,7 +213,7 @@ def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, draft: int = 4
            known_positions: Any = (), known_tokens: Any = (), order: Optional[str] = None,
            top_p_rule: str = "authors", vocab_limit: Optional[int] = None,
            dtype: str = "float32", draft_head: Any = None,
-           eos_id: Optional[int] = None) -> common.SampleOutput:
+           eos_id: Optional[int] = None, end: Optional[int] = None) -> common.SampleOutput:
   """Samples ([batch_size, T]) of sequential decoding in `order` ("l2r", the default, or
   "random": a random order of the unknown positions per row) by speculative decoding with
   `draft` tokens per forward, drafted by the model itself (phantom slots) or, given its params
@@ -226,6 +228,9 @@ def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, draft: int = 4
   loop ends when every row is; `stats` then also holds each row's "length", the tokens up to
   and including that EOS (T without one); the tokens after it are not meaningful. The tokens
   up to it are those of the same call without eos_id.
+
+  end: only the positions before it are drawn; the later ones are last in the order, never
+  drawn, and 0 in the output (an infill that ends at its text).
   """
   order = order or "l2r"
   options.check_sampling(1, temperature, top_p, top_k, order, top_p_rule)
@@ -241,10 +246,12 @@ def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, draft: int = 4
   if eos_id is not None and (order != "l2r" or not mask[0, :known].all()):
     raise ValueError("eos_id (stop at the first EOS) needs order='l2r' and the known tokens to "
                      "be a prefix (a prompt)")
+  end = common.decode_end(end, mask[0])
   decode = decoder(DecoderSpec(cfg, int(draft), known,
                                common.DrawRule.of(top_p, top_k, top_p_rule, vocab_limit), order,
                                draft_head is not None,
-                               eos_id=None if eos_id is None else int(eos_id)))
+                               eos_id=None if eos_id is None else int(eos_id),
+                               end=None if end == t else end))
   out = decode(params, draft_head, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
                jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
   tokens_BT, order_BT, stats, iterations = jax.device_get(out)

@@ -7,10 +7,12 @@ MASK = "[MASK]"
 
 
 def layout_known(encode: Any, t: int, prompt: str = "", infill: str = "",
-                 span: int = 8) -> tuple[list, list]:
-  """Known (positions, token ids) for a prefix prompt or an infill text with [MASK] spans.
+                 span: int = 8) -> tuple[list, list, int]:
+  """Known (positions, token ids) for a prefix prompt or an infill text with [MASK] spans, and
+  the end of what is generated.
 
-  Each [MASK] leaves `span` positions to generate; everything after the text is generated too.
+  Each [MASK] leaves `span` positions to generate. An infill ends where its text ends (a text
+  ending in [MASK] is continued by `span` tokens); a prompt, or no text, is continued to T.
   """
   if prompt and infill:
     raise ValueError("give a prompt (--prompt) or an infill text (--infill), not both")
@@ -26,14 +28,14 @@ def layout_known(encode: Any, t: int, prompt: str = "", infill: str = "",
     positions += range(cursor, cursor + len(piece_ids))
     ids += piece_ids
     cursor += len(piece_ids) + (span if i < len(pieces) - 1 else 0)
-  if cursor >= t and infill:
+  if cursor > t and infill:
     raise ValueError(f"the infill text and its {len(pieces) - 1} [MASK] span(s) of "
                      f"--infill_span={span} take {cursor} positions, but T={t}; use a smaller "
                      "--infill_span or a shorter text")
   if cursor >= t:
     raise ValueError(f"the prompt takes {cursor} positions but T={t}; the prompt is too long "
                      "(at least one position must be left to generate)")
-  return positions, ids
+  return positions, ids, cursor if infill else t
 
 
 def decode_text(decode: Any, ids: Any, eos_id: int, vocab_size: int) -> str:
