@@ -62,6 +62,8 @@ setup(
         "repro": ["matplotlib>=3.11.2,<4"],  # plots of scripts/reproduce.py
         "harness": ["lm_eval>=0.4.13,<0.5"],  # `ao-mdm harness`, interop/harness.py
         "wandb": ["wandb>=0.31,<0.32"],  # train.wandb_project: metrics to Weights & Biases too
+        # TensorBoard's profile plugin: opens the traces of train.profile_steps and --profile
+        "profile": ["tensorboard-plugin-profile>=2.24.2,<2.25"],
     },
     entry_points={"console_scripts": ["ao-mdm=ao_mdm.cli.main:run"]},
 )

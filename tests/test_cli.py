@@ -242,6 +242,15 @@ BAD_INPUTS = [
     (["compile", TINY, "--topology=v5e:1", "--program=sample", "--dtype=float16"], "--dtype"),
     (["bench", "train", TINY, "--dtype=bfloat16"], "applies to `ao-mdm bench sample` only"),
     (["sample", "--checkpoint={run}", "--dtype=int8"], "--dtype"),
+    # issue 43: --batch_size below 1 named with its range before the model loads, every command
+    (["eval", "--checkpoint={run}", "--infill_file={root}/blank.jsonl", "--batch_size=0"],
+     "flag --batch_size=0: 0 is not a positive integer"),
+    (["eval", "--checkpoint={run}", "--infill_file={root}/blank.jsonl", "--batch_size=-2"],
+     "flag --batch_size=-2: -2 is not a positive integer"),
+    (["sample", "--checkpoint={run}", "--batch_size=0"], "flag --batch_size=0"),
+    (["train", TINY, "--workdir={root}/w", "--profile={root}/p"],
+     "--profile not accepted by `ao-mdm train`: a jax.profiler trace of train steps is "
+     "--config.train.profile_steps=N"),
     # what a new user met (issue 33): each one line, nothing written
     (["compile", TINY, "--topology=v5e:2x2", "--program=sample"],
      "--topology=v5e:2x2 has 4 chips; --program=sample compiles the sampler for one chip"),
@@ -374,6 +383,23 @@ def test_an_infill_ends_at_its_text(files, mode):
         assert r["tokens"][-len(tail):] == tail and r["marked"].endswith("]] of the Union."), r["marked"]
       else:
         assert r["marked"].startswith("We the [[") and r["marked"].endswith("]]")
+
+
+def test_a_missing_extra_is_refused_before_anything_is_written(tmp_path):
+  """train.wandb_project without wandb installed (hidden here) fails at once, no file written."""
+  workdir = tmp_path / "w"
+  code = ("import sys; sys.modules['wandb'] = None; from ao_mdm.cli import main; "
+          f"sys.argv = ['ao-mdm', 'train', '{TINY}', '--workdir={workdir}', "
+          "'--config.train.wandb_project=p']; main.run()")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 2 and out.stderr.splitlines() == [
+      "error: config.train.wandb_project='p' needs wandb, which is not installed: pip install -e "
+      "'.[wandb]'"], out.stderr
+  assert not workdir.exists()
+  helped = ao_mdm("train", "--help")
+  assert "no --profile: a jax.profiler trace of train steps is --config.train.profile_steps=N" in \
+      helped.stdout
 
 
 def _unused_port() -> int:

@@ -4,6 +4,7 @@ checkpoint/layout.py); each command's own checks are in its module under command
 
 Each raises one FileNotFoundError / FileExistsError / ValueError naming the flag and the value.
 """
+import importlib.util
 import os
 
 from ao_mdm.cli.flags import PATH_FLAGS
@@ -71,6 +72,13 @@ def storage(v: dict, given: set) -> None:
     from ao_mdm.runtime import quiet  # pylint: disable=g-import-not-at-top
     with quiet.silenced_stderr():  # tensorstore's line about the emulator's credentials
       gcs.start_tensorstore()
+
+
+def extra_installed(module: str, extra: str, what: str) -> None:
+  """Refuses `what` before anything runs when the extra that provides `module` is missing."""
+  if importlib.util.find_spec(module) is None:
+    raise ImportError(f"{what} needs {module}, which is not installed: pip install -e "
+                      f"'.[{extra}]'")
 
 
 def data_dirs(data) -> None:

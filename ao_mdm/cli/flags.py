@@ -56,7 +56,7 @@ def seed(fv: flags.FlagValues, help_text: str = "Random seed.") -> None:
 
 
 def batch_size(fv: flags.FlagValues, default: int, help_text: str) -> None:
-  flags.DEFINE_integer("batch_size", default, help_text, flag_values=fv)
+  flags.DEFINE_integer("batch_size", default, help_text, lower_bound=1, flag_values=fv)
 
 
 def dtype(fv: flags.FlagValues, help_text: str) -> None:

@@ -49,6 +49,8 @@ def _command_help(command: str, fv: flags.FlagValues, ours: list) -> str:
   if "config" in ours:
     lines.append("  --config.KEY=VALUE: override any config field, e.g. "
                  "--config.train.num_steps=100")
+  lines += [f"  no --{name}: {hint}" for name, hint in
+            getattr(command_module(command), "FLAG_HINTS", {}).items()]
   return "\n".join(lines)
 
 
@@ -147,6 +149,9 @@ def _parse_flags(argv: list, command: str) -> list:
     if e.flagname in renamed:
       _fail(f"--{e.flagname} is now --{renamed[e.flagname]} in `ao-mdm {command}`, as in every "
             f"command that reads a run: give --{renamed[e.flagname]}=...")
+    hint = getattr(command_module(command), "FLAG_HINTS", {}).get(e.flagname)
+    if hint:
+      _fail(f"--{e.flagname} not accepted by `ao-mdm {command}`: {hint}")
     if any(e.flagname in flag_names(other) for other in COMMANDS if other != command):
       _fail(f"--{e.flagname} not accepted by `ao-mdm {command}`; `ao-mdm {command} --help` "
             "lists its flags")

@@ -12,6 +12,10 @@ from ao_mdm.runtime import hosts
 
 HOLDS_SIGNALS = True  # a SIGTERM during start-up stops at the first step boundary
 SUMMARY = "train a model: --config=configs/tiny.py --workdir=DIR [--config.x.y=value ...]"
+FLAG_HINTS = {  # flags of other commands, and how train does the same
+    "profile": "a jax.profiler trace of train steps is --config.train.profile_steps=N (from "
+               "step train.profile_start_step, default 10) into WORKDIR/profile; TensorBoard "
+               "opens it with the [profile] extra (tensorboard-plugin-profile)"}
 
 
 def define(fv: flags.FlagValues) -> None:
@@ -61,6 +65,9 @@ def processes(coordinator, num_processes, process_id, timeout: int, heartbeat: i
 def check(v: dict, given: set) -> None:
   del given
   checks.require(v, "config", "workdir")
+  if v["config"].train.wandb_project:
+    checks.extra_installed("wandb", "wandb", "config.train.wandb_project="
+                           f"{v['config'].train.wandb_project!r}")
   checks.data_dirs(v["config"].data)
   layout.check_writable(v["workdir"])
   if v["init_from"]:
