@@ -30,7 +30,7 @@ demo: $(STAMP)
 	$(BIN)/ao-mdm sample --checkpoint=runs/demo --num_samples=1 --steps=32 --top_p=0.9 --seed=1
 	$(BIN)/ao-mdm sample --checkpoint=runs/demo --num_samples=1 --steps=32 --top_p=0.9 --seed=2 \
 	  --prompt="Fellow citizens of the Senate and House of Representatives:"
-	$(BIN)/ao-mdm sample --checkpoint=runs/demo --num_samples=1 --steps=32 --top_p=0.9 --seed=3 \
+	$(BIN)/ao-mdm sample --checkpoint=runs/demo --num_samples=1 --steps=8 --top_p=0.9 --seed=3 \
 	  --infill="Another important acquisition of [MASK] has also been made since the last [MASK] of Congress."
 	$(BIN)/ao-mdm sample --checkpoint=runs/demo --num_samples=1 --mode=speculative --draft=4 --seed=4 \
 	  --prompt="Fellow citizens of the Senate and House of Representatives:"
