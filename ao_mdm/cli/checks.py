@@ -90,19 +90,12 @@ def data_dirs(data) -> None:
 
 
 def quiet_environment() -> None:
-  """Before JAX loads: no TensorFlow start-up lines, and no TPU start-up on a host without one.
-
-  With libtpu installed (the [tpu] extra) JAX probes for a TPU and prints errors where there is
-  none. A host with a TPU (/dev/accel*, /dev/vfio/N) or an NVIDIA GPU keeps JAX's own choice;
-  `compile` targets TPU topologies through the CPU platform either way.
-  """
-  import glob  # pylint: disable=g-import-not-at-top
+  """Before JAX loads: a JAX_PLATFORMS given checked, then runtime/quiet.py's environment (no
+  TensorFlow start-up lines, no TPU start-up on a host without one)."""
+  from ao_mdm.runtime import quiet  # pylint: disable=g-import-not-at-top
   if os.environ.get("JAX_PLATFORMS"):
     platforms(os.environ["JAX_PLATFORMS"])
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-  if not any(glob.glob(p) for p in ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")):
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  quiet.environment()
 
 
 def error_text(e: Exception) -> str:

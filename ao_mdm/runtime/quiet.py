@@ -1,7 +1,8 @@
 """Keeping what C++ libraries write to the terminal out of a command's output: file descriptor 2
 sent to /dev/null for a while, or for the rest of a process, while our own lines still reach
-the terminal."""
+the terminal; the environment that keeps their start-up quiet."""
 import contextlib
+import glob
 import os
 import sys
 from collections.abc import Iterator
@@ -60,3 +61,19 @@ def silence_for_good() -> None:
   sys.stderr = os.fdopen(os.dup(_TERMINAL[0]), "w", buffering=1)
   _devnull_on(1)
   _devnull_on(2)
+
+
+ACCELERATORS = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")  # TPU, TPU, NVIDIA GPU
+
+
+def environment() -> None:
+  """Before JAX loads: no TensorFlow start-up lines, and no TPU start-up on a host without one.
+
+  With libtpu installed (the [tpu] extra) JAX probes for a TPU and prints errors where there is
+  none. A host with a TPU (/dev/accel*, /dev/vfio/N) or an NVIDIA GPU keeps JAX's own choice;
+  `compile` targets TPU topologies through the CPU platform either way.
+  """
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+  if not any(glob.glob(p) for p in ACCELERATORS):
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
