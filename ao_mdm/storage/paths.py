@@ -115,8 +115,9 @@ def text_file(path: str, flag: str) -> None:
     raise ValueError(f"{flag} {path!r} cannot be read ({e.strerror or e})") from None
 
 
-def jsonl_records(path: str, what: str) -> list[dict]:
-  """The JSON objects of a JSON-lines file (blank lines skipped); `what` names it in errors."""
+def jsonl_records(path: str, what: str, numbered: bool = False) -> list:
+  """The JSON objects of a JSON-lines file (blank lines skipped), as (line number, object) pairs
+  with `numbered`; `what` names it in errors."""
   if not path or not fs.isfile(check(path, what)):
     raise FileNotFoundError(f"{what} {path!r}: no such file")
   records = []
@@ -129,7 +130,7 @@ def jsonl_records(path: str, what: str) -> list[dict]:
       raise ValueError(f"{what} {path} line {number} is not JSON ({e.msg})") from None
     if not isinstance(record, dict):
       raise ValueError(f"{what} {path} line {number} is not a JSON object")
-    records.append(record)
+    records.append((number, record) if numbered else record)
   if not records:
     raise ValueError(f"{what} {path} holds no records")
   return records
