@@ -1,6 +1,7 @@
 """The lm-evaluation-harness model "ao_mdm": tasks over local JSON-lines files run through
 lm_eval.simple_evaluate, their numbers equal to our own L2R scorer; rolling windows, infill
-requests, greedy generation against a naive loop, the `ao-mdm harness` command."""
+requests, greedy generation against a naive loop, the `ao-mdm harness` command; bad task data
+and values refused before a model loads; both command lines quiet."""
 import json
 import os
 import subprocess
@@ -60,10 +61,15 @@ def tasks(tmp_path_factory):
   for name, records in files.items():
     (d / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
   common = "dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {}\ntest_split: test\n"
+  acc = "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
   (d / "mc.yaml").write_text(
       "task: local_mc\n" + common.format(d / "mc.jsonl") + "output_type: multiple_choice\n"
       "doc_to_text: '{{question}}'\ndoc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\n"
-      "metric_list:\n  - metric: acc\n")
+      + acc)
+  (d / "last.yaml").write_text(  # a metric whose standard error the harness bootstraps
+      "task: local_last\n" + common.format(d / "mc.jsonl") + "output_type: loglikelihood\n"
+      "doc_to_text: '{{question}}'\ndoc_to_target: ' {{choices[answer]}}'\nmetric_list:\n"
+      "  - metric: perplexity\n    aggregation: perplexity\n    higher_is_better: false\n")
   (d / "docs.yaml").write_text(
       "task: local_docs\n" + common.format(d / "docs.jsonl") +
       "output_type: loglikelihood_rolling\ndoc_to_text: ''\ndoc_to_target: '{{text}}'\n"
@@ -72,7 +78,7 @@ def tasks(tmp_path_factory):
       "task: local_infill\n" + common.format(d / "infill.jsonl") +
       "output_type: multiple_choice\ndoc_to_text: '{{prefix}}[MASK]{{suffix}}'\n"
       "doc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\n"
-      "target_delimiter: ''\nmetric_list:\n  - metric: acc\n")
+      "target_delimiter: ''\n" + acc)
   return str(d)
 
 
@@ -187,38 +193,112 @@ def test_parallel_generation_and_errors(checkpoint, lm):
     lm._loglikelihood_tokens([(("a", "b"), [1], [5] * 40)])  # pylint: disable=protected-access
 
 
-@pytest.mark.slow  # two harness processes (about 25 s)
+@pytest.fixture(scope="module")
+def bad_tasks(tmp_path_factory):
+  """Tasks over bad JSON-lines files (before: a 98-line traceback, a StopIteration, and a
+  document without its question scored as the text "None"), and one over a good file."""
+  d = tmp_path_factory.mktemp("bad_tasks")
+  good = [json.dumps(q) + "\n" for q in QUESTIONS]
+  files = {"good": "".join(good), "bad_json": good[0] + "\n" + '{"question": "a", \n' + good[1],
+           "empty": "", "no_field": "".join(good[:2]) + json.dumps({"choices": ["a"],
+                                                                     "answer": 0}) + "\n"}
+  for name, text in {**files, "relative": None}.items():
+    data = "nowhere/relative.jsonl" if text is None else d / f"{name}.jsonl"
+    if text is not None:
+      data.write_text(text)
+    (d / f"{name}.yaml").write_text(
+        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{question}}'\n"
+        "doc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\n")
+  return d
+
+
+def test_bad_task_data_is_one_error_naming_the_task_file_and_line(bad_tasks):
+  d = bad_tasks
+  for task, error, message in (
+      ("bad_json", ValueError, f"task bad_json: {d}/bad_json.jsonl line 3 is not JSON \\(Expect"),
+      ("empty", ValueError, f"task empty: {d}/empty.jsonl holds no records"),
+      ("no_field", ValueError, f"task no_field: {d}/no_field.jsonl line 3 has no field "
+                               "'question', which its doc_to_text names \\('{{question}}'\\)"),
+      ("relative", FileNotFoundError, "task relative: data file 'nowhere/relative.jsonl' not "
+                                      "found \\(a relative path is read from the directory")):
+    with pytest.raises(error, match=message):
+      harness.load_tasks([task], str(d))
+  _, built = harness.load_tasks(["good"], str(d))
+  assert [t.task_name for t in built] == ["good"] and len(built[0].eval_docs) == len(QUESTIONS)
+
+
+def test_bad_values_and_task_data_are_refused_before_the_model_loads(bad_tasks, tmp_path):
+  """One `error:` line, exit 2, nothing on stdout: the checkpoint is a step directory without a
+  model, so reaching the model would end otherwise."""
+  (tmp_path / "run" / "checkpoints" / "1").mkdir(parents=True)
+  for flags, line in (
+      (["--tasks=good", "--num_fewshot=-1"], "error: --num_fewshot=-1 must be >= 0"),
+      (["--tasks=good", "--limit=2.5"], "error: --limit=2.5: give a number of documents (an "
+                                        "integer >= 1) or a fraction of each task (0 < limit < 1)"),
+      ([f"--include_path={bad_tasks}/good.yaml"], f"error: --include_path "
+                                                  f"'{bad_tasks}/good.yaml' is a file; give the "
+                                                  "directory of your task YAML files"),
+      (["--tasks=no_field"], f"error: task no_field: {bad_tasks}/no_field.jsonl line 3 has no "
+                             "field 'question'")):
+    proc = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", "harness",
+                           f"--checkpoint={tmp_path / 'run'}", "--tasks=good",
+                           f"--include_path={bad_tasks}", *flags], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == "", (flags, proc.stdout, proc.stderr[-2000:])
+    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(line), proc.stderr
+
+
+def _quiet_env() -> dict:
+  """The user's environment: no JAX_PLATFORMS (libtpu installed, no TPU: our choice of platform
+  is tested), offline."""
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  return {**env, "HF_DATASETS_OFFLINE": "1"}
+
+
+@pytest.mark.slow  # two harness processes (about 50 s)
 def test_the_harness_command(checkpoint, tasks, tmp_path, lm):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_DATASETS_OFFLINE": "1"}
+  """Run outside the checkout, with a metric the harness bootstraps: nothing on stderr (before:
+  JAX's fork warning, "terminated (SIGTERM)" of a worker, git's "fatal: not a git repository",
+  libtpu's errors)."""
   out = tmp_path / "results.json"
   proc = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", "harness",
-                         f"--checkpoint={checkpoint}", "--tasks=local_mc,local_docs",
-                         f"--include_path={tasks}", "--bootstrap_iters=0", f"--out={out}"],
-                        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+                         f"--checkpoint={checkpoint}", "--tasks=local_mc,local_docs,local_last",
+                         f"--include_path={tasks}", f"--out={out}"],
+                        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                        env=_quiet_env())
+  assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-3000:]
   summary = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert summary["results"]["local_last"]["perplexity_stderr,none"] > 0  # the pool's work
   want = _evaluate(lm, tasks, ["local_mc", "local_docs"])["results"]
   for task, metric in (("local_mc", "acc,none"), ("local_docs", "word_perplexity,none")):
     assert summary["results"][task][metric] == pytest.approx(want[task][metric], rel=1e-6)
   assert json.loads(out.read_text())["results"]["local_mc"]["acc,none"] == pytest.approx(
       want["local_mc"]["acc,none"])
-  assert "|local_mc" in proc.stdout and "Traceback" not in proc.stderr
+  assert "|local_mc" in proc.stdout
   bad = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", "harness",
-                        f"--checkpoint={checkpoint}", "--tasks=no_such_task",
+                        f"--checkpoint={checkpoint}", "--tasks=local_mx",
                         f"--include_path={tasks}"], capture_output=True, text=True, timeout=300,
-                       cwd=ROOT, env=env)
-  assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
-      "error: --tasks: unknown task(s) no_such_task;"), bad.stderr[-2000:]
+                       cwd=ROOT, env=_quiet_env())
+  assert bad.returncode == 2 and bad.stdout == "", bad.stdout  # before the model loads
+  assert bad.stderr.splitlines() == ["error: --tasks: unknown task(s) local_mx; did you mean "
+                                     "local_mc? `python -m ao_mdm.interop.harness ls tasks` lists "
+                                     "them (with --include_path DIR: yours too)"], bad.stderr
 
 
 @pytest.mark.slow
 def test_lm_eval_command_line_finds_the_model(checkpoint, tasks, tmp_path):
-  """`python -m ao_mdm.interop.harness` is lm_eval's own command line with "ao_mdm" known."""
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_DATASETS_OFFLINE": "1"}
+  """`python -m ao_mdm.interop.harness` is lm_eval's own command line with "ao_mdm" known; with
+  its own lines turned down (its log level, its progress bars), run outside the checkout with a
+  metric it bootstraps and --log_samples, only git's line stays on stderr (before: libtpu's
+  errors, Orbax's absl warnings, JAX's fork warning)."""
+  env = {**_quiet_env(), "LMEVAL_LOG_LEVEL": "WARNING", "TQDM_DISABLE": "1"}
   proc = subprocess.run([sys.executable, "-m", "ao_mdm.interop.harness", "run", "--model",
                          "ao_mdm", "--model_args", f"checkpoint={checkpoint}", "--batch_size=4",
-                         "--tasks", "local_mc", "--include_path", tasks, "--output_path",
-                         str(tmp_path / "out")], capture_output=True,
-                        text=True, timeout=300, cwd=ROOT, env=env)
+                         "--tasks", "local_mc,local_last", "--include_path", tasks,
+                         "--log_samples", "--output_path", str(tmp_path / "out")],
+                        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "local_mc" in proc.stdout and "acc" in proc.stdout
+  assert "local_mc" in proc.stdout and "perplexity" in proc.stdout
+  assert [line for line in proc.stderr.splitlines()
+          if not line.startswith("fatal: not a git repository")] == [], proc.stderr[-3000:]

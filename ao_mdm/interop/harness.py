@@ -12,13 +12,19 @@ forward, never an estimate.
   also at the task's `until`.
 
 Needs the `[harness]` extra. `register()` makes the name known to the harness (the `ao-mdm
-harness` command and `python -m ao_mdm.interop.harness`, the harness's own command line, do).
+harness` command and `python -m ao_mdm.interop.harness`, the harness's own command line, do);
+`load_tasks` builds and checks tasks before a model loads.
 """
+import difflib
+import logging
+import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Optional, Union
 
+import jinja2.meta
 import numpy as np
 from lm_eval import utils as lm_utils
 from lm_eval.api import registry
@@ -34,9 +40,13 @@ from ao_mdm.decode import text
 from ao_mdm.eval import infill
 from ao_mdm.eval import scoring
 from ao_mdm import model as model_lib
+from ao_mdm.runtime import quiet
+from ao_mdm.storage import fs
+from ao_mdm.storage import paths
 
 NAME = "ao_mdm"
 MODES = ("l2r", "parallel")  # generate_until's decoder
+TEMPLATES = ("doc_to_text", "doc_to_target", "doc_to_choice")  # a task's, naming documents' fields
 
 
 class AoMdm(TemplateLM):
@@ -180,6 +190,94 @@ class AoMdm(TemplateLM):
     return generated
 
 
+def load_tasks(names: Sequence[str], include_path: Optional[str] = None) -> tuple:
+  """(TaskManager, tasks for simple_evaluate) of the harness's tasks `names`, yours in the
+  directory `include_path` too, built before a model loads. An unknown name, a JSON-lines data
+  file missing, empty or not JSON, or a document without a field a template names is one error
+  naming the task, the file and the line."""
+  from lm_eval.tasks import TaskManager  # pylint: disable=g-import-not-at-top
+  manager = None
+  if include_path:  # the harness's own 14,000 task files not read when yours are all it needs
+    manager = TaskManager(include_path=include_path, include_defaults=False)
+    if not all(n in manager.all_subtasks or n in manager.all_tags for n in names):
+      manager = None
+  manager = manager or TaskManager(include_path=include_path)
+  unknown = [n for n in names if n not in manager.all_tasks]
+  if unknown:
+    close = {c for n in unknown for c in difflib.get_close_matches(n, manager.all_tasks, 1)}
+    raise ValueError(f"--tasks: unknown task(s) {', '.join(unknown)}; "
+                     + (f"did you mean {', '.join(sorted(close))}? " if close else "")
+                     + "`python -m ao_mdm.interop.harness ls tasks` lists them (with "
+                     "--include_path DIR: yours too)")
+  tasks = []
+  for name in names:
+    entry = manager.task_index[name]
+    members = sorted(entry.tags) if name in manager.all_tags else [name]
+    for member in members:  # a group's members are the harness's to check as it builds them
+      if member in manager.all_subtasks:
+        _check_documents(member, manager.task_index[member].cfg or {})
+    try:
+      loaded = manager.load(name)
+    except Exception as e:  # pylint: disable=broad-except  (its data, from a file or the Hub)
+      cause = e.__cause__ or e
+      raise ValueError(f"task {name}: its data cannot be loaded ({type(cause).__name__}: "
+                       f"{cause})") from e
+    groups = loaded.get("groups") or {}
+    tasks += [groups[name]] if name in groups else list(loaded["tasks"].values())
+  return manager, tasks
+
+
+def _check_documents(task: str, config: dict) -> None:
+  """The JSON-lines files of a `dataset_path: json` task: present, JSON, not empty, and (unless
+  `process_docs` rewrites the documents) every document holding the fields its templates name:
+  the harness would render a missing one as "None"."""
+  if config.get("dataset_path") != "json":
+    return
+  files = (config.get("dataset_kwargs") or {}).get("data_files") or []
+  files = list(files.values()) if isinstance(files, dict) else [files]
+  for path in [p for f in files for p in ([f] if isinstance(f, str) else f)]:
+    if not path.endswith(".jsonl") or any(c in path for c in "*?["):
+      continue  # other files and patterns: the harness's own reading
+    if not fs.isfile(path):
+      where = "" if fs.is_gcs(path) or path.startswith("/") else (
+          f" (a relative path is read from the directory this runs in, {os.getcwd()})")
+      raise FileNotFoundError(f"task {task}: data file {path!r} not found{where}")
+    records = paths.jsonl_records(path, f"task {task}:", numbered=True)
+    if config.get("process_docs"):
+      continue
+    keys = set().union(*(record for _, record in records))
+    fields = {name: _fields(task, name, config.get(name), keys) for name in TEMPLATES}
+    for number, record in records:
+      for name, wanted in fields.items():
+        if missing := sorted(wanted - set(record)):
+          raise ValueError(f"task {task}: {path} line {number} has no field {missing[0]!r}, "
+                           f"which its {name} names ({config[name]!r})")
+
+
+def _fields(task: str, name: str, template, keys: set) -> set:
+  """The document fields a template names: a Jinja template's variables, or a bare field name
+  (the harness takes a template that is one of the documents' keys as that field)."""
+  if not isinstance(template, str):
+    return set()
+  if "{{" not in template and "{%" not in template:
+    return {template} & keys
+  try:
+    variables = jinja2.meta.find_undeclared_variables(lm_utils.env.parse(template))
+  except jinja2.TemplateSyntaxError as e:
+    raise ValueError(f"task {task}: its {name} {template!r} is not a Jinja template "
+                     f"({e.message})") from None
+  return variables - set(lm_utils.env.globals)
+
+
+def quiet_workers() -> None:
+  """The harness's bootstrap pool (its metrics' standard errors) started from a fork server, not
+  by forking this process: a fork of a process running JAX's threads can deadlock (JAX warns),
+  and the workers would inherit our signal handlers, a line each when the pool ends them."""
+  multiprocessing.set_start_method("forkserver", force=True)
+  # what the workers run, imported once; not __main__, which under `python -m` would import JAX
+  multiprocessing.set_forkserver_preload(["lm_eval.api.metrics"])
+
+
 def register() -> None:
   """Makes "ao_mdm" a model name of the harness (its own models stay available)."""
   import lm_eval.models  # pylint: disable=g-import-not-at-top,unused-import
@@ -189,8 +287,13 @@ def register() -> None:
 
 def main() -> None:
   """The harness's command line with "ao_mdm" registered: `python -m ao_mdm.interop.harness
-  --model ao_mdm --model_args checkpoint=DIR --tasks ...`."""
+  run --model ao_mdm --model_args checkpoint=DIR --tasks ...`, quiet as our commands are."""
+  import jax  # pylint: disable=g-import-not-at-top
   from lm_eval import __main__ as lm_eval_main  # pylint: disable=g-import-not-at-top
+  quiet.environment()  # JAX is imported already: its platforms set again from the environment
+  jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS") or None)
+  logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax's notes as it restores
+  quiet_workers()
   register()
   sys.argv[0] = "lm_eval"
   lm_eval_main.cli_evaluate()

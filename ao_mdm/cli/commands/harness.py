@@ -1,5 +1,6 @@
 """`ao-mdm harness`: lm-evaluation-harness tasks on a checkpoint, scored exactly by the "ao_mdm"
 model (interop/harness.py; docs/evaluation.md, "The harness"); needs the `[harness]` extra."""
+import contextlib
 import importlib.util
 import json
 
@@ -48,18 +49,26 @@ def check(v: dict, given: set) -> None:
   if importlib.util.find_spec("lm_eval") is None:
     raise ValueError("the harness is not installed: pip install -e '.[harness]' (its versions: "
                      "constraints.txt)")
-  if v["include_path"] and (fs.is_gcs(v["include_path"]) or not fs.isdir(v["include_path"])):
-    raise ValueError(f"--include_path {v['include_path']!r}: no such local directory (the "
-                     "harness reads its task files from this machine)")
+  include = v["include_path"]
+  if include and fs.is_gcs(include):
+    raise ValueError(f"--include_path {include!r}: give a local directory (the harness reads "
+                     "its task files from this machine)")
+  if include and fs.isfile(include):
+    raise ValueError(f"--include_path {include!r} is a file; give the directory of your task "
+                     "YAML files (every one in it is read)")
+  if include and not fs.isdir(include):
+    raise FileNotFoundError(f"--include_path {include!r}: no such directory")
   if v["out"]:
     paths.new_output_file(v["out"])
   if v["batch_size"] < 1:
     raise ValueError(f"--batch_size={v['batch_size']} must be >= 1")
-  for name in ("steps", "bootstrap_iters"):
-    if v[name] < 0:
+  for name in ("steps", "bootstrap_iters", "num_fewshot"):
+    if v[name] is not None and v[name] < 0:
       raise ValueError(f"--{name}={v[name]} must be >= 0")
-  if v["limit"] is not None and not v["limit"] > 0:
-    raise ValueError(f"--limit={v['limit']} must be > 0")
+  if v["limit"] is not None and not (0 < v["limit"] < 1 or v["limit"] >= 1 and
+                                     v["limit"].is_integer()):
+    raise ValueError(f"--limit={v['limit']}: give a number of documents (an integer >= 1) or a "
+                     "fraction of each task (0 < limit < 1)")
 
 
 def run(v: dict, given: set) -> None:
@@ -69,27 +78,26 @@ def run(v: dict, given: set) -> None:
   for name in ("TQDM_DISABLE", "HF_DATASETS_DISABLE_PROGRESS_BARS"):  # ours: a line per batch
     os.environ.setdefault(name, "1")
   import lm_eval  # pylint: disable=g-import-not-at-top
-  from lm_eval import tasks as lm_tasks  # pylint: disable=g-import-not-at-top
   from lm_eval import utils as lm_utils  # pylint: disable=g-import-not-at-top
   from ao_mdm.interop import harness  # pylint: disable=g-import-not-at-top
-  if not flags.FLAGS["verbosity"].present:  # its INFO lines are not our output
+  from ao_mdm.runtime import quiet  # pylint: disable=g-import-not-at-top
+  verbose = flags.FLAGS["verbosity"].present
+  if not verbose:  # its INFO lines are not our output
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
+  harness.quiet_workers()
+  manager, tasks = harness.load_tasks(v["tasks"], fs.absolute(v["include_path"])
+                                      if v["include_path"] else None)
   model = harness.AoMdm(v["checkpoint"], weights=v["weights"], dtype=v["dtype"],
                         batch_size=v["batch_size"], mode=v["mode"], steps=v["steps"],
                         seed=v["seed"], log=print)
-  manager = lm_tasks.TaskManager(include_path=fs.absolute(v["include_path"])
-                                 if v["include_path"] else None)
-  unknown = [t for t in v["tasks"] if t not in manager.all_tasks]
-  if unknown:
-    raise ValueError(f"--tasks: unknown task(s) {', '.join(unknown)}; `python -m "
-                     "ao_mdm.interop.harness ls tasks` lists them (with --include_path DIR: "
-                     "yours too)")
   limit = v["limit"] if v["limit"] is None or v["limit"] < 1 else int(v["limit"])
-  results = lm_eval.simple_evaluate(
-      model=model, tasks=v["tasks"], num_fewshot=v["num_fewshot"], limit=limit,
-      task_manager=manager, bootstrap_iters=v["bootstrap_iters"], random_seed=v["seed"],
-      numpy_random_seed=v["seed"], torch_random_seed=v["seed"], fewshot_random_seed=v["seed"],
-      log_samples=False)
+  # the harness runs `git describe` at the end: "fatal: not a git repository" outside a checkout
+  with contextlib.nullcontext() if verbose else quiet.silenced_stderr():
+    results = lm_eval.simple_evaluate(
+        model=model, tasks=tasks, num_fewshot=v["num_fewshot"], limit=limit,
+        task_manager=manager, bootstrap_iters=v["bootstrap_iters"], random_seed=v["seed"],
+        numpy_random_seed=v["seed"], torch_random_seed=v["seed"],
+        fewshot_random_seed=v["seed"], log_samples=False)
   print(lm_utils.make_table(results))
   summary = {"results": results["results"], "checkpoint": v["checkpoint"],
              "weights": v["weights"], "dtype": v["dtype"]}
