@@ -41,7 +41,9 @@ def manager(directory: str, max_to_keep: Optional[int] = 3, async_save: bool = T
   gcs.configure()
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True)
-  return ocp.CheckpointManager(fs.absolute(directory), options=options, item_names=item_names)
+  directory = fs.absolute(directory)
+  return probed(directory, lambda: ocp.CheckpointManager(directory, options=options,
+                                                         item_names=item_names))
 
 
 def train_manager(workdir: str, max_to_keep: int = 3) -> ocp.CheckpointManager:
@@ -67,8 +69,23 @@ def restore(mgr: ocp.CheckpointManager, step: int, target: Any, data_iter: Any =
     items["ema"] = ocp.args.StandardRestore(target.ema_params)
   if data_iter is not None:
     items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
-  restored = mgr.restore(step, args=ocp.args.Composite(**items))
+  restored = restore_items(mgr, step, **items)
   return restored.state.replace(ema_params=restored.ema) if split else restored.state
+
+
+def restore_items(mgr: ocp.CheckpointManager, step: int, **items: Any) -> Any:
+  """mgr.restore of the named items of checkpoint `step` (e.g. config=ocp.args.JsonRestore()),
+  probed: a bucket that stops answering ends it."""
+  return probed(str(mgr.directory), lambda: mgr.restore(step, args=ocp.args.Composite(**items)))
+
+
+def save_items(mgr: ocp.CheckpointManager, step: int, **items: Any) -> None:
+  """mgr.save of the named items at `step`, waited for; probed: a bucket that stops answering
+  ends it."""
+  def save():
+    mgr.save(step, args=ocp.args.Composite(**items))
+    mgr.wait_until_finished()
+  probed(str(mgr.directory), save)
 
 
 def _items(mgr: ocp.CheckpointManager, step: int) -> set:
@@ -82,7 +99,7 @@ def _items(mgr: ocp.CheckpointManager, step: int) -> set:
 
 def read_config(mgr: ocp.CheckpointManager, step: int) -> dict:
   """The config stored with checkpoint `step` (training work dir or export), as saved."""
-  return mgr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+  return restore_items(mgr, step, config=ocp.args.JsonRestore()).config
 
 
 def restore_newest(mgr: ocp.CheckpointManager, load: Callable[[int, Any], Any],
@@ -93,7 +110,8 @@ def restore_newest(mgr: ocp.CheckpointManager, load: Callable[[int, Any], Any],
   The spec is the step's saved config on top of today's defaults (specs.with_defaults). A
   checkpoint that fails to read is skipped with one line saying which and why, and its step
   appended to `skipped`. `check(spec, saved)` (saved: the config as stored) may raise to refuse
-  a readable checkpoint (e.g. of another model); that is not skipped, nor is a cancelled read.
+  a readable checkpoint (e.g. of another model); that is not skipped, nor is a cancelled read or
+  storage that stops answering (TimeoutError), which say nothing of the step.
   """
   for step in sorted(mgr.all_steps(), reverse=True):
     where = f"checkpoint step {step} in {mgr.directory}"
@@ -101,7 +119,7 @@ def restore_newest(mgr: ocp.CheckpointManager, load: Callable[[int, Any], Any],
       with _quiet_failures():
         saved = read_config(mgr, step)
         config = specs.with_defaults(saved)
-    except concurrent.futures.CancelledError:  # a cancelled read says nothing of the step
+    except (concurrent.futures.CancelledError, TimeoutError):  # nothing said of the step
       raise
     except Exception as e:  # pylint: disable=broad-except  (any corruption: skip it)
       log(f"skipped {where}: its config cannot be read ({_why(mgr, step, e)})")
@@ -113,7 +131,7 @@ def restore_newest(mgr: ocp.CheckpointManager, load: Callable[[int, Any], Any],
     try:
       with _quiet_failures():
         return step, config, load(step, config)
-    except concurrent.futures.CancelledError:
+    except (concurrent.futures.CancelledError, TimeoutError):
       raise
     except Exception as e:  # pylint: disable=broad-except
       log(f"skipped {where}: it cannot be restored ({_why(mgr, step, e)})")
@@ -191,10 +209,11 @@ PROBE_S = 2.0  # how often a wait on Orbax in a bucket asks whether the bucket a
 
 
 def probed(directory: str, call: Callable[[], Any]) -> Any:
-  """call() (an Orbax call into `directory`: a save, a wait for one, a listing); in a bucket,
-  with the bucket asked every PROBE_S whether it answers, and one silent for --storage_timeout
-  ends the wait with gcs.no_answer, marked `exit_now` (Orbax's calls into storage have no
-  deadline and cannot be stopped). Slow work in a bucket that answers is waited for."""
+  """call() (an Orbax call into `directory`: creating a manager, which lists the steps, a
+  restore through tensorstore, a save, a wait for one, a listing); in a bucket, with the bucket
+  asked every PROBE_S whether it answers, and one silent for --storage_timeout ends the wait
+  with gcs.no_answer, marked `exit_now` (Orbax's calls into storage have no deadline and cannot
+  be stopped). Slow work in a bucket that answers is waited for."""
   if not fs.is_gcs(directory):
     return call()
   done, out = threading.Event(), {}
@@ -273,8 +292,9 @@ def reader(path: str) -> ocp.CheckpointManager:
   if not fs.isdir(directory):
     raise FileNotFoundError(f"no checkpoint directory at {path!r}")
   gcs.configure()
-  mgr = ocp.CheckpointManager(fs.absolute(directory),
-                              options=ocp.CheckpointManagerOptions(read_only=True))
+  where = fs.absolute(directory)
+  mgr = probed(where, lambda: ocp.CheckpointManager(
+      where, options=ocp.CheckpointManagerOptions(read_only=True)))
   if mgr.latest_step() is None:
     raise FileNotFoundError(f"{directory!r} holds no complete checkpoint")
   return mgr
@@ -315,13 +335,12 @@ def load_params(path: str, weights: str = "ema", log: Callable[[str], None] = pr
                               abstract, shardings(config))
     if is_export or (weights == "ema" and "ema" in items):
       name = "params" if is_export else "ema"
-      return mgr.restore(step, args=ocp.args.Composite(
-          **{name: ocp.args.StandardRestore(abstract)}))[name]
+      return restore_items(mgr, step, **{name: ocp.args.StandardRestore(abstract)})[name]
     field = "ema_params" if weights == "ema" else "params"  # one field of the train state
     target = {field: abstract}
-    return mgr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+    return restore_items(mgr, step, state=ocp.args.PyTreeRestore(
         item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-        partial_restore=True))).state[field]
+        partial_restore=True)).state[field]
 
   found = restore_newest(mgr, load, check, log=log)
   if found is None:
@@ -359,8 +378,6 @@ def write_params_export(out: str, config: dict, params: Any,
     if tokenizer_dir and fs.isdir(tokenizer_dir):  # samplers and evaluators read it here
       fs.copytree(tokenizer_dir, fs.join(tmp, layout.TOKENIZER))
     mgr = manager(tmp, max_to_keep=None, async_save=False, item_names=("params", "config"))
-    mgr.save(0, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
-                                        config=ocp.args.JsonSave(config)))
-    mgr.wait_until_finished()
+    save_items(mgr, 0, params=ocp.args.StandardSave(params), config=ocp.args.JsonSave(config))
     mgr.close()
   return fs.absolute(out)

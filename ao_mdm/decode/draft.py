@@ -93,7 +93,7 @@ def load(path: str, cfg: specs.ModelSpec, params: Any,
   refused if it was made for another shape, a note if for other base params (saved by `save`)."""
   mgr = checkpoints.reader(path)
   step = mgr.latest_step()
-  saved = mgr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+  saved = checkpoints.read_config(mgr, step)
   if "draft_head" not in saved:
     raise ValueError(f"--draft_head {path!r} is not a draft head (`ao-mdm train-draft "
                      "--checkpoint=RUN --workdir=DIR` makes one)")
@@ -103,8 +103,8 @@ def load(path: str, cfg: specs.ModelSpec, params: Any,
     raise ValueError(f"--draft_head {path!r} was trained for another model shape ("
                      + "; ".join(diffs) + ")")
   abstract = jax.eval_shape(lambda: init_head(cfg, jax.random.key(0)))
-  head_params = mgr.restore(step, args=ocp.args.Composite(
-      params=ocp.args.StandardRestore(abstract))).params
+  head_params = checkpoints.restore_items(
+      mgr, step, params=ocp.args.StandardRestore(abstract)).params
   if saved["draft_head"]["base_fingerprint"] != fingerprint(params):
     log(f"note: draft head {path} was trained on other params "
         f"({saved['draft_head']['base_checkpoint']}); samples stay exact, drafts may be "

@@ -215,11 +215,10 @@ def checkpoint_rates(directory: str, n_params: int, repeats: int = 2) -> dict:
   for step in range(repeats):
     mgr = checkpoints.manager(directory, max_to_keep=1, async_save=False, item_names=("state",))
     start = time.perf_counter()
-    mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
-    mgr.wait_until_finished()
+    checkpoints.save_items(mgr, step, state=ocp.args.StandardSave(state))
     save.append(time.perf_counter() - start)
     start = time.perf_counter()
-    got = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+    got = checkpoints.restore_items(mgr, step, state=ocp.args.StandardRestore(target))
     jax.block_until_ready(got.state)
     restore.append(time.perf_counter() - start)
     mgr.close()

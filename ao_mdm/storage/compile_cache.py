@@ -79,10 +79,10 @@ class Cache:
     data = _MAGIC + hashlib.sha256(value).digest() + value
     if len(data) > self.max_bytes:
       return
-    self._evict(len(data))
     try:
+      self._evict(len(data))
       fs.write_bytes(self._entry(key), data)
-    except OSError:
+    except OSError:  # a bucket that stops answering too: the command's next call says so
       return  # a full disk or a lost connection costs a compile next time, nothing else
     if self._counted is not None:
       self._counted += len(data)

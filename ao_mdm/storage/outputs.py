@@ -22,7 +22,8 @@ def output_dir(out: str) -> Iterator[str]:
   """Where to write the directory `out` so that nothing unfinished is ever read under its name:
   locally a temporary directory beside it (those of dead processes removed first), renamed to
   `out` at the end; on gs:// `out` itself (its writer puts its completion mark last). An error
-  or an interrupt inside removes what was written."""
+  or an interrupt inside removes what was written (not in a bucket that stopped answering, which
+  takes no removal either: what is left there has no completion mark)."""
   out = fs.absolute(out)
   tmp = out if fs.is_gcs(out) else fs.tmp_name(out)
   fs.remove_dead_tmps(fs.parent(out))
@@ -32,7 +33,8 @@ def output_dir(out: str) -> Iterator[str]:
       yield tmp
       if tmp != out:
         fs.move(tmp, out)
-    except BaseException:
-      remove()
+    except BaseException as e:
+      if not (isinstance(e, TimeoutError) and fs.is_gcs(tmp)):
+        remove()
       raise
 

@@ -95,8 +95,14 @@ def note_checkpoint(workdir: str, step: Optional[int]) -> None:
   RUN.workdir, RUN.checkpoint = workdir, step
 
 
+UNLISTED = -1  # the checkpoint noted before the work dir's steps are listed
+
+
 def newest_checkpoint() -> str:
   """What the last line of a stopped run says of its checkpoints."""
+  if RUN.checkpoint == UNLISTED:
+    return (f"its checkpoints in {RUN.workdir or 'the work dir'} were not listed yet (a restart "
+            "resumes from the newest that reads)")
   if RUN.checkpoint is None:
     return f"no checkpoint of this run is complete yet in {RUN.workdir or 'the work dir'}"
   return f"the newest complete checkpoint is step {RUN.checkpoint} in {RUN.workdir}"

@@ -75,7 +75,7 @@ def _train_and_evaluate(config: specs.Spec, workdir: str, init_from: Optional[st
                         start_over: bool, say: Callable[[str], None],
                         stop: interrupts.StopRequest) -> dict:
   clock = _StartClock()
-  cluster.note_checkpoint(workdir, None)  # what a lost run's line names until one is read
+  cluster.note_checkpoint(workdir, cluster.UNLISTED)  # what a stop names until steps are listed
   clock.mark("process_and_imports")
   jax.devices()
   clock.mark("jax")
@@ -121,6 +121,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
     checkpoints.clean_workdir(workdir, say)
   multihost_utils.sync_global_devices("work dir cleaned")
   mgr = checkpoints.train_manager(workdir, train.keep_checkpoints)
+  cluster.note_checkpoint(workdir, mgr.latest_step())  # what a stop while restoring names
 
   def check(saved, _):
     diffs = saved.model.shape_differences(config.model)
@@ -145,7 +146,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
           if fs.exists(fs.join(workdir, name)):
             checkpoints.set_aside(workdir, name, "start-over", say, under="")
     multihost_utils.sync_global_devices("unreadable checkpoints set aside")
-    mgr.reload()
+    checkpoints.probed(str(mgr.directory), mgr.reload)
   start = None
   if found is not None:
     start, _, state = found
@@ -154,6 +155,7 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
     if jax.process_index() == 0:
       records.drop_after(workdir, start)
   else:
+    cluster.note_checkpoint(workdir, None)
     state = program.init_state()
     if init_params is not None:
       params = jax.device_put(init_params, program.shardings.params)
