@@ -440,3 +440,20 @@ def test_a_server_that_stops_answering_ends_training_with_one_line_in_bounded_ti
   assert "no answer from Cloud Storage" in lines[0] and "within 10 s" in lines[0]
   assert "training stopped: the newest complete checkpoint is step " in lines[0]
   assert waited < 10 + checkpoints.PROBE_S + 10, waited
+
+
+def test_the_newest_complete_step_is_the_one_orbax_lists(root):
+  """layout.newest_complete_step (what a lost run's line names) follows Orbax's rule, locally
+  and in a bucket: an unfinished write (a temporary name; on gs://, no commit mark) is not one."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from ao_mdm.checkpoint import layout  # pylint: disable=g-import-not-at-top
+  directory = fs.join(root, layout.CHECKPOINTS)
+  assert layout.newest_complete_step(root) is None
+  mgr = checkpoints.manager(directory, max_to_keep=None, async_save=False, item_names=("config",))
+  for step in (3, 6):
+    mgr.save(step, args=ocp.args.Composite(config=ocp.args.JsonSave({"step": step})))
+  mgr.close()
+  unfinished = "9" if fs.is_gcs(root) else "9.orbax-checkpoint-tmp-1234567890"
+  fs.write_text(fs.join(directory, unfinished, "config", "metadata"), "{}")
+  assert checkpoints.manager(directory, item_names=("config",)).all_steps() == [3, 6]
+  assert layout.newest_complete_step(root) == 6

@@ -32,7 +32,6 @@ from ao_mdm.storage import outputs
 from ao_mdm.storage import paths
 
 _TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a step being written (locally)
-_COMMITTED = "commit_success.txt"  # Orbax's mark of a finished step on gs://
 
 
 def manager(directory: str, max_to_keep: Optional[int] = 3, async_save: bool = True,
@@ -197,7 +196,7 @@ def clean_workdir(workdir: str, log: Callable[[str], None] = print) -> None:
   for name in fs.listdir(directory):
     path = fs.join(directory, name)
     unfinished = _TMP_SUFFIX in name or (
-        fs.is_gcs(path) and name.isdigit() and not fs.isfile(fs.join(path, _COMMITTED)))
+        fs.is_gcs(path) and name.isdigit() and not fs.isfile(fs.join(path, layout.COMMITTED)))
     if unfinished:
       fs.rmtree(path)
       log(f"removed checkpoints/{name}, a checkpoint write that did not finish")

@@ -1,5 +1,7 @@
 """The layout of a training work dir (docs/design.md, "Checkpoints"), free of JAX: the command
 line checks a --workdir or --checkpoint against it before anything is loaded."""
+from typing import Optional
+
 from ao_mdm.storage import fs
 from ao_mdm.storage import paths
 
@@ -10,6 +12,7 @@ METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
 TOKENIZER = "tokenizer"
 PROFILE = "profile"  # jax.profiler traces (train.profile_steps)
+COMMITTED = "commit_success.txt"  # Orbax's mark of a finished step on gs://
 
 DRAFT_HEAD = "the --workdir of an `ao-mdm train-draft`"
 
@@ -21,6 +24,18 @@ def has_checkpoints(workdir: str) -> bool:
 
 def _has_steps(directory: str) -> bool:
   return fs.isdir(directory) and any(name.isdigit() for name in fs.listdir(directory))
+
+
+def newest_complete_step(workdir: str) -> Optional[int]:
+  """The newest step whose checkpoint write finished, by Orbax's rule (a step directory under its
+  final name; on gs://, holding its commit mark): the step a restart resumes from if it reads."""
+  directory = fs.join(workdir, CHECKPOINTS)
+  if not fs.isdir(directory):
+    return None
+  for step in sorted((int(name) for name in fs.listdir(directory) if name.isdigit()), reverse=True):
+    if not fs.is_gcs(directory) or fs.isfile(fs.join(directory, str(step), COMMITTED)):
+      return step
+  return None
 
 
 def check_checkpoint(path: str, flag: str = "--checkpoint",

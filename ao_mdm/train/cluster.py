@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ao_mdm.checkpoint import layout
 from ao_mdm.runtime import hosts
 from ao_mdm.runtime import quiet
 
@@ -91,7 +92,8 @@ def join(coordinator: Optional[str] = None, num_processes: Optional[int] = None,
 
 
 def note_checkpoint(workdir: str, step: Optional[int]) -> None:
-  """The newest complete checkpoint of this run, named by the line of a lost run."""
+  """The newest complete checkpoint of this run as this process knows it, named by the line of
+  a stopped run (a lost run's line lists the work dir's steps first: _list_checkpoints)."""
   RUN.workdir, RUN.checkpoint = workdir, step
 
 
@@ -108,9 +110,33 @@ def newest_checkpoint() -> str:
   return f"the newest complete checkpoint is step {RUN.checkpoint} in {RUN.workdir}"
 
 
+LIST_S = 5.0  # how long a lost run's line waits for the work dir's steps to be listed
+
+
+def _list_checkpoints() -> None:
+  """The newest complete checkpoint as a restart finds it (the work dir's steps listed, for
+  LIST_S at most), not the one this process last verified, which lags a save behind."""
+  found = []
+
+  def newest():
+    try:
+      found.append(layout.newest_complete_step(RUN.workdir))
+    except Exception:  # pylint: disable=broad-except  (unlisted: the noted step stands)
+      pass
+  if RUN.workdir:
+    thread = threading.Thread(target=newest, daemon=True, name="ao_mdm-list-steps")
+    thread.start()
+    thread.join(LIST_S)
+  if found:
+    RUN.checkpoint = found[0]
+
+
 def _lost(processes: list) -> None:
   """One line naming the lost processes, then this process ends at once (exit 2): the
   interpreter's own exit would wait on the lost ones."""
+  if RUN.ending:
+    return
+  _list_checkpoints()  # before the end is claimed: meanwhile `fail` waits for this line
   if RUN.ending:
     return
   RUN.ending = True
@@ -153,6 +179,7 @@ def _on_abort() -> None:
       os._exit(RUN.exit_code)  # pylint: disable=protected-access
     if RUN.process != 0:
       _lost([0])
+    _list_checkpoints()
     quiet.say(f"error: the distributed runtime ended process 0; {newest_checkpoint()}")
     os._exit(2)  # pylint: disable=protected-access
   _ABORT_HANDLER.append(callback_type(handler))
@@ -164,7 +191,7 @@ def fail(error: Exception, say: Callable[[], None]) -> None:
   was lost waits for the watchdog to name it (within the heartbeat timeout); any other error is
   said by `say()`. Either way the process ends at once, never by an abort."""
   if _peer_lost(error) and not RUN.ending:
-    deadline = time.monotonic() + RUN.heartbeat_s + 3 * WATCH_S
+    deadline = time.monotonic() + RUN.heartbeat_s + 3 * WATCH_S + LIST_S
     while time.monotonic() < deadline and not RUN.ending:
       time.sleep(0.2)  # the watchdog names the lost process and exits
   RUN.ending = True
