@@ -4,7 +4,11 @@ lives. Free of JAX, so the command line checks its process flags before JAX load
 import os
 from typing import Optional
 
-HEARTBEAT_S = 100  # the distributed runtime's default: a process unheard this long is lost
+# Seconds a process may go unheard before the others take it for lost (--heartbeat_timeout).
+# The runtime sends a heartbeat every HEARTBEAT_S / 2, so a killed process is noticed after
+# HEARTBEAT_S / 2 to HEARTBEAT_S; a live one that cannot send one for longer than HEARTBEAT_S / 2
+# (stopped, swapping, a network stall) may be taken for lost. JAX's default is 100 s.
+HEARTBEAT_S = 15
 
 
 def detected_launcher() -> str:

@@ -33,7 +33,10 @@ def define(fv: flags.FlagValues) -> None:
                        "processes and the coordinator before giving up.", flag_values=fv)
   flags.DEFINE_integer("heartbeat_timeout", hosts.HEARTBEAT_S, "Multi-process: seconds a process may "
                        "go unheard before the others take it for lost and stop, each with one "
-                       "error line.", flag_values=fv)
+                       "error line. Heartbeats go every half of it: a killed process is noticed "
+                       "after half to all of it, and a live one that cannot send for longer than "
+                       "half (stopped, swapping, a network stall) may be taken for lost.",
+                       flag_values=fv)
   flags_lib.storage_timeout(fv)
   flags_lib.compile_cache(fv, default="WORKDIR/xla_cache")
 
