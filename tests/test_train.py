@@ -26,10 +26,19 @@ def small_config(tfds_dir, steps=30):
   return c
 
 
-def test_train_reduces_loss_and_resumes(data_dir, tmp_path, capsys):
+def test_train_reduces_loss_and_resumes(data_dir, tmp_path, capsys, monkeypatch):
   cfg = small_config(data_dir, steps=20)
   workdir = str(tmp_path / "run")
+  logged_at_save = []  # a saved step's record is written before its checkpoint, not after
+  real_save = checkpoints.save
+
+  def save(mgr, step, *args, **kwargs):
+    with open(f"{workdir}/metrics.jsonl") as f:
+      logged_at_save.append((step, [json.loads(line)["step"] for line in f if '"loss"' in line]))
+    return real_save(mgr, step, *args, **kwargs)
+  monkeypatch.setattr(checkpoints, "save", save)
   first = loop.train_and_evaluate(specs.parse(cfg), workdir)
+  assert logged_at_save == [(10, [10]), (20, [10, 20])]
   for split in ("train", "validation"):
     for kind in ("l2r", "random"):
       assert first["final_ema"][split][kind] < first["initial"][split][kind] - 0.5

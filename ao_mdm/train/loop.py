@@ -252,6 +252,10 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
                       "stalled past its lease); stopping rather than write beside it")
       stopping = code > 0
       if stopping or done % train.checkpoint_every == 0 or done == train.num_steps:
+        # The saved step's record goes first: a kill after the save cannot lose it (the
+        # restart begins after that step). The save waits for the step anyway.
+        window = _maybe_log(pending, window, train, log_metrics, means, force=stopping)
+        pending = None
         if saved is not None:
           checkpoints.check_saved(mgr, saved)
           cluster.note_checkpoint(workdir, saved)
@@ -260,7 +264,6 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
                         "directory at or above it?); training stops rather than go on unsaved")
         saved = done
       if stopping:
-        _maybe_log(pending, window, train, log_metrics, means, force=True)  # the saved step
         checkpoints.check_saved(mgr, done)
         cluster.note_checkpoint(workdir, done)
         how = "interrupted" if code == interrupts.STOP_INT else "preempted"
