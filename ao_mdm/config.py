@@ -2,6 +2,7 @@
 
 Shipped configs start from `base_config()` and override fields; they add no keys.
 """
+
 import ml_collections
 
 DTYPES = ("float32", "bfloat16")  # model.dtype (compute) and the decoding dtypes
@@ -13,7 +14,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.model = ml_collections.ConfigDict()
   c.model.variant = "ao"  # "ao" (AO-GPT, AdaLN target conditioning) | "sigma" (sigma-GPT baseline)
-  c.model.vocab_size = 2048  # a multiple of 128; the SentencePiece tokenizer is trained to this size
+  c.model.vocab_size = (
+    2048  # a multiple of 128; the SentencePiece tokenizer is trained to this size
+  )
   c.model.block_size = 128  # T
   c.model.n_layer = 4
   c.model.n_head = 4
@@ -21,8 +24,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.cond_dim = 128  # C, width of the target-position conditioning (AO-GPT only)
   c.model.dtype = "float32"  # compute dtype; params are always float32
   c.model.unroll_layers = False  # training/scoring: True unrolls the layer scan, ~15% faster
-                                 # steps on CPU (no stacked residuals) but longer compiles; the
-                                 # cached decoders always loop (faster there)
+  # steps on CPU (no stacked residuals) but longer compiles; the
+  # cached decoders always loop (faster there)
   c.model.remat = "none"  # none | full | dots: rematerialise each block in the backward pass
   # Attention of training and scoring (the cached decoders keep their own): auto = splash on TPU
   # (T a multiple of 128), cudnn on GPU (bfloat16), else xla; xla | cudnn | splash (the Pallas
@@ -67,7 +70,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.eval_every = 200  # validation loss with the EMA params every N steps (0: at the end only)
   c.train.eval_batches = 8  # validation batches for the L2R / random-order loss
   c.train.peak_flops_per_device = 0.0  # FLOP/s of one device, for MFU (0: measured on CPU,
-                                       # hardware.PEAK_FLOPS on TPUs and GPUs)
+  # hardware.PEAK_FLOPS on TPUs and GPUs)
   # A jax.profiler trace of steps profile_start_step .. + profile_steps - 1 into WORKDIR/profile
   c.train.profile_start_step = 10  # after the first steps' compiles
   c.train.profile_steps = 0  # 0: no trace
@@ -81,14 +84,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh.ici = (-1, 1, 1)
   c.mesh.dcn = (1, 1, 1)
   c.mesh.rules = (
-      ("batch", ("data", "fsdp")),
-      ("length", None),
-      ("embed", "fsdp"),
-      ("heads", "tensor"),
-      ("kv", None),
-      ("mlp", "tensor"),
-      ("vocab", "tensor"),
-      ("cond", None),
-      ("layers", None),
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+    ("cond", None),
+    ("layers", None),
   )
   return c

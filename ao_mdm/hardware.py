@@ -1,6 +1,7 @@
 """What a device can do: the published figures of TPU chips by the `device_kind` JAX reports
 (HBM size, peak FLOP/s, HBM and ICI bandwidth), and the matmul peak and read bandwidth of this
 host's device, measured."""
+
 import collections
 import time
 from typing import Any
@@ -8,25 +9,43 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-GIB = 1024 ** 3
+GIB = 1024**3
 # HBM per chip, by the `device_kind` JAX reports.
-HBM_GIB = {"TPU v4": 32.0, "TPU v5 lite": 16.0, "TPU v5e": 16.0, "TPU v5": 95.0,
-           "TPU v5p": 95.0, "TPU v6 lite": 32.0, "TPU v6e": 32.0}
+HBM_GIB = {
+  "TPU v4": 32.0,
+  "TPU v5 lite": 16.0,
+  "TPU v5e": 16.0,
+  "TPU v5": 95.0,
+  "TPU v5p": 95.0,
+  "TPU v6 lite": 32.0,
+  "TPU v6e": 32.0,
+}
 # Per chip: peak bf16 FLOP/s, HBM bytes/s, bidirectional ICI bytes/s. Sources: Google Cloud TPU
 # docs, cloud.google.com/tpu/docs/v5e (197 TFLOPs, 819 GBps, 400 GBps), /v5p (459 TFLOPs,
 # 2765 GBps, 1200 GBps), /v6e (918 TFLOPs, 1638 GBps, 800 GBps).
-CHIP_SPECS = {"TPU v5 lite": (197e12, 819e9, 400e9), "TPU v5e": (197e12, 819e9, 400e9),
-              "TPU v5": (459e12, 2765e9, 1200e9), "TPU v5p": (459e12, 2765e9, 1200e9),
-              "TPU v6 lite": (918e12, 1638e9, 800e9), "TPU v6e": (918e12, 1638e9, 800e9)}
+CHIP_SPECS = {
+  "TPU v5 lite": (197e12, 819e9, 400e9),
+  "TPU v5e": (197e12, 819e9, 400e9),
+  "TPU v5": (459e12, 2765e9, 1200e9),
+  "TPU v5p": (459e12, 2765e9, 1200e9),
+  "TPU v6 lite": (918e12, 1638e9, 800e9),
+  "TPU v6e": (918e12, 1638e9, 800e9),
+}
 # Dense bf16 FLOP/s per device, what MFU is measured against on accelerators. TPUs: the chip
 # (Google Cloud TPU docs, cloud.google.com/tpu/docs/v4: 275 TFLOPs; v5e, v5p, v6e as above).
 # NVIDIA GPUs: the datasheets' bf16 Tensor Core figure without sparsity (half the headline
 # one): H100 SXM and H200 989 TFLOPS, H100 PCIe 756, H100 NVL 835, A100 (SXM4) 312, L4 121.
-PEAK_FLOPS = {"TPU v4": 275e12, **{kind: spec[0] for kind, spec in CHIP_SPECS.items()},
-              "NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12,
-              "NVIDIA H100 NVL": 835e12, "NVIDIA H200": 989e12,
-              "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA A100-SXM4-40GB": 312e12,
-              "NVIDIA L4": 121e12}
+PEAK_FLOPS = {
+  "TPU v4": 275e12,
+  **{kind: spec[0] for kind, spec in CHIP_SPECS.items()},
+  "NVIDIA H100 80GB HBM3": 989e12,
+  "NVIDIA H100 PCIe": 756e12,
+  "NVIDIA H100 NVL": 835e12,
+  "NVIDIA H200": 989e12,
+  "NVIDIA A100-SXM4-80GB": 312e12,
+  "NVIDIA A100-SXM4-40GB": 312e12,
+  "NVIDIA L4": 121e12,
+}
 
 
 def hbm_per_device_gib(devices: list) -> float:

@@ -11,6 +11,7 @@ AO-GPT's conditioning `cond` is a pair (c_TC, target_BW): silu of the target-pos
 table and each slot's target position. An AdaLN layer's output depends on the target position
 only, so it is computed on the T table rows and gathered whenever that is fewer rows than B x W.
 """
+
 import math
 from typing import Any
 
@@ -22,8 +23,11 @@ import optax
 from ao_mdm import config as config_lib
 from ao_mdm import specs
 
-REMAT = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
-         "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+REMAT = {
+  "none": None,
+  "full": jax.checkpoint_policies.nothing_saveable,
+  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 DTYPES = {name: jnp.dtype(name) for name in config_lib.DTYPES}
 NORM_EPS = 1e-5
 
@@ -47,6 +51,7 @@ def _ones(names: tuple):
 
 class Norm(nn.Module):
   """RMSNorm (AO-GPT) or LayerNorm with bias (sigma-GPT), computed in float32."""
+
   cfg: specs.ModelSpec
   axis_name: str = "embed"
 
@@ -65,8 +70,9 @@ class Norm(nn.Module):
     return y.astype(x.dtype)
 
 
-def attention(q_BWHK, k_BWHK, v_BWHK, mask_WW, cache_k_BHKT=None, cache_v_BHTK=None,
-              cache_mask_WP=None):
+def attention(
+  q_BWHK, k_BWHK, v_BWHK, mask_WW, cache_k_BHKT=None, cache_v_BHTK=None, cache_mask_WP=None
+):
   """Softmax attention of W queries over W new keys and, when decoding, the first P cached keys.
 
   The cache is heads-major with the keys transposed (k [B, H, K, T], v [B, H, T, K]), so that
@@ -121,13 +127,23 @@ def _splash_kernel(t: int, heads: int, interpret: bool) -> Any:
   """The causal splash kernel over t slots of `heads` heads, built at each trace (it holds
   arrays, which must not outlive one); its blocks: the largest of 512, 256, 128 that divides t
   (the kernel computes in blocks of at least 128 keys)."""
-  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
   b = next(b for b in (512, 256, 128) if t % b == 0)
-  blocks = splash.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
-                             block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
+  blocks = splash.BlockSizes(
+    block_q=b,
+    block_kv=b,
+    block_kv_compute=b,
+    block_q_dkv=b,
+    block_kv_dkv=b,
+    block_kv_dkv_compute=b,
+    block_q_dq=b,
+    block_kv_dq=b,
+  )
   mask = splash.MultiHeadMask([splash.CausalMask((t, t)) for _ in range(heads)])
-  return splash.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1,
-                                interpret=interpret)
+  return splash.make_splash_mha(
+    mask, block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret
+  )
 
 
 def splash_attention(q_BTHK, k_BTHK, v_BTHK):
@@ -140,15 +156,18 @@ def splash_attention(q_BTHK, k_BTHK, v_BTHK):
     b, t, h, k_dim = q_bThK.shape
     kernel = _splash_kernel(t, h, interpret)
     heads_first = lambda x: x.transpose(0, 2, 1, 3)
-    out_bhTK = jax.vmap(kernel)(heads_first(q_bThK * k_dim ** -0.5), heads_first(k_bThK),
-                                heads_first(v_bThK))
+    out_bhTK = jax.vmap(kernel)(
+      heads_first(q_bThK * k_dim**-0.5), heads_first(k_bThK), heads_first(v_bThK)
+    )
     return heads_first(out_bhTK)
+
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return local(q_BTHK, k_BTHK, v_BTHK)
   spec = _splash_spec()
-  return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
-                       check_vma=False)(q_BTHK, k_BTHK, v_BTHK)
+  return jax.shard_map(
+    local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
+  )(q_BTHK, k_BTHK, v_BTHK)
 
 
 def _splash_spec() -> jax.sharding.PartitionSpec:
@@ -170,6 +189,7 @@ def splash_fits(q_BTHK) -> bool:
 
 class Dense(nn.Module):
   """Kernel over the last `n_in` input axes to `features`; float32 params, compute in cfg.dtype."""
+
   cfg: specs.ModelSpec
   features: tuple
   names: tuple  # logical axis names of the kernel: input axes, then output axes
@@ -181,16 +201,19 @@ class Dense(nn.Module):
   @nn.compact
   def __call__(self, x):
     dtype = DTYPES[self.cfg.dtype]
-    shape = x.shape[-self.n_in:] + tuple(self.features)
+    shape = x.shape[-self.n_in :] + tuple(self.features)
     kernel = self.param("kernel", _init(self.cfg, self.std, self.names), shape, jnp.float32)
     # One 2-D matmul: XLA:CPU transposes a 3-D operand for the kernel gradient (2x slower).
-    x_NI = x.reshape(-1, math.prod(shape[:self.n_in])).astype(dtype)
-    y_NO = jnp.matmul(x_NI, kernel.reshape(x_NI.shape[1], -1).astype(dtype),
-                      preferred_element_type=jnp.float32 if self.float32_out else None)
+    x_NI = x.reshape(-1, math.prod(shape[: self.n_in])).astype(dtype)
+    y_NO = jnp.matmul(
+      x_NI,
+      kernel.reshape(x_NI.shape[1], -1).astype(dtype),
+      preferred_element_type=jnp.float32 if self.float32_out else None,
+    )
     if self.use_bias:
-      bias = self.param("bias", _zeros(self.names[self.n_in:]), tuple(self.features), jnp.float32)
+      bias = self.param("bias", _zeros(self.names[self.n_in :]), tuple(self.features), jnp.float32)
       y_NO = y_NO + bias.reshape(-1).astype(y_NO.dtype)
-    return y_NO.reshape(x.shape[:-self.n_in] + tuple(self.features))
+    return y_NO.reshape(x.shape[: -self.n_in] + tuple(self.features))
 
 
 def per_slot(dense: nn.Module, cond: tuple) -> list:
@@ -208,6 +231,7 @@ def per_slot(dense: nn.Module, cond: tuple) -> list:
 
 class Block(nn.Module):
   """Pre-norm transformer block; AO-GPT modulates both norms with AdaLN from the target."""
+
   cfg: specs.ModelSpec
   return_kv: bool = False
 
@@ -220,7 +244,8 @@ class Block(nn.Module):
 
     if cfg.variant == "ao":
       shift1, scale1, gate1, shift2, scale2, gate2 = per_slot(
-          Dense(cfg, (6, d), ("cond", None, "embed"), name="adaln"), cond)
+        Dense(cfg, (6, d), ("cond", None, "embed"), name="adaln"), cond
+      )
       modulate = lambda y, shift, scale: y * (1 + scale) + shift
     else:
       modulate = lambda y, shift, scale: y
@@ -239,16 +264,16 @@ class Block(nn.Module):
     if kind == "splash" and not splash_fits(q_BWHK):
       kind = "xla"
     if kind == "cudnn":
-      a_BWHK = jax.nn.dot_product_attention(q_BWHK, k_BWHK, v_BWHK, is_causal=True,
-                                            implementation="cudnn")
+      a_BWHK = jax.nn.dot_product_attention(
+        q_BWHK, k_BWHK, v_BWHK, is_causal=True, implementation="cudnn"
+      )
     elif kind == "splash":
       a_BWHK = splash_attention(q_BWHK, k_BWHK, v_BWHK)
     elif cache is None:
       mask_WW = jnp.tril(jnp.ones((w, w), bool)) if mask is None else mask["new"]
       a_BWHK = attention(q_BWHK, k_BWHK, v_BWHK, mask_WW)
     else:
-      a_BWHK = attention(q_BWHK, k_BWHK, v_BWHK, mask["new"], cache["k"], cache["v"],
-                         mask["cache"])
+      a_BWHK = attention(q_BWHK, k_BWHK, v_BWHK, mask["new"], cache["k"], cache["v"], mask["cache"])
     a_BWD = Dense(cfg, (d,), ("heads", "kv", "embed"), resid_std, n_in=2, name="attn_out")(a_BWHK)
     x_BWD = x_BWD + gate1 * a_BWD
     x_BWD = nn.with_logical_constraint(x_BWD, ("batch", "length", "embed"))
@@ -268,28 +293,41 @@ class AOGPT(nn.Module):
 
   With decode=True the layer stack also takes a per-layer KV cache and returns the new K/V.
   """
+
   cfg: specs.ModelSpec
   decode: bool = False
 
   def setup(self):
     cfg = self.cfg
     d, t = cfg.n_embd, cfg.block_size
-    self.token_embed = self.param("token_embed", _init(cfg, 0.02, ("vocab", "embed")),
-                                  (cfg.vocab_size, d), jnp.float32)
-    self.pos_embed = self.param("pos_embed", _init(cfg, 0.02, (None, "embed")), (t + 1, d),
-                                jnp.float32)
+    self.token_embed = self.param(
+      "token_embed", _init(cfg, 0.02, ("vocab", "embed")), (cfg.vocab_size, d), jnp.float32
+    )
+    self.pos_embed = self.param(
+      "pos_embed", _init(cfg, 0.02, (None, "embed")), (t + 1, d), jnp.float32
+    )
     self.none_embed = self.param("none_embed", _init(cfg, 0.02, ("embed",)), (d,), jnp.float32)
     target_width = cfg.cond_dim if cfg.variant == "ao" else d
     self.target_embed = self.param(
-        "target_embed", _init(cfg, 0.02, (None, "cond" if cfg.variant == "ao" else "embed")),
-        (t, target_width), jnp.float32)
-    block = Block if REMAT[cfg.remat] is None else nn.remat(
-        Block, policy=REMAT[cfg.remat], prevent_cse=False)
+      "target_embed",
+      _init(cfg, 0.02, (None, "cond" if cfg.variant == "ao" else "embed")),
+      (t, target_width),
+      jnp.float32,
+    )
+    block = (
+      Block
+      if REMAT[cfg.remat] is None
+      else nn.remat(Block, policy=REMAT[cfg.remat], prevent_cse=False)
+    )
     blocks = nn.scan(
-        block, variable_axes={"params": 0}, split_rngs={"params": True},
-        in_axes=(nn.broadcast, 0, nn.broadcast), length=cfg.n_layer,
-        unroll=cfg.n_layer if cfg.unroll_layers and not self.decode else 1,
-        metadata_params={nn.PARTITION_NAME: "layers"})
+      block,
+      variable_axes={"params": 0},
+      split_rngs={"params": True},
+      in_axes=(nn.broadcast, 0, nn.broadcast),
+      length=cfg.n_layer,
+      unroll=cfg.n_layer if cfg.unroll_layers and not self.decode else 1,
+      metadata_params={nn.PARTITION_NAME: "layers"},
+    )
     self.blocks = blocks(cfg, return_kv=self.decode, name="blocks")
     self.ln_f = Norm(cfg)
     if cfg.variant == "ao":
@@ -324,8 +362,9 @@ class AOGPT(nn.Module):
       y = y * (1 + scale) + shift
       out = self.head(y)
     else:
-      out = jnp.einsum("bwd,vd->bwv", y, self.token_embed.astype(y.dtype),
-                       preferred_element_type=jnp.float32)
+      out = jnp.einsum(
+        "bwd,vd->bwv", y, self.token_embed.astype(y.dtype), preferred_element_type=jnp.float32
+      )
     return nn.with_logical_constraint(out.astype(jnp.float32), ("batch", "length", "vocab"))
 
   def __call__(self, tokens_BT, order_BT, return_hidden: bool = False):
@@ -336,11 +375,15 @@ class AOGPT(nn.Module):
     draft head reads (decode/draft.py).
     """
     if tokens_BT.ndim != 2 or tokens_BT.shape[1] > self.cfg.block_size:
-      raise ValueError(f"tokens have shape {tuple(tokens_BT.shape)}; expected [batch, T] with "
-                       f"T <= model.block_size={self.cfg.block_size}")
+      raise ValueError(
+        f"tokens have shape {tuple(tokens_BT.shape)}; expected [batch, T] with "
+        f"T <= model.block_size={self.cfg.block_size}"
+      )
     if order_BT.shape[0] != tokens_BT.shape[0] or order_BT.shape[1] > tokens_BT.shape[1]:
-      raise ValueError(f"order shape {tuple(order_BT.shape)} does not fit tokens shape "
-                       f"{tuple(tokens_BT.shape)}: an order may cover fewer slots, not more")
+      raise ValueError(
+        f"order shape {tuple(order_BT.shape)} does not fit tokens shape "
+        f"{tuple(tokens_BT.shape)}: an order may cover fewer slots, not more"
+      )
     prev_tok_BT, prev_pos_BT = slot_inputs(tokens_BT, order_BT)
     x_BTD, cond = self.embed(prev_tok_BT, prev_pos_BT, order_BT)
     h_BTD, kv = self.stack(x_BTD, cond)
@@ -351,7 +394,7 @@ class AOGPT(nn.Module):
 
 
 def slot_inputs(tokens_BT: jax.Array, order_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Token and position fed at each slot: slot 0 gets [None] (position -1), slot s gets order[s-1]."""
+  """Token and position fed at each slot: slot 0 gets [None] (position -1), slot s order[s-1]."""
   none_B1 = jnp.full(order_BT[:, :1].shape, -1, order_BT.dtype)
   prev_pos_BT = jnp.concatenate([none_B1, order_BT[:, :-1]], axis=1)
   prev_tok_BT = jnp.take_along_axis(tokens_BT, jnp.maximum(prev_pos_BT, 0), axis=1)
@@ -367,7 +410,8 @@ def slot_nll(model: AOGPT, params: Any, tokens_BT: jax.Array, order_Bt: jax.Arra
   """[B, t] float32 NLL of each slot's target, from integer labels (no one-hot over V)."""
   logits_BtV = model.apply({"params": params}, tokens_BT, order_Bt)
   return optax.softmax_cross_entropy_with_integer_labels(
-      logits_BtV, slot_labels(tokens_BT, order_Bt))
+    logits_BtV, slot_labels(tokens_BT, order_Bt)
+  )
 
 
 def slot_scores(model: AOGPT, params: Any, tokens_BT: jax.Array, order_Bt: jax.Array) -> tuple:
@@ -376,8 +420,10 @@ def slot_scores(model: AOGPT, params: Any, tokens_BT: jax.Array, order_Bt: jax.A
   logits_BtV = model.apply({"params": params}, tokens_BT, order_Bt)
   labels_Bt = slot_labels(tokens_BT, order_Bt)
   target_Bt = jnp.take_along_axis(logits_BtV, labels_Bt[..., None], axis=-1)[..., 0]
-  return (optax.softmax_cross_entropy_with_integer_labels(logits_BtV, labels_Bt),
-          target_Bt >= jnp.max(logits_BtV, axis=-1))
+  return (
+    optax.softmax_cross_entropy_with_integer_labels(logits_BtV, labels_Bt),
+    target_Bt >= jnp.max(logits_BtV, axis=-1),
+  )
 
 
 EMBEDDINGS = ("token_embed", "pos_embed", "none_embed", "target_embed")
@@ -389,9 +435,11 @@ def weight_decay_mask(params: Any) -> Any:
   Decided by name, not rank: nn.scan stacks every block's biases and norm scales along a layer
   axis, and `none_embed` ([D] here, [1, D] in the reference) is decayed.
   """
+
   def decays(path, _):
     name = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)][-1]
     return name == "kernel" or name in EMBEDDINGS
+
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
@@ -437,15 +485,19 @@ def describe(cfg: specs.ModelSpec) -> str:
   shapes = nn.unbox(jax.eval_shape(lambda k: init_params(cfg, k), jax.random.key(0)))
   n = count_params(shapes)
   fpt = flops_per_token(cfg, n)
-  return (f"variant={cfg.variant} L={cfg.n_layer} D={cfg.n_embd} H={cfg.n_head} "
-          f"T={cfg.block_size} V={cfg.vocab_size}\nparameters: {n:,}\n"
-          f"training FLOPs per token: {fpt:,.0f} ({fpt / 1e9:.3f} GFLOP)\n"
-          f"{parameter_table(shapes)}")
+  return (
+    f"variant={cfg.variant} L={cfg.n_layer} D={cfg.n_embd} H={cfg.n_head} "
+    f"T={cfg.block_size} V={cfg.vocab_size}\nparameters: {n:,}\n"
+    f"training FLOPs per token: {fpt:,.0f} ({fpt / 1e9:.3f} GFLOP)\n"
+    f"{parameter_table(shapes)}"
+  )
 
 
 def parameter_table(params: Any, shardings: bool = False) -> str:
   """clu's table of the parameters: name, shape, dtype, size (the blocks' stacked along L) and,
   with `shardings`, each array's partition spec."""
-  from clu import parameter_overview  # pylint: disable=g-import-not-at-top
+  from clu import parameter_overview
+
   return parameter_overview.get_parameter_overview(
-      params, include_stats="sharding" if shardings else False)
+    params, include_stats="sharding" if shardings else False
+  )

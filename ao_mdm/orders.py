@@ -1,5 +1,6 @@
 """Generation orders (docs/design.md, "Orders and evaluation"), sampled on device from a key."""
-from typing import Callable
+
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +36,7 @@ def make_order_fn(cfg: specs.OrderSpec, t: int) -> OrderFn:
       p = ratio if ramp <= 0 else ratio * jnp.clip(step / ramp, 0.0, 1.0)
       use_random_B1 = jax.random.bernoulli(k_coin, p, (batch, 1))
       return jnp.where(use_random_B1, random_orders(k_perm, batch, t), identity(batch, t))
+
     return mixed
   perm = cfg.permutation(t)  # fixed or blockwise: one permutation for every row
   return lambda key, batch, step=0: jnp.broadcast_to(jnp.asarray(perm), (batch, t))

@@ -1,11 +1,12 @@
 """jax.profiler traces of a window of work (train steps, a sampling), written into a directory
 that may be a bucket: traced into a local directory, then copied through the storage layer.
 TensorBoard's profile plugin or XProf opens them (docs/performance.md, "Profiles")."""
+
+from collections.abc import Callable, Iterator
 import contextlib
 import socket
 import tempfile
-from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any
 
 import jax
 
@@ -27,8 +28,10 @@ def trace(directory: str, log: Callable[[str], None] = print) -> Iterator[None]:
       target = name.replace(f"{host}.", f"{host}_{jax.process_index()}.")
       fs.write_bytes(fs.join(directory, target), fs.read_bytes(fs.join(local, name)))
     fs.rmtree(local)
-    log(f"wrote a profile to {directory} (open it with `tensorboard --logdir={directory}` and "
-        "its profile tab, or with XProf)")
+    log(
+      f"wrote a profile to {directory} (open it with `tensorboard --logdir={directory}` and "
+      "its profile tab, or with XProf)"
+    )
 
 
 class Window:
@@ -44,7 +47,7 @@ class Window:
     """Around the dispatch of step `step` (0-based): starts the trace at the window's first."""
     if step == self.first and self.last >= self.first:
       self._trace = trace(self.directory, self.log)
-      self._trace.__enter__()  # pylint: disable=unnecessary-dunder-call
+      self._trace.__enter__()
     if self._trace is None:
       yield
       return

@@ -2,14 +2,17 @@
 
 docs/design.md, "Sharding", has the mesh axes and the default rules.
 """
+
+from collections.abc import Sequence
 import functools
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
-import numpy as np
 from jax.experimental import mesh_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
@@ -26,17 +29,21 @@ def _fill(sizes: Sequence[int], total: int, what: str) -> tuple[int, ...]:
       raise ValueError(f"mesh.{what}={tuple(sizes)}: {total} devices are not divisible by {known}")
     sizes[sizes.index(-1)] = total // known
   if int(np.prod(sizes)) != total:
-    raise ValueError(f"mesh.{what}={tuple(sizes)} has {int(np.prod(sizes))} devices but "
-                     f"{total} are available")
+    raise ValueError(
+      f"mesh.{what}={tuple(sizes)} has {int(np.prod(sizes))} devices but {total} are available"
+    )
   return tuple(sizes)
 
 
-def make_mesh(mesh_cfg: specs.MeshSpec, devices: Optional[Sequence[Any]] = None) -> Mesh:
+def make_mesh(mesh_cfg: specs.MeshSpec, devices: Sequence[Any] | None = None) -> Mesh:
   """A ('data', 'fsdp', 'tensor') mesh from ICI and DCN sizes (-1 fills the rest)."""
   devices = list(jax.devices() if devices is None else devices)
   n_slices = len({getattr(d, "slice_index", 0) for d in devices})
-  dcn = _fill(mesh_cfg.dcn, n_slices, "dcn") if n_slices > 1 else tuple(
-      1 if s == -1 else int(s) for s in mesh_cfg.dcn)
+  dcn = (
+    _fill(mesh_cfg.dcn, n_slices, "dcn")
+    if n_slices > 1
+    else tuple(1 if s == -1 else int(s) for s in mesh_cfg.dcn)
+  )
   if int(np.prod(dcn)) != n_slices:
     raise ValueError(f"mesh.dcn={tuple(mesh_cfg.dcn)} does not match {n_slices} slice(s)")
   ici = _fill(mesh_cfg.ici, len(devices) // n_slices, "ici")
@@ -83,8 +90,8 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-@functools.lru_cache(maxsize=None)
-def placement(cfg: specs.ModelSpec, mesh_spec: Optional[specs.MeshSpec] = None) -> tuple:
+@functools.cache
+def placement(cfg: specs.ModelSpec, mesh_spec: specs.MeshSpec | None = None) -> tuple:
   """(mesh, axis rules, param shardings) of model `cfg`'s params on `mesh_spec` (default: one
   device), built once per pair in a process: a checkpoint is restored straight into place, and
   the scorer and the training loop place params alike."""
@@ -94,6 +101,6 @@ def placement(cfg: specs.ModelSpec, mesh_spec: Optional[specs.MeshSpec] = None) 
   return mesh, axis_rules, logical_shardings(boxed, mesh, axis_rules)
 
 
-def param_shardings(cfg: specs.ModelSpec, mesh_spec: Optional[specs.MeshSpec] = None) -> Any:
+def param_shardings(cfg: specs.ModelSpec, mesh_spec: specs.MeshSpec | None = None) -> Any:
   """Where params of model `cfg` live on `mesh_spec`: placement's third part."""
   return placement(cfg, mesh_spec)[2]

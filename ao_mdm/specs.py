@@ -5,6 +5,7 @@ is built. The library takes these, never the ml_collections config; free of JAX.
 Config files, `--config.x.y=...` overrides and the configs saved in checkpoints stay
 ml_collections / JSON with the keys of config.base_config(); `Spec.to_dict()` gives them back.
 """
+
 import dataclasses
 import difflib
 import functools
@@ -33,13 +34,16 @@ def _at_least(section: str, obj: Any, names: tuple, low: float, strict: bool = F
   for name in names:
     value = getattr(obj, name)
     if (value <= low) if strict else not value >= low:
-      raise ValueError(f"{section}.{name}={value} must be {'>' if strict else '>='} "
-                       f"{low:g}" + (" (0: num_steps)" if name == "lr_decay_steps" else ""))
+      raise ValueError(
+        f"{section}.{name}={value} must be {'>' if strict else '>='} "
+        f"{low:g}" + (" (0: num_steps)" if name == "lr_decay_steps" else "")
+      )
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
   """The network: its shape (SHAPE, what params and checkpoints depend on) and how it computes."""
+
   variant: str
   vocab_size: int
   block_size: int
@@ -51,28 +55,41 @@ class ModelSpec:
   unroll_layers: bool
   remat: str
   attention: str
-  SHAPE: ClassVar[tuple] = ("variant", "vocab_size", "block_size", "n_layer", "n_head", "n_embd",
-                            "cond_dim")
+  SHAPE: ClassVar[tuple] = (
+    "variant",
+    "vocab_size",
+    "block_size",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "cond_dim",
+  )
 
   def __post_init__(self):
     _one_of("model.variant", self.variant, VARIANTS)
     _one_of("model.dtype", self.dtype, config_lib.DTYPES)
     _one_of("model.remat", self.remat, REMAT)
     _one_of("model.attention", self.attention, ATTENTION)
-    _at_least("model", self, ("vocab_size", "block_size", "n_layer", "n_head", "n_embd",
-                              "cond_dim"), 1)
+    _at_least(
+      "model", self, ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "cond_dim"), 1
+    )
     if self.n_embd % self.n_head:
-      raise ValueError(f"model.n_embd={self.n_embd} is not divisible by "
-                       f"model.n_head={self.n_head}")
+      raise ValueError(f"model.n_embd={self.n_embd} is not divisible by model.n_head={self.n_head}")
     if self.attention == "splash" and self.block_size % 128:
-      raise ValueError(f"model.attention='splash' needs model.block_size a multiple of 128 (the "
-                       f"kernel's blocks); got {self.block_size}: use 'auto' or 'xla'")
+      raise ValueError(
+        f"model.attention='splash' needs model.block_size a multiple of 128 (the "
+        f"kernel's blocks); got {self.block_size}: use 'auto' or 'xla'"
+      )
 
-  def shape_differences(self, other: "ModelSpec", mine: str = "checkpoint",
-                        theirs: str = "config", keys: tuple = SHAPE) -> list:
+  def shape_differences(
+    self, other: "ModelSpec", mine: str = "checkpoint", theirs: str = "config", keys: tuple = SHAPE
+  ) -> list:
     """'model.KEY: <mine> A vs <theirs> B' for every shape key (or `keys`) that differs."""
-    return [f"model.{k}: {mine} {getattr(self, k)} vs {theirs} {getattr(other, k)}"
-            for k in keys if getattr(self, k) != getattr(other, k)]
+    return [
+      f"model.{k}: {mine} {getattr(self, k)} vs {theirs} {getattr(other, k)}"
+      for k in keys
+      if getattr(self, k) != getattr(other, k)
+    ]
 
   def replace(self, **changes) -> "ModelSpec":
     return dataclasses.replace(self, **changes)
@@ -88,6 +105,7 @@ def paper_orders() -> dict:
 @dataclasses.dataclass(frozen=True)
 class OrderSpec:
   """How training draws its generation orders (orders.py makes them)."""
+
   kind: str
   random_ratio: float
   ramp_steps: int
@@ -100,18 +118,22 @@ class OrderSpec:
     if self.kind == "mixed" and not 0.0 <= self.random_ratio <= 1.0:
       raise ValueError(f"order.random_ratio={self.random_ratio} must be in [0, 1]")
     if self.ramp_steps < 0 or (self.ramp_steps > 0 and self.kind != "mixed"):
-      raise ValueError(f"order.ramp_steps={self.ramp_steps} must be 0, or >= 1 with "
-                       f"order.kind='mixed' (got kind={self.kind!r})")
+      raise ValueError(
+        f"order.ramp_steps={self.ramp_steps} must be 0, or >= 1 with "
+        f"order.kind='mixed' (got kind={self.kind!r})"
+      )
     if self.kind == "fixed" and not (self.fixed.startswith("seed:") and self.fixed[5:].isdigit()):
       if self.fixed not in paper_orders():
-        raise ValueError(f"order.fixed={self.fixed!r}; accepted: seed:N or one of "
-                         f"{', '.join(paper_orders())}")
+        raise ValueError(
+          f"order.fixed={self.fixed!r}; accepted: seed:N or one of {', '.join(paper_orders())}"
+        )
     if self.kind == "blockwise":
       if self.block < 1:
         raise ValueError(f"order.block={self.block} must be >= 1 and divide block_size")
       if sorted(self.pattern) != list(range(self.block)):
-        raise ValueError(f"order.pattern={tuple(self.pattern)} must be a permutation of "
-                         f"0..{self.block - 1}")
+        raise ValueError(
+          f"order.pattern={tuple(self.pattern)} must be a permutation of 0..{self.block - 1}"
+        )
 
   def permutation(self, t: int) -> np.ndarray:
     """The one permutation of a `fixed` or `blockwise` order over t positions."""
@@ -124,14 +146,17 @@ class OrderSpec:
       return np.random.default_rng(int(self.fixed[5:])).permutation(t).astype(np.int32)
     perm = np.asarray(paper_orders()[self.fixed], np.int32)
     if len(perm) != t:
-      raise ValueError(f"order.fixed={self.fixed!r} is a permutation of {len(perm)} positions; "
-                       f"model.block_size={t}")
+      raise ValueError(
+        f"order.fixed={self.fixed!r} is a permutation of {len(perm)} positions; "
+        f"model.block_size={t}"
+      )
     return perm
 
 
 @dataclasses.dataclass(frozen=True)
 class DataSpec:
   """Where the text comes from and how it is tokenized and prepared ("" dirs: the defaults)."""
+
   dataset: str
   text_file: str
   tokenizer: str
@@ -145,6 +170,7 @@ class DataSpec:
 @dataclasses.dataclass(frozen=True)
 class TrainSpec:
   """The optimisation and the loop's schedule of logs, validations and checkpoints."""
+
   batch_size: int
   num_steps: int
   learning_rate: float
@@ -171,13 +197,27 @@ class TrainSpec:
     _at_least("train", self, ("batch_size", "num_steps", "microbatches", "log_every"), 1)
     _at_least("train", self, ("lr_decay_steps",), 0)
     if self.batch_size % self.microbatches:
-      raise ValueError(f"train.batch_size={self.batch_size} is not divisible by "
-                       f"train.microbatches={self.microbatches}")
+      raise ValueError(
+        f"train.batch_size={self.batch_size} is not divisible by "
+        f"train.microbatches={self.microbatches}"
+      )
     if not 0.0 <= self.ema_decay < 1.0:
       raise ValueError(f"train.ema_decay={self.ema_decay} must be in [0, 1)")
     _at_least("train", self, ("learning_rate", "grad_clip"), 0, strict=True)
-    _at_least("train", self, ("min_lr", "weight_decay", "warmup_steps", "eval_every",
-                              "peak_flops_per_device", "profile_start_step", "profile_steps"), 0)
+    _at_least(
+      "train",
+      self,
+      (
+        "min_lr",
+        "weight_decay",
+        "warmup_steps",
+        "eval_every",
+        "peak_flops_per_device",
+        "profile_start_step",
+        "profile_steps",
+      ),
+      0,
+    )
     for name in ("b1", "b2"):
       if not 0 <= getattr(self, name) < 1:
         raise ValueError(f"train.{name}={getattr(self, name)} must be in [0, 1)")
@@ -188,6 +228,7 @@ class TrainSpec:
 class MeshSpec:
   """The ('data', 'fsdp', 'tensor') mesh: ICI sizes within a slice, DCN sizes across slices (one
   -1 fills the rest), and the logical axis rules."""
+
   ici: tuple
   dcn: tuple
   rules: tuple
@@ -195,15 +236,19 @@ class MeshSpec:
   def __post_init__(self):
     for name in ("ici", "dcn"):
       sizes = getattr(self, name)
-      if len(sizes) != len(MESH_AXES) or sizes.count(-1) > 1 or any(
-          s == 0 or s < -1 for s in sizes):
-        raise ValueError(f"mesh.{name}={tuple(sizes)}: give {len(MESH_AXES)} sizes for "
-                         f"{MESH_AXES}, each >= 1, with at most one -1")
+      if (
+        len(sizes) != len(MESH_AXES) or sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes)
+      ):
+        raise ValueError(
+          f"mesh.{name}={tuple(sizes)}: give {len(MESH_AXES)} sizes for "
+          f"{MESH_AXES}, each >= 1, with at most one -1"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
   """A whole run: its seed and every section."""
+
   seed: int
   model: ModelSpec
   order: OrderSpec
@@ -223,8 +268,13 @@ class Spec:
     return dataclasses.replace(self, **sections)
 
 
-SECTIONS = {"model": ModelSpec, "order": OrderSpec, "data": DataSpec, "train": TrainSpec,
-            "mesh": MeshSpec}
+SECTIONS = {
+  "model": ModelSpec,
+  "order": OrderSpec,
+  "data": DataSpec,
+  "train": TrainSpec,
+  "mesh": MeshSpec,
+}
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
@@ -249,8 +299,11 @@ def _value(kind: str, value: Any, name: str) -> Any:
 def _section(cls: type, node: Any, name: str) -> Any:
   values = {}
   for field in dataclasses.fields(cls):
-    values[field.name] = _value(field.type if isinstance(field.type, str) else
-                                field.type.__name__, node[field.name], f"{name}.{field.name}")
+    values[field.name] = _value(
+      field.type if isinstance(field.type, str) else field.type.__name__,
+      node[field.name],
+      f"{name}.{field.name}",
+    )
   return cls(**values)
 
 
@@ -264,8 +317,11 @@ def check_keys(config: Any, base: Any = None, prefix: str = "") -> None:
     name = f"{prefix}{key}"
     if key not in base:
       close = difflib.get_close_matches(key, list(base.keys()), n=1)
-      hint = f"; did you mean {prefix}{close[0]}?" if close else (
-          f"; {prefix.rstrip('.') or 'the config'} has {', '.join(sorted(base.keys()))}")
+      hint = (
+        f"; did you mean {prefix}{close[0]}?"
+        if close
+        else (f"; {prefix.rstrip('.') or 'the config'} has {', '.join(sorted(base.keys()))}")
+      )
       raise ValueError(f"the --config file sets {name}, which is no config key{hint}")
     if hasattr(base[key], "keys"):
       check_keys(config[key], base[key], f"{name}.")
@@ -292,6 +348,7 @@ def with_defaults(saved: dict) -> Spec:
         merge(base[key], value)
       else:
         base[key] = value
+
   merge(config, saved)
   return parse(config)
 
@@ -304,4 +361,3 @@ def default() -> Spec:
 def single_device_mesh() -> MeshSpec:
   """The mesh of base_config(): one process's devices along the data axis."""
   return default().mesh
-

@@ -1,5 +1,6 @@
 """`ao-mdm bench data`: prepare and read a synthetic corpus (the embedded corpus's sentences in
 a seeded shuffle) of 20M and 200M GPT-2 tokens into blocks of 1,024, as the paper's data."""
+
 import ml_collections
 
 from ao_mdm.config import base_config

@@ -1,4 +1,5 @@
-"""`ao-mdm bench sample`: cached sampler vs one full forward vs a no-cache sampler, random weights."""
+"""`ao-mdm bench sample`: cached sampler vs a full forward vs a no-cache sampler, random weights."""
+
 import ml_collections
 
 from ao_mdm.config import base_config

@@ -9,6 +9,7 @@ is one of ao_mdm.paper.NAMES (`ao-mdm info --config=configs/paper.py:NAME` print
   order_small_{order1,order2,order3,l2r,blockwise}   the order study (Fig. 2a): 512 x 1024
                                      tokens, 20k steps of a 500k-step cosine
 """
+
 import ml_collections
 
 from ao_mdm import paper

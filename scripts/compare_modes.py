@@ -8,6 +8,7 @@ cached L2R (S = T). Each setting: one call to compile, then the timed call (the 
 Generative perplexity under the L2R scorer run and the samples' unigram entropy; writes
 docs/results/decoding_modes.json and docs/results/decoding_modes.png.
 """
+
 import argparse
 import json
 import os
@@ -25,12 +26,10 @@ def main() -> None:
   parser.add_argument("--samples", type=int, default=32)
   parser.add_argument("--out", default=os.path.join(ROOT, "docs", "results"))
   args = parser.parse_args()
-  from ao_mdm.decode import confidence
-  from ao_mdm.decode import parallel
-  from ao_mdm.decode import speculative
-  from ao_mdm.eval import perplexity
-  from ao_mdm.eval import scoring
   from ao_mdm.checkpoint import checkpoints
+  from ao_mdm.decode import confidence, parallel, speculative
+  from ao_mdm.eval import perplexity, scoring
+
   config, params = checkpoints.load_params(args.checkpoint)
   scorer_config, scorer_params = checkpoints.load_params(args.scorer)
   scorer = scoring.Scorer(scorer_params, scorer_config.model)
@@ -54,16 +53,24 @@ def main() -> None:
     if out.stats:
       row["forwards_per_sequence"] = float(np.mean(out.stats["forwards"]))
     rows.append(row)
-    print(f"{name:20s} {seconds:7.3f} s  gen ppl {gen['gen_ppl']:8.1f}  unigram entropy "
-          f"{gen['unigram_entropy']:.2f}" + (f"  {row['forwards_per_sequence']:.1f} forwards"
-                                             if out.stats else ""), flush=True)
+    print(
+      f"{name:20s} {seconds:7.3f} s  gen ppl {gen['gen_ppl']:8.1f}  unigram entropy "
+      f"{gen['unigram_entropy']:.2f}"
+      + (f"  {row['forwards_per_sequence']:.1f} forwards" if out.stats else ""),
+      flush=True,
+    )
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "decoding_modes.json"), "w") as f:
-    json.dump({"checkpoint": args.checkpoint, "scorer": args.scorer, "samples": b, "rows": rows},
-              f, indent=1)
-  import matplotlib  # pylint: disable=g-import-not-at-top
+    json.dump(
+      {"checkpoint": args.checkpoint, "scorer": args.scorer, "samples": b, "rows": rows},
+      f,
+      indent=1,
+    )
+  import matplotlib
+
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt
+
   fig, ax = plt.subplots(figsize=(6, 4))
   for mode, marker in (("parallel", "o"), ("confidence", "s"), ("speculative", "^"), ("L2R", "x")):
     pts = [r for r in rows if r["setting"].startswith(mode)]

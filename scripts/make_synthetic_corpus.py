@@ -4,6 +4,7 @@ seeded shuffle, joined into documents (one per line) of OpenWebText-like length.
 Usage: python scripts/make_synthetic_corpus.py --tokens 20000000 --out synthetic_20M.txt [--seed 0]
 `ao-mdm bench data` makes its corpora the same way (ao_mdm/data/bench_data.py).
 """
+
 import argparse
 
 from ao_mdm.perf import bench_data

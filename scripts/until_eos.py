@@ -15,6 +15,7 @@ Forwards are sequential model calls (parallel: steps; speculative: verification 
 per sample and per kept token (those up to the EOS), for a row alone and in its batch (a
 batch runs until its last row is done). Prints a markdown table and one JSON line per row.
 """
+
 import argparse
 import json
 import time
@@ -29,31 +30,39 @@ def summary(records: list, known: int, batch_size: int, eos_id: int) -> dict:
   setting's records."""
   lengths = np.asarray([len(r["tokens"]) for r in records])
   forwards = np.asarray([r.get("forwards", r.get("steps")) for r in records])
-  batches = [forwards[i:i + batch_size].max() for i in range(0, len(forwards), batch_size)]
+  batches = [forwards[i : i + batch_size].max() for i in range(0, len(forwards), batch_size)]
   generated = lengths - known
-  return {"length_mean": float(lengths.mean()), "length_median": float(np.median(lengths)),
-          "length_min": int(lengths.min()), "length_max": int(lengths.max()),
-          "with_eos": int(sum(eos_id in r["tokens"][known:] for r in records)),
-          "forwards_mean": float(forwards.mean()),
-          "forwards_per_token": float(forwards.sum() / generated.sum()),
-          "batch_forwards_per_token": float(np.sum(batches) * batch_size / generated.sum()),
-          "batch_forwards_mean": float(np.mean(batches))}
+  return {
+    "length_mean": float(lengths.mean()),
+    "length_median": float(np.median(lengths)),
+    "length_min": int(lengths.min()),
+    "length_max": int(lengths.max()),
+    "with_eos": int(sum(eos_id in r["tokens"][known:] for r in records)),
+    "forwards_mean": float(forwards.mean()),
+    "forwards_per_token": float(forwards.sum() / generated.sum()),
+    "batch_forwards_per_token": float(np.sum(batches) * batch_size / generated.sum()),
+    "batch_forwards_mean": float(np.mean(batches)),
+  }
 
 
-HEADER = ("| prompt | setting | until EOS | length mean / median / min / max | samples with an EOS "
-          "| forwards per sample (row / batch) | forwards per kept token (row / batch) | gen ppl "
-          "| wall s |\n|---|---|---|---|---|---|---|---|---|")
+HEADER = (
+  "| prompt | setting | until EOS | length mean / median / min / max | samples with an EOS "
+  "| forwards per sample (row / batch) | forwards per kept token (row / batch) | gen ppl "
+  "| wall s |\n|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def table_row(row: dict) -> str:
   """One markdown row of the table (from a row's JSON line)."""
   unscored = f" ({row['unscored']} unscored)" if row["unscored"] else ""
-  return (f"| {row['prompt'][:20] or '(none)'} | {row['setting']} | "
-          f"{'yes' if row['until_eos'] else 'no'} | {row['length_mean']:.1f} / "
-          f"{row['length_median']:.0f} / {row['length_min']} / {row['length_max']} | "
-          f"{row['with_eos']} | {row['forwards_mean']:.1f} / {row['batch_forwards_mean']:.1f} | "
-          f"{row['forwards_per_token']:.2f} / {row['batch_forwards_per_token']:.2f} | "
-          f"{row['gen_ppl']:.0f} +- {row['gen_ppl_sem']:.0f}{unscored} | {row['seconds']:.2f} |")
+  return (
+    f"| {row['prompt'][:20] or '(none)'} | {row['setting']} | "
+    f"{'yes' if row['until_eos'] else 'no'} | {row['length_mean']:.1f} / "
+    f"{row['length_median']:.0f} / {row['length_min']} / {row['length_max']} | "
+    f"{row['with_eos']} | {row['forwards_mean']:.1f} / {row['batch_forwards_mean']:.1f} | "
+    f"{row['forwards_per_token']:.2f} / {row['batch_forwards_per_token']:.2f} | "
+    f"{row['gen_ppl']:.0f} +- {row['gen_ppl_sem']:.0f}{unscored} | {row['seconds']:.2f} |"
+  )
 
 
 def main() -> None:
@@ -63,24 +72,39 @@ def main() -> None:
   parser.add_argument("--samples", type=int, default=64)
   parser.add_argument("--batch_size", type=int, default=16)
   parser.add_argument("--block_len", type=int, default=16)
-  parser.add_argument("--prompt", action="append", default=None,
-                      help="repeatable; default: none, and the end of a speech")
+  parser.add_argument(
+    "--prompt",
+    action="append",
+    default=None,
+    help="repeatable; default: none, and the end of a speech",
+  )
   args = parser.parse_args()
-  from ao_mdm.checkpoint import checkpoints  # pylint: disable=g-import-not-at-top
-  from ao_mdm.decode import generate  # pylint: disable=g-import-not-at-top
-  from ao_mdm.eval import perplexity, scoring  # pylint: disable=g-import-not-at-top
+  from ao_mdm.checkpoint import checkpoints
+  from ao_mdm.decode import generate
+  from ao_mdm.eval import perplexity, scoring
+
   config, params, tokenizer = checkpoints.load_run(args.checkpoint)
   scorer_config, scorer_params = checkpoints.load_params(args.scorer or args.checkpoint)
   scorer = scoring.Scorer(scorer_params, scorer_config.model)
   t, block = config.model.block_size, args.block_len
-  settings = [("speculative L2R k=4", dict(mode="speculative", draft=4), False),
-              ("speculative L2R k=4", dict(mode="speculative", draft=4), True)]
+  settings = [
+    ("speculative L2R k=4", dict(mode="speculative", draft=4), False),
+    ("speculative L2R k=4", dict(mode="speculative", draft=4), True),
+  ]
   for s in (t, t // 4):
-    settings += [(f"parallel random S={s}", dict(steps=s, order="random"), False),
-                 (f"parallel random S={s}, blocks of {block}",
-                  dict(steps=s, order="random", block_len=block), False),
-                 (f"parallel random S={s}, blocks of {block}",
-                  dict(steps=s, order="random", block_len=block), True)]
+    settings += [
+      (f"parallel random S={s}", dict(steps=s, order="random"), False),
+      (
+        f"parallel random S={s}, blocks of {block}",
+        dict(steps=s, order="random", block_len=block),
+        False,
+      ),
+      (
+        f"parallel random S={s}, blocks of {block}",
+        dict(steps=s, order="random", block_len=block),
+        True,
+      ),
+    ]
   print(HEADER)
   rows = []
   for prompt in args.prompt or DEFAULT_PROMPTS:
@@ -89,15 +113,30 @@ def main() -> None:
       if options.get("steps", 0) > t - known:
         options = {**options, "steps": t - known}
         name = name.replace(f"S={t}", f"S={t - known}")
-      run = lambda n, opts=options, stop=until_eos: list(generate.sample_texts(
-          params, config.model, tokenizer, num_samples=n, batch_size=args.batch_size,
-          prompt=prompt, seed=0, until_eos=stop, **opts))
+      run = lambda n, opts=options, stop=until_eos: list(
+        generate.sample_texts(
+          params,
+          config.model,
+          tokenizer,
+          num_samples=n,
+          batch_size=args.batch_size,
+          prompt=prompt,
+          seed=0,
+          until_eos=stop,
+          **opts,
+        )
+      )
       run(args.batch_size)  # compile
       start = time.perf_counter()
       records = run(args.samples)
       seconds = time.perf_counter() - start
-      row = {"prompt": prompt, "setting": name, "until_eos": until_eos, "seconds": seconds,
-             **summary(records, known, args.batch_size, tokenizer.eos_id)}
+      row = {
+        "prompt": prompt,
+        "setting": name,
+        "until_eos": until_eos,
+        "seconds": seconds,
+        **summary(records, known, args.batch_size, tokenizer.eos_id),
+      }
       scored = [r["tokens"] for r in records if len(r["tokens"]) >= 2]
       row.update(perplexity.generative_perplexity(scorer, scored))
       row["unscored"] = len(records) - len(scored)

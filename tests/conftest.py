@@ -1,5 +1,6 @@
 """The suite's shared set-up: one XLA compilation cache for every process of a test run, and
 session fixtures for the data tests (one TFDS dir, one small SentencePiece model)."""
+
 import os
 import shutil
 import tempfile
@@ -10,8 +11,8 @@ import pytest
 # in test processes; topology compiles work with the CPU platform.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from ao_mdm.data import tokenizer as tokenizer_lib
 from ao_mdm import specs
+from ao_mdm.data import tokenizer as tokenizer_lib
 
 VOCAB = 512
 
@@ -74,10 +75,18 @@ def gcs_server():
   """A real GCS server on 127.0.0.1 (fake-gcs-server, objects in memory) with the bucket
   `bucket`; this process and the commands it starts reach it through STORAGE_EMULATOR_HOST
   alone (subprocesses get it from os.environ)."""
-  from ao_mdm.storage import emulator, gcs  # pylint: disable=g-import-not-at-top
+  from ao_mdm.storage import emulator, gcs
+
   server = emulator.LocalServer(("bucket",))
-  saved = {k: os.environ.get(k) for k in (gcs.EMULATOR, "TENSORSTORE_GCS_HTTP_URL",
-                                          "GOOGLE_AUTH_TOKEN_FOR_TESTING", "FSSPEC_GCS_TOKEN")}
+  saved = {
+    k: os.environ.get(k)
+    for k in (
+      gcs.EMULATOR,
+      "TENSORSTORE_GCS_HTTP_URL",
+      "GOOGLE_AUTH_TOKEN_FOR_TESTING",
+      "FSSPEC_GCS_TOKEN",
+    )
+  }
   os.environ.update(server.env())
   gcs.configure()
   yield server

@@ -3,6 +3,7 @@
 Each process feeds only its rows of the same fixed global batches; process 0 writes the final
 params (gathered from all processes) and the losses to --out as an .npz.
 """
+
 import argparse
 
 import numpy as np
@@ -11,7 +12,8 @@ STEPS = 3
 
 
 def tiny_config():
-  from ao_mdm.config import base_config  # pylint: disable=g-import-not-at-top
+  from ao_mdm.config import base_config
+
   c = base_config()
   c.model.update(vocab_size=256, block_size=32, n_layer=2, n_embd=32, n_head=2, cond_dim=32)
   c.train.update(batch_size=8, warmup_steps=1, learning_rate=1e-2)
@@ -26,7 +28,8 @@ def global_batches(config) -> list:
 
 
 def flat_arrays(tree) -> dict:
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
+
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
   return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
 
@@ -40,14 +43,19 @@ def main() -> None:
   p.add_argument("--out", required=True)
   args = p.parse_args()
 
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
+
   jax.config.update("jax_num_cpu_devices", args.devices)
   if args.num_processes > 1:
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
-                               num_processes=args.num_processes, process_id=args.process_id)
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  from ao_mdm import specs  # pylint: disable=g-import-not-at-top
-  from ao_mdm.train import step as train_step  # pylint: disable=g-import-not-at-top
+    jax.distributed.initialize(
+      coordinator_address=f"127.0.0.1:{args.port}",
+      num_processes=args.num_processes,
+      process_id=args.process_id,
+    )
+  from jax.experimental import multihost_utils
+
+  from ao_mdm import specs
+  from ao_mdm.train import step as train_step
 
   config = tiny_config()
   program = train_step.make_program(specs.parse(config))
@@ -56,7 +64,7 @@ def main() -> None:
   first = jax.process_index() * rows
   losses = []
   for tokens in global_batches(config):
-    local = tokens[first:first + rows]  # what this process's data loader would produce
+    local = tokens[first : first + rows]  # what this process's data loader would produce
     tokens_BT = program.global_batch(local)
     for shard in tokens_BT.addressable_shards:  # each device holds its part of the global batch
       np.testing.assert_array_equal(np.asarray(shard.data), tokens[shard.index])

@@ -1,16 +1,17 @@
 """Ahead-of-time compile of the train step for TPU topologies on this CPU host (needs libtpu)."""
+
 import importlib.util
 
 import pytest
 
+from ao_mdm import specs
 from ao_mdm.config import base_config
 from ao_mdm.paper import paper_config
-from ao_mdm.perf import aot
-from ao_mdm.perf import hlo
-from ao_mdm import specs
+from ao_mdm.perf import aot, hlo
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                                reason="libtpu not installed: pip install -e '.[tpu]'")
+pytestmark = pytest.mark.skipif(
+  importlib.util.find_spec("libtpu") is None, reason="libtpu not installed: pip install -e '.[tpu]'"
+)
 
 
 def tiny_config():
@@ -51,7 +52,7 @@ ENTRY %main (a: f32[4]) -> f32[4] {
   %rs = f32[16]{0} reduce-scatter(f32[64]{0} %z), dimensions={0}
   %ag-done = bf16[32] all-gather-done((bf16[8], bf16[32]) %ag-start)
 }
-"""
+"""  # noqa: E501  (HLO text as XLA prints it)
   per_iteration = 256 * 4 * 4 + (8 + 32) * 2
   traffic = hlo.hlo_traffic(text)
   assert traffic["collective"] == 12 * per_iteration + 16 * 4
@@ -60,7 +61,8 @@ ENTRY %main (a: f32[4]) -> f32[4] {
   assert traffic["hbm"] == 12 * (2 * 256 * 4 * 4 + (8 + 32) * 2 + 8 * 2) + (16 + 64) * 4
   # The TPU compiler leaves out known_trip_count: the bound comes from the condition `i < 5`.
   tpu = text.replace(', backend_config={"known_trip_count":{"n":"12"}}', "").replace(
-      "  %lt = pred[]", "  %c = s32[]{:T(128)} constant(5)\n  %lt = pred[]")
+    "  %lt = pred[]", "  %c = s32[]{:T(128)} constant(5)\n  %lt = pred[]"
+  )
   assert hlo.hlo_traffic(tpu)["collective"] == 5 * per_iteration + 16 * 4
 
 
@@ -82,7 +84,7 @@ def test_too_big_for_hbm():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["ao_small", "ao_medium"])
 def test_paper_configs_fit_v5e_4x4(name):
-  """The authors' 1024 x 1024 tokens per step fit 16 GiB v5e chips with the configs' accumulation."""
+  """The authors' 1024 x 1024 tokens a step fit 16 GiB v5e chips with the configs' microbatches."""
   c = paper_config(name)
   r = aot.compile_for_topology(specs.parse(c), "v5e:4x4")
   assert c.train.batch_size * c.model.block_size == 1_048_576 and r["total"] < r["hbm_gib"]
@@ -95,12 +97,15 @@ def test_sampler_compiles_for_one_v5e_chip_in_both_dtypes(capsys):
   r16 = aot.compile_sampler(specs.parse(c), "v5e:1", batch_size=2, steps=8, dtype="bfloat16")
   out = capsys.readouterr().out
   assert "the cached sampler" in out and "generation / forward" in out
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  from ao_mdm import model as model_lib  # pylint: disable=g-import-not-at-top
-  n = model_lib.count_params(nn.unbox(jax.eval_shape(
-      lambda: model_lib.init_params(specs.parse(c).model, jax.random.key(0)))))
-  gib = 1024 ** 3
+  import flax.linen as nn
+  import jax
+
+  from ao_mdm import model as model_lib
+
+  n = model_lib.count_params(
+    nn.unbox(jax.eval_shape(lambda: model_lib.init_params(specs.parse(c).model, jax.random.key(0))))
+  )
+  gib = 1024**3
   # The arguments are the params (4 or 2 bytes each, small arrays padded to TPU tiles) and the
   # small token inputs.
   assert 4 * n <= r32["arguments"] * gib < 1.5 * 4 * n
@@ -111,8 +116,9 @@ def test_sampler_compiles_for_one_v5e_chip_in_both_dtypes(capsys):
     # The K/V cache prefix each bucket reads: 2 (K, V) x L x B x length x D.
     for b in r["buckets_detail"]:
       assert b["cache_bytes"] == 2 * 2 * 2 * b["cache_len"] * 32 * itemsize
-    assert r["generation_s"] == pytest.approx(sum(b["steps"] * b["step_s"]
-                                                  for b in r["buckets_detail"]))
+    assert r["generation_s"] == pytest.approx(
+      sum(b["steps"] * b["step_s"] for b in r["buckets_detail"])
+    )
   assert r16["generation_bytes"] == pytest.approx(r32["generation_bytes"] / 2)
   assert r16["generation_flops"] == r32["generation_flops"]
 
@@ -123,13 +129,15 @@ def test_single_chip_topologies():
 
 
 def test_peak_flops_per_device_for_mfu():
-  from ao_mdm import hardware  # pylint: disable=g-import-not-at-top
+  from ao_mdm import hardware
+
   assert hardware.peak_flops(aot.tpu_devices("v5e:2x2")) == 197e12
   assert hardware.peak_flops(aot.tpu_devices("v6e:2x2")) == 918e12
 
   class Gpu:  # the fields JAX's GPU devices have that this reads
     def __init__(self, kind):
       self.device_kind, self.id = kind, 0
+
   assert hardware.peak_flops([Gpu("NVIDIA H100 80GB HBM3")]) == 989e12
   assert hardware.peak_flops([Gpu("NVIDIA H200")]) == 989e12
   assert hardware.peak_flops([Gpu("Some Future GPU")]) == 0.0  # no MFU rather than a wrong one
@@ -142,8 +150,11 @@ def test_splash_attention_compiles_for_a_v5e_chip_with_less_memory(capsys):
   GiB; the rest is the other activations)."""
   c = tiny_config()
   c.model.update(block_size=1024, n_embd=256, n_head=4)
-  got = {a: aot.compile_for_topology(specs.parse(c), "v5e:1") for a in ("xla", "splash")
-         if not c.model.update(attention=a)}
+  got = {
+    a: aot.compile_for_topology(specs.parse(c), "v5e:1")
+    for a in ("xla", "splash")
+    if not c.model.update(attention=a)
+  }
   assert got["splash"]["attention"] == "splash" and got["xla"]["attention"] == "xla"
   assert got["splash"]["temps"] < 0.8 * got["xla"]["temps"], {a: r["temps"] for a, r in got.items()}
   assert "splash attention" in capsys.readouterr().out

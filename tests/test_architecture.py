@@ -4,6 +4,7 @@ docs.
 The design lives in docs/design.md; no file of the package or the tests refers to a design
 brief outside the repository.
 """
+
 import pathlib
 import re
 
@@ -17,21 +18,31 @@ TOP_LEVEL_MODULES = 8  # at most, besides the subpackages: the rest lives in nam
 
 def _modules() -> list:
   """ao_mdm/... paths of every Python module of the package (not the __init__ files)."""
-  return sorted(p.relative_to(ROOT).as_posix() for p in PACKAGE.rglob("*.py")
-                if p.name != "__init__.py" and "__pycache__" not in p.parts)
+  return sorted(
+    p.relative_to(ROOT).as_posix()
+    for p in PACKAGE.rglob("*.py")
+    if p.name != "__init__.py" and "__pycache__" not in p.parts
+  )
 
 
 def _folders() -> list:
   """ao_mdm/.../ of the package and every subpackage (folders with an __init__.py)."""
-  return sorted(p.parent.relative_to(ROOT).as_posix() + "/" for p in PACKAGE.rglob("__init__.py")
-                if "__pycache__" not in p.parts)
+  return sorted(
+    p.parent.relative_to(ROOT).as_posix() + "/"
+    for p in PACKAGE.rglob("__init__.py")
+    if "__pycache__" not in p.parts
+  )
 
 
 def _files(*dirs: pathlib.Path) -> list:
   """Every file under dirs but caches (compiled bytecode may predate the sources)."""
-  return sorted(p for d in dirs for p in d.rglob("*") if p.is_file()
-                and not any(part == "__pycache__" or part.startswith(".") for part in
-                            p.relative_to(ROOT).parts))
+  return sorted(
+    p
+    for d in dirs
+    for p in d.rglob("*")
+    if p.is_file()
+    and not any(part == "__pycache__" or part.startswith(".") for part in p.relative_to(ROOT).parts)
+  )
 
 
 def _named() -> set:
@@ -73,6 +84,7 @@ def test_the_code_map_names_no_module_that_is_gone():
 def test_no_file_refers_to_the_outside_brief():
   files = _files(PACKAGE, ROOT / "tests")
   assert PACKAGE / "model.py" in files and pathlib.Path(__file__).resolve() in files
-  found = [p.relative_to(ROOT).as_posix() for p in files
-           if OUTSIDE_BRIEF.encode() in p.read_bytes()]
+  found = [
+    p.relative_to(ROOT).as_posix() for p in files if OUTSIDE_BRIEF.encode() in p.read_bytes()
+  ]
   assert found == [], f"{', '.join(found)} refer to {OUTSIDE_BRIEF}; point to docs/design.md"

@@ -4,14 +4,14 @@ unconditional decoding (`generate`) token for token through their KV-cache loop;
 decoding (`cond_generate`) equal to ours once its cache pass uses the training forward's causal
 mask, and different under its own upper-triangular one.
 """
+
 import math
 
 import numpy as np
 import pytest
 
-from ao_mdm.decode import options
-from ao_mdm.decode import parallel
 from ao_mdm import specs
+from ao_mdm.decode import options, parallel
 
 torch = pytest.importorskip("torch")
 
@@ -33,8 +33,9 @@ def torch_counts(t: int, known: int, steps: int, schedule: str) -> list:
 def test_counts_equal_torch_float32_for_every_step_count(schedule, known):
   t = 1024
   for steps in range(1, t - known + 1):
-    assert parallel.schedule_counts(t, known, steps, schedule).tolist() == \
-        torch_counts(t, known, steps, schedule), steps
+    assert parallel.schedule_counts(t, known, steps, schedule).tolist() == torch_counts(
+      t, known, steps, schedule
+    ), steps
 
 
 # --- A PyTorch port of the authors' KV-cache decoding loop, on ao_mdm.torch_reference's modules.
@@ -48,8 +49,10 @@ T = 16
 def _attend(attn, x_BSD, past, allowed_SK):
   """Their CausalSelfAttention.forward: K/V appended to the layer's cache, an explicit mask."""
   b, s, d = x_BSD.shape
-  q, k, v = [z.view(b, s, attn.n_head, d // attn.n_head).transpose(1, 2)
-             for z in attn.c_attn(x_BSD).split(d, dim=2)]
+  q, k, v = [
+    z.view(b, s, attn.n_head, d // attn.n_head).transpose(1, 2)
+    for z in attn.c_attn(x_BSD).split(d, dim=2)
+  ]
   q, k = attn.q_norm(q), attn.k_norm(k)
   if past is not None:
     k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
@@ -62,8 +65,12 @@ def _stack(model, x_BSD, c_BSC, cache, allowed_SK):
   kv = []
   for i, blk in enumerate(model.transformer.h):
     shift1, scale1, gate1, shift2, scale2, gate2 = blk.adaLN(c_BSC).chunk(6, dim=-1)
-    h, layer_kv = _attend(blk.attn, blk.ln_1(x_BSD) * (1 + scale1) + shift1,
-                          None if cache is None else cache[i], allowed_SK)
+    h, layer_kv = _attend(
+      blk.attn,
+      blk.ln_1(x_BSD) * (1 + scale1) + shift1,
+      None if cache is None else cache[i],
+      allowed_SK,
+    )
     x_BSD = x_BSD + gate1 * h
     x_BSD = x_BSD + gate2 * blk.mlp(blk.ln_2(x_BSD) * (1 + scale2) + shift2)
     kv.append(layer_kv)
@@ -86,7 +93,7 @@ def _step(model, cache, last_tok, last_pos, targets):
   allowed[-n_new:, -n_new:] = torch.eye(n_new, dtype=torch.bool)
   allowed = torch.cat([torch.ones(rows, past, dtype=torch.bool), allowed], dim=1)
   h, kv = _stack(model, w.wte(idx) + w.wpe(pos + 1), w.wtpe(target), cache, allowed)
-  cache = [(k[:, :, :past + n_last], v[:, :, :past + n_last]) for k, v in kv]
+  cache = [(k[:, :, : past + n_last], v[:, :, : past + n_last]) for k, v in kv]
   return model.lm_head(h[:, -n_new:]), cache
 
 
@@ -164,30 +171,44 @@ def tiny():
   these weights, phantoms that also see the chunk's last real slot fail every case with
   phantoms, and a causal cache pass in place of theirs fails the prompted test)."""
   if not _MODEL:
-    import flax  # pylint: disable=g-import-not-at-top
-    import jax  # pylint: disable=g-import-not-at-top
-    from ao_mdm import model as model_lib  # pylint: disable=g-import-not-at-top
-    from ao_mdm.interop import torch_reference  # pylint: disable=g-import-not-at-top
-    cfg = specs.default().model.replace(block_size=T, vocab_size=64, n_layer=2, n_embd=32, n_head=4,
-                                        cond_dim=16)
+    import flax
+    import jax
+
+    from ao_mdm import model as model_lib
+    from ao_mdm.interop import torch_reference
+
+    cfg = specs.default().model.replace(
+      block_size=T, vocab_size=64, n_layer=2, n_embd=32, n_head=4, cond_dim=16
+    )
     shapes = flax.linen.unbox(jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.key(0))))
     rng = np.random.default_rng(0)
-    params = flax.traverse_util.unflatten_dict({
+    params = flax.traverse_util.unflatten_dict(
+      {
         path: (path[-1] == "scale") + rng.normal(0, 0.5, leaf.shape).astype(np.float32)
-        for path, leaf in flax.traverse_util.flatten_dict(shapes).items()})
+        for path, leaf in flax.traverse_util.flatten_dict(shapes).items()
+      }
+    )
     _MODEL.update(cfg=cfg, params=params, torch=torch_reference.from_params(params, cfg).eval())
   return _MODEL["cfg"], _MODEL["params"], _MODEL["torch"]
 
 
 # Each S compiles its own decode loop (7-13 s on 2 busy cores): four in the default run.
-@pytest.mark.parametrize("steps,schedule", [
-    (1, "linear"), (5, "linear"), (3, "cosine"), (T, "cosine"),
+@pytest.mark.parametrize(
+  "steps,schedule",
+  [
+    (1, "linear"),
+    (5, "linear"),
+    (3, "cosine"),
+    (T, "cosine"),
     pytest.param(6, "cosine", marks=pytest.mark.slow),
-    pytest.param(7, "linear", marks=pytest.mark.slow)])
+    pytest.param(7, "linear", marks=pytest.mark.slow),
+  ],
+)
 def test_unconditional_greedy_equals_the_authors_loop(steps, schedule):
   cfg, params, model = tiny()
-  out = parallel.sample(params, cfg, batch_size=4, steps=steps, schedule=schedule,
-                        temperature=0, seed=steps)
+  out = parallel.sample(
+    params, cfg, batch_size=4, steps=steps, schedule=schedule, temperature=0, seed=steps
+  )
   with torch.no_grad():
     want = authors_generate(model, torch.tensor(out.order, dtype=torch.long), steps, schedule)
   np.testing.assert_array_equal(out.tokens, want)
@@ -199,13 +220,22 @@ def test_prompted_greedy_equals_the_authors_loop_with_the_training_mask_only():
   K/V differ from the training forward's, and so do the logits."""
   cfg, params, model = tiny()
   ids, locs, steps = [5, 17, 33, 2], [0, 1, 2, 3], 5
-  out = parallel.sample(params, cfg, batch_size=1, steps=steps, schedule="cosine", temperature=0,
-                        known_positions=locs, known_tokens=ids, return_logits=True)
+  out = parallel.sample(
+    params,
+    cfg,
+    batch_size=1,
+    steps=steps,
+    schedule="cosine",
+    temperature=0,
+    known_positions=locs,
+    known_tokens=ids,
+    return_logits=True,
+  )
   with torch.no_grad():
     fixed, fixed_first = authors_cond_generate(model, ids, locs, steps, "cosine", "causal")
     theirs, their_first = authors_cond_generate(model, ids, locs, steps, "cosine", "authors")
   np.testing.assert_array_equal(out.tokens[0], fixed)
-  first = out.order[0, 4:4 + len(fixed_first)]  # the first step's targets
+  first = out.order[0, 4 : 4 + len(fixed_first)]  # the first step's targets
   ours = out.logits[0, first]
   np.testing.assert_allclose(fixed_first, ours, atol=1e-4, rtol=1e-4)
   assert np.abs(their_first - ours).max() > 0.5  # float32 noise is about 1e-5

@@ -1,6 +1,7 @@
 """The persistent compilation cache: a second process loads the first one's programs, a corrupt
 entry is survived and rewritten, eviction keeps the bound, `off` writes nothing; and the GPU
 script's dry run."""
+
 import json
 import os
 import pathlib
@@ -28,8 +29,14 @@ print(json.dumps({"hits": events.count("/jax/compilation_cache/cache_hits"), "va
 
 def run_child(cache: str) -> dict:
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-  out = subprocess.run([sys.executable, "-c", CHILD, cache], capture_output=True, text=True,
-                       env={**env, "JAX_PLATFORMS": "cpu"}, timeout=120, cwd=ROOT)
+  out = subprocess.run(
+    [sys.executable, "-c", CHILD, cache],
+    capture_output=True,
+    text=True,
+    env={**env, "JAX_PLATFORMS": "cpu"},
+    timeout=120,
+    cwd=ROOT,
+  )
   assert out.returncode == 0, out.stderr
   return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -53,12 +60,12 @@ def test_a_corrupt_entry_is_ignored_and_written_again(tmp_path):
   want = run_child(cache)["value"]
   for path in entries(cache):  # torn writes: every entry cut in half
     data = path.read_bytes()
-    path.write_bytes(data[:len(data) // 2])
+    path.write_bytes(data[: len(data) // 2])
   again = run_child(cache)
   assert again["hits"] == 0 and again["value"] == want  # recompiled, not loaded
   assert run_child(cache)["hits"] >= 1  # rewritten whole, so loaded the next time
   for path in entries(cache):
-    assert compile_cache.Cache(cache).get(path.name[:-len(".xla")]) is not None
+    assert compile_cache.Cache(cache).get(path.name[: -len(".xla")]) is not None
 
 
 def test_eviction_keeps_the_bound_and_the_recently_used(tmp_path):
@@ -94,17 +101,36 @@ def test_where_the_cache_lives(monkeypatch, tmp_path):
 
 
 def test_train_keeps_its_cache_in_the_work_dir_and_off_writes_nothing(data_dir, tmp_path):
-  env = {k: v for k, v in os.environ.items()
-         if k not in ("JAX_COMPILATION_CACHE_DIR", compile_cache.ENV)}
+  env = {
+    k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", compile_cache.ENV)
+  }
   env.update(JAX_PLATFORMS="cpu", XDG_CACHE_HOME=str(tmp_path / "xdg"))
-  args = [sys.executable, "-m", "ao_mdm.cli.main", "train", f"--config={ROOT}/configs/tiny.py",
-          f"--config.data.tfds_dir={data_dir}", "--config.model.vocab_size=512",
-          "--config.model.block_size=32", "--config.model.n_layer=1", "--config.model.n_embd=32",
-          "--config.model.n_head=2", "--config.train.batch_size=4", "--config.train.num_steps=1",
-          "--config.train.eval_batches=1", "--config.train.eval_every=0"]
+  args = [
+    sys.executable,
+    "-m",
+    "ao_mdm.cli.main",
+    "train",
+    f"--config={ROOT}/configs/tiny.py",
+    f"--config.data.tfds_dir={data_dir}",
+    "--config.model.vocab_size=512",
+    "--config.model.block_size=32",
+    "--config.model.n_layer=1",
+    "--config.model.n_embd=32",
+    "--config.model.n_head=2",
+    "--config.train.batch_size=4",
+    "--config.train.num_steps=1",
+    "--config.train.eval_batches=1",
+    "--config.train.eval_every=0",
+  ]
   for workdir, extra in ((tmp_path / "on", []), (tmp_path / "off", ["--compile_cache=off"])):
-    out = subprocess.run([*args, f"--workdir={workdir}", *extra], capture_output=True,
-                         text=True, env=env, timeout=300, cwd=ROOT)
+    out = subprocess.run(
+      [*args, f"--workdir={workdir}", *extra],
+      capture_output=True,
+      text=True,
+      env=env,
+      timeout=300,
+      cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
   assert entries(tmp_path / "on" / "xla_cache")
   assert not (tmp_path / "off" / "xla_cache").exists() and not (tmp_path / "xdg").exists()
@@ -116,13 +142,22 @@ def test_the_gpu_script_dry_run_checks_every_command(tmp_path):
   the checkout's .venv, as the launchers do."""
   env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "VIRTUAL_ENV")}
   venv_bin = os.path.dirname(sys.executable)
-  env.update(JAX_PLATFORMS="cpu", PATH=os.pathsep.join(
-      p for p in env.get("PATH", "").split(os.pathsep) if os.path.abspath(p) != venv_bin))
+  env.update(
+    JAX_PLATFORMS="cpu",
+    PATH=os.pathsep.join(
+      p for p in env.get("PATH", "").split(os.pathsep) if os.path.abspath(p) != venv_bin
+    ),
+  )
   if not os.path.exists(ROOT / ".venv" / "bin" / "python"):
     env["PYTHON"] = sys.executable  # a checkout without make's .venv
-  out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "out"),
-                        "--dry_run"], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                       env=env)
+  out = subprocess.run(
+    ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "out"), "--dry_run"],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=ROOT,
+    env=env,
+  )
   assert out.returncode == 0, out.stdout + out.stderr
   plans = [line for line in out.stdout.splitlines() if line.startswith("plan: ")]
   assert len(plans) == 9 and "every command's flags were accepted" in out.stdout

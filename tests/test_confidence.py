@@ -1,21 +1,23 @@
 """Confidence-ordered unmasking commits the most confident positions first."""
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ao_mdm.decode import confidence
 from ao_mdm import model as model_lib
 from ao_mdm import specs
+from ao_mdm.decode import confidence
 
 
 def _position_confident_model(alpha):
   """An AO-GPT whose logits depend only on the target position p: logit 0 = D * silu(alpha[p]),
   the others 0, so the prediction for p is more confident the larger alpha[p]."""
   t = len(alpha)
-  cfg = specs.default().model.replace(vocab_size=8, block_size=t, n_layer=1, n_embd=16, n_head=2,
-                                      cond_dim=16)
+  cfg = specs.default().model.replace(
+    vocab_size=8, block_size=t, n_layer=1, n_embd=16, n_head=2, cond_dim=16
+  )
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
   d = cfg.n_embd
   params["target_embed"] = jnp.asarray(np.repeat(np.asarray(alpha, np.float32)[:, None], d, 1))
@@ -37,8 +39,16 @@ def test_the_most_confident_position_is_committed_first(score):
   np.testing.assert_array_equal(out.order[0], np.argsort(-alpha, kind="stable"))
   np.testing.assert_array_equal(out.order[1], out.order[0])
   # Two per step: the two most confident of what is left; a prompt stays first.
-  out = confidence.sample(params, cfg, batch_size=1, steps=3, temperature=0.0, score=score,
-                          known_positions=[5, 6], known_tokens=[3, 4])
+  out = confidence.sample(
+    params,
+    cfg,
+    batch_size=1,
+    steps=3,
+    temperature=0.0,
+    score=score,
+    known_positions=[5, 6],
+    known_tokens=[3, 4],
+  )
   np.testing.assert_array_equal(out.order[0, :2], [5, 6])
   assert set(out.order[0, 2:4]) == {1, 3} and set(out.order[0, 4:6]) == {7, 4}
   np.testing.assert_array_equal(out.tokens[0, [5, 6]], [3, 4])
@@ -55,6 +65,7 @@ def _naive_greedy(cfg, params, steps, score, known_positions=(), known_tokens=()
   """Greedy confidence decoding by full forwards: each unknown p before `end` scored at slot n
   with the order so far plus p, the best n_i - n_{i-1} committed in confidence order."""
   from ao_mdm.decode import parallel
+
   t = cfg.block_size
   end = end or t
   # One compiled forward over t candidate rows (padded with copies): one row per unknown p.
@@ -68,21 +79,25 @@ def _naive_greedy(cfg, params, steps, score, known_positions=(), known_tokens=()
     rest = lambda p: [q for q in range(t) if q not in order and q != p]  # later slots: causal
     orders = np.asarray([order + [p] + rest(p) for p in unknown], np.int32)
     orders = np.concatenate([orders, np.repeat(orders[-1:], t - len(unknown), 0)])
-    logits = forward(jnp.asarray(np.repeat(tokens[None], t, 0)),
-                     jnp.asarray(orders))[:len(unknown), n]
+    logits = forward(jnp.asarray(np.repeat(tokens[None], t, 0)), jnp.asarray(orders))[
+      : len(unknown), n
+    ]
     conf = np.asarray(confidence.confidence_score(logits, score))
-    best = np.argsort(-conf, kind="stable")[:n_next - n]
+    best = np.argsort(-conf, kind="stable")[: n_next - n]
     for i in best:
       tokens[unknown[i]] = int(np.argmax(logits[i]))
       order.append(unknown[i])
   return tokens, np.asarray(order + list(range(end, t)))
 
 
-@pytest.mark.parametrize("steps,known", [(5, 3), pytest.param(12, 0, marks=pytest.mark.slow),
-                                         pytest.param(4, 0, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+  "steps,known",
+  [(5, 3), pytest.param(12, 0, marks=pytest.mark.slow), pytest.param(4, 0, marks=pytest.mark.slow)],
+)
 def test_cached_equals_naive_full_forwards(steps, known):
-  cfg = specs.default().model.replace(vocab_size=32, block_size=12, n_layer=2, n_embd=32, n_head=4,
-                                      cond_dim=16)
+  cfg = specs.default().model.replace(
+    vocab_size=32, block_size=12, n_layer=2, n_embd=32, n_head=4, cond_dim=16
+  )
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(3)))
   params = jax.tree.map(lambda p: p * 4.0 if p.ndim >= 2 else p, params)
   prompt = dict(known_positions=[2, 7, 9][:known], known_tokens=[4, 5, 6][:known])
@@ -94,8 +109,9 @@ def test_cached_equals_naive_full_forwards(steps, known):
 
 def test_confidence_stops_at_end():
   """Positions from `end` on are never candidates: 0 in the output, last in the order."""
-  cfg = specs.default().model.replace(vocab_size=32, block_size=12, n_layer=2, n_embd=32, n_head=4,
-                                      cond_dim=16)
+  cfg = specs.default().model.replace(
+    vocab_size=32, block_size=12, n_layer=2, n_embd=32, n_head=4, cond_dim=16
+  )
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(3)))
   params = jax.tree.map(lambda p: p * 4.0 if p.ndim >= 2 else p, params)
   prompt = dict(known_positions=[2, 7], known_tokens=[4, 5])

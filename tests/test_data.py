@@ -1,29 +1,28 @@
 """Tests for ao_mdm.data: TFDS builders, registry, detokenizers and the grain pipeline."""
+
 import os
 
 import numpy as np
 import pytest
 
-from ao_mdm.data import corpus
-from ao_mdm.data import datasets
-from ao_mdm.data import pipeline
-from ao_mdm.data import prepare
-from ao_mdm.perf import bench_data
 from ao_mdm import specs
+from ao_mdm.data import corpus, datasets, pipeline, prepare
+from ao_mdm.perf import bench_data
 
 T = 64
 
 
 def _text_config(path, tfds_dir):
-  return specs.default().data.replace(dataset="text_file", text_file=str(path),
-                                      tfds_dir=str(tfds_dir))
+  return specs.default().data.replace(
+    dataset="text_file", text_file=str(path), tfds_dir=str(tfds_dir)
+  )
 
 
 @pytest.fixture(scope="module")
 def text_config(tmp_path_factory, data_dir):
   """A local text file: the validation speeches, cut into 300 documents of a few sentences."""
   words = " ".join(corpus.sotu_documents("validation")[:4]).split(" ")
-  docs = [" ".join(words[i:i + 150]) for i in range(0, 300 * 150, 150)]
+  docs = [" ".join(words[i : i + 150]) for i in range(0, 300 * 150, 150)]
   path = tmp_path_factory.mktemp("text") / "docs.txt"
   path.write_text("\n".join(docs) + "\n", encoding="utf-8")
   return _text_config(path, data_dir)
@@ -55,7 +54,7 @@ def test_eval_blocks_are_documents_in_order(sotu_config, sp_tokenizer):
   starts = np.concatenate([[0], ends[:-1] + 1])
   decoded = [sp_tokenizer.decode(stream[s:e]) for s, e in zip(starts, ends)]
   docs = corpus.sotu_documents("validation")
-  assert decoded == docs[:len(decoded)] and len(decoded) >= len(docs) - 1
+  assert decoded == docs[: len(decoded)] and len(decoded) >= len(docs) - 1
   total = sum(len(sp_tokenizer.encode(d)) + 1 for d in docs)
   assert len(blocks) == total // 128
   few = pipeline.eval_blocks(split, 128, max_blocks=3)
@@ -85,8 +84,9 @@ def test_process_shards_are_disjoint_and_cover_an_epoch(text_config, sp_tokenize
   assert 100 < n < 2000 and n % 2  # an odd count: one block is left out of each epoch
   shards = []
   for p in range(2):
-    it = _iterator(text_config, sp_tokenizer, data_dir, global_batch_size=2, process_index=p,
-                   process_count=2)
+    it = _iterator(
+      text_config, sp_tokenizer, data_dir, global_batch_size=2, process_index=p, process_count=2
+    )
     shards.append([row.tobytes() for (row,) in _take(it, n // 2)])
   everything = {row.tobytes() for row in blocks}
   assert len(everything) == n  # no two blocks alike, so the sets below count blocks
@@ -110,8 +110,9 @@ def test_restored_iterator_continues(text_config, sp_tokenizer, data_dir):
 
 
 def test_orbax_saves_the_iterator(text_config, sp_tokenizer, data_dir, tmp_path):
-  import grain  # pylint: disable=g-import-not-at-top
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  import grain
+  import orbax.checkpoint as ocp
+
   it = _iterator(text_config, sp_tokenizer, data_dir)
   _take(it, 3)
   with ocp.CheckpointManager(str(tmp_path / "ckpt")) as mngr:
@@ -149,7 +150,9 @@ def test_text_file_builder(tmp_path):
   path.write_text("first doc\n\nsecond doc ü\nthird\n", encoding="utf-8")
   config = _text_config(path, tfds_dir)
   assert list(datasets.load_documents(config, "train", str(tfds_dir))) == [
-      "first doc", "second doc ü"]
+    "first doc",
+    "second doc ü",
+  ]
   assert list(datasets.load_documents(config, "validation", str(tfds_dir))) == ["third"]
   docs_dir = tmp_path / "docs"
   docs_dir.mkdir()
@@ -157,7 +160,9 @@ def test_text_file_builder(tmp_path):
     (docs_dir / f"{i}.txt").write_text(f"doc {i}\nline two\n", encoding="utf-8")
   dir_config = _text_config(docs_dir, tfds_dir)
   assert list(datasets.load_documents(dir_config, "train", str(tfds_dir))) == [
-      "doc 0\nline two", "doc 1\nline two"]
+    "doc 0\nline two",
+    "doc 1\nline two",
+  ]
   # Different content, different builder config: both stay prepared side by side.
   names = sorted(os.listdir(tfds_dir / "text_file"))
   assert len(names) == 2 and all(n.startswith("h") for n in names)
@@ -188,8 +193,10 @@ def test_registry_wiring():
 def test_lambada_from_a_local_openai_jsonl(tmp_path):
   """LAMBADA is read as the authors read it: OpenAI's jsonl, field `text`, detokenized."""
   path = tmp_path / "lambada_test.jsonl"
-  path.write_text('{"text": "\u201cHi,\u201d she said to her friend"}\n\n'
-                  '{"text": "  the last word  "}\n', encoding="utf-8")
+  path.write_text(
+    '{"text": "\u201cHi,\u201d she said to her friend"}\n\n{"text": "  the last word  "}\n',
+    encoding="utf-8",
+  )
   config = specs.default().data.replace(dataset="lambada", text_file=str(path))
   docs = datasets.load_documents(config, "test", str(tmp_path / "tfds"))
   assert list(docs) == ['\n"Hi," she said to her friend', "\nthe last word"]
@@ -199,8 +206,9 @@ def test_lambada_from_a_local_openai_jsonl(tmp_path):
     datasets.load_documents(config, "test", str(tmp_path / "tfds"))
 
 
-def test_token_counts_count_every_token_and_one_eos_per_document(text_config, sp_tokenizer,
-                                                                data_dir):
+def test_token_counts_count_every_token_and_one_eos_per_document(
+  text_config, sp_tokenizer, data_dir
+):
   counts = prepare.ensure(text_config, sp_tokenizer, "train").token_counts()
   docs = list(datasets.load_documents(text_config, "train", data_dir))
   naive = np.zeros(sp_tokenizer.vocab_size, np.int64)

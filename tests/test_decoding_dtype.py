@@ -1,16 +1,14 @@
 """bf16 decoding (params and K/V cache in bfloat16, logits and draw in float32) against float32."""
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ao_mdm.decode import common
-from ao_mdm.decode import confidence
-from ao_mdm.decode import parallel
-from ao_mdm.decode import speculative
 from ao_mdm import model as model_lib
 from ao_mdm import specs
+from ao_mdm.decode import common, confidence, parallel, speculative
 
 T, V = 32, 16
 
@@ -20,8 +18,9 @@ def clear_margin_model():
   each token's embedding is a scaled one-hot and the head maps it to a fixed successor token, so
   the top logit of every prediction leads by a wide margin while the blocks (and the cache) still
   shift it."""
-  cfg = specs.default().model.replace(block_size=T, vocab_size=V, n_layer=2, n_embd=64, n_head=4,
-                                      cond_dim=64)
+  cfg = specs.default().model.replace(
+    block_size=T, vocab_size=V, n_layer=2, n_embd=64, n_head=4, cond_dim=64
+  )
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(3)))
   successor = np.roll(np.arange(V), -5)
   params["token_embed"] = jnp.zeros((V, 64)).at[np.arange(V), np.arange(V)].set(5.0)
@@ -40,8 +39,9 @@ def test_with_dtype_casts_params_and_config():
   assert c16.dtype == "bfloat16" and cfg.dtype == "float32"  # the caller's config is unchanged
   assert {x.dtype for x in jax.tree.leaves(p16)} == {jnp.dtype(jnp.bfloat16)}
   p32, _ = common.with_dtype(params, cfg, "float32")
-  assert all(a is b or np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p32),
-                                                             jax.tree.leaves(params)))
+  assert all(
+    a is b or np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p32), jax.tree.leaves(params))
+  )
   with pytest.raises(ValueError, match="dtype='float16'; accepted: float32, bfloat16"):
     common.with_dtype(params, cfg, "float16")
 
@@ -60,8 +60,16 @@ def test_bf16_greedy_equals_fp32_greedy_where_margins_are_clear():
   """Every greedy token of the parallel sampler (with known tokens scattered) equals fp32's,
   on a model whose fp32 decisions all have a top-1 margin far above the bf16 logit error."""
   cfg, params = clear_margin_model()
-  common = dict(batch_size=4, steps=8, temperature=0.0, seed=1, known_positions=[0, 5, 6, 20],
-                known_tokens=[3, 1, 4, 1], order="random", return_logits=True)
+  common = dict(
+    batch_size=4,
+    steps=8,
+    temperature=0.0,
+    seed=1,
+    known_positions=[0, 5, 6, 20],
+    known_tokens=[3, 1, 4, 1],
+    order="random",
+    return_logits=True,
+  )
   out32 = parallel.sample(params, cfg, **common)
   out16 = parallel.sample(params, cfg, dtype="bfloat16", **common)
   unknown = np.ones(T, bool)
@@ -75,16 +83,19 @@ def test_bf16_greedy_equals_fp32_greedy_where_margins_are_clear():
   np.testing.assert_array_equal(out16.tokens, out32.tokens)
 
 
-@pytest.mark.parametrize("mode", ["speculative", pytest.param("confidence",
-                                                              marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+  "mode", ["speculative", pytest.param("confidence", marks=pytest.mark.slow)]
+)
 def test_bf16_greedy_equals_fp32_greedy_in_other_modes(mode):
   cfg, params = clear_margin_model()
   if mode == "speculative":
-    run = lambda dtype: speculative.sample(params, cfg, batch_size=3, draft=3, temperature=0.0,
-                                           dtype=dtype)
+    run = lambda dtype: speculative.sample(
+      params, cfg, batch_size=3, draft=3, temperature=0.0, dtype=dtype
+    )
   else:
-    run = lambda dtype: confidence.sample(params, cfg, batch_size=3, steps=8, temperature=0.0,
-                                          dtype=dtype)
+    run = lambda dtype: confidence.sample(
+      params, cfg, batch_size=3, steps=8, temperature=0.0, dtype=dtype
+    )
   out32, out16 = run("float32"), run("bfloat16")
   np.testing.assert_array_equal(out16.tokens, out32.tokens)
   np.testing.assert_array_equal(out16.order, out32.order)

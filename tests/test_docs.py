@@ -1,5 +1,6 @@
 """Every `ao-mdm` command of README.md and docs/*.md that reads runs/demo runs as written,
 against a small trained run in its place (a command meant to fail would carry `# fails`)."""
+
 import concurrent.futures
 import os
 import pathlib
@@ -10,8 +11,8 @@ import sys
 
 import pytest
 
-from ao_mdm.config import base_config
 from ao_mdm import specs
+from ao_mdm.config import base_config
 from ao_mdm.train import loop
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -32,7 +33,9 @@ def demo_commands() -> list:
 def test_the_documented_commands_are_found():
   commands = [c for _, c in demo_commands()]
   assert len(commands) >= 8
-  assert "ao-mdm sample --checkpoint=runs/demo --mode=confidence --steps=16 --score=entropy" in commands
+  assert (
+    "ao-mdm sample --checkpoint=runs/demo --mode=confidence --steps=16 --score=entropy" in commands
+  )
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +57,16 @@ def test_every_documented_demo_command_runs(demo_run):
   def run(item):
     name, command = item
     args = [a.replace("runs/demo", demo_run) for a in shlex.split(command)[1:]]
-    out = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", *args], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+      [sys.executable, "-m", "ao_mdm.cli.main", *args],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+    )
     return name, command, out
+
   commands = demo_commands()
   # Commands whose outputs others read run first, in the docs' order: a draft head
   # (runs/demo_draft), the torch exports and their import (runs/demo.safetensors, runs/demo_back).
@@ -64,6 +74,9 @@ def test_every_documented_demo_command_runs(demo_run):
   results = [run(c) for c in first]
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     results += list(pool.map(run, [c for c in commands if c not in first]))
-  failures = [f"{name}: {command}\n  rc={out.returncode} {out.stderr[-500:]}"
-              for name, command, out in results if out.returncode]
+  failures = [
+    f"{name}: {command}\n  rc={out.returncode} {out.stderr[-500:]}"
+    for name, command, out in results
+    if out.returncode
+  ]
   assert not failures, "\n".join(failures)

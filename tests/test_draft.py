@@ -1,6 +1,7 @@
 """The learned draft head: it learns the base's conditionals, and `train-draft` writes a head
 that `sample` and `bench` load (refusing a head of another model shape). Exactness with a head
 is tested in test_speculative.py."""
+
 import os
 
 import flax.linen as nn
@@ -8,16 +9,14 @@ import jax
 import numpy as np
 import pytest
 
-from ao_mdm.checkpoint import checkpoints
-from ao_mdm.decode import draft
-from ao_mdm.decode import parallel
-from ao_mdm.decode import speculative
 from ao_mdm import model as model_lib
 from ao_mdm import specs
+from ao_mdm.checkpoint import checkpoints
+from ao_mdm.decode import draft, parallel, speculative
 from ao_mdm.train import draft as draft_training
 from ao_mdm.train import loop
-from test_cli import ao_mdm, tiny_config  # pylint: disable=g-bad-import-order
-from test_speculative import random_model  # pylint: disable=g-bad-import-order
+from test_cli import ao_mdm, tiny_config
+from test_speculative import random_model
 
 
 def test_the_head_learns_the_bases_conditionals():
@@ -28,10 +27,17 @@ def test_the_head_learns_the_bases_conditionals():
   batches = lambda: rng.integers(0, 64, (16, 16)).astype(np.int32)
   validation = np.random.default_rng(1).integers(0, 64, (32, 16)).astype(np.int32)
   settings = dict(batch_size=16, chain=2, eval_batches=2, log_every=1000, warmup_steps=10)
-  _, before = draft_training.fit(cfg, params, batches, validation,
-                        draft_training.Settings(num_steps=1, learning_rate=0.0, **settings), print)
-  _, after = draft_training.fit(cfg, params, batches, validation,
-                       draft_training.Settings(num_steps=150, **settings), print)
+  _, before = draft_training.fit(
+    cfg,
+    params,
+    batches,
+    validation,
+    draft_training.Settings(num_steps=1, learning_rate=0.0, **settings),
+    print,
+  )
+  _, after = draft_training.fit(
+    cfg, params, batches, validation, draft_training.Settings(num_steps=150, **settings), print
+  )
   print(f"before: {draft_training.describe(before)}; after: {draft_training.describe(after)}")
   for order in ("l2r", "random"):
     assert np.all(np.asarray(after[order]) > np.asarray(before[order]) + 0.15)
@@ -66,11 +72,13 @@ def run(data_dir, tmp_path_factory):
 def test_train_command_writes_a_head_that_loads_and_decodes(run, tmp_path):
   out = str(tmp_path / "head")
   lines = []
-  settings = draft_training.Settings(num_steps=3, batch_size=8, chain=2, log_every=1,
-                                     eval_batches=1)
+  settings = draft_training.Settings(
+    num_steps=3, batch_size=8, chain=2, log_every=1, eval_batches=1
+  )
   config, params, tokenizer = checkpoints.load_run(run)
-  head_params, figures, _ = draft_training.train_head(config, params, tokenizer, settings,
-                                                      log=lines.append)
+  head_params, figures, _ = draft_training.train_head(
+    config, params, tokenizer, settings, log=lines.append
+  )
   assert any(line.startswith("train-draft step 3/3") for line in lines)
   assert sorted(figures) == ["l2r", "random"] and all(len(v) == 2 for v in figures.values())
   assert draft.save(out, config.model, head_params, settings, figures, run, "ema", params) == out
@@ -78,8 +86,9 @@ def test_train_command_writes_a_head_that_loads_and_decodes(run, tmp_path):
   head = draft.load(out, config.model, params, log=lines.append)
   init = draft.init_head(config.model, jax.random.key(0))
   assert jax.tree.structure(head) == jax.tree.structure(init)
-  out_tokens = speculative.sample(params, config.model, batch_size=2, draft=3, draft_head=head,
-                                  temperature=0.0).tokens
+  out_tokens = speculative.sample(
+    params, config.model, batch_size=2, draft=3, draft_head=head, temperature=0.0
+  ).tokens
   want = speculative.sample(params, config.model, batch_size=2, draft=3, temperature=0.0).tokens
   np.testing.assert_array_equal(out_tokens, want)  # greedy: the same tokens, any drafter
   # Other params of the same shape: loads, with a note; another shape or a non-head: refused.
@@ -103,18 +112,28 @@ def test_cli_train_draft_errors_and_help(run, tmp_path):
   assert "--order: <random|l2r>: The order the head is trained for" in out.stdout
   assert "sample:" not in out.stdout and "eval:" not in out.stdout  # each flag means one thing
   cases = [
-      (["train-draft", f"--checkpoint={run}"], "missing --workdir"),
-      (["train-draft", f"--checkpoint={run}", f"--workdir={run}"], "exists and is not an empty"),
-      (["train-draft", f"--checkpoint={run}", f"--workdir={tmp_path}/h", "--steps=0"],
-       "--steps=0 must be >= 1"),
-      (["train-draft", f"--checkpoint={run}", f"--workdir={tmp_path}/h", "--top_p=0.5"],
-       "--top_p not accepted by `ao-mdm train-draft`"),
-      (["sample", f"--checkpoint={run}", f"--draft_head={tmp_path}/none"],
-       "--draft_head applies to --mode=speculative"),
-      (["sample", f"--checkpoint={run}", "--mode=speculative", f"--draft_head={tmp_path}/none"],
-       "give the --workdir of an `ao-mdm train-draft`"),
-      (["sample", f"--checkpoint={run}", "--mode=speculative", f"--draft_head={run}"],
-       "is not a draft head"),
+    (["train-draft", f"--checkpoint={run}"], "missing --workdir"),
+    (["train-draft", f"--checkpoint={run}", f"--workdir={run}"], "exists and is not an empty"),
+    (
+      ["train-draft", f"--checkpoint={run}", f"--workdir={tmp_path}/h", "--steps=0"],
+      "--steps=0 must be >= 1",
+    ),
+    (
+      ["train-draft", f"--checkpoint={run}", f"--workdir={tmp_path}/h", "--top_p=0.5"],
+      "--top_p not accepted by `ao-mdm train-draft`",
+    ),
+    (
+      ["sample", f"--checkpoint={run}", f"--draft_head={tmp_path}/none"],
+      "--draft_head applies to --mode=speculative",
+    ),
+    (
+      ["sample", f"--checkpoint={run}", "--mode=speculative", f"--draft_head={tmp_path}/none"],
+      "give the --workdir of an `ao-mdm train-draft`",
+    ),
+    (
+      ["sample", f"--checkpoint={run}", "--mode=speculative", f"--draft_head={run}"],
+      "is not a draft head",
+    ),
   ]
   for args, message in cases:
     got = ao_mdm(*args)

@@ -1,4 +1,5 @@
 """scripts/draft_overlap.py: its early predictions are the any-order queries it claims to be."""
+
 import importlib.util
 import os
 
@@ -12,21 +13,26 @@ from ao_mdm import model as model_lib
 from ao_mdm import specs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-spec = importlib.util.spec_from_file_location("draft_overlap", os.path.join(ROOT, "scripts",
-                                                                          "draft_overlap.py"))
+spec = importlib.util.spec_from_file_location(
+  "draft_overlap", os.path.join(ROOT, "scripts", "draft_overlap.py")
+)
 draft_overlap = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(draft_overlap)
 
 
 @pytest.mark.parametrize("ahead", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_q_predicts_the_target_without_the_tokens_before_it(ahead):
-  cfg = specs.default().model.replace(vocab_size=16, block_size=10, n_layer=2, n_embd=32, n_head=4,
-                                      cond_dim=16)
+  cfg = specs.default().model.replace(
+    vocab_size=16, block_size=10, n_layer=2, n_embd=32, n_head=4, cond_dim=16
+  )
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
   params = jax.tree.map(lambda p: p * 3.0 if p.ndim >= 2 else p, params)
   got = draft_overlap.early_predictions(params, cfg, samples=3, ahead=ahead, seed=1)
-  forward = jax.jit(lambda order: model_lib.make_model(cfg).apply(
-      {"params": params}, jnp.asarray(got["tokens"]), order))
+  forward = jax.jit(
+    lambda order: model_lib.make_model(cfg).apply(
+      {"params": params}, jnp.asarray(got["tokens"]), order
+    )
+  )
   l2r = forward(jnp.arange(10)[None].repeat(3, 0))
   assert len(got["positions"]) >= 2
   for j, pos in enumerate(got["positions"]):

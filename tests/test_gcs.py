@@ -1,6 +1,7 @@
 """gs:// paths against a real GCS server on 127.0.0.1 (fake-gcs-server): the storage layer, the
 work-dir lock, the run's records, prepared data, and a run trained, resumed, exported, sampled
 and evaluated in a bucket. Slower multi-process cases are in the slow stage."""
+
 import json
 import os
 import signal
@@ -13,25 +14,27 @@ import jax
 import numpy as np
 import pytest
 
+from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.config import base_config
-from ao_mdm.data import prepare
-from ao_mdm.data import prepared
-from ao_mdm import specs
-from ao_mdm.storage import fs
+from ao_mdm.data import prepare, prepared
+from ao_mdm.storage import fs, paths
 from ao_mdm.storage import lease as lease_lib
-from ao_mdm.storage import paths
-from ao_mdm.train import loop
-from ao_mdm.train import records
+from ao_mdm.train import loop, records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = f"--config={ROOT}/configs/tiny.py"
 
 
 def ao_mdm(*args, env=None, timeout=300, cwd=ROOT):
-  return subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", *args], capture_output=True,
-                        text=True, timeout=timeout, cwd=cwd,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})})
+  return subprocess.run(
+    [sys.executable, "-m", "ao_mdm.cli.main", *args],
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    cwd=cwd,
+    env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})},
+  )
 
 
 def error_lines(out) -> list:
@@ -63,7 +66,8 @@ def test_files_behave_alike_locally_and_in_a_bucket(root):
     f.write(bytes(range(256)) * 100)
   assert fs.isfile(b) and not fs.isfile(fs.join(root, "d")) and fs.isdir(fs.join(root, "d"))
   assert fs.listdir(root) == ["a.txt", "d", "new.jsonl"] and fs.files(fs.join(root, "d")) == [
-      "e/b.bin"]
+    "e/b.bin"
+  ]
   got = [bytearray(3), bytearray(2)]
   fs.RangeReader().read([(b, 255, 258), (a, 6, 8)], [memoryview(x) for x in got])
   assert bytes(got[0]) == bytes([255, 0, 1]) and bytes(got[1]) == b"wo"
@@ -83,8 +87,14 @@ def test_files_behave_alike_locally_and_in_a_bucket(root):
 
 
 def test_misspelt_urls_are_refused_and_no_local_gs_directory_is_made(tmp_path):
-  for bad in ("gs:/bucket/run", "gs:bucket", "gcs://bucket/run", "GS://bucket/run", "s3://b/x",
-              "gs://B/x"):
+  for bad in (
+    "gs:/bucket/run",
+    "gs:bucket",
+    "gcs://bucket/run",
+    "GS://bucket/run",
+    "s3://b/x",
+    "gs://B/x",
+  ):
     with pytest.raises(ValueError, match="gs://BUCKET/PATH"):
       paths.check(bad, "--workdir")
   assert paths.check("~/x.jsonl") == os.path.expanduser("~/x.jsonl")
@@ -96,8 +106,9 @@ def test_misspelt_urls_are_refused_and_no_local_gs_directory_is_made(tmp_path):
 def test_a_missing_bucket_or_no_server_is_one_error_line_in_bounded_time(gcs_server, tmp_path):
   out = ao_mdm("train", TINY, "--workdir=gs://no-such-bucket/run")
   assert out.returncode == 2 and error_lines(out) == [
-      "error: bucket gs://no-such-bucket does not exist (gs://no-such-bucket/run); create it "
-      "with `gcloud storage buckets create gs://no-such-bucket`"], out.stderr
+    "error: bucket gs://no-such-bucket does not exist (gs://no-such-bucket/run); create it "
+    "with `gcloud storage buckets create gs://no-such-bucket`"
+  ], out.stderr
   with socket.socket() as s:  # a port nothing listens on
     s.bind(("127.0.0.1", 0))
     dead = f"http://127.0.0.1:{s.getsockname()[1]}"
@@ -105,8 +116,12 @@ def test_a_missing_bucket_or_no_server_is_one_error_line_in_bounded_time(gcs_ser
   ao_mdm("sample", f"--checkpoint={tmp_path / 'none'}")
   start_up = time.time() - start
   start = time.time()
-  out = ao_mdm("sample", "--checkpoint=gs://bucket/run", "--storage_timeout=8",
-               env={"STORAGE_EMULATOR_HOST": dead, "TENSORSTORE_GCS_HTTP_URL": dead})
+  out = ao_mdm(
+    "sample",
+    "--checkpoint=gs://bucket/run",
+    "--storage_timeout=8",
+    env={"STORAGE_EMULATOR_HOST": dead, "TENSORSTORE_GCS_HTTP_URL": dead},
+  )
   waited = time.time() - start - start_up
   # The bound holds for the whole command (a check, then a listing, ...), not per call.
   assert out.returncode == 2 and 7 < waited < 8 * 1.4, (waited, out.stderr)
@@ -127,8 +142,18 @@ def test_the_lock_refuses_a_second_holder_and_takes_over_a_stale_one(gcs_server)
     checkpoints.WorkdirLock(run)
   lock.release()
   # A holder that stopped renewing 200 s ago on another host: taken over, with a line.
-  fs.write_text(path, json.dumps({"host": "elsewhere", "pid": 1, "since": time.time() - 500,
-                                  "renewed": time.time() - 200, "lease_s": 120}))
+  fs.write_text(
+    path,
+    json.dumps(
+      {
+        "host": "elsewhere",
+        "pid": 1,
+        "since": time.time() - 500,
+        "renewed": time.time() - 200,
+        "lease_s": 120,
+      }
+    ),
+  )
   said = []
   second = lease_lib.Lease(path, "test", lease_s=60, log=said.append)
   assert len(said) == 1 and "took over the lock" in said[0] and "not renewed for 200 s" in said[0]
@@ -144,8 +169,12 @@ def test_the_lock_refuses_a_second_holder_and_takes_over_a_stale_one(gcs_server)
   # A dead process of this host is no holder: taken over at once.
   proc = subprocess.Popen([sys.executable, "-c", "pass"])
   proc.wait()
-  fs.write_text(path, json.dumps({"host": socket.gethostname(), "pid": proc.pid,
-                                  "renewed": time.time(), "lease_s": 120}))
+  fs.write_text(
+    path,
+    json.dumps(
+      {"host": socket.gethostname(), "pid": proc.pid, "renewed": time.time(), "lease_s": 120}
+    ),
+  )
   said = []
   lease_lib.Lease(path, "test", log=said.append).release()
   assert "its process is gone" in said[0]
@@ -160,15 +189,22 @@ def test_records_are_appended_and_read_back_by_tensorboard_framing(root):
   log.flush()
   lines = [json.loads(x) for x in fs.read_text(fs.join(root, "metrics.jsonl")).splitlines()]
   assert lines == [{"step": 1, "loss": 2.5, "nan": None}, {"step": 2, "loss": 2.0}]
-  from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
-  events = [event_pb2.Event.FromString(r) for r in records.read_tfrecords(fs.read_bytes(
-      log.events))]
-  scalars = [(e.step, v.tag, v.simple_value) for e in events for v in e.summary.value
-             if v.HasField("simple_value")]
+  from tensorboard.compat.proto import event_pb2
+
+  events = [
+    event_pb2.Event.FromString(r) for r in records.read_tfrecords(fs.read_bytes(log.events))
+  ]
+  scalars = [
+    (e.step, v.tag, v.simple_value)
+    for e in events
+    for v in e.summary.value
+    if v.HasField("simple_value")
+  ]
   assert events[0].file_version == "brain.Event:2"
   assert (1, "loss", 2.5) in scalars and (2, "loss", 2.0) in scalars
   # TensorBoard's own reader (without TensorFlow: fsspec, so gcsfs for gs://) sees the points.
-  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  from tensorboard.backend.event_processing import event_accumulator
+
   seen = event_accumulator.EventAccumulator(fs.parent(log.events)).Reload()
   assert [(e.step, e.value) for e in seen.Scalars("loss")] == [(1, 2.5), (2, 2.0)]
   records.drop_after(root, 1)
@@ -176,23 +212,32 @@ def test_records_are_appended_and_read_back_by_tensorboard_framing(root):
 
 
 def _text_config(corpus, tfds_dir, prepared_dir):
-  return specs.default().data.replace(dataset="text_file", text_file=str(corpus),
-                                      tfds_dir=str(tfds_dir), prepared_dir=prepared_dir)
+  return specs.default().data.replace(
+    dataset="text_file", text_file=str(corpus), tfds_dir=str(tfds_dir), prepared_dir=prepared_dir
+  )
 
 
 def test_prepare_into_a_bucket_is_byte_identical_to_local(gcs_server, sp_tokenizer, tmp_path):
-  from ao_mdm.data import corpus  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import corpus
+
   text = tmp_path / "docs.txt"
   docs = corpus.sotu_documents("train")[:40]
   text.write_text("\n".join(d.replace("\n", " ") for d in docs) + "\n")
-  local = prepare.prepare(_text_config(text, tmp_path / "tfds", str(tmp_path / "p")),
-                          sp_tokenizer, "train", workers=1, shard_docs=8)
+  local = prepare.prepare(
+    _text_config(text, tmp_path / "tfds", str(tmp_path / "p")),
+    sp_tokenizer,
+    "train",
+    workers=1,
+    shard_docs=8,
+  )
   bucket = f"gs://bucket/prepared-{time.time_ns()}"
-  remote = prepare.prepare(_text_config(text, tmp_path / "tfds", bucket), sp_tokenizer, "train",
-                           workers=2, shard_docs=8)
+  remote = prepare.prepare(
+    _text_config(text, tmp_path / "tfds", bucket), sp_tokenizer, "train", workers=2, shard_docs=8
+  )
   names = [n for n in fs.files(local.directory) if n != prepared.VERIFIED]
-  assert len(names) > 10 and names == [n for n in fs.files(remote.directory)
-                                      if n != prepared.VERIFIED]
+  assert len(names) > 10 and names == [
+    n for n in fs.files(remote.directory) if n != prepared.VERIFIED
+  ]
   for name in names:
     want = fs.read_bytes(fs.join(local.directory, name))
     assert fs.read_bytes(fs.join(remote.directory, name)) == want, name
@@ -210,14 +255,24 @@ def test_prepare_into_a_bucket_is_byte_identical_to_local(gcs_server, sp_tokeniz
 def _config(tfds_dir, steps):
   c = base_config()
   c.model.update(vocab_size=512, block_size=32, n_layer=2, n_embd=32, n_head=2, cond_dim=32)
-  c.train.update(batch_size=8, num_steps=steps, warmup_steps=2, log_every=1, eval_batches=1,
-                 eval_every=0, checkpoint_every=2, keep_checkpoints=2, lr_decay_steps=6)
+  c.train.update(
+    batch_size=8,
+    num_steps=steps,
+    warmup_steps=2,
+    log_every=1,
+    eval_batches=1,
+    eval_every=0,
+    checkpoint_every=2,
+    keep_checkpoints=2,
+    lr_decay_steps=6,
+  )
   c.data.tfds_dir = tfds_dir
   return c
 
 
-def test_a_run_in_a_bucket_resumes_exactly_and_serves_export_sample_eval(gcs_server, data_dir,
-                                                                         tmp_path):
+def test_a_run_in_a_bucket_resumes_exactly_and_serves_export_sample_eval(
+  gcs_server, data_dir, tmp_path
+):
   run = f"gs://bucket/runs/{time.time_ns()}"
   straight = str(tmp_path / "straight")
   loop.train_and_evaluate(specs.parse(_config(data_dir, 6)), straight)
@@ -230,8 +285,11 @@ def test_a_run_in_a_bucket_resumes_exactly_and_serves_export_sample_eval(gcs_ser
     _, want = checkpoints.load_params(straight, weights)
     _, got = checkpoints.load_params(run, weights)
     jax.tree.map(np.testing.assert_array_equal, got, want)
-  losses = lambda d: {r["step"]: r["loss"] for r in map(json.loads, fs.read_text(
-      fs.join(d, "metrics.jsonl")).splitlines()) if "loss" in r}
+  losses = lambda d: {
+    r["step"]: r["loss"]
+    for r in map(json.loads, fs.read_text(fs.join(d, "metrics.jsonl")).splitlines())
+    if "loss" in r
+  }
   assert losses(run) == losses(straight) and sorted(losses(run)) == [1, 2, 3, 4, 5, 6]
   assert fs.listdir(fs.join(run, "tensorboard")) and not fs.exists(fs.join(run, "train.lock"))
 
@@ -239,20 +297,29 @@ def test_a_run_in_a_bucket_resumes_exactly_and_serves_export_sample_eval(gcs_ser
   out = ao_mdm("export", f"--checkpoint={run}", f"--out={export}")
   assert out.returncode == 0 and fs.isfile(fs.join(export, "0", "commit_success.txt")), out.stderr
   samples = f"{run}-samples/s.jsonl"
-  out = ao_mdm("sample", f"--checkpoint={export}", "--num_samples=2", "--steps=4",
-               f"--out={samples}")
+  out = ao_mdm(
+    "sample", f"--checkpoint={export}", "--num_samples=2", "--steps=4", f"--out={samples}"
+  )
   assert out.returncode == 0 and len(fs.read_text(samples).splitlines()) == 2, out.stderr
-  out = ao_mdm("eval", f"--checkpoint={run}", "--protocol=custom", "--max_blocks=4",
-               "--orders=1")
-  assert out.returncode == 0 and json.loads(out.stdout.splitlines()[-1])["sotu"]["tokens"] > 0, \
-      out.stderr
+  out = ao_mdm("eval", f"--checkpoint={run}", "--protocol=custom", "--max_blocks=4", "--orders=1")
+  assert out.returncode == 0 and json.loads(out.stdout.splitlines()[-1])["sotu"]["tokens"] > 0, (
+    out.stderr
+  )
 
 
-SMALL = ["--config.model.vocab_size=512", "--config.model.block_size=32",
-         "--config.model.n_layer=2", "--config.model.n_embd=32", "--config.model.n_head=2",
-         "--config.train.batch_size=8", "--config.train.warmup_steps=2",
-         "--config.train.log_every=1", "--config.train.eval_batches=1",
-         "--config.train.eval_every=0", "--config.train.lr_decay_steps=6"]
+SMALL = [
+  "--config.model.vocab_size=512",
+  "--config.model.block_size=32",
+  "--config.model.n_layer=2",
+  "--config.model.n_embd=32",
+  "--config.model.n_head=2",
+  "--config.train.batch_size=8",
+  "--config.train.warmup_steps=2",
+  "--config.train.log_every=1",
+  "--config.train.eval_batches=1",
+  "--config.train.eval_every=0",
+  "--config.train.lr_decay_steps=6",
+]
 
 
 def _free_port() -> int:
@@ -264,13 +331,32 @@ def _free_port() -> int:
 def _two(command: str, *args) -> list:
   """The same command as two local processes of 2 CPU devices each, started at once."""
   port = _free_port()
-  env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"}
-  flags = ([f"--coordinator=127.0.0.1:{port}"] if command == "train" else [])
-  return [subprocess.Popen([sys.executable, "-m", "ao_mdm.cli.main", command, *args, *flags,
-                            "--num_processes=2", f"--process_id={i}"], cwd=ROOT, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-          for i in range(2)]
+  env = {
+    **os.environ,
+    "JAX_PLATFORMS": "cpu",
+    "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2",
+  }
+  flags = [f"--coordinator=127.0.0.1:{port}"] if command == "train" else []
+  return [
+    subprocess.Popen(
+      [
+        sys.executable,
+        "-m",
+        "ao_mdm.cli.main",
+        command,
+        *args,
+        *flags,
+        "--num_processes=2",
+        f"--process_id={i}",
+      ],
+      cwd=ROOT,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
 
 
 def _wait(procs, timeout=400) -> list:
@@ -289,39 +375,59 @@ def _wait(procs, timeout=400) -> list:
 
 def _steps(run) -> list:
   d = fs.join(run, "checkpoints")
-  return sorted(int(n) for n in fs.listdir(d) if n.isdigit() and fs.isfile(
-      fs.join(d, n, "commit_success.txt"))) if fs.isdir(d) else []
+  return (
+    sorted(
+      int(n)
+      for n in fs.listdir(d)
+      if n.isdigit() and fs.isfile(fs.join(d, n, "commit_success.txt"))
+    )
+    if fs.isdir(d)
+    else []
+  )
 
 
 @pytest.mark.slow  # seven two-process runs, about four minutes
 def test_two_processes_prepare_and_train_in_a_bucket_and_resume_exactly_after_sigkill(
-    gcs_server, data_dir, tmp_path):
+  gcs_server, data_dir, tmp_path
+):
   base = f"gs://bucket/mp-{time.time_ns()}"
-  data = [f"--config={ROOT}/configs/tiny.py", f"--config.data.tfds_dir={data_dir}",
-          f"--config.data.prepared_dir={base}/prepared", SMALL[0]]
+  data = [
+    f"--config={ROOT}/configs/tiny.py",
+    f"--config.data.tfds_dir={data_dir}",
+    f"--config.data.prepared_dir={base}/prepared",
+    SMALL[0],
+  ]
   # Two hosts prepare disjoint shard ranges into the bucket; the result is the local one's.
   _wait(_two("prepare", *data, f"--workdir={base}/tokenizer_run", "--splits=train"))
   _wait(_two("prepare", *data, f"--workdir={base}/tokenizer_run", "--splits=train"))
-  local = ao_mdm("prepare", *data[:2], f"--config.data.prepared_dir={tmp_path / 'p'}", SMALL[0],
-                 f"--workdir={tmp_path / 'tok'}", "--splits=train")
+  local = ao_mdm(
+    "prepare",
+    *data[:2],
+    f"--config.data.prepared_dir={tmp_path / 'p'}",
+    SMALL[0],
+    f"--workdir={tmp_path / 'tok'}",
+    "--splits=train",
+  )
   assert local.returncode == 0, local.stderr
   remote_dir = fs.join(base, "prepared", "sotu")
   local_dir = str(tmp_path / "p" / "sotu")
   names = [n for n in fs.files(local_dir) if not n.endswith(prepared.VERIFIED)]
-  assert names and names == [n for n in fs.files(remote_dir)
-                             if not n.endswith(prepared.VERIFIED)]
+  assert names and names == [n for n in fs.files(remote_dir) if not n.endswith(prepared.VERIFIED)]
   for name in names:
     assert fs.read_bytes(fs.join(remote_dir, name)) == fs.read_bytes(fs.join(local_dir, name))
 
-  run = lambda workdir, steps: [*data, f"--workdir={workdir}", *SMALL,
-                                f"--config.train.num_steps={steps}",
-                                "--config.train.checkpoint_every=3"]
+  run = lambda workdir, steps: [
+    *data,
+    f"--workdir={workdir}",
+    *SMALL,
+    f"--config.train.num_steps={steps}",
+    "--config.train.checkpoint_every=3",
+  ]
   straight, killed = f"{base}/straight", f"{base}/killed"
   _wait(_two("train", *run(straight, 6)))
   procs = _two("train", *run(killed, 6))
   deadline = time.time() + 400
-  while 3 not in _steps(killed) and time.time() < deadline and all(
-      p.poll() is None for p in procs):
+  while 3 not in _steps(killed) and time.time() < deadline and all(p.poll() is None for p in procs):
     time.sleep(0.2)
   for p in procs:
     p.kill()
@@ -332,9 +438,15 @@ def test_two_processes_prepare_and_train_in_a_bucket_and_resume_exactly_after_si
       fs.rmtree(fs.join(killed, "checkpoints", str(step)))
   outs = _wait(_two("train", *run(killed, 6)))
   assert "resumed from step 3" in outs[0]
-  losses = lambda d: {r["step"]: r["loss"] for r in map(json.loads, fs.read_text(
-      fs.join(d, "metrics.jsonl")).splitlines()) if "loss" in r} if fs.isfile(
-          fs.join(d, "metrics.jsonl")) else {}
+  losses = lambda d: (
+    {
+      r["step"]: r["loss"]
+      for r in map(json.loads, fs.read_text(fs.join(d, "metrics.jsonl")).splitlines())
+      if "loss" in r
+    }
+    if fs.isfile(fs.join(d, "metrics.jsonl"))
+    else {}
+  )
 
   def same_as_straight(workdir):
     assert losses(straight) == losses(workdir) and sorted(losses(workdir)) == [1, 2, 3, 4, 5, 6]
@@ -342,6 +454,7 @@ def test_two_processes_prepare_and_train_in_a_bucket_and_resume_exactly_after_si
       _, want = checkpoints.load_params(straight, weights)
       _, got = checkpoints.load_params(workdir, weights)
       jax.tree.map(np.testing.assert_array_equal, got, want)
+
   same_as_straight(killed)
   # SIGTERM to one of the two processes: both save the same step in the bucket and exit 0.
   stopped = f"{base}/stopped"
@@ -360,10 +473,17 @@ def test_two_processes_prepare_and_train_in_a_bucket_and_resume_exactly_after_si
 
 @pytest.mark.slow  # three CLI runs and an export, about a minute
 def test_in_a_bucket_an_unreadable_step_is_set_aside_and_ctrl_c_leaves_no_export(
-    gcs_server, data_dir):
+  gcs_server, data_dir
+):
   run = f"gs://bucket/aside-{time.time_ns()}"
-  args = [TINY, f"--workdir={run}", f"--config.data.tfds_dir={data_dir}", *SMALL,
-          "--config.train.checkpoint_every=2", "--config.train.keep_checkpoints=2"]
+  args = [
+    TINY,
+    f"--workdir={run}",
+    f"--config.data.tfds_dir={data_dir}",
+    *SMALL,
+    "--config.train.checkpoint_every=2",
+    "--config.train.keep_checkpoints=2",
+  ]
   assert ao_mdm("train", *args, "--config.train.num_steps=4").returncode == 0
   state = fs.join(run, "checkpoints", "4", "state")
   for name in fs.files(state):  # the newest step loses its array data
@@ -371,15 +491,20 @@ def test_in_a_bucket_an_unreadable_step_is_set_aside_and_ctrl_c_leaves_no_export
       fs.remove(fs.join(state, name))
   out = ao_mdm("train", *args, "--config.train.num_steps=6")
   assert out.returncode == 0, out.stderr
-  assert "resumed from step 2" in out.stdout and "moved checkpoints/4 (unreadable) aside" in \
-      out.stdout
+  assert (
+    "resumed from step 2" in out.stdout and "moved checkpoints/4 (unreadable) aside" in out.stdout
+  )
   assert _steps(run) == [4, 6] and len(fs.listdir(fs.join(run, "checkpoints_set_aside"))) == 1
   # Ctrl-C during an export to the bucket: nothing is left that reads as an export.
   out_dir = f"{run}-export"
-  proc = subprocess.Popen([sys.executable, "-m", "ao_mdm.cli.main", "export",
-                           f"--checkpoint={run}", f"--out={out_dir}"], cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "ao_mdm.cli.main", "export", f"--checkpoint={run}", f"--out={out_dir}"],
+    cwd=ROOT,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
   deadline = time.time() + 120
   while not fs.exists(out_dir) and time.time() < deadline and proc.poll() is None:
     time.sleep(0.02)
@@ -393,10 +518,16 @@ def test_in_a_bucket_an_unreadable_step_is_set_aside_and_ctrl_c_leaves_no_export
 
 
 def test_gs_paths_without_credentials_are_one_error_line(tmp_path):
-  env = {k: "" for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
-                         "GOOGLE_AUTH_TOKEN_FOR_TESTING")}
-  env.update(GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "none.json"), HOME=str(tmp_path),
-             CLOUDSDK_CONFIG=str(tmp_path / "gcloud"), GCE_METADATA_HOST="127.0.0.1:9")
+  env = {
+    k: ""
+    for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING")
+  }
+  env.update(
+    GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "none.json"),
+    HOME=str(tmp_path),
+    CLOUDSDK_CONFIG=str(tmp_path / "gcloud"),
+    GCE_METADATA_HOST="127.0.0.1:9",
+  )
   start = time.time()
   out = ao_mdm("sample", "--checkpoint=gs://bucket/run", "--storage_timeout=5", env=env)
   assert out.returncode == 2 and len(error_lines(out)) == 1 and "Traceback" not in out.stderr
@@ -408,30 +539,52 @@ def test_a_server_that_stops_answering_ends_training_with_one_line_in_bounded_ti
   """The server SIGSTOPped at step 12 (connections open, nothing answered), then SIGTERM to
   the run: it ends with one error line naming the newest complete step, within the bound
   (--storage_timeout plus the probe interval and a step), not hung in Orbax's writers."""
-  from ao_mdm.storage import emulator  # pylint: disable=g-import-not-at-top
+  from ao_mdm.storage import emulator
+
   server = emulator.LocalServer(("bucket",))
   env = {**os.environ, **server.env(), "JAX_PLATFORMS": "cpu"}
-  small = ["--config.model.vocab_size=512", "--config.model.block_size=32",
-           "--config.model.n_layer=2", "--config.model.n_embd=32", "--config.model.n_head=2",
-           "--config.train.batch_size=8", "--config.train.log_every=1",
-           "--config.train.eval_every=0", "--config.train.checkpoint_every=5",
-           "--config.train.num_steps=1000", f"--config.data.tfds_dir={data_dir}"]
-  proc = subprocess.Popen([sys.executable, "-m", "ao_mdm.cli.main", "train", TINY,
-                           "--workdir=gs://bucket/run", "--storage_timeout=10", *small],
-                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
+  small = [
+    "--config.model.vocab_size=512",
+    "--config.model.block_size=32",
+    "--config.model.n_layer=2",
+    "--config.model.n_embd=32",
+    "--config.model.n_head=2",
+    "--config.train.batch_size=8",
+    "--config.train.log_every=1",
+    "--config.train.eval_every=0",
+    "--config.train.checkpoint_every=5",
+    "--config.train.num_steps=1000",
+    f"--config.data.tfds_dir={data_dir}",
+  ]
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      "-m",
+      "ao_mdm.cli.main",
+      "train",
+      TINY,
+      "--workdir=gs://bucket/run",
+      "--storage_timeout=10",
+      *small,
+    ],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   try:
     for line in proc.stdout:  # the run's own progress lines
       if line.startswith("step 12:"):
         break
-    server._proc.send_signal(signal.SIGSTOP)  # pylint: disable=protected-access
+    server._proc.send_signal(signal.SIGSTOP)
     stopped = time.time()
     time.sleep(2)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     waited = time.time() - stopped
   finally:
-    server._proc.send_signal(signal.SIGCONT)  # pylint: disable=protected-access
+    server._proc.send_signal(signal.SIGCONT)
     if proc.poll() is None:
       proc.kill()
     server.stop()
@@ -445,8 +598,10 @@ def test_a_server_that_stops_answering_ends_training_with_one_line_in_bounded_ti
 def test_the_newest_complete_step_is_the_one_orbax_lists(root):
   """layout.newest_complete_step (what a lost run's line names) follows Orbax's rule, locally
   and in a bucket: an unfinished write (a temporary name; on gs://, no commit mark) is not one."""
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  from ao_mdm.checkpoint import layout  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp
+
+  from ao_mdm.checkpoint import layout
+
   directory = fs.join(root, layout.CHECKPOINTS)
   assert layout.newest_complete_step(root) is None
   mgr = checkpoints.manager(directory, max_to_keep=None, async_save=False, item_names=("config",))

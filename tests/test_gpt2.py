@@ -1,13 +1,13 @@
 """Tests for ao_mdm.data.gpt2 (GPT-2 BPE from the files shipped in the package)."""
+
 import os
 import shutil
 
 import pytest
 
-from ao_mdm.data import corpus
-from ao_mdm.data import gpt2
-from ao_mdm.data import tokenizer as tokenizer_lib
 from ao_mdm import specs
+from ao_mdm.data import corpus, gpt2
+from ao_mdm.data import tokenizer as tokenizer_lib
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
 """Tests for ao_mdm.gpt2_scorer against a tiny random Hugging Face GPT-2 (the oracle)."""
+
 import os
 
 import numpy as np
@@ -18,9 +19,16 @@ VOCAB, BLOCK = 101, 16
 def hf_model():
   """A tiny GPT2LMHeadModel in eval mode, every param random (HF inits biases to 0, norms to 1)."""
   torch.manual_seed(0)
-  config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=BLOCK,
-                                   vocab_size=VOCAB, layer_norm_epsilon=1e-3, bos_token_id=0,
-                                   eos_token_id=0)
+  config = transformers.GPT2Config(
+    n_layer=2,
+    n_embd=32,
+    n_head=4,
+    n_positions=BLOCK,
+    vocab_size=VOCAB,
+    layer_norm_epsilon=1e-3,
+    bos_token_id=0,
+    eos_token_id=0,
+  )
   model = transformers.GPT2LMHeadModel(config).eval()
   with torch.no_grad():
     for p in model.parameters():  # the head is wte itself, so it stays tied
@@ -45,7 +53,8 @@ def _save(model, path, fmt: str = "safetensors") -> str:
 def scorer(hf_model, tmp_path_factory):
   hf_dir = _save(hf_model, tmp_path_factory.mktemp("hf"))
   return gpt2_scorer.load_gpt2_scorer(
-      hf_gpt2.import_hf_gpt2(hf_dir, str(tmp_path_factory.mktemp("out") / "gpt2")))
+    hf_gpt2.import_hf_gpt2(hf_dir, str(tmp_path_factory.mktemp("out") / "gpt2"))
+  )
 
 
 def _ids(seed: int = 0, shape=(3, BLOCK)) -> np.ndarray:
@@ -69,7 +78,8 @@ def test_matches_torch_logits_and_perplexity(tmp_path, hf_model, fmt):
   nll = scorer.token_nll(ids)
   assert nll.dtype == np.float64 and nll.shape == (3, BLOCK - 1)
   want_nll = torch.nn.functional.cross_entropy(  # token t scored from the logits of slot t-1
-      want[:, :-1].transpose(1, 2), torch.as_tensor(ids[:, 1:]), reduction="none")
+    want[:, :-1].transpose(1, 2), torch.as_tensor(ids[:, 1:]), reduction="none"
+  )
   np.testing.assert_allclose(np.exp(nll.mean(1)), want_nll.mean(1).exp().numpy(), rtol=1e-5)
 
 
@@ -77,10 +87,10 @@ def test_prefix_scores_do_not_depend_on_later_tokens(scorer):
   ids = _ids(2)
   changed = ids.copy()
   changed[:, 9:] = (changed[:, 9:] + 1) % VOCAB
-  np.testing.assert_allclose(scorer.token_nll(ids)[:, :8], scorer.token_nll(changed)[:, :8],
-                             rtol=1e-6)
-  np.testing.assert_allclose(scorer.token_nll(ids[:, :5]), scorer.token_nll(ids)[:, :4],
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    scorer.token_nll(ids)[:, :8], scorer.token_nll(changed)[:, :8], rtol=1e-6
+  )
+  np.testing.assert_allclose(scorer.token_nll(ids[:, :5]), scorer.token_nll(ids)[:, :4], rtol=1e-5)
 
 
 @pytest.mark.parametrize("bad", [VOCAB, -1])
@@ -130,21 +140,33 @@ def test_cli_scores_other_tokenizers_samples_as_gpt2_text(tmp_path):
   import json
   import subprocess
   import sys
+
   from ao_mdm.data import gpt2
+
   torch.manual_seed(1)
-  config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, n_positions=64,
-                                   vocab_size=gpt2.VOCAB_SIZE)
+  config = transformers.GPT2Config(
+    n_layer=1, n_embd=8, n_head=2, n_positions=64, vocab_size=gpt2.VOCAB_SIZE
+  )
   model = transformers.GPT2LMHeadModel(config).eval()
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  run = lambda *a: subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", *a], capture_output=True,
-                                  text=True, timeout=300, cwd=root,
-                                  env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  run = lambda *a: subprocess.run(
+    [sys.executable, "-m", "ao_mdm.cli.main", *a],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=root,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
   out = run("import-gpt2", f"--hf_dir={_save(model, tmp_path / 'hf')}", f"--out={tmp_path / 'sc'}")
   assert out.returncode == 0, out.stderr
   texts = ["We hold these truths to be self-evident.", "The state of the Union is strong."]
   samples = tmp_path / "s.jsonl"
-  samples.write_text("".join(json.dumps({"text": t, "tokens": [1, 2, 3], "tokenizer":
-                                         "sentencepiece"}) + "\n" for t in texts))
+  samples.write_text(
+    "".join(
+      json.dumps({"text": t, "tokens": [1, 2, 3], "tokenizer": "sentencepiece"}) + "\n"
+      for t in texts
+    )
+  )
   out = run("eval", f"--generated={samples}", f"--scorer={tmp_path / 'sc'}")
   assert out.returncode == 0, out.stderr
   got = json.loads(out.stdout.strip().splitlines()[-1])
@@ -172,26 +194,43 @@ class _RunsCode:
 def test_a_damaged_hf_dir_is_one_error_line(tmp_path, hf_model):
   """import-gpt2 on a truncated model.safetensors, a truncated pytorch_model.bin and a .bin whose
   pickle would run code: one `error:` line naming the file, exit 2, nothing run or written."""
-  import pickle  # pylint: disable=g-import-not-at-top
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
+  import pickle
+  import subprocess
+  import sys
+
   st = _save(hf_model, tmp_path / "st")
   data = open(os.path.join(st, "model.safetensors"), "rb").read()
   open(os.path.join(st, "model.safetensors"), "wb").write(data[:40])
   pt = _save(hf_model, tmp_path / "pt", "bin")
   data = open(os.path.join(pt, "pytorch_model.bin"), "rb").read()
-  open(os.path.join(pt, "pytorch_model.bin"), "wb").write(data[:len(data) // 2])
+  open(os.path.join(pt, "pytorch_model.bin"), "wb").write(data[: len(data) // 2])
   evil = _save(hf_model, tmp_path / "evil", "bin")
   with open(os.path.join(evil, "pytorch_model.bin"), "wb") as f:
     pickle.dump({"wte.weight": _RunsCode()}, f)
-  for hf_dir, file, what in ((st, "model.safetensors", "not a readable safetensors file"),
-                             (pt, "pytorch_model.bin", "not a readable PyTorch state dict"),
-                             (evil, "pytorch_model.bin", "not a readable PyTorch state dict")):
-    out = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", "import-gpt2",
-                          f"--hf_dir={hf_dir}", f"--out={tmp_path / 'out'}"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "JAX_PLATFORMS": "cpu",
-                              "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
+  for hf_dir, file, what in (
+    (st, "model.safetensors", "not a readable safetensors file"),
+    (pt, "pytorch_model.bin", "not a readable PyTorch state dict"),
+    (evil, "pytorch_model.bin", "not a readable PyTorch state dict"),
+  ):
+    out = subprocess.run(
+      [
+        sys.executable,
+        "-m",
+        "ao_mdm.cli.main",
+        "import-gpt2",
+        f"--hf_dir={hf_dir}",
+        f"--out={tmp_path / 'out'}",
+      ],
+      cwd=tmp_path,
+      capture_output=True,
+      text=True,
+      timeout=120,
+      env={
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": os.path.dirname(os.path.dirname(__file__)),
+      },
+    )
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
     assert lines[0].startswith(f"error: {os.path.join(hf_dir, file)}: {what} ("), lines[0]

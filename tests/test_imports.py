@@ -1,5 +1,6 @@
 """The library's import graph, read with ast: packages ranked bottom to top, each importing only
 from its own rank or below; no module cycles; no configs/."""
+
 import ast
 import pathlib
 
@@ -38,6 +39,7 @@ def _cycle(graph: dict):
         return found
     state[node] = "done"
     return None
+
   for node in sorted(graph):
     if node not in state and (found := visit(node, [])):
       return found
@@ -46,8 +48,19 @@ def _cycle(graph: dict):
 
 # Bottom to top (docs/architecture.md draws it): a package imports only packages below it and
 # its own modules; "core" is the modules at the top of ao_mdm/.
-RANKS = ("runtime", "storage", "core", "data", "checkpoint", "decode", "eval", "train", "interop",
-         "perf", "cli")
+RANKS = (
+  "runtime",
+  "storage",
+  "core",
+  "data",
+  "checkpoint",
+  "decode",
+  "eval",
+  "train",
+  "interop",
+  "perf",
+  "cli",
+)
 
 
 def package(module: str) -> str:
@@ -59,13 +72,16 @@ def package(module: str) -> str:
 def upward_imports(graph: dict) -> list:
   """`a -> b` for every import of a module from a package ranked above the importer's."""
   rank = {name: i for i, name in enumerate(RANKS)}
-  return sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
-                if rank[package(d)] > rank[package(m)])
+  return sorted(
+    f"{m} -> {d}" for m, deps in graph.items() for d in deps if rank[package(d)] > rank[package(m)]
+  )
 
 
 def test_packages_import_only_downwards_and_no_module_cycles():
   graph = import_graph()
-  assert "ao_mdm.train.loop" in graph and "ao_mdm.checkpoint.checkpoints" in graph["ao_mdm.train.loop"]
+  assert (
+    "ao_mdm.train.loop" in graph and "ao_mdm.checkpoint.checkpoints" in graph["ao_mdm.train.loop"]
+  )
   folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
   assert folders | {"core"} == set(RANKS), "give every package of ao_mdm/ a rank"
   assert upward_imports(graph) == []

@@ -1,5 +1,6 @@
 """Exact infill likelihood (eval/infill.py): the batched, padded scorer against one forward per
 span token, and a hand-made task that a trained model must get right."""
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -10,8 +11,7 @@ import pytest
 from ao_mdm import model as model_lib
 from ao_mdm import orders as orders_lib
 from ao_mdm import specs
-from ao_mdm.eval import infill
-from ao_mdm.eval import scoring
+from ao_mdm.eval import infill, scoring
 
 V, T = 64, 32
 
@@ -33,7 +33,7 @@ def naive_infill_nll(scorer, prefix, span, suffix, span_order):
   out = []
   for j, position in enumerate(span_order):
     before = [p + int(k) for k in span_order[:j]]
-    rest = [p + int(k) for k in span_order[j + 1:]]
+    rest = [p + int(k) for k in span_order[j + 1 :]]
     order = np.asarray([*context, *before, p + int(position), *rest], np.int32)[None]
     out.append(scorer.slot_nll(tokens, order)[0, len(context) + j])
   return np.asarray(out)
@@ -55,8 +55,13 @@ def test_batched_infill_equals_one_forward_per_span_token():
   # The order inside the span changes the factors but, for a model that is not exact, not
   # only their sum; l2r and r2l of one span differ somewhere.
   prefix, span, suffix, _ = items[3]
-  l2r, r2l = infill.infill_nll(scorer, [(prefix, span, suffix, infill.span_order(10, "l2r")),
-                                        (prefix, span, suffix, infill.span_order(10, "r2l"))])
+  l2r, r2l = infill.infill_nll(
+    scorer,
+    [
+      (prefix, span, suffix, infill.span_order(10, "l2r")),
+      (prefix, span, suffix, infill.span_order(10, "r2l")),
+    ],
+  )
   assert not np.allclose(l2r, r2l[::-1])
 
 
@@ -67,8 +72,9 @@ def test_infill_layout_errors():
     infill.layout([1], [3, 4, 5], [2], np.array([0, 0, 2]))
   with pytest.raises(ValueError, match="span order 'zigzag'; accepted: l2r, r2l, random"):
     infill.span_order(3, "zigzag")
-  with pytest.raises(ValueError, match="infill 2: an infill span of 33 tokens is longer than the "
-                     "model's T=32"):
+  with pytest.raises(
+    ValueError, match="infill 2: an infill span of 33 tokens is longer than the model's T=32"
+  ):
     infill.infill_nll(_scorer(), [([1], [2], [3]), ([1], [2] * 33, [3])])
 
 
@@ -83,8 +89,9 @@ def test_a_long_infill_keeps_the_context_nearest_its_span():
   prefix, span, suffix = (rng.integers(0, V, n).tolist() for n in (30, 5, 40))
   (cut,) = infill.infill_nll(scorer, [(prefix, span, suffix)])
   kept = infill.fit(prefix, span, suffix, T)
-  np.testing.assert_allclose(cut, naive_infill_nll(scorer, kept[0], span, kept[1], np.arange(5)),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    cut, naive_infill_nll(scorer, kept[0], span, kept[1], np.arange(5)), rtol=1e-5, atol=1e-5
+  )
 
 
 def _count(start, n):
@@ -105,8 +112,9 @@ def test_a_trained_model_fills_in_the_right_span():
     k1, k2 = jax.random.split(key)
     tokens = (jax.random.randint(k1, (32, 1), 0, V) + jnp.arange(T)) % V
     order = orders_lib.random_orders(k2, 32, T)
-    loss, grads = jax.value_and_grad(
-        lambda p: model_lib.slot_nll(model, p, tokens, order).mean())(params)
+    loss, grads = jax.value_and_grad(lambda p: model_lib.slot_nll(model, p, tokens, order).mean())(
+      params
+    )
     updates, opt_state = optimizer.update(grads, opt_state)
     return optax.apply_updates(params, updates), opt_state, loss
 

@@ -1,4 +1,5 @@
 """setup.py's ranges admit the exact versions of constraints.txt, which are what is installed."""
+
 import ast
 import importlib.metadata
 import os

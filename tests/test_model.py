@@ -1,4 +1,5 @@
 """The model against docs/design.md, "The model": sizes, causality in order space, slots."""
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -6,26 +7,27 @@ import numpy as np
 import pytest
 
 from ao_mdm import model as model_lib
-from ao_mdm import orders
-from ao_mdm import specs
+from ao_mdm import orders, specs
 
 PAPER_SIZES = [  # (variant, L, D, H, parameters) from the paper's configurations
-    ("ao", 12, 768, 12, 170_605_952),
-    ("ao", 24, 1024, 16, 425_804_928),
-    ("sigma", 12, 768, 12, 125_263_872),
-    ("sigma", 24, 1024, 16, 355_921_920),
+  ("ao", 12, 768, 12, 170_605_952),
+  ("ao", 24, 1024, 16, 425_804_928),
+  ("sigma", 12, 768, 12, 125_263_872),
+  ("sigma", 24, 1024, 16, 355_921_920),
 ]
 
 
 def small_cfg(variant="ao", t=16):
-  return specs.default().model.replace(variant=variant, block_size=t, vocab_size=64, n_layer=2,
-                                       n_embd=32, n_head=4)
+  return specs.default().model.replace(
+    variant=variant, block_size=t, vocab_size=64, n_layer=2, n_embd=32, n_head=4
+  )
 
 
 @pytest.mark.parametrize("variant,layers,width,heads,expected", PAPER_SIZES)
 def test_paper_parameter_counts(variant, layers, width, heads, expected):
-  cfg = specs.default().model.replace(variant=variant, n_layer=layers, n_embd=width,
-                                      n_head=heads, block_size=1024, vocab_size=50304)
+  cfg = specs.default().model.replace(
+    variant=variant, n_layer=layers, n_embd=width, n_head=heads, block_size=1024, vocab_size=50304
+  )
   shapes = nn.unbox(jax.eval_shape(lambda k: model_lib.init_params(cfg, k), jax.random.key(0)))
   assert model_lib.count_params(shapes) == expected
 
@@ -57,7 +59,7 @@ def test_causality_in_order_space(setup):
       changed = np.asarray(tokens).copy()
       changed[0, sigma[s:]] = (changed[0, sigma[s:]] + 1) % cfg.vocab_size
       out = _forward(cfg, params, jnp.asarray(changed), order)
-      np.testing.assert_allclose(out[0, :s + 1], base[0, :s + 1], atol=1e-5)
+      np.testing.assert_allclose(out[0, : s + 1], base[0, : s + 1], atol=1e-5)
       # Changing one token in sigma[:s] changes slot s.
       seen = np.asarray(tokens).copy()
       seen[0, sigma[s - 1]] = (seen[0, sigma[s - 1]] + 1) % cfg.vocab_size
@@ -94,8 +96,9 @@ def test_hidden_states_on_request(setup):
   x_BTD, cond = model.apply({"params": params}, prev_tok, prev_pos, order, method="embed")
   stacked, _ = model.apply({"params": params}, x_BTD, cond, method="stack")
   np.testing.assert_allclose(h_BTD, stacked, atol=1e-6)
-  np.testing.assert_allclose(model.apply({"params": params}, h_BTD, cond, method="logits"),
-                             logits, atol=1e-5)
+  np.testing.assert_allclose(
+    model.apply({"params": params}, h_BTD, cond, method="logits"), logits, atol=1e-5
+  )
 
 
 def test_slot_bookkeeping(setup):
@@ -108,6 +111,7 @@ def test_slot_bookkeeping(setup):
   tok, sig = np.asarray(tokens), np.asarray(order)
   by_hand = np.mean([[-logp[b, s, tok[b, sig[b, s]]] for s in range(t)] for b in range(2)])
   from ao_mdm.train import step as train_step
+
   loss = float(jnp.mean(train_step.sequence_nll(model_lib.make_model(cfg), params, tokens, order)))
   np.testing.assert_allclose(loss, by_hand, rtol=1e-5)
   # Identity order: ordinary next-token prediction; slot 0 predicts x[0] from [None] alone.
@@ -146,26 +150,42 @@ def test_sequence_longer_than_block_size():
     _forward(cfg, params, jnp.zeros((1, t), jnp.int32), orders.identity(1, t))
 
 
-@pytest.mark.parametrize("name,expected", [("ao_small", "170,605,952"), ("ao_medium", "425,804,928"),
-                                           ("sigma_small", "125,263,872"),
-                                           ("sigma_medium", "355,921,920")])
+@pytest.mark.parametrize(
+  "name,expected",
+  [
+    ("ao_small", "170,605,952"),
+    ("ao_medium", "425,804,928"),
+    ("sigma_small", "125,263,872"),
+    ("sigma_medium", "355,921,920"),
+  ],
+)
 def test_info_command_on_paper_configs(name, expected):
-  import os, subprocess, sys
+  import os
+  import subprocess
+  import sys
+
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  out = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", "info",
-                        f"--config={root}/configs/paper.py:{name}"],
-                       capture_output=True, text=True, check=True, cwd=root).stdout
+  out = subprocess.run(
+    [sys.executable, "-m", "ao_mdm.cli.main", "info", f"--config={root}/configs/paper.py:{name}"],
+    capture_output=True,
+    text=True,
+    check=True,
+    cwd=root,
+  ).stdout
   assert f"parameters: {expected}\n" in out
 
 
-@pytest.mark.parametrize("key,value", [("remat", "full"), ("remat", "dots"),
-                                       ("unroll_layers", True)])
+@pytest.mark.parametrize(
+  "key,value", [("remat", "full"), ("remat", "dots"), ("unroll_layers", True)]
+)
 def test_layer_schedules_give_the_same_gradients(key, value):
   """Remat policies and the unrolled layer scan change the schedule only."""
   from ao_mdm.train import step as train_step
+
   cfg = small_cfg()
-  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.block_size)),
-                       jnp.int32)
+  tokens = jnp.asarray(
+    np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.block_size)), jnp.int32
+  )
   order = orders.random_orders(jax.random.key(0), 2, cfg.block_size)
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
   grads = []
@@ -186,15 +206,18 @@ def test_adaln_from_the_target_table_equals_per_slot():
   order = orders.random_orders(jax.random.key(3), b, t)
   together = _forward(cfg, params, tokens, order)  # 3T rows > T: the table path
   for i in range(b):  # T rows: the per-slot path
-    alone = _forward(cfg, params, tokens[i:i + 1], order[i:i + 1])
+    alone = _forward(cfg, params, tokens[i : i + 1], order[i : i + 1])
     np.testing.assert_allclose(alone[0], together[i], rtol=1e-5, atol=1e-5)
   probe = nn.Dense(4)
   c_TC = jax.random.normal(jax.random.key(4), (t, 8))
   target_BW = order[:, :6]  # 18 slots > T = 16: the table path
   p = probe.init(jax.random.key(5), c_TC)
   rows = probe.apply(p, jnp.take(c_TC, target_BW, axis=0)).reshape(3, 6, 2, 2)
-  table = probe.apply(p, (c_TC, target_BW), method=lambda m, cond: model_lib.per_slot(
-      lambda c: m(c).reshape(c.shape[0], 2, 2), cond))
+  table = probe.apply(
+    p,
+    (c_TC, target_BW),
+    method=lambda m, cond: model_lib.per_slot(lambda c: m(c).reshape(c.shape[0], 2, 2), cond),
+  )
   for i in range(2):
     np.testing.assert_allclose(table[i], rows[:, :, i], rtol=1e-6, atol=1e-6)
 
@@ -204,8 +227,9 @@ def test_adaln_from_the_target_table_equals_per_slot():
 def test_cudnn_attention_matches_xla_on_gpu():
   """model.attention=cudnn (training path) gives the XLA attention's logits, in bf16."""
   cfg = small_cfg().replace(dtype="bfloat16", n_embd=128, n_head=2, cond_dim=128)  # head dim 64
-  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.block_size)),
-                       jnp.int32)
+  tokens = jnp.asarray(
+    np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.block_size)), jnp.int32
+  )
   order = orders.random_orders(jax.random.key(0), 2, cfg.block_size)
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
   xla = np.asarray(_forward(cfg, params, tokens, order), np.float32)
@@ -228,17 +252,25 @@ def test_splash_attention_equals_xla_attention_in_interpret_mode(variant):
     c = cfg.replace(attention=attention)
     assert model_lib.attention_kind(c, "cpu", 384) == attention
     loss = lambda p, c=c: model_lib.slot_nll(model_lib.make_model(c), p, tokens, order).mean()
-    got[attention] = (jax.jit(lambda p, c=c: _forward(c, p, tokens, order))(params),
-                      jax.jit(jax.grad(loss))(params))
+    got[attention] = (
+      jax.jit(lambda p, c=c: _forward(c, p, tokens, order))(params),
+      jax.jit(jax.grad(loss))(params),
+    )
   np.testing.assert_allclose(got["splash"][0], got["xla"][0], atol=2e-5, rtol=0)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=5e-7, rtol=0),
-               got["splash"][1], got["xla"][1])
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, atol=5e-7, rtol=0),
+    got["splash"][1],
+    got["xla"][1],
+  )
 
 
 def test_auto_attention_by_platform_and_length():
   cfg = small_cfg(t=256)
   assert [model_lib.attention_kind(cfg, p, 256) for p in ("cpu", "tpu", "gpu")] == [
-      "xla", "splash", "xla"]  # cuDNN takes bfloat16 only
+    "xla",
+    "splash",
+    "xla",
+  ]  # cuDNN takes bfloat16 only
   assert model_lib.attention_kind(cfg.replace(dtype="bfloat16"), "gpu", 256) == "cudnn"
   assert model_lib.attention_kind(cfg, "tpu", 96) == "xla"  # a forward cut short of 128 blocks
   assert model_lib.attention_kind(cfg.replace(attention="xla"), "tpu", 256) == "xla"

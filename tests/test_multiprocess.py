@@ -1,4 +1,5 @@
 """Two local processes x 4 CPU devices train exactly like one process with 8 devices."""
+
 import os
 import pathlib
 import signal
@@ -26,8 +27,10 @@ def free_port() -> int:
 def run_all(commands: list) -> list:
   """Start every command at once; kill them all if one hangs past TIMEOUT_S."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env) for c in commands]
+  procs = [
+    subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    for c in commands
+  ]
   outputs = []
   try:
     for p in procs:
@@ -47,8 +50,17 @@ def run_all(commands: list) -> list:
 def test_two_processes_match_one(tmp_path):
   port = free_port()
   worker = [sys.executable, str(WORKER)]
-  multi = [worker + ["--devices=4", "--num_processes=2", f"--process_id={i}", f"--port={port}",
-                     f"--out={tmp_path / 'multi.npz'}"] for i in range(2)]
+  multi = [
+    worker
+    + [
+      "--devices=4",
+      "--num_processes=2",
+      f"--process_id={i}",
+      f"--port={port}",
+      f"--out={tmp_path / 'multi.npz'}",
+    ]
+    for i in range(2)
+  ]
   single = worker + ["--devices=8", f"--out={tmp_path / 'single.npz'}"]
   run_all(multi + [single])
   got, want = np.load(tmp_path / "multi.npz"), np.load(tmp_path / "single.npz")
@@ -62,25 +74,55 @@ def test_two_processes_match_one(tmp_path):
 # 127.0.0.1: signals to one or both, a process killed, each stop resumed to the end and compared
 # with a run that was never stopped.
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SMALL = ["--config.model.vocab_size=512", "--config.model.block_size=32",
-         "--config.model.n_layer=2", "--config.model.n_embd=32", "--config.model.n_head=2",
-         "--config.train.batch_size=8", "--config.train.warmup_steps=2",
-         "--config.train.log_every=1", "--config.train.eval_batches=1"]
+SMALL = [
+  "--config.model.vocab_size=512",
+  "--config.model.block_size=32",
+  "--config.model.n_layer=2",
+  "--config.model.n_embd=32",
+  "--config.model.n_head=2",
+  "--config.train.batch_size=8",
+  "--config.train.warmup_steps=2",
+  "--config.train.log_every=1",
+  "--config.train.eval_batches=1",
+]
 STEPS = 12
 
 
 def two_trains(workdir: str, data_dir: str, *flags) -> list:
   """Both processes of a run of STEPS steps, started at once."""
   port = free_port()
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",  # a killed one's lines
-         "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"}
-  return [subprocess.Popen(
-      [sys.executable, "-m", "ao_mdm.cli.main", "train", f"--config={ROOT}/configs/tiny.py",
-       f"--workdir={workdir}", f"--config.data.tfds_dir={data_dir}", *SMALL,
-       f"--config.train.num_steps={STEPS}", "--config.train.eval_every=0", *flags,
-       f"--coordinator=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
-      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-      for i in range(2)]
+  env = {
+    **os.environ,
+    "JAX_PLATFORMS": "cpu",
+    "PYTHONUNBUFFERED": "1",  # a killed one's lines
+    "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2",
+  }
+  return [
+    subprocess.Popen(
+      [
+        sys.executable,
+        "-m",
+        "ao_mdm.cli.main",
+        "train",
+        f"--config={ROOT}/configs/tiny.py",
+        f"--workdir={workdir}",
+        f"--config.data.tfds_dir={data_dir}",
+        *SMALL,
+        f"--config.train.num_steps={STEPS}",
+        "--config.train.eval_every=0",
+        *flags,
+        f"--coordinator=127.0.0.1:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+      ],
+      cwd=ROOT,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
 
 
 def finish(procs: list) -> list:
@@ -99,19 +141,25 @@ def finish(procs: list) -> list:
 
 def records(workdir: str) -> dict:
   """step -> loss of metrics.jsonl, the last record of a step winning (a resume rewrites)."""
-  from ao_mdm.storage import fs  # pylint: disable=g-import-not-at-top
+  from ao_mdm.storage import fs
+
   path = fs.join(workdir, "metrics.jsonl")
   if not fs.isfile(path):
     return {}
-  import json  # pylint: disable=g-import-not-at-top
-  return {r["step"]: r["loss"] for r in map(json.loads, fs.read_text(path).splitlines())
-          if "loss" in r}
+  import json
+
+  return {
+    r["step"]: r["loss"] for r in map(json.loads, fs.read_text(path).splitlines()) if "loss" in r
+  }
 
 
 def wait_for_step(procs: list, workdir: str, step: int) -> None:
   deadline = time.time() + TIMEOUT_S
-  while max(records(workdir), default=0) < step and time.time() < deadline and all(
-      p.poll() is None for p in procs):
+  while (
+    max(records(workdir), default=0) < step
+    and time.time() < deadline
+    and all(p.poll() is None for p in procs)
+  ):
     time.sleep(0.05)
   assert max(records(workdir), default=0) >= step, [p.poll() for p in procs]
 
@@ -135,10 +183,13 @@ def error_lines(err: str) -> list:
 
 def assert_same_run(workdir: str, straight: str) -> None:
   """Losses of every step and the final params and EMA equal the straight run's, bitwise."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from ao_mdm.checkpoint import checkpoints  # pylint: disable=g-import-not-at-top
+  import jax
+
+  from ao_mdm.checkpoint import checkpoints
+
   assert records(workdir) == records(straight) and sorted(records(workdir)) == list(
-      range(1, STEPS + 1))
+    range(1, STEPS + 1)
+  )
   for weights in ("params", "ema"):
     _, want = checkpoints.load_params(straight, weights)
     _, got = checkpoints.load_params(workdir, weights)
@@ -179,6 +230,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step(straight, data_dir, tmp_p
   def act(procs):
     wait_for_step(procs, workdir, 3)
     procs[1].send_signal(signal.SIGTERM)  # a preemption notice reaches one host
+
   stopped = stop_and_resume(workdir, data_dir, straight, act)
   assert [r[0] for r in stopped] == [0, 0], stopped[1][2][-3000:]
   assert 3 < saved_step(stopped, "preempted") < STEPS
@@ -193,6 +245,7 @@ def test_sigterm_to_both_at_different_moments_and_during_start_up(straight, data
     procs[0].send_signal(signal.SIGTERM)
     wait_for_step(procs, workdir, 1)
     procs[1].send_signal(signal.SIGTERM)
+
   stopped = stop_and_resume(workdir, data_dir, straight, act)
   assert [r[0] for r in stopped] == [0, 0], stopped[0][2][-3000:]
   assert saved_step(stopped, "preempted") <= 3  # at the first boundaries, not when both asked
@@ -204,6 +257,7 @@ def test_ctrl_c_to_one_process_exits_130_on_both(straight, data_dir, tmp_path):
   def act(procs):
     wait_for_step(procs, workdir, 4)
     procs[0].send_signal(signal.SIGINT)
+
   stopped = stop_and_resume(workdir, data_dir, straight, act, "--config.train.eval_every=5")
   assert [r[0] for r in stopped] == [130, 130], stopped[1][2][-3000:]
   assert 4 < saved_step(stopped, "interrupted") < STEPS
@@ -213,19 +267,20 @@ def wait_for_checkpoint(procs: list, workdir: str, step: int) -> None:
   """Until the checkpoint of `step` is complete (under its final name)."""
   path = os.path.join(workdir, "checkpoints", str(step))
   deadline = time.time() + TIMEOUT_S
-  while not os.path.isdir(path) and time.time() < deadline and all(
-      p.poll() is None for p in procs):
+  while not os.path.isdir(path) and time.time() < deadline and all(p.poll() is None for p in procs):
     time.sleep(0.02)
   assert os.path.isdir(path), [p.poll() for p in procs]
 
 
-def test_a_killed_process_ends_the_other_with_one_line_in_bounded_time(straight, data_dir,
-                                                                       tmp_path):
+def test_a_killed_process_ends_the_other_with_one_line_in_bounded_time(
+  straight, data_dir, tmp_path
+):
   """SIGKILL of either process (1, then the coordinator 0) right after a checkpoint completes,
   at the default --heartbeat_timeout: the other exits 2 with one line naming it and the newest
   complete checkpoint within the timeout and a few seconds; the restart resumes from the step
   the line named; the run ends equal to the straight run."""
-  from ao_mdm.runtime import hosts  # pylint: disable=g-import-not-at-top
+  from ao_mdm.runtime import hosts
+
   workdir, every, named = str(tmp_path / "run"), 5, None
   for victim, step in ((1, every), (0, 2 * every)):
     procs = two_trains(workdir, data_dir, f"--config.train.checkpoint_every={every}")
@@ -257,14 +312,32 @@ def test_ctrl_c_to_the_local_launcher_is_an_interrupt_not_a_failure(data_dir, tm
   """launch/local_multiprocess.sh: Ctrl-C (SIGINT to its process group, as a terminal sends it)
   saves one step in both processes and the launcher exits 130 without calling it a failure."""
   workdir = str(tmp_path / "run")
-  env = {**os.environ, "PORT": str(free_port()), "DEVICES_PER_PROCESS": "2",
-         "AO_MDM": os.path.join(os.path.dirname(sys.executable), "ao-mdm")}
+  env = {
+    **os.environ,
+    "PORT": str(free_port()),
+    "DEVICES_PER_PROCESS": "2",
+    "AO_MDM": os.path.join(os.path.dirname(sys.executable), "ao-mdm"),
+  }
   launcher = subprocess.Popen(
-      ["bash", str(ROOT / "launch/local_multiprocess.sh"), "2", f"{ROOT}/configs/tiny.py",
-       workdir, f"--config.data.tfds_dir={data_dir}", *SMALL, "--config.train.num_steps=200",
-       "--config.train.eval_every=0", "--config.train.checkpoint_every=1000"],
-      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      start_new_session=True)
+    [
+      "bash",
+      str(ROOT / "launch/local_multiprocess.sh"),
+      "2",
+      f"{ROOT}/configs/tiny.py",
+      workdir,
+      f"--config.data.tfds_dir={data_dir}",
+      *SMALL,
+      "--config.train.num_steps=200",
+      "--config.train.eval_every=0",
+      "--config.train.checkpoint_every=1000",
+    ],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    start_new_session=True,
+  )
   try:
     wait_for_step([launcher], workdir, 3)
     os.killpg(launcher.pid, signal.SIGINT)

@@ -1,6 +1,7 @@
 """What a new user met (issue 33), each failing before its fix: records of a run started over,
 a foreign step in a work dir, the saved step logged at an interrupt, SIGTERM during sample and
 export, `~` in a path flag, and what `prepare` calls verified."""
+
 import contextlib
 import json
 import os
@@ -13,32 +14,48 @@ import time
 
 import pytest
 
-from ao_mdm.config import base_config
 from ao_mdm import specs
-from test_cli import tiny_config  # pylint: disable=g-bad-import-order
 from ao_mdm.checkpoint import checkpoints
-from ao_mdm.data import prepare
-from ao_mdm.data import prepared
+from ao_mdm.config import base_config
+from ao_mdm.data import prepare, prepared
 from ao_mdm.storage import fs
 from ao_mdm.train import loop
+from test_cli import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMALL = ["--config.model.vocab_size=512", "--config.model.block_size=32",
-         "--config.model.n_layer=1", "--config.model.n_embd=32", "--config.model.n_head=2",
-         "--config.train.batch_size=4", "--config.train.eval_batches=1",
-         "--config.train.eval_every=0", "--config.train.log_every=1"]
+SMALL = [
+  "--config.model.vocab_size=512",
+  "--config.model.block_size=32",
+  "--config.model.n_layer=1",
+  "--config.model.n_embd=32",
+  "--config.model.n_head=2",
+  "--config.train.batch_size=4",
+  "--config.train.eval_batches=1",
+  "--config.train.eval_every=0",
+  "--config.train.log_every=1",
+]
 
 
 def ao_mdm(*args, env=None, cwd=ROOT):
-  return subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", *args], capture_output=True,
-                        text=True, timeout=300, cwd=cwd,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})})
+  return subprocess.run(
+    [sys.executable, "-m", "ao_mdm.cli.main", *args],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=cwd,
+    env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})},
+  )
 
 
 def start(*args, env=None):
-  return subprocess.Popen([sys.executable, "-m", "ao_mdm.cli.main", *args], cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})})
+  return subprocess.Popen(
+    [sys.executable, "-m", "ao_mdm.cli.main", *args],
+    cwd=ROOT,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})},
+  )
 
 
 def small_config(tfds_dir, steps):
@@ -84,13 +101,20 @@ def test_a_foreign_step_in_a_work_dir_is_skipped_and_the_loaded_step_named(run, 
 
 def test_an_interrupted_run_logs_the_step_it_saved(data_dir, tmp_path):
   workdir = str(tmp_path / "run")
-  proc = start("train", f"--config={ROOT}/configs/tiny.py", f"--workdir={workdir}",
-               f"--config.data.tfds_dir={data_dir}", "--config.train.num_steps=100000",
-               "--config.train.checkpoint_every=100000", *SMALL)
+  proc = start(
+    "train",
+    f"--config={ROOT}/configs/tiny.py",
+    f"--workdir={workdir}",
+    f"--config.data.tfds_dir={data_dir}",
+    "--config.train.num_steps=100000",
+    "--config.train.checkpoint_every=100000",
+    *SMALL,
+  )
   metrics = os.path.join(workdir, "metrics.jsonl")
   deadline = time.time() + 240
-  while time.time() < deadline and not (os.path.exists(metrics) and '"loss"' in open(
-      metrics).read()):
+  while time.time() < deadline and not (
+    os.path.exists(metrics) and '"loss"' in open(metrics).read()
+  ):
     time.sleep(0.05)
   proc.send_signal(signal.SIGINT)
   out, err = proc.communicate(timeout=120)
@@ -102,8 +126,14 @@ def test_an_interrupted_run_logs_the_step_it_saved(data_dir, tmp_path):
 
 def test_sigterm_during_sample_keeps_the_finished_samples(run, tmp_path):
   out_file = tmp_path / "s.jsonl"
-  proc = start("sample", f"--checkpoint={run['run']}", "--num_samples=100000", "--batch_size=1",
-               "--steps=2", f"--out={out_file}")
+  proc = start(
+    "sample",
+    f"--checkpoint={run['run']}",
+    "--num_samples=100000",
+    "--batch_size=1",
+    "--steps=2",
+    f"--out={out_file}",
+  )
   partial = tmp_path / "s.jsonl.partial"
   deadline = time.time() + 240
   while time.time() < deadline and not (partial.exists() and partial.stat().st_size):
@@ -120,9 +150,10 @@ def test_sigterm_during_sample_keeps_the_finished_samples(run, tmp_path):
 def test_a_signal_right_after_a_sample_is_written_counts_it(run, tmp_path, monkeypatch):
   """The signal's cleanup runs between any two statements: here after the second sample's
   write, before the loop counts it; the line must name what the file holds."""
-  from ao_mdm.runtime import interrupts  # pylint: disable=g-import-not-at-top
-  from ao_mdm.cli.commands import sample as sample_command  # pylint: disable=g-import-not-at-top
-  from ao_mdm.decode import generate  # pylint: disable=g-import-not-at-top
+  from ao_mdm.cli.commands import sample as sample_command
+  from ao_mdm.decode import generate
+  from ao_mdm.runtime import interrupts
+
   out, said, cleanups = str(tmp_path / "s.jsonl"), [], []
   real_append, real_on_interrupt = fs.append, interrupts.on_interrupt
 
@@ -137,14 +168,22 @@ def test_a_signal_right_after_a_sample_is_written_counts_it(run, tmp_path, monke
     if fs.read_bytes(path).count(b"\n") == 2:
       said.append(cleanups[-1]())
       raise SystemExit(143)
+
   monkeypatch.setattr(sample_command.interrupts, "on_interrupt", on_interrupt)
   monkeypatch.setattr(sample_command.fs, "append", append_then_signal)
   config, params, tokenizer = checkpoints.load_run(run["export"])
-  records = generate.sample_texts(params, config.model, tokenizer, num_samples=5, batch_size=1,
-                                  seed=0, steps=2)
+  records = generate.sample_texts(
+    params, config.model, tokenizer, num_samples=5, batch_size=1, seed=0, steps=2
+  )
   with pytest.raises(SystemExit):
-    sample_command.write_samples(records, out, 5, {"tokenizer": config.data.tokenizer},
-                                 show=lambda i, r: None, say=lambda line: None)
+    sample_command.write_samples(
+      records,
+      out,
+      5,
+      {"tokenizer": config.data.tokenizer},
+      show=lambda i, r: None,
+      say=lambda line: None,
+    )
   assert said == [f"kept the 2 finished samples in {out}"]
   assert len(fs.read_text(out).splitlines()) == 2
 
@@ -158,7 +197,8 @@ def test_sigterm_during_export_leaves_nothing_and_leftovers_of_the_dead_are_remo
   proc = start("export", f"--checkpoint={run['run']}", f"--out={out_dir}")
   deadline = time.time() + 120
   while time.time() < deadline and not any(
-      n.startswith("export.tmp") and n != leftover.name for n in os.listdir(tmp_path)):
+    n.startswith("export.tmp") and n != leftover.name for n in os.listdir(tmp_path)
+  ):
     time.sleep(0.01)
   proc.send_signal(signal.SIGTERM)
   _, err = proc.communicate(timeout=60)
@@ -173,28 +213,45 @@ def test_sigterm_during_export_leaves_nothing_and_leftovers_of_the_dead_are_remo
 def test_a_tilde_in_a_path_flag_is_the_home_directory(run, tmp_path):
   home = tmp_path / "home"
   home.mkdir()
-  out = ao_mdm("sample", f"--checkpoint={run['run']}", "--num_samples=1", "--steps=2",
-               "--out=~/s.jsonl", env={"HOME": str(home)}, cwd=str(tmp_path))
+  out = ao_mdm(
+    "sample",
+    f"--checkpoint={run['run']}",
+    "--num_samples=1",
+    "--steps=2",
+    "--out=~/s.jsonl",
+    env={"HOME": str(home)},
+    cwd=str(tmp_path),
+  )
   assert out.returncode == 0, out.stderr
   assert (home / "s.jsonl").exists() and not (tmp_path / "~").exists()
   assert f"wrote 1 samples to {home / 's.jsonl'}" in out.stdout
 
 
 def test_prepare_says_verified_only_after_hashing(sp_tokenizer, tmp_path):
-  from ao_mdm.data import corpus, datasets  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import corpus, datasets
+
   text = tmp_path / "docs.txt"
   text.write_text("\n".join(d.replace("\n", " ") for d in corpus.sotu_documents("train")[:30]))
   config = base_config()
   config.model.vocab_size = sp_tokenizer.vocab_size
-  config.data.update(dataset="text_file", text_file=str(text), tfds_dir=str(tmp_path / "tfds"),
-                     prepared_dir=str(tmp_path / "p"))
+  config.data.update(
+    dataset="text_file",
+    text_file=str(text),
+    tfds_dir=str(tmp_path / "tfds"),
+    prepared_dir=str(tmp_path / "p"),
+  )
   workdir = tmp_path / "run"  # the run's tokenizer: the session's model, under its name here
   (workdir / "tokenizer").mkdir(parents=True)
-  shutil.copy(sp_tokenizer.model_path, workdir / "tokenizer" / (
-      f"sp_{datasets.dataset_tag(config.data)}_{sp_tokenizer.vocab_size}.model"))
+  shutil.copy(
+    sp_tokenizer.model_path,
+    workdir
+    / "tokenizer"
+    / (f"sp_{datasets.dataset_tag(config.data)}_{sp_tokenizer.vocab_size}.model"),
+  )
   config = specs.parse(config)
-  command = lambda verify: list(prepare.prepare_splits(config, ["train"], 1, str(workdir),
-                                                        None, None, verify))
+  command = lambda verify: list(
+    prepare.prepare_splits(config, ["train"], 1, str(workdir), None, None, verify)
+  )
   first = command(False)
   assert "every shard hashed: verified" in first[0]
   split = prepared.open_split(config.data, sp_tokenizer, "train")
@@ -230,8 +287,9 @@ def test_a_damaged_step_is_one_plain_line(run, tmp_path):
   assert out.returncode == 0, out.stderr
   skipped = [line for line in out.stdout.splitlines() if line.startswith("skipped")]
   assert len(skipped) == 1 and skipped[0].startswith(
-      f"skipped checkpoint step 4 in {workdir}/checkpoints: it cannot be restored (its data "
-      "cannot be read: truncated or corrupt")
+    f"skipped checkpoint step 4 in {workdir}/checkpoints: it cannot be restored (its data "
+    "cannot be read: truncated or corrupt"
+  )
   assert "Exception ignored" not in out.stderr and "Event loop is closed" not in out.stderr
   assert len(out.stderr.splitlines()) <= 2, out.stderr
   shutil.rmtree(os.path.join(workdir, "checkpoints", "4", "ema"))

@@ -1,4 +1,5 @@
 """The cached parallel sampler against a naive sampler that reruns the training forward."""
+
 import math
 
 import flax.linen as nn
@@ -8,19 +9,17 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ao_mdm.decode import common
-from ao_mdm.decode import options
-from ao_mdm.decode import parallel
-from ao_mdm.decode import text
 from ao_mdm import model as model_lib
 from ao_mdm import specs
+from ao_mdm.decode import common, options, parallel, text
 
 T = 32
 
 
 def tiny_model(variant="ao", vocab=64):
-  cfg = specs.default().model.replace(variant=variant, block_size=T, vocab_size=vocab, n_layer=2,
-                                      n_embd=32, n_head=4)
+  cfg = specs.default().model.replace(
+    variant=variant, block_size=T, vocab_size=vocab, n_layer=2, n_embd=32, n_head=4
+  )
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
   # Sharper logits than the init gives, so that argmax decisions are far from ties.
   params = jax.tree.map(lambda p: p * 3.0 if p.ndim >= 2 else p, params)
@@ -44,7 +43,7 @@ def naive_greedy(cfg, params, known_tokens, order, counts):
   logits_log = np.zeros((b, cfg.block_size, cfg.vocab_size), np.float32)
   for n, n_next in zip(counts[:-1], counts[1:]):
     for m in range(n, n_next):
-      o = np.concatenate([order[:, :n], order[:, m:m + 1], np.delete(order[:, n:], m - n, 1)], 1)
+      o = np.concatenate([order[:, :n], order[:, m : m + 1], np.delete(order[:, n:], m - n, 1)], 1)
       logits = np.asarray(forward(jnp.asarray(tokens), jnp.asarray(o)))[:, n]
       logits_log[np.arange(b), order[:, m]] = logits
     for m in range(n, n_next):  # tokens of one step are written after all its targets are scored
@@ -53,17 +52,17 @@ def naive_greedy(cfg, params, known_tokens, order, counts):
 
 
 CASES = {  # name: (order mode, known positions)
-    "unconditional": ("random", []),
-    "l2r": ("l2r", []),
-    "prefix": ("random", list(range(7))),
-    "scattered": ("random", [0, 3, 4, 11, 20, 31]),
+  "unconditional": ("random", []),
+  "l2r": ("l2r", []),
+  "prefix": ("random", list(range(7))),
+  "scattered": ("random", [0, 3, 4, 11, 20, 31]),
 }
 
 
 # Every case, S in {T, T/4, T/16} and both schedules for AO-GPT; sigma-GPT at S = T/4.
-EQUALITY = [("ao", case, div, sched) for case in CASES for div in (1, 4, 16)
-            for sched in options.SCHEDULES] + [
-                ("sigma", case, 4, sched) for case in CASES for sched in options.SCHEDULES]
+EQUALITY = [
+  ("ao", case, div, sched) for case in CASES for div in (1, 4, 16) for sched in options.SCHEDULES
+] + [("sigma", case, 4, sched) for case in CASES for sched in options.SCHEDULES]
 
 
 @pytest.mark.parametrize("variant,case,steps_div,schedule", EQUALITY)
@@ -73,9 +72,19 @@ def test_cached_equals_naive(variant, case, steps_div, schedule):
   rng = np.random.default_rng(0)
   ids = rng.integers(0, cfg.vocab_size, len(positions))
   steps = (T - len(positions)) // steps_div
-  out = parallel.sample(params, cfg, batch_size=3, steps=steps, schedule=schedule, temperature=0,
-                        seed=1, known_positions=positions, known_tokens=ids, order=mode,
-                        return_logits=True)
+  out = parallel.sample(
+    params,
+    cfg,
+    batch_size=3,
+    steps=steps,
+    schedule=schedule,
+    temperature=0,
+    seed=1,
+    known_positions=positions,
+    known_tokens=ids,
+    order=mode,
+    return_logits=True,
+  )
   counts = parallel.schedule_counts(T, len(positions), steps, schedule)
   known, _ = common.known_arrays(T, 3, positions, ids)
   ref_tokens, ref_logits = naive_greedy(cfg, params, known, out.order, counts)
@@ -83,29 +92,43 @@ def test_cached_equals_naive(variant, case, steps_div, schedule):
   unknown = np.setdiff1d(np.arange(T), positions)
   np.testing.assert_allclose(out.logits[:, unknown], ref_logits[:, unknown], atol=2e-4, rtol=1e-4)
   # The no-cache sampler (encoder-only cost model) computes the same thing.
-  plain = parallel.sample(params, cfg, batch_size=3, steps=steps, schedule=schedule,
-                          temperature=0, seed=1, known_positions=positions, known_tokens=ids,
-                          order=mode, use_cache=False)
+  plain = parallel.sample(
+    params,
+    cfg,
+    batch_size=3,
+    steps=steps,
+    schedule=schedule,
+    temperature=0,
+    seed=1,
+    known_positions=positions,
+    known_tokens=ids,
+    order=mode,
+    use_cache=False,
+  )
   np.testing.assert_array_equal(plain.tokens, out.tokens)
 
 
-@pytest.mark.parametrize("decoder,mode", [("parallel", "random"), ("parallel", "l2r"),
-                                          ("speculative", "random")])
+@pytest.mark.parametrize(
+  "decoder,mode", [("parallel", "random"), ("parallel", "l2r"), ("speculative", "random")]
+)
 def test_decoding_stops_at_end_and_equals_naive(decoder, mode):
   """With `end`, the positions from it on are last in the order and never drawn; the others are
   what the naive sampler draws in that order (an infill that ends at its text)."""
-  from ao_mdm.decode import speculative  # pylint: disable=g-import-not-at-top
+  from ao_mdm.decode import speculative
+
   cfg, params = cached_model("ao")
   positions, end = [0, 3, 4, 11, 19], 20
   ids = np.random.default_rng(0).integers(0, cfg.vocab_size, len(positions))
   known = dict(known_positions=positions, known_tokens=ids)
   if decoder == "parallel":
-    out = parallel.sample(params, cfg, batch_size=3, steps=5, temperature=0, seed=1, order=mode,
-                          end=end, **known)
+    out = parallel.sample(
+      params, cfg, batch_size=3, steps=5, temperature=0, seed=1, order=mode, end=end, **known
+    )
     counts = parallel.schedule_counts(end, len(positions), 5, "linear")
   else:
-    out = speculative.sample(params, cfg, batch_size=3, draft=3, temperature=0, seed=1,
-                             order=mode, end=end, **known)
+    out = speculative.sample(
+      params, cfg, batch_size=3, draft=3, temperature=0, seed=1, order=mode, end=end, **known
+    )
     counts = np.arange(len(positions), end + 1)  # sequential: one token per step
   assert np.all(out.order[:, end:] == np.arange(end, T)) and np.all(out.tokens[:, end:] == 0)
   start, _ = common.known_arrays(T, 3, positions, ids)
@@ -114,17 +137,29 @@ def test_decoding_stops_at_end_and_equals_naive(decoder, mode):
   with pytest.raises(ValueError, match="end=11 leaves known positions after it"):
     parallel.sample(params, cfg, batch_size=1, steps=2, end=11, **known)
   with pytest.raises(ValueError, match="leaves nothing to generate"):
-    parallel.sample(params, cfg, batch_size=1, steps=2, known_positions=[0, 1], known_tokens=[1, 2],
-                    end=2)
+    parallel.sample(
+      params, cfg, batch_size=1, steps=2, known_positions=[0, 1], known_tokens=[1, 2], end=2
+    )
 
 
 def test_l2r_full_steps_is_autoregressive_decoding():
   cfg, params = cached_model("ao")
-  out = parallel.sample(params, cfg, batch_size=2, steps=T - 1, temperature=0, order="l2r",
-                        known_positions=[0], known_tokens=[5])
+  out = parallel.sample(
+    params,
+    cfg,
+    batch_size=2,
+    steps=T - 1,
+    temperature=0,
+    order="l2r",
+    known_positions=[0],
+    known_tokens=[5],
+  )
   np.testing.assert_array_equal(out.order, np.broadcast_to(np.arange(T), (2, T)))
-  forward = jax.jit(lambda tok: model_lib.make_model(cfg).apply(
-      {"params": params}, tok, jnp.broadcast_to(jnp.arange(T), (2, T))))
+  forward = jax.jit(
+    lambda tok: model_lib.make_model(cfg).apply(
+      {"params": params}, tok, jnp.broadcast_to(jnp.arange(T), (2, T))
+    )
+  )
   tokens = np.zeros((2, T), np.int32)
   tokens[:, 0] = 5
   for p in range(1, T):  # ordinary greedy AR decoding with the identity order
@@ -147,15 +182,15 @@ def test_l2r_full_steps_is_autoregressive_decoding():
 #   12.88, 16: truncated 0, 1, 2, 4, 7, 9, 12, 16, and the one-token minimum lifts the first three
 #   to 1, 2, 3. P = 10, S = 6, cosine: every step is lifted to one token.
 BY_HAND = [  # (T, P, S, schedule, counts)
-    (16, 0, 3, "linear", [0, 5, 10, 16]),
-    (16, 4, 3, "linear", [4, 8, 11, 16]),
-    (16, 0, 3, "cosine", [0, 2, 7, 16]),
-    (16, 4, 3, "cosine", [4, 5, 9, 16]),
-    (16, 0, 8, "cosine", [0, 1, 2, 3, 4, 7, 9, 12, 16]),
-    (16, 0, 8, "linear", [0, 2, 4, 6, 8, 10, 12, 14, 16]),
-    (16, 10, 6, "cosine", [10, 11, 12, 13, 14, 15, 16]),
-    (16, 0, 1, "cosine", [0, 16]),
-    (16, 4, 1, "linear", [4, 16]),
+  (16, 0, 3, "linear", [0, 5, 10, 16]),
+  (16, 4, 3, "linear", [4, 8, 11, 16]),
+  (16, 0, 3, "cosine", [0, 2, 7, 16]),
+  (16, 4, 3, "cosine", [4, 5, 9, 16]),
+  (16, 0, 8, "cosine", [0, 1, 2, 3, 4, 7, 9, 12, 16]),
+  (16, 0, 8, "linear", [0, 2, 4, 6, 8, 10, 12, 14, 16]),
+  (16, 10, 6, "cosine", [10, 11, 12, 13, 14, 15, 16]),
+  (16, 0, 1, "cosine", [0, 16]),
+  (16, 4, 1, "linear", [4, 16]),
 ]
 
 
@@ -187,8 +222,11 @@ def authors_counts(t, known, steps, schedule):
 def test_schedule_counts_equal_the_authors_formula_for_every_step_count(schedule, known):
   t = 48
   for steps in range(1, t - known + 1):
-    np.testing.assert_array_equal(parallel.schedule_counts(t, known, steps, schedule),
-                                  authors_counts(t, known, steps, schedule), err_msg=str(steps))
+    np.testing.assert_array_equal(
+      parallel.schedule_counts(t, known, steps, schedule),
+      authors_counts(t, known, steps, schedule),
+      err_msg=str(steps),
+    )
 
 
 @pytest.mark.parametrize("schedule", options.SCHEDULES)
@@ -199,11 +237,20 @@ def test_schedule_counts_and_fill(schedule, known):
     counts = parallel.schedule_counts(T, known, steps, schedule)
     assert counts[0] == known and counts[-1] == T and len(counts) == steps + 1
     assert np.all(np.diff(counts) >= 1)
-  np.testing.assert_array_equal(parallel.schedule_counts(T, known, T - known, schedule),
-                                np.arange(known, T + 1))
+  np.testing.assert_array_equal(
+    parallel.schedule_counts(T, known, T - known, schedule), np.arange(known, T + 1)
+  )
   positions = list(range(0, 2 * known, 2))
-  out = parallel.sample(params, cfg, batch_size=4, steps=5, schedule=schedule, seed=3,
-                        known_positions=positions, known_tokens=[7] * known)
+  out = parallel.sample(
+    params,
+    cfg,
+    batch_size=4,
+    steps=5,
+    schedule=schedule,
+    seed=3,
+    known_positions=positions,
+    known_tokens=[7] * known,
+  )
   assert np.all(out.tokens[:, positions] == 7)
   np.testing.assert_array_equal(np.sort(out.order, 1), np.broadcast_to(np.arange(T), (4, T)))
   assert np.all(np.isin(out.order[:, :known], positions))  # known positions come first
@@ -214,14 +261,22 @@ def test_default_order_is_l2r_with_known_tokens_and_random_without():
   randperm line commented out), generate draws a random permutation."""
   cfg, params = cached_model("ao")
   known = [3, 9, 10]
-  out = parallel.sample(params, cfg, batch_size=2, steps=4, known_positions=known,
-                        known_tokens=[1, 2, 3])
+  out = parallel.sample(
+    params, cfg, batch_size=2, steps=4, known_positions=known, known_tokens=[1, 2, 3]
+  )
   rest = np.setdiff1d(np.arange(T), known)
   np.testing.assert_array_equal(out.order, np.broadcast_to(np.r_[known, rest], (2, T)))
   free = parallel.sample(params, cfg, batch_size=2, steps=4).order
   assert not np.any(np.all(free == np.arange(T), axis=1)) and not np.array_equal(free[0], free[1])
-  scrambled = parallel.sample(params, cfg, batch_size=2, steps=4, known_positions=known,
-                              known_tokens=[1, 2, 3], order="random").order
+  scrambled = parallel.sample(
+    params,
+    cfg,
+    batch_size=2,
+    steps=4,
+    known_positions=known,
+    known_tokens=[1, 2, 3],
+    order="random",
+  ).order
   np.testing.assert_array_equal(scrambled[:, :3], np.broadcast_to(known, (2, 3)))
   assert not np.array_equal(scrambled[0, 3:], rest)
   assert parallel.default_order(None, 0) == "random" and parallel.default_order(None, 5) == "l2r"
@@ -231,8 +286,17 @@ def test_default_order_is_l2r_with_known_tokens_and_random_without():
 def test_every_unknown_position_filled_once():
   cfg, params = tiny_model(vocab=64)
   # A model whose every logit row is the same would hide a missed write; check the log instead.
-  out = parallel.sample(params, cfg, batch_size=2, steps=5, schedule="cosine", temperature=0,
-                        known_positions=[1, 2], known_tokens=[3, 4], return_logits=True)
+  out = parallel.sample(
+    params,
+    cfg,
+    batch_size=2,
+    steps=5,
+    schedule="cosine",
+    temperature=0,
+    known_positions=[1, 2],
+    known_tokens=[3, 4],
+    return_logits=True,
+  )
   unknown = np.setdiff1d(np.arange(T), [1, 2])
   assert np.all(np.abs(out.logits[:, unknown]).sum(-1) > 0)  # every unknown position was scored
   assert np.all(out.logits[:, [1, 2]] == 0)  # known ones never were
@@ -242,12 +306,12 @@ def test_every_unknown_position_filled_once():
 # Hand-computed: probabilities 0.4, 0.3, 0.15, 0.1, 0.05 sit at ids 1, 3, 4, 0, 2; their inclusive
 # cumulative sums are 0.4, 0.7, 0.85, 0.95, 1.0.
 TOP_P_CASES = [  # (p, ids kept by the authors' rule, ids kept by the nucleus rule)
-    (0.3, {1}, {1}),  # the most likely token is always kept
-    (0.5, {1}, {1, 3}),  # authors: 0.7 exceeds 0.5, so the crossing token goes too
-    (0.75, {1, 3}, {1, 3, 4}),
-    (0.9, {1, 3, 4}, {0, 1, 3, 4}),
-    (0.97, {0, 1, 3, 4}, {0, 1, 2, 3, 4}),
-    (1.0, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}),  # p = 1 filters nothing
+  (0.3, {1}, {1}),  # the most likely token is always kept
+  (0.5, {1}, {1, 3}),  # authors: 0.7 exceeds 0.5, so the crossing token goes too
+  (0.75, {1, 3}, {1, 3, 4}),
+  (0.9, {1, 3, 4}, {0, 1, 3, 4}),
+  (0.97, {0, 1, 3, 4}, {0, 1, 2, 3, 4}),
+  (1.0, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}),  # p = 1 filters nothing
 ]
 
 
@@ -281,8 +345,17 @@ def test_padded_vocab_ids_are_never_sampled():
 def test_temperature_one_draws_from_model_distribution():
   """Chi-square: the sampler's first-step tokens follow softmax of the model's logits."""
   cfg, params = tiny_model(vocab=8)
-  out = parallel.sample(params, cfg, batch_size=4000, steps=T, order="l2r", temperature=1.0,
-                        top_p=1.0, seed=5, return_logits=True)
+  out = parallel.sample(
+    params,
+    cfg,
+    batch_size=4000,
+    steps=T,
+    order="l2r",
+    temperature=1.0,
+    top_p=1.0,
+    seed=5,
+    return_logits=True,
+  )
   logits = out.logits[0, 0].astype(np.float64)  # position 0 is predicted from [None] alone
   probs = np.exp(logits - logits.max())
   probs /= probs.sum()
@@ -294,16 +367,29 @@ def test_new_seed_does_not_recompile():
   cfg, params = cached_model("ao")
   kwargs = dict(batch_size=2, steps=8, known_positions=[0, 1], known_tokens=[1, 2])
   parallel.sample(params, cfg, seed=0, **kwargs)
-  decoder = parallel.decoder(parallel.DecoderSpec(cfg, parallel.Plan.make(
-      parallel.schedule_counts(T, 2, 8, "linear")), "l2r"))
+  decoder = parallel.decoder(
+    parallel.DecoderSpec(
+      cfg, parallel.Plan.make(parallel.schedule_counts(T, 2, 8, "linear")), "l2r"
+    )
+  )
   before = decoder._cache_size()
   parallel.sample(params, cfg, seed=1, **kwargs)
-  parallel.sample(params, cfg, seed=2, known_positions=[0, 1], known_tokens=[9, 9],
-                  batch_size=2, steps=8, temperature=0.7)
+  parallel.sample(
+    params,
+    cfg,
+    seed=2,
+    known_positions=[0, 1],
+    known_tokens=[9, 9],
+    batch_size=2,
+    steps=8,
+    temperature=0.7,
+  )
   assert decoder._cache_size() == before == 1
 
 
-@pytest.mark.parametrize("kwargs,message", [
+@pytest.mark.parametrize(
+  "kwargs,message",
+  [
     (dict(steps=0), "steps=0 must be >= 1"),
     (dict(steps=T + 1), r"steps=33 must be in \[1, 32\]"),
     (dict(steps=4, top_p=0.0), r"top_p=0.0 must be in \(0, 1\]"),
@@ -314,7 +400,8 @@ def test_new_seed_does_not_recompile():
     (dict(steps=4, known_positions=[40], known_tokens=[0]), r"\[40\] are outside \[0, 32\)"),
     (dict(steps=4, order="zigzag"), "order='zigzag'"),
     (dict(steps=4, schedule="exp"), "schedule='exp'"),
-])
+  ],
+)
 def test_bad_sampling_args(kwargs, message):
   cfg, params = cached_model("ao")
   with pytest.raises(ValueError, match=message):
@@ -326,8 +413,9 @@ def test_mark_generated_brackets_each_generated_run():
   known = [True, True, False, False, True, False]
   assert text.mark_generated(decode, [0, 1, 2, 3, 4, 5], known, 99, 26) == "ab[[cd]]e[[f]]"
   # EOS inside a generated run splits documents there; ids past the tokenizer's vocab are dropped.
-  assert text.mark_generated(decode, [0, 99, 30, 2], [True, False, False, False], 99, 26) \
-      == "a[[\n\nc]]"
+  assert (
+    text.mark_generated(decode, [0, 99, 30, 2], [True, False, False, False], 99, 26) == "a[[\n\nc]]"
+  )
 
 
 def test_first_argmax_matches_jnp_argmax_with_ties():

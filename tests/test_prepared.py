@@ -1,6 +1,7 @@
 """Prepared data (ao_mdm/data/prepared.py): byte-identical shards from 1 worker, 2 workers and
 2 processes, the stream against a naive packing, kills, corruption, mismatches, and the
 authors' evaluation packing."""
+
 import dataclasses
 import glob
 import json
@@ -14,31 +15,33 @@ import time
 import numpy as np
 import pytest
 
-from ao_mdm.data import datasets
-from ao_mdm.data import pipeline
-from ao_mdm.data import prepare
-from ao_mdm.data import prepared
 from ao_mdm import specs
+from ao_mdm.data import datasets, pipeline, prepare, prepared
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARD_DOCS = 64
 
 
 def _config(text_file, tfds_dir, prepared_dir):
-  return specs.default().data.replace(dataset="text_file", text_file=str(text_file),
-                                      tfds_dir=str(tfds_dir), prepared_dir=str(prepared_dir))
+  return specs.default().data.replace(
+    dataset="text_file",
+    text_file=str(text_file),
+    tfds_dir=str(tfds_dir),
+    prepared_dir=str(prepared_dir),
+  )
 
 
 @pytest.fixture(scope="module")
 def corpus_file(tmp_path_factory):
   """320 documents of varying length cut from the embedded corpus (5 shards of 64)."""
-  from ao_mdm.data import corpus  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import corpus
+
   words = " ".join(corpus.sotu_documents("validation")[:4]).split(" ")
   rng = np.random.default_rng(0)
   docs, start = [], 0
   for _ in range(320):
     n = int(rng.integers(5, 120))
-    docs.append(" ".join(words[start:start + n]))
+    docs.append(" ".join(words[start : start + n]))
     start = (start + n) % (len(words) - 200)
   path = tmp_path_factory.mktemp("corpus") / "docs.txt"
   path.write_text("\n".join(docs) + "\n", encoding="utf-8")
@@ -64,17 +67,39 @@ prepare.prepare(config, tok, "train", workers=1, shard_docs=int(sys.argv[3]),
 
 def _child(config, tok, shard_docs, index=0, count=1):
   return subprocess.Popen(
-      [sys.executable, "-c", _CHILD, json.dumps(dataclasses.asdict(config)), tok.model_path,
-       str(shard_docs), str(index), str(count)], cwd=ROOT, stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True)
+    [
+      sys.executable,
+      "-c",
+      _CHILD,
+      json.dumps(dataclasses.asdict(config)),
+      tok.model_path,
+      str(shard_docs),
+      str(index),
+      str(count),
+    ],
+    cwd=ROOT,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
 
 
 def test_one_worker_two_workers_two_processes_same_bytes(corpus_file, sp_tokenizer, tmp_path):
-  one = prepare.prepare(_config(corpus_file, tmp_path / "tfds", tmp_path / "a"), sp_tokenizer,
-                         "train", workers=1, shard_docs=SHARD_DOCS)
+  one = prepare.prepare(
+    _config(corpus_file, tmp_path / "tfds", tmp_path / "a"),
+    sp_tokenizer,
+    "train",
+    workers=1,
+    shard_docs=SHARD_DOCS,
+  )
   assert len(one.manifest["shards"]) == 5 and one.documents == 304
-  two = prepare.prepare(_config(corpus_file, tmp_path / "tfds", tmp_path / "b"), sp_tokenizer,
-                         "train", workers=2, shard_docs=SHARD_DOCS)
+  two = prepare.prepare(
+    _config(corpus_file, tmp_path / "tfds", tmp_path / "b"),
+    sp_tokenizer,
+    "train",
+    workers=2,
+    shard_docs=SHARD_DOCS,
+  )
   config = _config(corpus_file, tmp_path / "tfds", tmp_path / "c")
   procs = [_child(config, sp_tokenizer, SHARD_DOCS, i, 2) for i in range(2)]
   for p in procs:
@@ -95,8 +120,9 @@ def test_stream_blocks_and_counts_equal_a_naive_packing(corpus_file, sp_tokenize
   naive = np.concatenate([np.asarray(x + [sp_tokenizer.eos_id]) for x in ids])
   assert split.tokens == split.manifest["tokens"] == len(naive)
   np.testing.assert_array_equal(split.read(0, split.tokens), naive)
-  np.testing.assert_array_equal(split.token_counts(),
-                                np.bincount(naive, minlength=sp_tokenizer.vocab_size))
+  np.testing.assert_array_equal(
+    split.token_counts(), np.bincount(naive, minlength=sp_tokenizer.vocab_size)
+  )
   first_shard = split.manifest["shards"][0]["tokens"]
   for t in (32, 100, first_shard + 7):  # blocks cross shard boundaries
     blocks = split.blocks(t)
@@ -109,10 +135,11 @@ def test_stream_blocks_and_counts_equal_a_naive_packing(corpus_file, sp_tokenize
 
 
 def test_killed_prepare_is_not_accepted_and_a_rerun_completes(tmp_path, sp_tokenizer):
-  from ao_mdm.data import corpus  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import corpus
+
   words = corpus.sotu_documents("validation")[0].split(" ")
   path = tmp_path / "many.txt"
-  path.write_text("\n".join(" ".join(words[i:i + 40]) for i in range(3000)) + "\n")
+  path.write_text("\n".join(" ".join(words[i : i + 40]) for i in range(3000)) + "\n")
   config = _config(path, tmp_path / "tfds", tmp_path / "p")
   datasets.load_documents(config, "train", config.tfds_dir)  # build the source first
   directory = prepared.split_dir(config, sp_tokenizer, "train")
@@ -131,8 +158,9 @@ def test_killed_prepare_is_not_accepted_and_a_rerun_completes(tmp_path, sp_token
   redone = int(logs[0].split()[1])
   assert logs[0].startswith("prepared") and redone == 357 - finished
   assert not glob.glob(os.path.join(directory, "*.tmp-*"))  # the killed process's temp files
-  reference = prepare.prepare(_config(path, tmp_path / "tfds", tmp_path / "q"), sp_tokenizer,
-                               "train", shard_docs=8)
+  reference = prepare.prepare(
+    _config(path, tmp_path / "tfds", tmp_path / "q"), sp_tokenizer, "train", shard_docs=8
+  )
   assert _files(split) == _files(reference)
 
 
@@ -153,16 +181,18 @@ def test_corrupt_shard_and_mismatched_manifest(corpus_file, sp_tokenizer, tmp_pa
   with pytest.raises(prepared.CorruptShard, match=r"shard-00002.bin is 50 bytes, its manifest"):
     prepared.open_split(config, sp_tokenizer, "train")
   logs = []  # `prepare` redoes the bad shard, and only it
-  repaired = prepare.prepare(config, sp_tokenizer, "train", shard_docs=SHARD_DOCS,
-                              log=logs.append)
+  repaired = prepare.prepare(config, sp_tokenizer, "train", shard_docs=SHARD_DOCS, log=logs.append)
   assert logs[1].startswith("prepared 1 of 5 shards") and _files(repaired) == original
   manifest_path = os.path.join(split.directory, "manifest.json")
   manifest = json.load(open(manifest_path))
   manifest["tokenizer_sha256"] = "0" * 64
   json.dump(manifest, open(manifest_path, "w"))
   for call in (prepared.open_split, prepare.prepare):
-    with pytest.raises(ValueError, match=r"prepared with tokenizer_sha256='0000.*but this config "
-                                         rf"gives tokenizer_sha256='{sp_tokenizer.sha256}'"):
+    with pytest.raises(
+      ValueError,
+      match=r"prepared with tokenizer_sha256='0000.*but this config "
+      rf"gives tokenizer_sha256='{sp_tokenizer.sha256}'",
+    ):
       call(config, sp_tokenizer, "train")
 
 
@@ -177,13 +207,27 @@ def test_cli_refuses_corrupt_and_foreign_preparations(corpus_file, sp_tokenizer,
   with open(os.path.join(split.directory, "shard-00000.bin"), "r+b") as f:
     f.write(b"\0\0")
   before = sorted(os.listdir(workdir))
-  cmd = [sys.executable, "-m", "ao_mdm.cli.main", "train", f"--config={ROOT}/configs/tiny.py",
-         f"--workdir={workdir}", "--config.model.vocab_size=512",
-         "--config.data.dataset=text_file", f"--config.data.text_file={corpus_file}",
-         f"--config.data.tfds_dir={config.tfds_dir}",
-         f"--config.data.prepared_dir={config.prepared_dir}"]
-  out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  cmd = [
+    sys.executable,
+    "-m",
+    "ao_mdm.cli.main",
+    "train",
+    f"--config={ROOT}/configs/tiny.py",
+    f"--workdir={workdir}",
+    "--config.model.vocab_size=512",
+    "--config.data.dataset=text_file",
+    f"--config.data.text_file={corpus_file}",
+    f"--config.data.tfds_dir={config.tfds_dir}",
+    f"--config.data.prepared_dir={config.prepared_dir}",
+  ]
+  out = subprocess.run(
+    cmd,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=ROOT,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
   errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
   assert out.returncode == 2 and len(errors) == 1 and "Traceback" not in out.stderr
   assert "shard-00000.bin has sha256" in errors[0] and "ao-mdm prepare" in errors[0]
@@ -192,22 +236,36 @@ def test_cli_refuses_corrupt_and_foreign_preparations(corpus_file, sp_tokenizer,
   manifest_path = os.path.join(split.directory, "manifest.json")
   manifest = json.load(open(manifest_path))
   json.dump({**manifest, "source": "text_file/other/1.0.0"}, open(manifest_path, "w"))
-  out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  out = subprocess.run(
+    cmd,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=ROOT,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
   errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
   assert out.returncode == 2 and len(errors) == 1 and "Traceback" not in out.stderr
-  assert f"does not match its source: prepared with source='text_file/other/1.0.0', the " \
-         f"dataset now gives {manifest['source']!r}" in errors[0]
+  assert (
+    f"does not match its source: prepared with source='text_file/other/1.0.0', the "
+    f"dataset now gives {manifest['source']!r}" in errors[0]
+  )
   assert sorted(os.listdir(workdir)) == before
 
 
 def test_sentencepiece_prepare_needs_a_workdir():
-  out = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", "prepare",
-                        f"--config={ROOT}/configs/tiny.py"], capture_output=True, text=True,
-                       timeout=120, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  out = subprocess.run(
+    [sys.executable, "-m", "ao_mdm.cli.main", "prepare", f"--config={ROOT}/configs/tiny.py"],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    cwd=ROOT,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
   assert out.returncode == 2 and out.stderr.splitlines() == [
-      "error: data.tokenizer='sentencepiece' is trained for each run: give --workdir=DIR, the work dir "
-      "`ao-mdm train` uses (the tokenizer is trained there if missing)"]
+    "error: data.tokenizer='sentencepiece' is trained for each run: give --workdir=DIR, the "
+    "work dir `ao-mdm train` uses (the tokenizer is trained there if missing)"
+  ]
 
 
 def test_paper_blocks_hand_computed():
@@ -230,37 +288,59 @@ def test_paper_blocks_hand_computed():
 @pytest.mark.parametrize("shared", [True, False])
 def test_ensure_across_processes(corpus_file, sp_tokenizer, tmp_path, shared, monkeypatch):
   """Two processes (threads here, with a real barrier) on a shared or an unshared file system."""
-  import concurrent.futures  # pylint: disable=g-import-not-at-top
-  import threading  # pylint: disable=g-import-not-at-top
+  import concurrent.futures
+  import threading
+
   monkeypatch.setattr(prepare, "SHARD_DOCS", SHARD_DOCS)
   barrier = threading.Barrier(2, timeout=60)
   roots = [tmp_path / "p"] * 2 if shared else [tmp_path / "p0", tmp_path / "p1"]
 
   def run(index):
     config = _config(corpus_file, tmp_path / "tfds", roots[index])
-    return prepare.ensure(config, sp_tokenizer, "train", workers=1, process_index=index,
-                           process_count=2, barrier=lambda _: barrier.wait(), log=lambda _: None)
-  datasets.load_documents(_config(corpus_file, tmp_path / "tfds", ""), "train",
-                          str(tmp_path / "tfds"))  # build the source once, before both start
+    return prepare.ensure(
+      config,
+      sp_tokenizer,
+      "train",
+      workers=1,
+      process_index=index,
+      process_count=2,
+      barrier=lambda _: barrier.wait(),
+      log=lambda _: None,
+    )
+
+  datasets.load_documents(
+    _config(corpus_file, tmp_path / "tfds", ""), "train", str(tmp_path / "tfds")
+  )  # build the source once, before both start
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     splits = list(pool.map(run, range(2)))
-  reference = prepare.prepare(_config(corpus_file, tmp_path / "tfds", tmp_path / "ref"),
-                               sp_tokenizer, "train", shard_docs=SHARD_DOCS)
+  reference = prepare.prepare(
+    _config(corpus_file, tmp_path / "tfds", tmp_path / "ref"),
+    sp_tokenizer,
+    "train",
+    shard_docs=SHARD_DOCS,
+  )
   assert _files(splits[0]) == _files(splits[1]) == _files(reference)
 
 
 def test_ensure_takes_one_path_when_only_some_processes_find_the_preparation(
-    corpus_file, sp_tokenizer, tmp_path, monkeypatch):
+  corpus_file, sp_tokenizer, tmp_path, monkeypatch
+):
   """Process 1 finds a preparation that process 0 does not see yet (one finished first): both
   must still meet at the same barriers, which `all_true` arranges."""
-  import concurrent.futures  # pylint: disable=g-import-not-at-top
-  import threading  # pylint: disable=g-import-not-at-top
+  import concurrent.futures
+  import threading
+
   monkeypatch.setattr(prepare, "SHARD_DOCS", SHARD_DOCS)
   barrier = threading.Barrier(2, timeout=20)
   votes = []
   roots = [tmp_path / "p0", tmp_path / "p1"]
-  prepare.prepare(_config(corpus_file, tmp_path / "tfds", roots[1]), sp_tokenizer, "train",
-                  shard_docs=SHARD_DOCS, log=lambda _: None)
+  prepare.prepare(
+    _config(corpus_file, tmp_path / "tfds", roots[1]),
+    sp_tokenizer,
+    "train",
+    shard_docs=SHARD_DOCS,
+    log=lambda _: None,
+  )
 
   def all_true(found):
     votes.append(found)
@@ -269,33 +349,56 @@ def test_ensure_takes_one_path_when_only_some_processes_find_the_preparation(
 
   def run(index):
     config = _config(corpus_file, tmp_path / "tfds", roots[index])
-    return prepare.ensure(config, sp_tokenizer, "train", workers=1, process_index=index,
-                          process_count=2, barrier=lambda _: barrier.wait(), all_true=all_true,
-                          log=lambda _: None)
+    return prepare.ensure(
+      config,
+      sp_tokenizer,
+      "train",
+      workers=1,
+      process_index=index,
+      process_count=2,
+      barrier=lambda _: barrier.wait(),
+      all_true=all_true,
+      log=lambda _: None,
+    )
+
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     splits = list(pool.map(run, range(2)))
   assert sorted(votes) == [False, True] and _files(splits[0]) == _files(splits[1])
-
 
 
 @pytest.mark.slow  # two prepare processes with workers (about 10 s)
 def test_prepare_with_workers_is_quiet_and_a_kill_leaves_no_worker(tmp_path):
   """`ao-mdm prepare --workers=2`: no TFDS note from the workers; SIGKILL to the command ends its
   workers with it (no broken-pipe tracebacks on the terminal, no process left)."""
-  from ao_mdm.data import corpus  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import corpus
+
   words = " ".join(corpus.sotu_documents("validation")).split(" ")
   path = tmp_path / "many.txt"
-  path.write_text("\n".join(" ".join(words[i % 5000:i % 5000 + 200]) for i in range(24000)))
-  args = [sys.executable, "-m", "ao_mdm.cli.main", "prepare", f"--config={ROOT}/configs/tiny.py",
-          "--config.data.dataset=text_file", f"--config.data.text_file={path}",
-          "--config.data.tokenizer=gpt2", "--config.model.vocab_size=50304", "--workers=2",
-          "--splits=train"]
+  path.write_text("\n".join(" ".join(words[i % 5000 : i % 5000 + 200]) for i in range(24000)))
+  args = [
+    sys.executable,
+    "-m",
+    "ao_mdm.cli.main",
+    "prepare",
+    f"--config={ROOT}/configs/tiny.py",
+    "--config.data.dataset=text_file",
+    f"--config.data.text_file={path}",
+    "--config.data.tokenizer=gpt2",
+    "--config.model.vocab_size=50304",
+    "--workers=2",
+    "--splits=train",
+  ]
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   stderr = tmp_path / "stderr.txt"
   with open(stderr, "w") as err:
-    proc = subprocess.Popen([*args, f"--config.data.tfds_dir={tmp_path / 'a'}"], cwd=ROOT,
-                            env=env, stdout=subprocess.DEVNULL, stderr=err,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+      [*args, f"--config.data.tfds_dir={tmp_path / 'a'}"],
+      cwd=ROOT,
+      env=env,
+      stdout=subprocess.DEVNULL,
+      stderr=err,
+      start_new_session=True,
+    )
     deadline = time.time() + 120
     while not glob.glob(str(tmp_path / "a" / "**" / "shard-*.json"), recursive=True):
       assert proc.poll() is None and time.time() < deadline, stderr.read_text()
@@ -312,7 +415,13 @@ def test_prepare_with_workers_is_quiet_and_a_kill_leaves_no_worker(tmp_path):
       raise AssertionError("workers outlived the killed command")
   said = stderr.read_text()  # the progress bar, nothing else
   assert not any(w in said for w in ("Traceback", "Error", "absl")), said[-3000:]
-  done = subprocess.run([*args, f"--config.data.tfds_dir={tmp_path / 'b'}"], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=300)
+  done = subprocess.run(
+    [*args, f"--config.data.tfds_dir={tmp_path / 'b'}"],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert done.returncode == 0 and "absl" not in done.stdout + done.stderr, done.stderr[-3000:]
   assert "documents" in done.stdout and " shards, every shard hashed" in done.stdout

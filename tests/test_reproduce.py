@@ -1,4 +1,5 @@
 """scripts/reproduce.py: paired statistics of the findings, and (slow) the whole script."""
+
 import importlib.util
 import json
 import os
@@ -9,8 +10,9 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-spec = importlib.util.spec_from_file_location("reproduce", os.path.join(ROOT, "scripts",
-                                                                        "reproduce.py"))
+spec = importlib.util.spec_from_file_location(
+  "reproduce", os.path.join(ROOT, "scripts", "reproduce.py")
+)
 reproduce = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(reproduce)
 
@@ -19,7 +21,7 @@ def test_paired_difference_and_its_standard_error():
   r = reproduce.paired([3.0, 5.0, 4.0], [1.0, 2.0, 3.0])  # differences 2, 3, 1
   assert r["diff_nll"] == pytest.approx(2.0)
   assert r["se"] == pytest.approx(1.0 / np.sqrt(3))  # std(ddof=1) = 1
-  assert r["ppl_ratio"] == pytest.approx(np.e ** 2) and r["sigmas"] == pytest.approx(2 * np.sqrt(3))
+  assert r["ppl_ratio"] == pytest.approx(np.e**2) and r["sigmas"] == pytest.approx(2 * np.sqrt(3))
 
 
 def test_findings_hold_only_beyond_two_standard_errors():
@@ -27,11 +29,20 @@ def test_findings_hold_only_beyond_two_standard_errors():
   base = rng.normal(5.0, 0.3, 64)
 
   def run(l2r_shift, ao_shift, noise=0.01):
-    return {"seed": 0, "eval": {"l2r_nll_seq": list(base + l2r_shift + rng.normal(0, noise, 64)),
-                                "any_order_nll_seq": list(base + ao_shift
-                                                          + rng.normal(0, noise, 64))}}
-  runs = {"ar_s0": run(0.0, 1.0), "random_s0": run(0.5, 0.6), "mixed_s0": run(0.2, 0.62),
-          "sigma_s0": run(0.3, 0.8)}
+    return {
+      "seed": 0,
+      "eval": {
+        "l2r_nll_seq": list(base + l2r_shift + rng.normal(0, noise, 64)),
+        "any_order_nll_seq": list(base + ao_shift + rng.normal(0, noise, 64)),
+      },
+    }
+
+  runs = {
+    "ar_s0": run(0.0, 1.0),
+    "random_s0": run(0.5, 0.6),
+    "mixed_s0": run(0.2, 0.62),
+    "sigma_s0": run(0.3, 0.8),
+  }
   found = {f["finding"][:4]: f for f in reproduce.findings(runs)}
   assert found["(a) "]["holds"] and found["(c) "]["holds"]
   assert found["(b) "]["ppl_ratio"] == pytest.approx(np.exp(0.3), rel=0.02)

@@ -1,5 +1,6 @@
 """Exact resume after SIGKILL; SIGTERM and Ctrl-C; unreadable and foreign checkpoints; one run
 per work dir."""
+
 import json
 import os
 import shutil
@@ -12,23 +13,39 @@ import jax
 import numpy as np
 import pytest
 
+from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.config import base_config
-from ao_mdm import specs
 from ao_mdm.train import loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMALL = ["--config.model.vocab_size=512", "--config.model.block_size=32",
-         "--config.model.n_layer=2", "--config.model.n_embd=32", "--config.model.n_head=2",
-         "--config.train.batch_size=8", "--config.train.warmup_steps=2",
-         "--config.train.log_every=1", "--config.train.eval_batches=1",
-         "--config.train.eval_every=0"]
+SMALL = [
+  "--config.model.vocab_size=512",
+  "--config.model.block_size=32",
+  "--config.model.n_layer=2",
+  "--config.model.n_embd=32",
+  "--config.model.n_head=2",
+  "--config.train.batch_size=8",
+  "--config.train.warmup_steps=2",
+  "--config.train.log_every=1",
+  "--config.train.eval_batches=1",
+  "--config.train.eval_every=0",
+]
 
 
 def _command(workdir, tfds_dir, steps, every):
-  return [sys.executable, "-m", "ao_mdm.cli.main", "train", f"--config={ROOT}/configs/tiny.py",
-          f"--workdir={workdir}", f"--config.data.tfds_dir={tfds_dir}",
-          f"--config.train.num_steps={steps}", f"--config.train.checkpoint_every={every}", *SMALL]
+  return [
+    sys.executable,
+    "-m",
+    "ao_mdm.cli.main",
+    "train",
+    f"--config={ROOT}/configs/tiny.py",
+    f"--workdir={workdir}",
+    f"--config.data.tfds_dir={tfds_dir}",
+    f"--config.train.num_steps={steps}",
+    f"--config.train.checkpoint_every={every}",
+    *SMALL,
+  ]
 
 
 def _losses(workdir):
@@ -52,15 +69,28 @@ def test_exact_resume_after_sigkill(data_dir, tmp_path):
   """`ao-mdm prepare`, then a straight run and a run killed and resumed read the same blocks."""
   straight = str(tmp_path / "straight")
   prepared_dir = f"--config.data.prepared_dir={tmp_path / 'prepared'}"
-  cmd = _command(straight, data_dir, 6, 3)  # [python, -m, ao_mdm.cli.main, train, config, workdir, tfds]
-  prepare = subprocess.run(cmd[:3] + ["prepare"] + cmd[4:7] + [prepared_dir, SMALL[0]],
-                           capture_output=True, text=True, timeout=300)
+  cmd = _command(
+    straight, data_dir, 6, 3
+  )  # [python, -m, ao_mdm.cli.main, train, config, workdir, tfds]
+  prepare = subprocess.run(
+    cmd[:3] + ["prepare"] + cmd[4:7] + [prepared_dir, SMALL[0]],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert prepare.returncode == 0 and "train: " in prepare.stdout, prepare.stderr
-  subprocess.run(_command(straight, data_dir, 6, 3) + [prepared_dir], check=True,
-                 capture_output=True, timeout=300)
+  subprocess.run(
+    _command(straight, data_dir, 6, 3) + [prepared_dir],
+    check=True,
+    capture_output=True,
+    timeout=300,
+  )
   killed = str(tmp_path / "killed")
-  proc = subprocess.Popen(_command(killed, data_dir, 6, 3) + [prepared_dir],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  proc = subprocess.Popen(
+    _command(killed, data_dir, 6, 3) + [prepared_dir],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+  )
   deadline = time.time() + 300
   while 3 not in _complete_steps(killed) and proc.poll() is None and time.time() < deadline:
     time.sleep(0.05)
@@ -70,8 +100,13 @@ def test_exact_resume_after_sigkill(data_dir, tmp_path):
   for step in _complete_steps(killed):  # a kill after step 3 is the same as a kill before it
     if step > 3:
       shutil.rmtree(os.path.join(killed, "checkpoints", str(step)))
-  resumed = subprocess.run(_command(killed, data_dir, 6, 3) + [prepared_dir], check=True,
-                           capture_output=True, text=True, timeout=300)
+  resumed = subprocess.run(
+    _command(killed, data_dir, 6, 3) + [prepared_dir],
+    check=True,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert "resumed from step 3" in resumed.stdout and "prepared" not in resumed.stdout
   a, b = _losses(straight), _losses(killed)
   assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6]
@@ -84,17 +119,25 @@ def test_exact_resume_after_sigkill(data_dir, tmp_path):
 
 def _running(workdir, data_dir):
   """A long training process, returned once it logs its first step."""
-  proc = subprocess.Popen(_command(workdir, data_dir, 100000, 100000), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(
+    _command(workdir, data_dir, 100000, 100000),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   deadline = time.time() + 300
   while not os.path.exists(os.path.join(workdir, "metrics.jsonl")) and time.time() < deadline:
     time.sleep(0.05)
   return proc
 
 
-@pytest.mark.parametrize("signum, code, said", [
+@pytest.mark.parametrize(
+  "signum, code, said",
+  [
     pytest.param(signal.SIGTERM, 0, "preempted", marks=pytest.mark.slow),  # 22 s; Ctrl-C stays
-    (signal.SIGINT, 130, "interrupted")])
+    (signal.SIGINT, 130, "interrupted"),
+  ],
+)
 def test_sigterm_and_ctrl_c_save_at_a_step_boundary(data_dir, tmp_path, signum, code, said):
   workdir = str(tmp_path / "run")
   proc = _running(workdir, data_dir)
@@ -103,8 +146,9 @@ def test_sigterm_and_ctrl_c_save_at_a_step_boundary(data_dir, tmp_path, signum, 
   assert proc.returncode == code and "Traceback" not in err, err
   assert f"{said}: saved a checkpoint at step" in out
   steps = _complete_steps(workdir)
-  assert len(steps) == 1 and not [n for n in os.listdir(os.path.join(workdir, "checkpoints"))
-                                  if "tmp" in n]
+  assert len(steps) == 1 and not [
+    n for n in os.listdir(os.path.join(workdir, "checkpoints")) if "tmp" in n
+  ]
   config, _ = checkpoints.load_params(workdir, "params")
   assert config.train.num_steps == 100000
 
@@ -112,8 +156,15 @@ def test_sigterm_and_ctrl_c_save_at_a_step_boundary(data_dir, tmp_path, signum, 
 def _small_config(tfds_dir, steps):
   c = base_config()
   c.model.update(vocab_size=512, block_size=32, n_layer=2, n_embd=32, n_head=2)
-  c.train.update(batch_size=8, num_steps=steps, warmup_steps=2, log_every=1, eval_batches=1,
-                 eval_every=0, checkpoint_every=2)
+  c.train.update(
+    batch_size=8,
+    num_steps=steps,
+    warmup_steps=2,
+    log_every=1,
+    eval_batches=1,
+    eval_every=0,
+    checkpoint_every=2,
+  )
   c.data.tfds_dir = tfds_dir
   return c
 
@@ -128,9 +179,20 @@ def test_workdir_with_other_model_shape_is_refused(data_dir, tmp_path):
 
 
 def test_unknown_config_override_is_refused(tmp_path):
-  out = subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", "train",
-                        f"--config={ROOT}/configs/tiny.py", f"--workdir={tmp_path}",
-                        "--config.train.num_stepz=3"], capture_output=True, text=True, timeout=120)
+  out = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "ao_mdm.cli.main",
+      "train",
+      f"--config={ROOT}/configs/tiny.py",
+      f"--workdir={tmp_path}",
+      "--config.train.num_stepz=3",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert out.returncode != 0 and "num_stepz" in out.stderr
 
 
@@ -138,8 +200,7 @@ def _steps_in(directory):
   return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
 
 
-def test_unreadable_and_foreign_steps_are_set_aside_and_saving_goes_on(data_dir, tmp_path,
-                                                                       capsys):
+def test_unreadable_and_foreign_steps_are_set_aside_and_saving_goes_on(data_dir, tmp_path, capsys):
   workdir = str(tmp_path / "run")
   loop.train_and_evaluate(specs.parse(_small_config(data_dir, 4)), workdir)
   ckpts = os.path.join(workdir, "checkpoints")
@@ -158,10 +219,15 @@ def test_unreadable_and_foreign_steps_are_set_aside_and_saving_goes_on(data_dir,
   assert "resumed from step 2" in out
   assert sorted(os.listdir(ckpts)) == ["2", "4", "6"]  # saved past them, nothing else left
   aside = sorted(os.listdir(os.path.join(workdir, "checkpoints_set_aside")))
-  assert [n.split(".")[:2] for n in aside] == [["4", "unreadable"],
-                                              ["9", "not-a-training-checkpoint"]]
-  steps = [json.loads(line)["step"] for line in open(os.path.join(workdir, "metrics.jsonl"))
-           if "loss" in line]
+  assert [n.split(".")[:2] for n in aside] == [
+    ["4", "unreadable"],
+    ["9", "not-a-training-checkpoint"],
+  ]
+  steps = [
+    json.loads(line)["step"]
+    for line in open(os.path.join(workdir, "metrics.jsonl"))
+    if "loss" in line
+  ]
   assert steps == [1, 2, 3, 4, 5, 6]  # the first run's steps 3-4 were dropped on resume
 
 
@@ -171,11 +237,16 @@ def test_every_checkpoint_unreadable_stops_unless_start_over(data_dir, tmp_path)
   for root, _, files in os.walk(os.path.join(workdir, "checkpoints", "2", "config")):
     for name in files:
       open(os.path.join(root, name), "w").close()
-  with pytest.raises(ValueError, match=r"no checkpoint in .* can be read \(steps 2, each listed "
-                                       r"above\); they are left as they are.*--start_over"):
+  with pytest.raises(
+    ValueError,
+    match=r"no checkpoint in .* can be read \(steps 2, each listed "
+    r"above\); they are left as they are.*--start_over",
+  ):
     loop.train_and_evaluate(specs.parse(_small_config(data_dir, 2)), workdir)
   assert _steps_in(os.path.join(workdir, "checkpoints")) == [2]
-  result = loop.train_and_evaluate(specs.parse(_small_config(data_dir, 2)), workdir, start_over=True)
+  result = loop.train_and_evaluate(
+    specs.parse(_small_config(data_dir, 2)), workdir, start_over=True
+  )
   assert "initial" in result  # trained from step 0
   assert _steps_in(os.path.join(workdir, "checkpoints")) == [2]
   aside = sorted(os.listdir(os.path.join(workdir, "checkpoints_set_aside")))
@@ -192,27 +263,35 @@ def test_every_checkpoint_damaged_is_one_line_each_from_the_command(data_dir, tm
   loop.train_and_evaluate(specs.parse(_small_config(data_dir, 6)), workdir)
   ckpts = os.path.join(workdir, "checkpoints")
   assert _steps_in(ckpts) == [2, 4, 6]
-  for step, damage in ((6, lambda d, p: os.truncate(p, 3)),
-                       (4, lambda d, p: f"{os.sep}d" in d and os.truncate(p, 10)),
-                       (2, lambda d, p: "config" in d and open(p, "w").close())):
+  for step, damage in (
+    (6, lambda d, p: os.truncate(p, 3)),
+    (4, lambda d, p: f"{os.sep}d" in d and os.truncate(p, 10)),
+    (2, lambda d, p: "config" in d and open(p, "w").close()),
+  ):
     for d, _, names in os.walk(os.path.join(ckpts, str(step))):
       for name in names:
         damage(d, os.path.join(d, name))
-  out = subprocess.run(_command(workdir, data_dir, 8, 2), capture_output=True, text=True,
-                       timeout=300, cwd=ROOT)
+  out = subprocess.run(
+    _command(workdir, data_dir, 8, 2), capture_output=True, text=True, timeout=300, cwd=ROOT
+  )
   assert out.returncode == 2 and out.stderr.splitlines() == [
-      l for l in out.stderr.splitlines() if l.startswith("error: no checkpoint in ")], out.stderr
+    s for s in out.stderr.splitlines() if s.startswith("error: no checkpoint in ")
+  ], out.stderr
   assert len(out.stderr.splitlines()) == 1
-  assert [l.split(":")[0] for l in out.stdout.splitlines() if l.startswith("skipped")] == [
-      f"skipped checkpoint step {s} in {ckpts}" for s in (6, 4, 2)], out.stdout
+  assert [s.split(":")[0] for s in out.stdout.splitlines() if s.startswith("skipped")] == [
+    f"skipped checkpoint step {s} in {ckpts}" for s in (6, 4, 2)
+  ], out.stdout
 
 
 def test_a_second_run_in_the_same_workdir_is_refused(data_dir, tmp_path):
   workdir = str(tmp_path / "run")
   lock = checkpoints.WorkdirLock(workdir)
   try:
-    with pytest.raises(ValueError, match=rf"--workdir {workdir} is in use by another `ao-mdm "
-                                         rf"train` \(host .*, pid {os.getpid()}, since"):
+    with pytest.raises(
+      ValueError,
+      match=rf"--workdir {workdir} is in use by another `ao-mdm "
+      rf"train` \(host .*, pid {os.getpid()}, since",
+    ):
       loop.train_and_evaluate(specs.parse(_small_config(data_dir, 2)), workdir)
   finally:
     lock.release()
@@ -229,14 +308,29 @@ def test_ctrl_c_elsewhere_exits_130_and_leaves_no_partial_output(data_dir, tmp_p
   loop.train_and_evaluate(specs.parse(_small_config(data_dir, 2)), run)
   outcomes = []
   for delay in (1.0, 2.5, 4.0, 6.0, 9.0):
-    for command, out in (("export", tmp_path / f"export{delay}"),
-                         ("sample", tmp_path / f"s{delay}.jsonl")):
-      args = ([f"--checkpoint={run}", f"--out={out}"] if command == "export" else
-              [f"--checkpoint={run}", f"--out={out}", "--num_samples=100000", "--batch_size=1",
-               "--steps=4"])
-      proc = subprocess.Popen([sys.executable, "-m", "ao_mdm.cli.main", command, *args], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    for command, out in (
+      ("export", tmp_path / f"export{delay}"),
+      ("sample", tmp_path / f"s{delay}.jsonl"),
+    ):
+      args = (
+        [f"--checkpoint={run}", f"--out={out}"]
+        if command == "export"
+        else [
+          f"--checkpoint={run}",
+          f"--out={out}",
+          "--num_samples=100000",
+          "--batch_size=1",
+          "--steps=4",
+        ]
+      )
+      proc = subprocess.Popen(
+        [sys.executable, "-m", "ao_mdm.cli.main", command, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+      )
       time.sleep(delay)
       proc.send_signal(signal.SIGINT)
       _, err = proc.communicate(timeout=120)
@@ -258,8 +352,12 @@ def test_ctrl_c_elsewhere_exits_130_and_leaves_no_partial_output(data_dir, tmp_p
   # Training start-up (tokenizer, data, compile) stops too: with nothing saved, or, had the
   # loop begun (a fast machine), with a checkpoint of the step it reached.
   workdir = tmp_path / "startup"
-  proc = subprocess.Popen(_command(str(workdir), data_dir, 100, 100), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(
+    _command(str(workdir), data_dir, 100, 100),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   time.sleep(4)
   proc.send_signal(signal.SIGINT)
   out, err = proc.communicate(timeout=120)
@@ -271,11 +369,12 @@ def test_ctrl_c_elsewhere_exits_130_and_leaves_no_partial_output(data_dir, tmp_p
 def test_a_second_train_process_is_refused_and_a_second_ctrl_c_exits_at_once(data_dir, tmp_path):
   workdir = str(tmp_path / "run")
   first = _running(workdir, data_dir)
-  second = subprocess.run(_command(workdir, data_dir, 10, 10), capture_output=True, text=True,
-                          timeout=120)
+  second = subprocess.run(
+    _command(workdir, data_dir, 10, 10), capture_output=True, text=True, timeout=120
+  )
   errors = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
   assert second.returncode == 2 and len(errors) == 1 and "Traceback" not in second.stderr
-  assert f"is in use by another `ao-mdm train` (host " in errors[0]
+  assert "is in use by another `ao-mdm train` (host " in errors[0]
   assert f"pid {first.pid}," in errors[0]
   first.send_signal(signal.SIGINT)
   time.sleep(0.05)
@@ -286,20 +385,21 @@ def test_a_second_train_process_is_refused_and_a_second_ctrl_c_exits_at_once(dat
 
 
 def test_a_second_ctrl_c_during_the_save_exits_at_once(monkeypatch):
-  from ao_mdm.runtime import interrupts  # pylint: disable=g-import-not-at-top
+  from ao_mdm.runtime import interrupts
+
   exits = []
   monkeypatch.setattr(interrupts.os, "_exit", exits.append)
   stop = interrupts.StopRequest()
   try:
-    stop._handle(signal.SIGTERM, None)  # pylint: disable=protected-access
+    stop._handle(signal.SIGTERM, None)
     assert stop.requested and stop.exit_code == 0 and not exits  # preemption: save, exit 0
-    stop._handle(signal.SIGINT, None)  # pylint: disable=protected-access
+    stop._handle(signal.SIGINT, None)
     assert exits == [130]  # a Ctrl-C after a request: at once
   finally:
     stop.restore()
   stop = interrupts.StopRequest()
   try:
-    stop._handle(signal.SIGINT, None)  # pylint: disable=protected-access
+    stop._handle(signal.SIGINT, None)
     assert stop.requested and stop.exit_code == 130 and exits == [130]
   finally:
     stop.restore()
@@ -309,7 +409,8 @@ def test_a_second_ctrl_c_during_the_save_exits_at_once(monkeypatch):
 def test_a_sigterm_before_the_loop_is_held_for_it(monkeypatch):
   """`ao-mdm train` holds a SIGTERM from its start (joining, restoring, compiling) for the
   loop's StopRequest, which saves at the first step boundary; Ctrl-C before it exits at once."""
-  from ao_mdm.runtime import interrupts  # pylint: disable=g-import-not-at-top
+  from ao_mdm.runtime import interrupts
+
   exits = []
   monkeypatch.setattr(interrupts.os, "_exit", exits.append)
   before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}

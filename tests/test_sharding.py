@@ -2,6 +2,7 @@
 
 The devices must exist before JAX starts, so tests/sharding_worker.py runs in a subprocess.
 """
+
 import json
 import os
 import pathlib
@@ -23,11 +24,19 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
   out = tmp_path_factory.mktemp("sharding")
-  env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": f"{default_compiler_flags()} --xla_force_host_platform_device_count=8"}
+  env = {
+    **os.environ,
+    "JAX_PLATFORMS": "cpu",
+    "XLA_FLAGS": f"{default_compiler_flags()} --xla_force_host_platform_device_count=8",
+  }
   try:
-    proc = subprocess.run([sys.executable, str(WORKER), str(out)], capture_output=True,
-                          text=True, env=env, timeout=TIMEOUT_S)
+    proc = subprocess.run(
+      [sys.executable, str(WORKER), str(out)],
+      capture_output=True,
+      text=True,
+      env=env,
+      timeout=TIMEOUT_S,
+    )
   except subprocess.TimeoutExpired as e:
     raise AssertionError(f"{WORKER.name} hung for more than {TIMEOUT_S} s") from e
   assert proc.returncode == 0, f"{WORKER.name} failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
@@ -49,8 +58,10 @@ def test_mesh_matches_one_device(results, mesh):
 def test_params_sharded_by_rules(results):
   specs = json.loads((results / "specs.json").read_text())
   # mlp_in kernel: ('layers', 'embed', 'mlp') -> (None, 'fsdp', 'tensor'); shape (2, 32, 128).
-  assert specs["mesh_2_2_2/mlp_in"] == {"spec": [None, "fsdp", "tensor"],
-                                        "shard_shape": [2, 16, 64]}
+  assert specs["mesh_2_2_2/mlp_in"] == {
+    "spec": [None, "fsdp", "tensor"],
+    "shard_shape": [2, 16, 64],
+  }
   assert specs["mesh_1_4_2/mlp_in"]["shard_shape"] == [2, 8, 64]
   # token_embed: ('vocab', 'embed') -> ('tensor', 'fsdp'); shape (256, 32).
   assert specs["mesh_1_4_2/token_embed"] == {"spec": ["tensor", "fsdp"], "shard_shape": [128, 8]}

@@ -1,5 +1,6 @@
 """Self-speculative decoding: exact in distribution, equal to sequential decoding when greedy, in
 L2R and in random orders with known tokens scattered."""
+
 import itertools
 
 import flax.linen as nn
@@ -10,18 +11,17 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ao_mdm.decode import draft
-from ao_mdm.decode import parallel
-from ao_mdm.decode import speculative
 from ao_mdm import model as model_lib
-from ao_mdm.perf import bench_sample
 from ao_mdm import specs
-from test_parallel import naive_greedy  # pylint: disable=g-bad-import-order
+from ao_mdm.decode import draft, parallel, speculative
+from ao_mdm.perf import bench_sample
+from test_parallel import naive_greedy
 
 
 def random_model(v, t, scale, seed=0):
-  cfg = specs.default().model.replace(vocab_size=v, block_size=t, n_layer=2, n_embd=32, n_head=4,
-                                      cond_dim=16)
+  cfg = specs.default().model.replace(
+    vocab_size=v, block_size=t, n_layer=2, n_embd=32, n_head=4, cond_dim=16
+  )
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(seed)))
   # Random init is near uniform; larger weights make p (L2R) and q (drafts) clearly different.
   return cfg, jax.tree.map(lambda p: p * scale if p.ndim >= 2 else p, params)
@@ -46,11 +46,19 @@ def random_head(cfg, seed=0, scale=4.0):
 def _chi_square(cfg, params, verify, n, head=None):
   seqs, joint = _l2r_joint(cfg, params)
   assert n * joint.min() >= 5, "too few samples for the chi-square test"
-  decode = speculative.decoder(speculative.DecoderSpec(
-      cfg, cfg.block_size - 1, 0, verify=verify, head=head is not None))
-  tokens, _, st, _ = decode(params, head, jnp.zeros((n, cfg.block_size), jnp.int32),
-                            jnp.zeros((n, cfg.block_size), bool), jax.random.key(7),
-                            jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
+  decode = speculative.decoder(
+    speculative.DecoderSpec(cfg, cfg.block_size - 1, 0, verify=verify, head=head is not None)
+  )
+  tokens, _, st, _ = decode(
+    params,
+    head,
+    jnp.zeros((n, cfg.block_size), jnp.int32),
+    jnp.zeros((n, cfg.block_size), bool),
+    jax.random.key(7),
+    jnp.float32(1.0),
+    jnp.float32(1.0),
+    jnp.int32(0),
+  )
   index = np.asarray(tokens) @ (cfg.vocab_size ** np.arange(cfg.block_size)[::-1])
   counts = np.bincount(index, minlength=len(seqs))
   result = stats.chisquare(counts, n * joint / joint.sum())
@@ -65,14 +73,19 @@ def test_speculative_samples_follow_the_l2r_joint_and_always_accept_does_not(dra
   accepted = st["accepted"].mean()
   # A draft drawn from its proposal q is accepted with probability sum_x min(p, q): the count
   # of accepted first drafts must match the summed probabilities (binomial SE).
-  verified, hits, expected = st["first_drafts"].sum(), st["first_accepted"].sum(), \
-      st["first_overlap"].astype(np.float64).sum()
+  verified, hits, expected = (
+    st["first_drafts"].sum(),
+    st["first_accepted"].sum(),
+    st["first_overlap"].astype(np.float64).sum(),
+  )
   se = np.sqrt(expected * (1 - expected / verified))
   print(f"first drafts: {hits} of {verified} accepted, expected {expected:.1f} +- {se:.1f}")
   assert abs(hits - expected) < 5 * se and 0.05 < hits / verified < 0.95
   wrong_stat, wrong_p, _ = _chi_square(cfg, params, verify=False, n=20_000, head=head)
-  print(f"speculative: chi2={stat:.1f} p={p:.3f} (accepted {accepted:.2f} drafts per row); "
-        f"always accept: chi2={wrong_stat:.1f} p={wrong_p:.2e}")
+  print(
+    f"speculative: chi2={stat:.1f} p={p:.3f} (accepted {accepted:.2f} drafts per row); "
+    f"always accept: chi2={wrong_stat:.1f} p={wrong_p:.2e}"
+  )
   assert p > 1e-3 and accepted > 0.2  # drafts are accepted, and the output is still exact
   assert wrong_p < 1e-6
 
@@ -88,26 +101,37 @@ def _order_joint(cfg, params, known_pos, known_tok):
   seqs[:, known_pos] = known_tok
   seqs[:, unknown] = np.tile(np.asarray(fills, np.int32), (len(orders), 1))
   order = np.repeat(np.asarray(orders, np.int32), len(fills), axis=0)
-  nll = model_lib.slot_nll(model_lib.make_model(cfg), params, jnp.asarray(seqs),
-                           jnp.asarray(order))
-  logp = -np.asarray(nll, np.float64)[:, len(known_pos):].sum(1)
+  nll = model_lib.slot_nll(model_lib.make_model(cfg), params, jnp.asarray(seqs), jnp.asarray(order))
+  logp = -np.asarray(nll, np.float64)[:, len(known_pos) :].sum(1)
   return seqs, order, np.exp(logp) / len(orders)
 
 
 def _order_chi_square(cfg, params, verify, n, known_pos, known_tok, head=None):
   seqs, order, joint = _order_joint(cfg, params, known_pos, known_tok)
   assert n * joint.min() >= 5, "too few samples for the chi-square test"
-  decode = speculative.decoder(speculative.DecoderSpec(
-      cfg, 2, len(known_pos), order="random", head=head is not None, verify=verify))
+  decode = speculative.decoder(
+    speculative.DecoderSpec(
+      cfg, 2, len(known_pos), order="random", head=head is not None, verify=verify
+    )
+  )
   tokens = np.zeros((n, cfg.block_size), np.int32)
   known = np.zeros((n, cfg.block_size), bool)
   tokens[:, known_pos], known[:, known_pos] = known_tok, True
-  out_tok, out_order, _, _ = decode(params, head, jnp.asarray(tokens), jnp.asarray(known),
-                                    jax.random.key(3), jnp.float32(1.0), jnp.float32(1.0),
-                                    jnp.int32(0))
+  out_tok, out_order, _, _ = decode(
+    params,
+    head,
+    jnp.asarray(tokens),
+    jnp.asarray(known),
+    jax.random.key(3),
+    jnp.float32(1.0),
+    jnp.float32(1.0),
+    jnp.int32(0),
+  )
   cell = {(tuple(o), tuple(x)): i for i, (o, x) in enumerate(zip(order.tolist(), seqs.tolist()))}
-  index = [cell[(tuple(o), tuple(x))] for o, x in zip(np.asarray(out_order).tolist(),
-                                                      np.asarray(out_tok).tolist())]
+  index = [
+    cell[(tuple(o), tuple(x))]
+    for o, x in zip(np.asarray(out_order).tolist(), np.asarray(out_tok).tolist())
+  ]
   counts = np.bincount(index, minlength=len(seqs))
   return stats.chisquare(counts, n * joint / joint.sum()).pvalue
 
@@ -129,8 +153,9 @@ def test_greedy_random_order_speculative_equals_greedy_sequential_decoding(draft
   cfg, params = random_model(v=64, t=16, scale=4.0, seed=1)
   known = dict(known_positions=[0, 5, 6, 11], known_tokens=[5, 9, 3, 7])
   head = random_head(cfg, seed=1) if drafter == "head" else None
-  out = speculative.sample(params, cfg, batch_size=3, draft=4, temperature=0.0, order="random",
-                           draft_head=head, **known)
+  out = speculative.sample(
+    params, cfg, batch_size=3, draft=4, temperature=0.0, order="random", draft_head=head, **known
+  )
   order = out.order
   assert np.all(order[:, :4] == [0, 5, 6, 11]) and len({tuple(o) for o in order}) == 3
   start = np.zeros_like(out.tokens)
@@ -141,16 +166,19 @@ def test_greedy_random_order_speculative_equals_greedy_sequential_decoding(draft
   assert np.all(out.stats["forwards"] <= 12)
 
 
-@pytest.mark.parametrize("draft_len,drafter", [(4, "self"), (4, "head"),
-                                               pytest.param(1, "self", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+  "draft_len,drafter", [(4, "self"), (4, "head"), pytest.param(1, "self", marks=pytest.mark.slow)]
+)
 def test_greedy_speculative_equals_greedy_l2r(draft_len, drafter):
   cfg, params = random_model(v=64, t=16, scale=4.0, seed=1)
   prompt = dict(known_positions=[0, 1, 2], known_tokens=[5, 9, 3])
-  want = parallel.sample(params, cfg, batch_size=3, steps=13, temperature=0.0, order="l2r",
-                         **prompt).tokens
+  want = parallel.sample(
+    params, cfg, batch_size=3, steps=13, temperature=0.0, order="l2r", **prompt
+  ).tokens
   head = random_head(cfg, seed=1) if drafter == "head" else None
-  out = speculative.sample(params, cfg, batch_size=3, draft=draft_len, temperature=0.0,
-                           draft_head=head, **prompt)
+  out = speculative.sample(
+    params, cfg, batch_size=3, draft=draft_len, temperature=0.0, draft_head=head, **prompt
+  )
   np.testing.assert_array_equal(out.tokens, want)
   assert np.all(out.stats["forwards"] <= 13)
 
@@ -162,13 +190,13 @@ def test_top_k_one_speculative_equals_greedy_l2r(drafter):
   cfg, params = random_model(v=64, t=16, scale=4.0, seed=1)
   want = parallel.sample(params, cfg, batch_size=2, steps=16, temperature=0.0, order="l2r").tokens
   head = random_head(cfg, seed=1) if drafter == "head" else None
-  out = speculative.sample(params, cfg, batch_size=2, draft=3, top_k=1, top_p=0.9,
-                           draft_head=head)
+  out = speculative.sample(params, cfg, batch_size=2, draft=3, top_k=1, top_p=0.9, draft_head=head)
   np.testing.assert_array_equal(out.tokens, want)
 
 
 def test_inverse_cdf_draw_follows_the_probabilities_and_never_draws_a_zero():
-  from ao_mdm.decode import common  # pylint: disable=g-import-not-at-top
+  from ao_mdm.decode import common
+
   probs = jnp.asarray([0.0, 0.2, 0.0, 0.5, 0.3, 0.0])
   n = 100_000
   u = jax.random.uniform(jax.random.key(0), (n,))
@@ -194,14 +222,28 @@ def test_bench_counts_every_seed():
   head = random_head(cfg)
   rows = bench_sample.bench_speculative(bench, params, cfg, draft_head=head)["rows"]
   assert [(r["order"], r["drafter"]) for r in rows] == [
-      ("l2r", "self"), ("l2r", "head"), ("infill", "self"), ("infill", "head")]
+    ("l2r", "self"),
+    ("l2r", "head"),
+    ("infill", "self"),
+    ("infill", "head"),
+  ]
   positions, ids = bench_sample.infill_context(params, cfg)
   assert positions == [0, 1, 6, 7]
   for row in rows:
     known = {} if row["order"] == "l2r" else dict(known_positions=positions, known_tokens=ids)
-    outs = [speculative.sample(params, cfg, batch_size=2, draft=2, seed=s, order="random" if known
-                               else "l2r", draft_head=head if row["drafter"] == "head" else None,
-                               **known) for s in range(2)]
+    outs = [
+      speculative.sample(
+        params,
+        cfg,
+        batch_size=2,
+        draft=2,
+        seed=s,
+        order="random" if known else "l2r",
+        draft_head=head if row["drafter"] == "head" else None,
+        **known,
+      )
+      for s in range(2)
+    ]
     forwards = np.mean([o.stats["forwards"] for o in outs])
     assert row["forwards_per_sequence"] == pytest.approx(forwards)
     assert row["tokens_per_forward"] == pytest.approx((8 if not known else 4) / forwards)

@@ -5,6 +5,8 @@ the data iterator) ends in one error line within --storage_timeout, not a hang.
 The stall is made where it should be, not after a guessed sleep: a proxy in front of the local
 GCS server forwards requests until one of the phase's arrives, then answers nothing more, its
 connections held open (what a SIGSTOPped server does). Every case starts a command: slow stage."""
+
+from collections.abc import Callable
 import http.client
 import http.server
 import os
@@ -14,21 +16,29 @@ import sys
 import threading
 import time
 import urllib.parse
-from typing import Callable, Optional
 
 import pytest
 
+from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.config import base_config
-from ao_mdm import specs
 from ao_mdm.storage import fs
 from ao_mdm.train import loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BOUND_S = 10  # --storage_timeout of every case
-SMALL = {"model.vocab_size": 512, "model.block_size": 32, "model.n_layer": 2, "model.n_embd": 32,
-         "model.n_head": 2, "model.cond_dim": 32, "train.batch_size": 8, "train.eval_batches": 1,
-         "train.eval_every": 0, "train.checkpoint_every": 10}
+SMALL = {
+  "model.vocab_size": 512,
+  "model.block_size": 32,
+  "model.n_layer": 2,
+  "model.n_embd": 32,
+  "model.n_head": 2,
+  "model.cond_dim": 32,
+  "train.batch_size": 8,
+  "train.eval_batches": 1,
+  "train.eval_every": 0,
+  "train.checkpoint_every": 10,
+}
 
 
 class StallingProxy:
@@ -38,7 +48,7 @@ class StallingProxy:
 
   def __init__(self, upstream: str, stall_on: Callable[[str, str, str], bool]):
     self.upstream = urllib.parse.urlparse(upstream).netloc
-    self.stalled_at: Optional[float] = None  # time.monotonic() of the first unanswered request
+    self.stalled_at: float | None = None  # time.monotonic() of the first unanswered request
     self.release = threading.Event()
     proxy = self
 
@@ -50,16 +60,19 @@ class StallingProxy:
 
       def forward(self):
         body = self._body()
-        if proxy.stalled_at is None and stall_on(self.command, self.path,
-                                                 self.headers.get("User-Agent", "")):
+        if proxy.stalled_at is None and stall_on(
+          self.command, self.path, self.headers.get("User-Agent", "")
+        ):
           proxy.stalled_at = time.monotonic()
         if proxy.stalled_at is not None:
           proxy.release.wait()
           self.close_connection = True
           return
-        headers = {k: v for k, v in self.headers.items()
-                   if k.lower() not in ("host", "connection", "content-length",
-                                        "transfer-encoding")}
+        headers = {
+          k: v
+          for k, v in self.headers.items()
+          if k.lower() not in ("host", "connection", "content-length", "transfer-encoding")
+        }
         upstream = http.client.HTTPConnection(proxy.upstream, timeout=60)
         upstream.request(self.command, self.path, body=body, headers=headers)
         response = upstream.getresponse()
@@ -120,8 +133,13 @@ def _stalled(command: list, stall_on: Callable) -> tuple:
   del env["TENSORSTORE_GCS_HTTP_URL"]  # this process's, the server's: the command sets its own
   try:
     proc = subprocess.run(
-        [sys.executable, "-m", "ao_mdm.cli.main", *command, f"--storage_timeout={BOUND_S}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+      [sys.executable, "-m", "ao_mdm.cli.main", *command, f"--storage_timeout={BOUND_S}"],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=120,
+      env=env,
+    )
     ended = time.monotonic()
   finally:
     proxy.close()
@@ -141,8 +159,9 @@ def _one_error_line_in_bound(proc, waited: float) -> str:
 def _request(pattern: str, agent: str, method: str = "GET") -> Callable:
   """A request `method` of the client `agent` (python-gcsfs: Orbax's paths; tensorstore: its
   arrays; gcloud-python: the project's own calls) whose path matches `pattern`."""
-  return lambda m, path, user_agent: (m == method and agent in user_agent
-                                      and re.search(pattern, path) is not None)
+  return lambda m, path, user_agent: (
+    m == method and agent in user_agent and re.search(pattern, path) is not None
+  )
 
 
 def _phases(key: str) -> dict:
@@ -150,12 +169,12 @@ def _phases(key: str) -> dict:
   `key`."""
   quoted = urllib.parse.quote(f"{key}/checkpoints", safe="")
   return {
-      # Orbax's CheckpointManager begins by asking whether its directory exists ...
-      "manager creation": _request(rf"/o/{quoted}$", "gcsfs"),
-      # ... then lists the step directories (one page of many results, not an existence check)
-      "step listing": _request(rf"prefix={re.escape(key)}/checkpoints/&maxResults=\d\d", "gcsfs"),
-      "restore of params": _request(rf"{quoted}%2F10%2F(ema|state)%2F", "tensorstore"),
-      "restore of the data iterator": _request(rf"^/download/.*{quoted}%2F10%2Fdata%2F", "gcsfs"),
+    # Orbax's CheckpointManager begins by asking whether its directory exists ...
+    "manager creation": _request(rf"/o/{quoted}$", "gcsfs"),
+    # ... then lists the step directories (one page of many results, not an existence check)
+    "step listing": _request(rf"prefix={re.escape(key)}/checkpoints/&maxResults=\d\d", "gcsfs"),
+    "restore of params": _request(rf"{quoted}%2F10%2F(ema|state)%2F", "tensorstore"),
+    "restore of the data iterator": _request(rf"^/download/.*{quoted}%2F10%2Fdata%2F", "gcsfs"),
   }
 
 
@@ -163,9 +182,10 @@ def _phases(key: str) -> dict:
 @pytest.mark.parametrize("phase", ["manager creation", "step listing", "restore of params"])
 def test_sample_from_a_bucket_that_stalls_while_reading_ends_with_one_line(run, phase):
   """The same code reads the params of eval, export, export-torch, harness and --init_from."""
-  key = run[len("gs://bucket/"):]
-  proc, waited = _stalled(["sample", f"--checkpoint={run}", "--num_samples=1", "--steps=4"],
-                          _phases(key)[phase])
+  key = run[len("gs://bucket/") :]
+  proc, waited = _stalled(
+    ["sample", f"--checkpoint={run}", "--num_samples=1", "--steps=4"], _phases(key)[phase]
+  )
   print(f"sample, {phase}: the error line {waited:.1f} s after the stall (bound {BOUND_S} s)")
   _one_error_line_in_bound(proc, waited)
 
@@ -174,26 +194,37 @@ def _resume(run: str, workdir: str, data_dir: str) -> list:
   """The command that resumes a copy of `run` in `workdir` (its own: a stalled run leaves its
   lock behind) for two more steps."""
   fs.copytree(run, workdir)
-  return ["train", f"--config={ROOT}/configs/tiny.py", f"--workdir={workdir}",
-          *[f"--config.{k}={v}" for k, v in SMALL.items()], "--config.train.num_steps=12",
-          f"--config.data.tfds_dir={data_dir}"]
+  return [
+    "train",
+    f"--config={ROOT}/configs/tiny.py",
+    f"--workdir={workdir}",
+    *[f"--config.{k}={v}" for k, v in SMALL.items()],
+    "--config.train.num_steps=12",
+    f"--config.data.tfds_dir={data_dir}",
+  ]
 
 
 @pytest.mark.slow  # four trainings, each ends about 12 s after its stall
-@pytest.mark.parametrize("phase", ["manager creation", "step listing", "restore of params",
-                                   "restore of the data iterator"])
+@pytest.mark.parametrize(
+  "phase", ["manager creation", "step listing", "restore of params", "restore of the data iterator"]
+)
 def test_train_resuming_from_a_bucket_that_stalls_ends_with_one_line(run, phase, data_dir):
   """The line names step 10 once Orbax has listed it, the checkpoint a restart resumes from;
   before, that the steps were not listed yet."""
   workdir = f"{run}-resume-{phase.replace(' ', '-')}"
-  proc, waited = _stalled(_resume(run, workdir, data_dir),
-                          _phases(workdir[len("gs://bucket/"):])[phase])
-  print(f"train resuming, {phase}: the error line {waited:.1f} s after the stall "
-        f"(bound {BOUND_S} s)")
+  proc, waited = _stalled(
+    _resume(run, workdir, data_dir), _phases(workdir[len("gs://bucket/") :])[phase]
+  )
+  print(
+    f"train resuming, {phase}: the error line {waited:.1f} s after the stall (bound {BOUND_S} s)"
+  )
   line = _one_error_line_in_bound(proc, waited)
   listed = phase.startswith("restore")
-  assert (f"the newest complete checkpoint is step 10 in {workdir}" if listed else
-          f"its checkpoints in {workdir} were not listed yet") in line, line
+  assert (
+    f"the newest complete checkpoint is step 10 in {workdir}"
+    if listed
+    else f"its checkpoints in {workdir} were not listed yet"
+  ) in line, line
 
 
 @pytest.mark.slow  # one training, about 25 s
@@ -213,8 +244,9 @@ def test_an_export_into_a_bucket_that_stalls_while_writing_ends_with_one_line(ru
   """Orbax's write of the params, probed like its reads; what is left is no export (the
   commit mark comes last)."""
   out = f"{run}-export"
-  proc, waited = _stalled(["export", f"--checkpoint={run}", f"--out={out}"],
-                          _request(r"", "tensorstore", method="POST"))
+  proc, waited = _stalled(
+    ["export", f"--checkpoint={run}", f"--out={out}"], _request(r"", "tensorstore", method="POST")
+  )
   print(f"export, writing params: the error line {waited:.1f} s after the stall")
   _one_error_line_in_bound(proc, waited)
   assert not fs.exists(fs.join(out, "0", "commit_success.txt"))

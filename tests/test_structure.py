@@ -1,5 +1,6 @@
 """Code structure rules: no module, test or script reaches into a private (underscore) name of
 another of our modules (ao_mdm's, or a test module's)."""
+
 import ast
 import pathlib
 
@@ -26,8 +27,12 @@ def _private_uses(path: pathlib.Path) -> list:
           found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {a.name}")
         modules.add(a.asname or a.name)
   for node in ast.walk(tree):
-    if (isinstance(node, ast.Attribute) and private(node.attr)
-        and isinstance(node.value, ast.Name) and node.value.id in modules):
+    if (
+      isinstance(node, ast.Attribute)
+      and private(node.attr)
+      and isinstance(node.value, ast.Name)
+      and node.value.id in modules
+    ):
       found.append(f"{path.relative_to(ROOT)}:{node.lineno} uses {node.value.id}.{node.attr}")
   return found
 
@@ -41,7 +46,7 @@ def _rule_on(rule, tmp_path, text: str) -> list:
   """What `rule` finds in a file bad.py of `text` (paths relative to tmp_path)."""
   bad = tmp_path / "bad.py"
   bad.write_text(text)
-  global ROOT  # pylint: disable=global-statement
+  global ROOT
   root, ROOT = ROOT, tmp_path
   try:
     return rule(bad)
@@ -50,24 +55,41 @@ def _rule_on(rule, tmp_path, text: str) -> list:
 
 
 def test_the_rule_catches_both_forms(tmp_path):
-  found = _rule_on(_private_uses, tmp_path,
-                   "from ao_mdm import sampling\nfrom ao_mdm.model import _helper\n"
-                   "sampling._decoder()\nlocal = object()\nlocal._fine = 1\n")
+  found = _rule_on(
+    _private_uses,
+    tmp_path,
+    "from ao_mdm import sampling\nfrom ao_mdm.model import _helper\n"
+    "sampling._decoder()\nlocal = object()\nlocal._fine = 1\n",
+  )
   assert found == ["bad.py:2 imports _helper", "bad.py:3 uses sampling._decoder"]
 
 
 # File access on a path goes through ao_mdm/storage/ (local or gs://). These modules touch only
 # files that are no user's path, each for the reason given.
 FILE_ACCESS_ALLOWED = {
-    "ao_mdm/specs.py": "the package's own paper_orders.json",
-    "ao_mdm/data/gpt2.py": "the GPT-2 BPE files shipped in the package",
-    "ao_mdm/runtime/quiet.py": "/dev/null, to silence stderr",
-    "ao_mdm/cli/main.py": "/dev/null, after a closed pipe",
-    "ao_mdm/cli/checks.py": "the --config file: Python code, loaded from local disk only",
-    "ao_mdm/perf/bench_data.py": "its own local scratch directory (bench.dir) and /proc",
+  "ao_mdm/specs.py": "the package's own paper_orders.json",
+  "ao_mdm/data/gpt2.py": "the GPT-2 BPE files shipped in the package",
+  "ao_mdm/runtime/quiet.py": "/dev/null, to silence stderr",
+  "ao_mdm/cli/main.py": "/dev/null, after a closed pipe",
+  "ao_mdm/cli/checks.py": "the --config file: Python code, loaded from local disk only",
+  "ao_mdm/perf/bench_data.py": "its own local scratch directory (bench.dir) and /proc",
 }
-_OS_FILE_CALLS = {"open", "replace", "rename", "remove", "unlink", "listdir", "makedirs", "mkdir",
-                  "rmdir", "stat", "walk", "preadv", "pread", "scandir"}
+_OS_FILE_CALLS = {
+  "open",
+  "replace",
+  "rename",
+  "remove",
+  "unlink",
+  "listdir",
+  "makedirs",
+  "mkdir",
+  "rmdir",
+  "stat",
+  "walk",
+  "preadv",
+  "pread",
+  "scandir",
+}
 
 
 def _file_access(path: pathlib.Path) -> list:
@@ -83,9 +105,14 @@ def _file_access(path: pathlib.Path) -> list:
     elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
       if (f.value.id == "os" and f.attr in _OS_FILE_CALLS) or f.value.id in ("shutil", "glob"):
         name = f"{f.value.id}.{f.attr}"
-    elif (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Attribute)
-          and isinstance(f.value.value, ast.Name) and f.value.value.id == "os"
-          and f.value.attr == "path" and f.attr not in ("join", "basename", "dirname")):
+    elif (
+      isinstance(f, ast.Attribute)
+      and isinstance(f.value, ast.Attribute)
+      and isinstance(f.value.value, ast.Name)
+      and f.value.value.id == "os"
+      and f.value.attr == "path"
+      and f.attr not in ("join", "basename", "dirname")
+    ):
       name = f"os.path.{f.attr}"
     if name:
       found.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
@@ -94,16 +121,26 @@ def _file_access(path: pathlib.Path) -> list:
 
 def test_file_access_goes_through_the_storage_layer():
   package = ROOT / "ao_mdm"
-  found = [use for path in sorted(package.rglob("*.py"))
-           if "storage" not in path.relative_to(package).parts
-           and path.relative_to(ROOT).as_posix() not in FILE_ACCESS_ALLOWED
-           for use in _file_access(path)]
+  found = [
+    use
+    for path in sorted(package.rglob("*.py"))
+    if "storage" not in path.relative_to(package).parts
+    and path.relative_to(ROOT).as_posix() not in FILE_ACCESS_ALLOWED
+    for use in _file_access(path)
+  ]
   assert not found, "use ao_mdm.storage (fs, paths) for these:\n" + "\n".join(found)
 
 
 def test_the_file_access_rule_catches_each_form(tmp_path):
-  found = _rule_on(_file_access, tmp_path,
-                   "import os, shutil\nopen('x')\nos.path.isfile('x')\nos.replace('a', 'b')\n"
-                   "shutil.rmtree('d')\nos.path.join('a', 'b')\nos.environ.get('X')\n")
-  assert found == ["bad.py:2 open", "bad.py:3 os.path.isfile", "bad.py:4 os.replace",
-                   "bad.py:5 shutil.rmtree"]
+  found = _rule_on(
+    _file_access,
+    tmp_path,
+    "import os, shutil\nopen('x')\nos.path.isfile('x')\nos.replace('a', 'b')\n"
+    "shutil.rmtree('d')\nos.path.join('a', 'b')\nos.environ.get('X')\n",
+  )
+  assert found == [
+    "bad.py:2 open",
+    "bad.py:3 os.path.isfile",
+    "bad.py:4 os.replace",
+    "bad.py:5 shutil.rmtree",
+  ]

@@ -1,12 +1,13 @@
 """Tests for ao_mdm.data.tokenizer."""
+
 import os
 import shutil
 
 import pytest
 
+from ao_mdm import specs
 from ao_mdm.data import corpus
 from ao_mdm.data import tokenizer as tokenizer_lib
-from ao_mdm import specs
 
 VOCAB = 512  # the size conftest.sp_tokenizer is trained to
 
@@ -99,7 +100,7 @@ def test_saved_tokenizer_is_loaded_without_the_corpus(sp_tokenizer, tmp_path, mo
   text = "Fellow-citizens of the Senate"
   assert loaded.encode(text) == sp_tokenizer.encode(text)
   assert sorted(os.listdir(run / "tokenizer")) == before
-  with pytest.raises(FileNotFoundError, match=f"tokenizer/sp_\\*_384.model.*found none"):
+  with pytest.raises(FileNotFoundError, match="tokenizer/sp_\\*_384.model.*found none"):
     tokenizer_lib.load_saved_tokenizer(config, 384, str(run))
   shutil.copy(sp_tokenizer.model_path, run / "tokenizer" / f"sp_sotu_{VOCAB}.model")
   with pytest.raises(FileNotFoundError, match="found sp_sotu_512.model, sp_text_file-h0123"):

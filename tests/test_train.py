@@ -1,4 +1,5 @@
 """The training loop end to end on the embedded corpus, at a very small size."""
+
 import dataclasses
 import json
 import os
@@ -9,10 +10,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from ao_mdm.checkpoint import checkpoints
-from ao_mdm.config import base_config
 from ao_mdm import model as model_lib
 from ao_mdm import specs
+from ao_mdm.checkpoint import checkpoints
+from ao_mdm.config import base_config
 from ao_mdm.train import loop
 from ao_mdm.train import state as train_state
 
@@ -20,8 +21,16 @@ from ao_mdm.train import state as train_state
 def small_config(tfds_dir, steps=30):
   c = base_config()
   c.model.update(vocab_size=512, block_size=32, n_layer=2, n_embd=32, n_head=2)
-  c.train.update(batch_size=8, num_steps=steps, warmup_steps=5, log_every=10,
-                 checkpoint_every=10, eval_batches=2, learning_rate=1e-2, min_lr=1e-3)
+  c.train.update(
+    batch_size=8,
+    num_steps=steps,
+    warmup_steps=5,
+    log_every=10,
+    checkpoint_every=10,
+    eval_batches=2,
+    learning_rate=1e-2,
+    min_lr=1e-3,
+  )
   c.data.tfds_dir = tfds_dir
   return c
 
@@ -36,6 +45,7 @@ def test_train_reduces_loss_and_resumes(data_dir, tmp_path, capsys, monkeypatch)
     with open(f"{workdir}/metrics.jsonl") as f:
       logged_at_save.append((step, [json.loads(line)["step"] for line in f if '"loss"' in line]))
     return real_save(mgr, step, *args, **kwargs)
+
   monkeypatch.setattr(checkpoints, "save", save)
   first = loop.train_and_evaluate(specs.parse(cfg), workdir)
   assert logged_at_save == [(10, [10]), (20, [10, 20])]
@@ -45,8 +55,10 @@ def test_train_reduces_loss_and_resumes(data_dir, tmp_path, capsys, monkeypatch)
   out = capsys.readouterr().out
   assert "step 10:" in out and "tokens_per_s=" in out and "final eval" in out
   assert "measured matmul peak" in out and " mfu=" in out  # MFU on CPU too
+
   def no_nan(name):
     raise ValueError(f"metrics.jsonl holds {name}, which is not JSON")
+
   with open(f"{workdir}/metrics.jsonl") as f:
     rows = [json.loads(line, parse_constant=no_nan) for line in f]
   assert [r["step"] for r in rows if "loss" in r] == [10, 20]
@@ -82,8 +94,9 @@ def test_checkpoints_keep_the_ema_apart_and_older_ones_still_load(data_dir, tmp_
   loop.train_and_evaluate(specs.parse(cfg), workdir)
   step_dir = os.path.join(workdir, "checkpoints", "2")
   assert {"state", "ema", "data", "config"} <= set(os.listdir(step_dir))
-  state = checkpoints.restore(checkpoints.train_manager(workdir), 2,
-                              train_state.abstract_state(specs.parse(cfg)))
+  state = checkpoints.restore(
+    checkpoints.train_manager(workdir), 2, train_state.abstract_state(specs.parse(cfg))
+  )
   equal = lambda a, b: jax.tree.map(np.testing.assert_array_equal, a, b)
   equal(checkpoints.load_params(workdir, "ema")[1], state.ema_params)
   equal(checkpoints.load_params(workdir, "params")[1], state.params)
@@ -92,19 +105,29 @@ def test_checkpoints_keep_the_ema_apart_and_older_ones_still_load(data_dir, tmp_
   equal(checkpoints.load_params(workdir, "ema", log=print)[1], state.ema_params)
   old = str(tmp_path / "old")  # the layout before the split: the EMA inside `state`
   mgr = ocp.CheckpointManager(os.path.join(old, "checkpoints"), item_names=("state", "config"))
-  mgr.save(2, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                      config=ocp.args.JsonSave(json.loads(cfg.to_json()))))
+  mgr.save(
+    2,
+    args=ocp.args.Composite(
+      state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(json.loads(cfg.to_json()))
+    ),
+  )
   mgr.wait_until_finished()
   equal(checkpoints.load_params(old, "ema")[1], state.ema_params)
   equal(checkpoints.load_params(old, "params")[1], state.params)
-  equal(checkpoints.restore(checkpoints.train_manager(old), 2, train_state.abstract_state(specs.parse(cfg))),
-        state)
+  equal(
+    checkpoints.restore(
+      checkpoints.train_manager(old), 2, train_state.abstract_state(specs.parse(cfg))
+    ),
+    state,
+  )
 
 
 def test_bad_train_configs(data_dir, tmp_path):
   cfg = small_config(data_dir)
   cfg.train.microbatches = 3
-  with pytest.raises(ValueError, match="train.batch_size=8 is not divisible by train.microbatches=3"):
+  with pytest.raises(
+    ValueError, match="train.batch_size=8 is not divisible by train.microbatches=3"
+  ):
     loop.train_and_evaluate(specs.parse(cfg), str(tmp_path))
   cfg = small_config(data_dir)
   cfg.order.kind = "spiral"
@@ -115,11 +138,29 @@ def test_bad_train_configs(data_dir, tmp_path):
 # The authors decay exactly their >= 2-D tensors (configure_optimizers: p.dim() >= 2). Written out
 # by hand from their parameter list (docs/checkpoints.md), not recomputed by our rule.
 DECAYED = {
-    "ao": {"token_embed", "pos_embed", "none_embed", "target_embed", "blocks/adaln/kernel",
-           "blocks/qkv/kernel", "blocks/attn_out/kernel", "blocks/mlp_in/kernel",
-           "blocks/mlp_out/kernel", "final_adaln/kernel", "head/kernel"},
-    "sigma": {"token_embed", "pos_embed", "none_embed", "target_embed", "blocks/qkv/kernel",
-              "blocks/attn_out/kernel", "blocks/mlp_in/kernel", "blocks/mlp_out/kernel"},
+  "ao": {
+    "token_embed",
+    "pos_embed",
+    "none_embed",
+    "target_embed",
+    "blocks/adaln/kernel",
+    "blocks/qkv/kernel",
+    "blocks/attn_out/kernel",
+    "blocks/mlp_in/kernel",
+    "blocks/mlp_out/kernel",
+    "final_adaln/kernel",
+    "head/kernel",
+  },
+  "sigma": {
+    "token_embed",
+    "pos_embed",
+    "none_embed",
+    "target_embed",
+    "blocks/qkv/kernel",
+    "blocks/attn_out/kernel",
+    "blocks/mlp_in/kernel",
+    "blocks/mlp_out/kernel",
+  },
 }
 
 
@@ -128,7 +169,9 @@ def test_weight_decay_hits_exactly_the_authors_tensors(variant):
   """A step with zero gradients and lr > 0 shrinks the decayed leaves and leaves the rest."""
   from flax import traverse_util
   import flax.linen as nn
+
   from ao_mdm import model
+
   c = base_config()
   c.model.update(variant=variant, vocab_size=256, block_size=16, n_layer=2, n_embd=32, n_head=2)
   c.train.update(warmup_steps=0, learning_rate=0.1, min_lr=0.1, weight_decay=0.5)
@@ -151,10 +194,16 @@ def test_weight_decay_hits_exactly_the_authors_tensors(variant):
 
 def test_cosine_horizon_past_num_steps():
   """lr_decay_steps sets the cosine's end, independent of num_steps (the order study's 20k/500k)."""
-  c = dataclasses.replace(specs.default().train, num_steps=100, warmup_steps=10,
-                          learning_rate=1.0, min_lr=0.0, lr_decay_steps=1010)
+  c = dataclasses.replace(
+    specs.default().train,
+    num_steps=100,
+    warmup_steps=10,
+    learning_rate=1.0,
+    min_lr=0.0,
+    lr_decay_steps=1010,
+  )
   lr = train_state.learning_rate_schedule(c)
-  # Hand-computed: warmup is linear to 1.0 at step 10; halfway through the cosine (step 510) it is 0.5.
+  # By hand: warmup is linear to 1.0 at step 10; halfway through the cosine (step 510) it is 0.5.
   assert float(lr(5)) == pytest.approx(0.5) and float(lr(10)) == pytest.approx(1.0)
   assert float(lr(510)) == pytest.approx(0.5, abs=1e-6)
   assert float(lr(100)) == pytest.approx(0.980147, rel=1e-5)  # 0.5 (1 + cos(0.09 pi))
@@ -163,8 +212,9 @@ def test_cosine_horizon_past_num_steps():
 
 
 def test_a_profile_window_writes_a_trace_that_names_the_train_steps(data_dir, tmp_path):
-  import glob  # pylint: disable=g-import-not-at-top
-  import gzip  # pylint: disable=g-import-not-at-top
+  import glob
+  import gzip
+
   cfg = small_config(data_dir, steps=3)
   cfg.train.update(profile_start_step=1, profile_steps=2)
   workdir = str(tmp_path / "run")
@@ -180,6 +230,7 @@ def test_logged_metrics_are_the_means_of_their_window(data_dir, tmp_path, capsys
   """A step logged every 4 shows the mean of its 4 steps' metrics (clu.metrics; loss_l2r over
   the steps whose batch held L2R sequences), checked against the same run logged every step;
   the parameter table is printed and written to TensorBoard."""
+
   def run(name, log_every):
     cfg = small_config(data_dir, steps=8)
     cfg.order.update(kind="mixed", random_ratio=0.5)
@@ -187,6 +238,7 @@ def test_logged_metrics_are_the_means_of_their_window(data_dir, tmp_path, capsys
     loop.train_and_evaluate(specs.parse(cfg), str(tmp_path / name))
     with open(tmp_path / name / "metrics.jsonl") as f:
       return {r["step"]: r for r in map(json.loads, f) if "loss" in r}
+
   every, fours = run("every", 1), run("fours", 4)
   assert sorted(fours) == [4, 8] and sorted(every) == list(range(1, 9))
   for end in (4, 8):
@@ -201,15 +253,18 @@ def test_logged_metrics_are_the_means_of_their_window(data_dir, tmp_path, capsys
   out = capsys.readouterr().out
   assert "| blocks/qkv/kernel" in out and "| Sharding" in out
   events = os.listdir(tmp_path / "fours" / "tensorboard")
-  assert events and any(b"blocks/qkv/kernel" in (tmp_path / "fours" / "tensorboard" / e).read_bytes()
-                        for e in events)
+  assert events and any(
+    b"blocks/qkv/kernel" in (tmp_path / "fours" / "tensorboard" / e).read_bytes() for e in events
+  )
 
 
 def _wandb_history(path: str) -> list:
   """The history rows of a wandb run file (LevelDB log records of protobuf Records, after the
   7-byte ':W&B' header): what wandb would upload."""
-  import struct  # pylint: disable=g-import-not-at-top
-  from wandb.proto import wandb_internal_pb2  # pylint: disable=g-import-not-at-top
+  import struct
+
+  from wandb.proto import wandb_internal_pb2
+
   data = open(path, "rb").read()
   assert data[:4] == b":W&B"
   pos, block, part, rows = 7, 32768, b"", []
@@ -217,14 +272,15 @@ def _wandb_history(path: str) -> list:
     if block - pos % block < 7:  # a block's tail too short for a header is padding
       pos += block - pos % block
       continue
-    _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-    part, pos = part + data[pos + 7:pos + 7 + length], pos + 7 + length
+    _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+    part, pos = part + data[pos + 7 : pos + 7 + length], pos + 7 + length
     if kind in (1, 4):  # a full record, or the last piece of one
       record = wandb_internal_pb2.Record.FromString(part)
       part = b""
       if record.WhichOneof("record_type") == "history":
-        rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                     for i in record.history.item})
+        rows.append(
+          {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+        )
   return rows
 
 

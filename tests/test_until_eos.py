@@ -1,6 +1,7 @@
 """Variable-length generation (`ao-mdm sample --until_eos`): samples end at their first EOS, equal
 to the fixed-length samples of the same seed up to it; rows stop independently, and a batch
 whose rows are all done runs no further step."""
+
 import json
 import os
 import random
@@ -12,14 +13,10 @@ import jax
 import numpy as np
 import pytest
 
-from ao_mdm.config import base_config
-from ao_mdm.decode import common
-from ao_mdm.decode import generate
-from ao_mdm.decode import options
-from ao_mdm.decode import parallel
-from ao_mdm.decode import speculative
 from ao_mdm import model as model_lib
 from ao_mdm import specs
+from ao_mdm.config import base_config
+from ao_mdm.decode import generate, options, parallel, speculative
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EOS = 1  # SentencePiece's EOS id, as the tokenizers of ao_mdm train them
@@ -28,8 +25,9 @@ T = 32
 
 def eos_model(v: int = 64, t: int = T, eos_logit: float = 2.5, seed: int = 0):
   """A random AO-GPT whose head favours EOS: about one position in eight draws it."""
-  cfg = specs.default().model.replace(vocab_size=v, block_size=t, n_layer=2, n_embd=32, n_head=4,
-                                      cond_dim=16)
+  cfg = specs.default().model.replace(
+    vocab_size=v, block_size=t, n_layer=2, n_embd=32, n_head=4, cond_dim=16
+  )
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(seed)))
   params["head"]["bias"] = params["head"]["bias"].at[EOS].set(eos_logit)
   return cfg, params
@@ -49,13 +47,23 @@ def first_eos_lengths(tokens_BT, start):
   return np.asarray(out)
 
 
-@pytest.mark.parametrize("order,block_len,prompt", [
-    ("random", 8, ()), ("l2r", 8, (5, 6, 7)), ("random", 5, (5, 6, 7)), ("l2r", None, ())])
-def test_parallel_until_eos_is_the_fixed_length_sample_up_to_its_first_eos(model, order,
-                                                                           block_len, prompt):
+@pytest.mark.parametrize(
+  "order,block_len,prompt",
+  [("random", 8, ()), ("l2r", 8, (5, 6, 7)), ("random", 5, (5, 6, 7)), ("l2r", None, ())],
+)
+def test_parallel_until_eos_is_the_fixed_length_sample_up_to_its_first_eos(
+  model, order, block_len, prompt
+):
   cfg, params = model
-  kw = dict(batch_size=6, steps=16, order=order, block_len=block_len, seed=3,
-            known_positions=list(range(len(prompt))), known_tokens=list(prompt))
+  kw = dict(
+    batch_size=6,
+    steps=16,
+    order=order,
+    block_len=block_len,
+    seed=3,
+    known_positions=list(range(len(prompt))),
+    known_tokens=list(prompt),
+  )
   fixed = parallel.sample(params, cfg, **kw)
   out = parallel.sample(params, cfg, eos_id=EOS, **kw)
   lengths = out.stats["length"]
@@ -76,24 +84,37 @@ def test_parallel_until_eos_is_the_fixed_length_sample_up_to_its_first_eos(model
 
 def test_blocks_keep_their_positions_in_any_order_inside(model):
   cfg, params = model
-  out = parallel.sample(params, cfg, batch_size=4, steps=12, order="random", block_len=8, seed=1,
-                        known_positions=[0, 1], known_tokens=[5, 6])
+  out = parallel.sample(
+    params,
+    cfg,
+    batch_size=4,
+    steps=12,
+    order="random",
+    block_len=8,
+    seed=1,
+    known_positions=[0, 1],
+    known_tokens=[5, 6],
+  )
   np.testing.assert_array_equal(out.order[:, :2], [[0, 1]] * 4)
   for start in range(2, T, 8):  # the blocks, left to right
-    block = out.order[:, start:start + 8]
+    block = out.order[:, start : start + 8]
     assert (np.sort(block, axis=1) == np.arange(start, min(start + 8, T))).all()
   assert len({tuple(r) for r in out.order[:, 2:10]}) > 1  # random inside a block
 
 
 def test_block_counts_spread_the_steps_by_block_size():
-  np.testing.assert_array_equal(parallel.block_counts(T, 3, 10, "cosine", None),
-                                parallel.schedule_counts(T, 3, 10, "cosine"))
+  np.testing.assert_array_equal(
+    parallel.block_counts(T, 3, 10, "cosine", None), parallel.schedule_counts(T, 3, 10, "cosine")
+  )
   counts = parallel.block_counts(T, 2, 8, "linear", 8)  # blocks of 8, 8, 8, 6 positions
   assert counts[0] == 2 and counts[-1] == T and len(counts) == 9
   assert {2, 10, 18, 26, 32} <= set(counts.tolist())  # every block boundary is a step's end
   np.testing.assert_array_equal(parallel.block_counts(T, 0, T, "linear", 4), np.arange(T + 1))
-  with pytest.raises(ValueError, match=r"steps=3 must be in \[4, 30\]: the 30 unknown positions "
-                                       r"make 4 blocks of block_len=8"):
+  with pytest.raises(
+    ValueError,
+    match=r"steps=3 must be in \[4, 30\]: the 30 unknown positions "
+    r"make 4 blocks of block_len=8",
+  ):
     parallel.block_counts(T, 2, 3, "linear", 8)
   with pytest.raises(ValueError, match="block_len=0 must be >= 1"):
     parallel.block_counts(T, 2, 8, "linear", 0)
@@ -102,8 +123,13 @@ def test_block_counts_spread_the_steps_by_block_size():
 @pytest.mark.parametrize("prompt", [(), (5, 6, 7)])
 def test_speculative_until_eos_stops_each_row_at_its_first_eos(model, prompt):
   cfg, params = model
-  kw = dict(batch_size=6, draft=3, seed=2, known_positions=list(range(len(prompt))),
-            known_tokens=list(prompt))
+  kw = dict(
+    batch_size=6,
+    draft=3,
+    seed=2,
+    known_positions=list(range(len(prompt))),
+    known_tokens=list(prompt),
+  )
   fixed = speculative.sample(params, cfg, **kw)
   out = speculative.sample(params, cfg, eos_id=EOS, **kw)
   lengths = out.stats["length"]
@@ -128,14 +154,21 @@ def test_greedy_l2r_until_eos_agrees_between_modes():
     np.testing.assert_array_equal(par.tokens[row, :n], spec.tokens[row, :n])
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda: options.check_until_eos("confidence", None),
-     "--until_eos applies to --mode=parallel or --mode=speculative, not --mode=confidence"),
-    (lambda: options.check_until_eos("speculative", "random"),
-     "--until_eos with --mode=speculative needs --order=l2r"),
+@pytest.mark.parametrize(
+  "call,message",
+  [
+    (
+      lambda: options.check_until_eos("confidence", None),
+      "--until_eos applies to --mode=parallel or --mode=speculative, not --mode=confidence",
+    ),
+    (
+      lambda: options.check_until_eos("speculative", "random"),
+      "--until_eos with --mode=speculative needs --order=l2r",
+    ),
     (lambda: options.check_until_eos("parallel", None, "a [MASK] b"), "not --infill"),
     (lambda: options.check_block_len(0), "block_len=0 must be >= 1"),
-])
+  ],
+)
 def test_bad_settings_are_refused(call, message):
   with pytest.raises(ValueError, match=message):
     call()
@@ -144,8 +177,9 @@ def test_bad_settings_are_refused(call, message):
 def test_samplers_refuse_a_stop_they_cannot_honour(model):
   cfg, params = model
   with pytest.raises(ValueError, match="known tokens to be a prefix"):
-    parallel.sample(params, cfg, batch_size=1, steps=4, eos_id=EOS, known_positions=[3],
-                    known_tokens=[5])
+    parallel.sample(
+      params, cfg, batch_size=1, steps=4, eos_id=EOS, known_positions=[3], known_tokens=[5]
+    )
   with pytest.raises(ValueError, match="needs order='l2r'"):
     speculative.sample(params, cfg, batch_size=1, order="random", eos_id=EOS)
 
@@ -154,8 +188,9 @@ def test_samplers_refuse_a_stop_they_cannot_honour(model):
 def export(tmp_path_factory):
   """An export of an EOS-favouring model with a small SentencePiece tokenizer, as `sample`
   reads one."""
-  from ao_mdm.checkpoint import checkpoints  # pylint: disable=g-import-not-at-top
-  from ao_mdm.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  from ao_mdm.checkpoint import checkpoints
+  from ao_mdm.data import tokenizer as tok_lib
+
   root = tmp_path_factory.mktemp("until_eos")
   rng = random.Random(0)
   words = "the people of this union state congress nation we must our war peace law year".split()
@@ -165,24 +200,40 @@ def export(tmp_path_factory):
   c.model.update(vocab_size=384, block_size=T, n_layer=2, n_embd=32, n_head=4, cond_dim=16)
   config = specs.parse(c)
   _, params = eos_model(v=384, eos_logit=4.0)
-  path = checkpoints.write_params_export(str(root / "export"), config.to_dict(), params,
-                                         str(root / "tokenizer"))
-  return path, config, params, tok_lib.SentencePieceTokenizer(
-      str(root / "tokenizer" / "sp_words_384.model"))
+  path = checkpoints.write_params_export(
+    str(root / "export"), config.to_dict(), params, str(root / "tokenizer")
+  )
+  return (
+    path,
+    config,
+    params,
+    tok_lib.SentencePieceTokenizer(str(root / "tokenizer" / "sp_words_384.model")),
+  )
 
 
 @pytest.mark.parametrize("mode", ["parallel", "speculative"])
 def test_sample_texts_records_end_at_the_eos(export, mode):
   _, config, params, tokenizer = export
   prompt_ids = tokenizer.encode("We the people")
-  records = list(generate.sample_texts(params, config.model, tokenizer, num_samples=5,
-                                       batch_size=2, prompt="We the people", mode=mode,
-                                       until_eos=True, seed=4, steps=16))
+  records = list(
+    generate.sample_texts(
+      params,
+      config.model,
+      tokenizer,
+      num_samples=5,
+      batch_size=2,
+      prompt="We the people",
+      mode=mode,
+      until_eos=True,
+      seed=4,
+      steps=16,
+    )
+  )
   assert len(records) == 5
   for r in records:
-    assert r["tokens"][:len(prompt_ids)] == prompt_ids and r["text"].startswith("We the people")
+    assert r["tokens"][: len(prompt_ids)] == prompt_ids and r["text"].startswith("We the people")
     assert len(r["tokens"]) == r["length"] and r["forwards"] >= 1
-    assert EOS not in r["tokens"][len(prompt_ids):-1]
+    assert EOS not in r["tokens"][len(prompt_ids) : -1]
     assert r["tokens"][-1] == EOS or r["length"] == T
   assert any(r["length"] < T for r in records)
   if mode == "parallel":
@@ -190,17 +241,30 @@ def test_sample_texts_records_end_at_the_eos(export, mode):
 
 
 def ao_mdm(*args):
-  return subprocess.run([sys.executable, "-m", "ao_mdm.cli.main", *args], capture_output=True,
-                        text=True, timeout=300, cwd=ROOT,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  return subprocess.run(
+    [sys.executable, "-m", "ao_mdm.cli.main", *args],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=ROOT,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
 
 
 @pytest.mark.slow  # six sample processes (about 20 s)
 def test_cli_until_eos_writes_variable_length_records(export, tmp_path):
   path = str(tmp_path / "samples.jsonl")
-  out = ao_mdm("sample", f"--checkpoint={export[0]}", "--until_eos", "--block_len=8",
-               "--steps=16", "--num_samples=3", "--batch_size=2", "--prompt=We the people",
-               f"--out={path}")
+  out = ao_mdm(
+    "sample",
+    f"--checkpoint={export[0]}",
+    "--until_eos",
+    "--block_len=8",
+    "--steps=16",
+    "--num_samples=3",
+    "--batch_size=2",
+    "--prompt=We the people",
+    f"--out={path}",
+  )
   assert out.returncode == 0, out.stderr
   records = [json.loads(line) for line in open(path)]
   assert len(records) == 3 and "blocks of 8" in out.stdout and "tokens" in out.stdout
@@ -208,11 +272,12 @@ def test_cli_until_eos_writes_variable_length_records(export, tmp_path):
     assert r["until_eos"] and r["block_len"] == 8 and r["steps"] == 16
     assert len(r["tokens"]) == r["length"] <= T
   for args, message in [
-      (["--mode=confidence"], "--until_eos applies to --mode=parallel or --mode=speculative"),
-      (["--mode=speculative", "--order=random"], "needs --order=l2r"),
-      (["--infill=a [MASK] b"], "not --infill"),
-      (["--block_len=0"], "block_len=0 must be >= 1"),
-      (["--mode=speculative", "--block_len=4"], "--block_len applies to --mode=parallel")]:
+    (["--mode=confidence"], "--until_eos applies to --mode=parallel or --mode=speculative"),
+    (["--mode=speculative", "--order=random"], "needs --order=l2r"),
+    (["--infill=a [MASK] b"], "not --infill"),
+    (["--block_len=0"], "block_len=0 must be >= 1"),
+    (["--mode=speculative", "--block_len=4"], "--block_len applies to --mode=parallel"),
+  ]:
     bad = ao_mdm("sample", f"--checkpoint={export[0]}", "--until_eos", *args)
     errors = [line for line in bad.stderr.splitlines() if line.startswith("error: ")]
     assert bad.returncode == 2 and len(errors) == 1 and message in errors[0], bad.stderr

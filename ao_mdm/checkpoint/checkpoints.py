@@ -7,6 +7,8 @@ state without its EMA params, which are the `ema` item, so that sampling and eva
 only the bytes they use (checkpoints written before the split hold the EMA inside `state` and
 still load). An export holds `<out>/0/{params, config}`. Both are read by `load_params`.
 """
+
+from collections.abc import Callable
 import concurrent.futures
 import contextlib
 import gc
@@ -14,50 +16,67 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any
 
 import grain
 import jax
 import orbax.checkpoint as ocp
 
+from ao_mdm import model as model_lib
+from ao_mdm import specs
 from ao_mdm.checkpoint import layout
 from ao_mdm.data import tokenizer as tok_lib
-from ao_mdm import model as model_lib
 from ao_mdm.runtime import quiet
-from ao_mdm import specs
-from ao_mdm.storage import fs
-from ao_mdm.storage import gcs
+from ao_mdm.storage import fs, gcs, outputs, paths
 from ao_mdm.storage import lease as lease_lib
-from ao_mdm.storage import outputs
-from ao_mdm.storage import paths
 
 _TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a step being written (locally)
 
 
-def manager(directory: str, max_to_keep: Optional[int] = 3, async_save: bool = True,
-            item_names: tuple = ("state", "ema", "data", "config")) -> ocp.CheckpointManager:
+def manager(
+  directory: str,
+  max_to_keep: int | None = 3,
+  async_save: bool = True,
+  item_names: tuple = ("state", "ema", "data", "config"),
+) -> ocp.CheckpointManager:
   """A CheckpointManager that keeps the newest `max_to_keep` complete checkpoints."""
   gcs.configure()
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True)
+    max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
+  )
   directory = fs.absolute(directory)
-  return probed(directory, lambda: ocp.CheckpointManager(directory, options=options,
-                                                         item_names=item_names))
+  return probed(
+    directory, lambda: ocp.CheckpointManager(directory, options=options, item_names=item_names)
+  )
 
 
 def train_manager(workdir: str, max_to_keep: int = 3) -> ocp.CheckpointManager:
   return manager(fs.join(workdir, layout.CHECKPOINTS), max_to_keep)
 
 
-def save(mgr: ocp.CheckpointManager, step: int, state: Any, data_iter: Any,
-         config: specs.Spec, force: bool = False) -> bool:
+def save(
+  mgr: ocp.CheckpointManager,
+  step: int,
+  state: Any,
+  data_iter: Any,
+  config: specs.Spec,
+  force: bool = False,
+) -> bool:
   """Save state (its EMA params as their own item), data-iterator position and config at
   `step` (asynchronously)."""
-  return probed(str(mgr.directory), lambda: mgr.save(step, force=force, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state.replace(ema_params=None)),
-      ema=ocp.args.StandardSave(state.ema_params),
-      data=grain.checkpoint.CheckpointSave(data_iter),
-      config=ocp.args.JsonSave(config.to_dict()))))
+  return probed(
+    str(mgr.directory),
+    lambda: mgr.save(
+      step,
+      force=force,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state.replace(ema_params=None)),
+        ema=ocp.args.StandardSave(state.ema_params),
+        data=grain.checkpoint.CheckpointSave(data_iter),
+        config=ocp.args.JsonSave(config.to_dict()),
+      ),
+    ),
+  )
 
 
 def restore(mgr: ocp.CheckpointManager, step: int, target: Any, data_iter: Any = None) -> Any:
@@ -81,9 +100,11 @@ def restore_items(mgr: ocp.CheckpointManager, step: int, **items: Any) -> Any:
 def save_items(mgr: ocp.CheckpointManager, step: int, **items: Any) -> None:
   """mgr.save of the named items at `step`, waited for; probed: a bucket that stops answering
   ends it."""
+
   def save():
     mgr.save(step, args=ocp.args.Composite(**items))
     mgr.wait_until_finished()
+
   probed(str(mgr.directory), save)
 
 
@@ -101,9 +122,13 @@ def read_config(mgr: ocp.CheckpointManager, step: int) -> dict:
   return restore_items(mgr, step, config=ocp.args.JsonRestore()).config
 
 
-def restore_newest(mgr: ocp.CheckpointManager, load: Callable[[int, Any], Any],
-                   check: Optional[Callable] = None, log: Callable[[str], None] = print,
-                   skipped: Optional[list] = None):
+def restore_newest(
+  mgr: ocp.CheckpointManager,
+  load: Callable[[int, Any], Any],
+  check: Callable | None = None,
+  log: Callable[[str], None] = print,
+  skipped: list | None = None,
+):
   """(step, spec, load(step, spec)) of the newest checkpoint that reads; None if none does.
 
   The spec is the step's saved config on top of today's defaults (specs.with_defaults). A
@@ -120,7 +145,7 @@ def restore_newest(mgr: ocp.CheckpointManager, load: Callable[[int, Any], Any],
         config = specs.with_defaults(saved)
     except (concurrent.futures.CancelledError, TimeoutError):  # nothing said of the step
       raise
-    except Exception as e:  # pylint: disable=broad-except  (any corruption: skip it)
+    except Exception as e:  # any corruption: skip it
       log(f"skipped {where}: its config cannot be read ({_why(mgr, step, e)})")
       if skipped is not None:
         skipped.append(step)
@@ -132,7 +157,7 @@ def restore_newest(mgr: ocp.CheckpointManager, load: Callable[[int, Any], Any],
         return step, config, load(step, config)
     except (concurrent.futures.CancelledError, TimeoutError):
       raise
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       log(f"skipped {where}: it cannot be restored ({_why(mgr, step, e)})")
       if skipped is not None:
         skipped.append(step)
@@ -173,14 +198,20 @@ def _quiet_failures():
     sys.unraisablehook = hook
 
 
-def set_aside(workdir: str, name: str, why: str, log: Callable[[str], None] = print,
-              under: str = layout.CHECKPOINTS) -> str:
+def set_aside(
+  workdir: str,
+  name: str,
+  why: str,
+  log: Callable[[str], None] = print,
+  under: str = layout.CHECKPOINTS,
+) -> str:
   """Moves <under>/<name> of the work dir (a checkpoint step by default) to
   checkpoints_set_aside/ (renamed, never deleted), so that checkpointing goes on past it;
   returns the new path."""
   relative = f"{under}/{name}" if under else name
-  target = fs.join(workdir, layout.SET_ASIDE,
-                   f"{name}.{why}.{time.strftime('%Y%m%d-%H%M%S')}.{os.getpid()}")
+  target = fs.join(
+    workdir, layout.SET_ASIDE, f"{name}.{why}.{time.strftime('%Y%m%d-%H%M%S')}.{os.getpid()}"
+  )
   fs.move(fs.join(workdir, relative), target)
   log(f"moved {relative} ({why}) aside to {target}")
   return target
@@ -196,7 +227,8 @@ def clean_workdir(workdir: str, log: Callable[[str], None] = print) -> None:
   for name in fs.listdir(directory):
     path = fs.join(directory, name)
     unfinished = _TMP_SUFFIX in name or (
-        fs.is_gcs(path) and name.isdigit() and not fs.isfile(fs.join(path, layout.COMMITTED)))
+      fs.is_gcs(path) and name.isdigit() and not fs.isfile(fs.join(path, layout.COMMITTED))
+    )
     if unfinished:
       fs.rmtree(path)
       log(f"removed checkpoints/{name}, a checkpoint write that did not finish")
@@ -220,10 +252,11 @@ def probed(directory: str, call: Callable[[], Any]) -> Any:
   def run():
     try:
       out["value"] = call()
-    except BaseException as e:  # pylint: disable=broad-except  (re-raised below)
+    except BaseException as e:  # re-raised below
       out["error"] = e
     finally:
       done.set()
+
   threading.Thread(target=run, daemon=True, name="ao_mdm-orbax-call").start()
   while not done.wait(PROBE_S):
     try:
@@ -243,13 +276,17 @@ def wait_for_saves(mgr: ocp.CheckpointManager) -> None:
 
 def check_saved(mgr: ocp.CheckpointManager, step: int) -> None:
   """Refuses to go on when the checkpoint of `step` did not land (after its write finished)."""
+
   def landed() -> bool:
     mgr.wait_until_finished()
     mgr.reload()
     return step in mgr.all_steps()
+
   if not probed(str(mgr.directory), landed):
-    raise OSError(f"the checkpoint of step {step} was not written to {mgr.directory}; "
-                  "training stops rather than go on without it")
+    raise OSError(
+      f"the checkpoint of step {step} was not written to {mgr.directory}; "
+      "training stops rather than go on without it"
+    )
 
 
 class WorkdirLock:
@@ -264,8 +301,10 @@ class WorkdirLock:
     try:
       self.lease = lease_lib.Lease(self.path, "ao-mdm train", log=log)
     except lease_lib.LeaseHeld as e:
-      raise ValueError(f"--workdir {workdir} is in use by another `ao-mdm train` ({e}); one run "
-                       "per work dir: wait for it, stop it, or use another --workdir") from None
+      raise ValueError(
+        f"--workdir {workdir} is in use by another `ao-mdm train` ({e}); one run "
+        "per work dir: wait for it, stop it, or use another --workdir"
+      ) from None
 
   @property
   def lost(self) -> bool:
@@ -275,8 +314,12 @@ class WorkdirLock:
   def release(self) -> None:
     """Gives the lock up; a local work dir the lock created goes too if it is otherwise empty."""
     self.lease.release()
-    if self.created and not fs.is_gcs(self.workdir) and fs.isdir(self.workdir) \
-        and not fs.listdir(self.workdir):
+    if (
+      self.created
+      and not fs.is_gcs(self.workdir)
+      and fs.isdir(self.workdir)
+      and not fs.listdir(self.workdir)
+    ):
       fs.rmtree(self.workdir)
 
 
@@ -292,61 +335,80 @@ def reader(path: str) -> ocp.CheckpointManager:
     raise FileNotFoundError(f"no checkpoint directory at {path!r}")
   gcs.configure()
   where = fs.absolute(directory)
-  mgr = probed(where, lambda: ocp.CheckpointManager(
-      where, options=ocp.CheckpointManagerOptions(read_only=True)))
+  mgr = probed(
+    where,
+    lambda: ocp.CheckpointManager(where, options=ocp.CheckpointManagerOptions(read_only=True)),
+  )
   if mgr.latest_step() is None:
     raise FileNotFoundError(f"{directory!r} holds no complete checkpoint")
   return mgr
 
 
-def load_params(path: str, weights: str = "ema", log: Callable[[str], None] = print,
-                shardings: Optional[Callable[[specs.Spec], Any]] = None
-                ) -> tuple[specs.Spec, Any]:
+def load_params(
+  path: str,
+  weights: str = "ema",
+  log: Callable[[str], None] = print,
+  shardings: Callable[[specs.Spec], Any] | None = None,
+) -> tuple[specs.Spec, Any]:
   """(config, params) of the newest readable checkpoint of a work dir (`ema` or `params`) or
   an export. Only those params are read; `shardings(config)` places them (default: this
   process's first device)."""
   if weights not in ("ema", "params"):
-    raise ValueError(f"--weights={weights}; accepted here: ema, params (model is for "
-                     "import-torch)")
+    raise ValueError(f"--weights={weights}; accepted here: ema, params (model is for import-torch)")
   mgr = reader(path)
   # A training work dir holds training steps only (an export copied into it is skipped, as
   # `train` sets it aside); an export directory holds one step of params.
   is_export = not fs.isdir(fs.join(path, layout.CHECKPOINTS))
   if is_export and weights != "ema":
-    raise ValueError(f"--weights={weights}: {path} is an export, which holds one set of params "
-                     "(the EMA unless made from raw params); use --weights=ema")
+    raise ValueError(
+      f"--weights={weights}: {path} is an export, which holds one set of params "
+      "(the EMA unless made from raw params); use --weights=ema"
+    )
 
   def check(config, saved):
     del config
     if "draft_head" in saved:
-      raise ValueError(f"{path} is a draft head (written by `ao-mdm train-draft`), not a model: "
-                       f"pass it as --draft_head={path} with --mode=speculative, and the "
-                       "model's run or export as --checkpoint")
+      raise ValueError(
+        f"{path} is a draft head (written by `ao-mdm train-draft`), not a model: "
+        f"pass it as --draft_head={path} with --mode=speculative, and the "
+        "model's run or export as --checkpoint"
+      )
 
   def load(step, config):
     items = _items(mgr, step)
     if not is_export and ("params" in items or not items & {"state", "ema"}):
-      raise NotATrainingCheckpoint("not a training checkpoint (an export's layout, copied into "
-                                   "the work dir?)")
+      raise NotATrainingCheckpoint(
+        "not a training checkpoint (an export's layout, copied into the work dir?)"
+      )
     abstract = model_lib.abstract_params(config.model)
     if shardings is not None:
-      abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                              abstract, shardings(config))
+      abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings(config)
+      )
     if is_export or (weights == "ema" and "ema" in items):
       name = "params" if is_export else "ema"
       return restore_items(mgr, step, **{name: ocp.args.StandardRestore(abstract)})[name]
     field = "ema_params" if weights == "ema" else "params"  # one field of the train state
     target = {field: abstract}
-    return restore_items(mgr, step, state=ocp.args.PyTreeRestore(
-        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-        partial_restore=True)).state[field]
+    return restore_items(
+      mgr,
+      step,
+      state=ocp.args.PyTreeRestore(
+        item=target,
+        restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+        partial_restore=True,
+      ),
+    ).state[field]
 
   found = restore_newest(mgr, load, check, log=log)
   if found is None:
     raise FileNotFoundError(f"no checkpoint under {path} can be read (each is listed above)")
   step, config, params = found
-  what = "the export's params" if is_export else (
-      "its EMA params" if weights == "ema" else "its raw params")
+  what = (
+    "the export's params"
+    if is_export
+    else ("its EMA params" if weights == "ema" else "its raw params")
+  )
   log(f"loaded {path}, step {step}: {what}")
   return config, params
 
@@ -366,8 +428,9 @@ def export(path: str, out: str, weights: str = "ema") -> str:
   return write_params_export(out, config.to_dict(), params, fs.join(path, layout.TOKENIZER))
 
 
-def write_params_export(out: str, config: dict, params: Any,
-                        tokenizer_dir: Optional[str] = None) -> str:
+def write_params_export(
+  out: str, config: dict, params: Any, tokenizer_dir: str | None = None
+) -> str:
   """Writes `<out>/0/{params, config}` (`config`: a JSON-able dict, e.g. Spec.to_dict()) and
   `tokenizer/`, so that nothing unfinished is ever read as an export: locally into a temporary
   directory, renamed at the end; on gs:// in place, the tokenizer first and Orbax's commit mark

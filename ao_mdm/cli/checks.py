@@ -4,30 +4,38 @@ checkpoint/layout.py); each command's own checks are in its module under command
 
 Each raises one FileNotFoundError / FileExistsError / ValueError naming the flag and the value.
 """
+
 import importlib.util
 import os
 
 from ao_mdm.cli.flags import PATH_FLAGS
-from ao_mdm.storage import fs
-from ao_mdm.storage import gcs
-from ao_mdm.storage import paths
+from ao_mdm.storage import fs, gcs, paths
 
-
-_PLATFORM_DEVICES = {"tpu": ("/dev/accel*", "/dev/vfio/[0-9]*"), "cuda": ("/dev/nvidia[0-9]*",),
-                     "gpu": ("/dev/nvidia[0-9]*",), "rocm": ("/dev/kfd",), "cpu": ()}
+_PLATFORM_DEVICES = {
+  "tpu": ("/dev/accel*", "/dev/vfio/[0-9]*"),
+  "cuda": ("/dev/nvidia[0-9]*",),
+  "gpu": ("/dev/nvidia[0-9]*",),
+  "rocm": ("/dev/kfd",),
+  "cpu": (),
+}
 
 
 def platforms(value: str) -> None:
   """JAX_PLATFORMS names platforms this host has (checked before JAX would fail on it)."""
-  import glob  # pylint: disable=g-import-not-at-top
+  import glob
+
   for name in [v.strip().lower() for v in value.split(",") if v.strip()]:
     if name not in _PLATFORM_DEVICES:
-      raise ValueError(f"JAX_PLATFORMS={value!r}: unknown platform {name!r}; accepted: "
-                       f"{', '.join(_PLATFORM_DEVICES)}")
+      raise ValueError(
+        f"JAX_PLATFORMS={value!r}: unknown platform {name!r}; accepted: "
+        f"{', '.join(_PLATFORM_DEVICES)}"
+      )
     patterns = _PLATFORM_DEVICES[name]
     if patterns and not any(glob.glob(p) for p in patterns):
-      raise ValueError(f"JAX_PLATFORMS={value!r}, but this host has no {name.upper()} (no "
-                       f"{' or '.join(patterns)}); unset it or set JAX_PLATFORMS=cpu")
+      raise ValueError(
+        f"JAX_PLATFORMS={value!r}, but this host has no {name.upper()} (no "
+        f"{' or '.join(patterns)}); unset it or set JAX_PLATFORMS=cpu"
+      )
 
 
 def names(value: str) -> list:
@@ -69,7 +77,8 @@ def storage(v: dict, given: set) -> None:
     if v.get(name):
       v[name] = paths.check(v[name], f"--{name}")
   if os.environ.get(gcs.EMULATOR) and any(fs.is_gcs(v.get(n) or "") for n in PATH_FLAGS):
-    from ao_mdm.runtime import quiet  # pylint: disable=g-import-not-at-top
+    from ao_mdm.runtime import quiet
+
     with quiet.silenced_stderr():  # tensorstore's line about the emulator's credentials
       gcs.start_tensorstore()
 
@@ -77,22 +86,23 @@ def storage(v: dict, given: set) -> None:
 def extra_installed(module: str, extra: str, what: str) -> None:
   """Refuses `what` before anything runs when the extra that provides `module` is missing."""
   if importlib.util.find_spec(module) is None:
-    raise ImportError(f"{what} needs {module}, which is not installed: pip install -e "
-                      f"'.[{extra}]'")
+    raise ImportError(f"{what} needs {module}, which is not installed: pip install -e '.[{extra}]'")
 
 
 def data_dirs(data) -> None:
   """The preparation's and the TFDS data's directories (of a specs.DataSpec) can be used
   (checked before any work)."""
   paths.directory(data.prepared_dir or None, "data.prepared_dir")
-  paths.directory(data.tfds_dir or os.environ.get("TFDS_DATA_DIR") or None,
-                  "data.tfds_dir (or TFDS_DATA_DIR)")
+  paths.directory(
+    data.tfds_dir or os.environ.get("TFDS_DATA_DIR") or None, "data.tfds_dir (or TFDS_DATA_DIR)"
+  )
 
 
 def quiet_environment() -> None:
   """Before JAX loads: a JAX_PLATFORMS given checked, then runtime/quiet.py's environment (no
   TensorFlow start-up lines, no TPU start-up on a host without one)."""
-  from ao_mdm.runtime import quiet  # pylint: disable=g-import-not-at-top
+  from ao_mdm.runtime import quiet
+
   if os.environ.get("JAX_PLATFORMS"):
     platforms(os.environ["JAX_PLATFORMS"])
   quiet.environment()
@@ -108,8 +118,10 @@ def error_text(e: Exception) -> str:
 def loaded_config(config) -> None:
   """A --config that loaded is a ConfigDict (a file that failed to load raises here) whose keys
   are all base_config()'s (specs.check_keys)."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  from ao_mdm import specs  # pylint: disable=g-import-not-at-top
+  import ml_collections
+
+  from ao_mdm import specs
+
   config.keys()
   if not isinstance(config, ml_collections.ConfigDict):
     raise TypeError("get_config() did not return a ConfigDict")
@@ -118,8 +130,10 @@ def loaded_config(config) -> None:
 
 def config_flag_error(argv: list, e: Exception) -> str:
   """The clearest line for a flag error: missing or broken config file, unknown config key."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  import ml_collections  # pylint: disable=g-import-not-at-top
+  import importlib.util
+
+  import ml_collections
+
   path = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), None)
   if path is None:
     return str(e)
@@ -128,18 +142,24 @@ def config_flag_error(argv: list, e: Exception) -> str:
     return f"--config {file!r}: no such file (e.g. configs/tiny.py)"
   spec = importlib.util.spec_from_file_location("ao_mdm_user_config", file)
   if spec is None or not file.endswith(".py"):
-    return (f"--config {file!r} is not a Python config file: give a .py file that defines "
-            "get_config() returning a ConfigDict (e.g. configs/tiny.py)")
+    return (
+      f"--config {file!r} is not a Python config file: give a .py file that defines "
+      "get_config() returning a ConfigDict (e.g. configs/tiny.py)"
+    )
   try:  # the user's config file, loaded again to say what is wrong with it
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config(arg) if arg else module.get_config()
-  except Exception as load_error:  # pylint: disable=broad-except
-    return (f"--config {path!r} cannot be loaded ({type(load_error).__name__}: {load_error}); "
-            "a config file defines get_config() returning a ConfigDict")
+  except Exception as load_error:
+    return (
+      f"--config {path!r} cannot be loaded ({type(load_error).__name__}: {load_error}); "
+      "a config file defines get_config() returning a ConfigDict"
+    )
   if not isinstance(config, ml_collections.ConfigDict):
-    return (f"--config {path!r}: get_config() returned a {type(config).__name__}, not an "
-            "ml_collections.ConfigDict")
+    return (
+      f"--config {path!r}: get_config() returned a {type(config).__name__}, not an "
+      "ml_collections.ConfigDict"
+    )
   for flag in argv[1:]:
     name = flag.lstrip("-").split("=", 1)[0]
     if not name.startswith("config."):

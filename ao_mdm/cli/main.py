@@ -5,6 +5,7 @@ parses the flags, runs the command's checks before JAX loads, then its body. A u
 flag, value, file or checkpoint) prints one `error:` line and exits 2; AO_MDM_TRACEBACK=1 shows
 the traceback instead.
 """
+
 import importlib
 import os
 import sys
@@ -12,13 +13,27 @@ from types import ModuleType
 
 from absl import app, flags, logging
 
-from ao_mdm.cli import checks
 from ao_mdm import specs
+from ao_mdm.cli import checks
 
 # Every command, in the order `ao-mdm help` lists them; the module is cli/commands/<name>.py
 # with '-' as '_'.
-COMMANDS = ("train", "prepare", "train-draft", "info", "tokenizer", "export", "sample", "eval",
-            "harness", "import-torch", "export-torch", "import-gpt2", "compile", "bench")
+COMMANDS = (
+  "train",
+  "prepare",
+  "train-draft",
+  "info",
+  "tokenizer",
+  "export",
+  "sample",
+  "eval",
+  "harness",
+  "import-torch",
+  "export-torch",
+  "import-gpt2",
+  "compile",
+  "bench",
+)
 
 
 def command_module(name: str) -> ModuleType:
@@ -34,23 +49,32 @@ def flag_names(name: str) -> set:
 
 def _usage() -> str:
   width = max(map(len, COMMANDS))
-  return "\n".join(["usage: ao-mdm COMMAND [--flags]", "", "commands:"] + [
-      f"  {name:<{width}} {command_module(name).SUMMARY}" for name in COMMANDS])
+  return "\n".join(
+    ["usage: ao-mdm COMMAND [--flags]", "", "commands:"]
+    + [f"  {name:<{width}} {command_module(name).SUMMARY}" for name in COMMANDS]
+  )
 
 
 def _command_help(command: str, fv: flags.FlagValues, ours: list) -> str:
   """`ao-mdm COMMAND --help`: what the command does and its flags with their defaults."""
-  lines = [f"usage: ao-mdm {command} [--flags]", f"  {command_module(command).SUMMARY}", "",
-           "flags:"]
+  lines = [
+    f"usage: ao-mdm {command} [--flags]",
+    f"  {command_module(command).SUMMARY}",
+    "",
+    "flags:",
+  ]
   for name in ours:
     flag = fv[name]
     default = "" if flag.default in (None, "") else f" (default: {flag.default})"
     lines.append(f"  --{name}: {flag.help}{default}")
   if "config" in ours:
-    lines.append("  --config.KEY=VALUE: override any config field, e.g. "
-                 "--config.train.num_steps=100")
-  lines += [f"  no --{name}: {hint}" for name, hint in
-            getattr(command_module(command), "FLAG_HINTS", {}).items()]
+    lines.append(
+      "  --config.KEY=VALUE: override any config field, e.g. --config.train.num_steps=100"
+    )
+  lines += [
+    f"  no --{name}: {hint}"
+    for name, hint in getattr(command_module(command), "FLAG_HINTS", {}).items()
+  ]
   return "\n".join(lines)
 
 
@@ -70,11 +94,13 @@ def _run(args: list) -> None:
     print(_usage())
     sys.exit(0 if args else 2)
   if args[0] not in COMMANDS:
-    _fail(f"unknown command {args[0]!r}; accepted: {', '.join(COMMANDS)} (`ao-mdm help` "
-          "describes them)")
+    _fail(
+      f"unknown command {args[0]!r}; accepted: {', '.join(COMMANDS)} (`ao-mdm help` describes them)"
+    )
   command, rest, what = args[0], args[1:], ()
   module = command_module(command)
-  from ao_mdm.runtime import interrupts  # pylint: disable=g-import-not-at-top
+  from ao_mdm.runtime import interrupts
+
   interrupts.install(hold=getattr(module, "HOLDS_SIGNALS", False))
   if not os.environ.get("AO_MDM_TRACEBACK"):  # errors that Python ignores anyway (a library's
     sys.unraisablehook = lambda unraisable: None  # coroutines left by a failed read, collected)
@@ -86,9 +112,11 @@ def _run(args: list) -> None:
   subcommands = getattr(module, "SUBCOMMANDS", None)
   if subcommands and not (rest and rest[0] in ("--help", "-h", "--helpshort")):
     if not rest or rest[0] not in subcommands:
-      _fail(f"ao-mdm {command} takes one of {', '.join(subcommands)} first, got "
-            f"{repr(rest[0]) if rest else 'nothing'}; e.g. `ao-mdm bench train "
-            "--config=configs/bench_train.py`")
+      _fail(
+        f"ao-mdm {command} takes one of {', '.join(subcommands)} first, got "
+        f"{repr(rest[0]) if rest else 'nothing'}; e.g. `ao-mdm bench train "
+        "--config=configs/bench_train.py`"
+      )
     what, rest = (rest[0],), rest[1:]
   fv = flags.FLAGS
   before = set(fv)
@@ -120,19 +148,20 @@ def _run(args: list) -> None:
     except (app.UsageError, ValueError, OSError, ImportError, TimeoutError) as e:
       _fail(checks.error_text(e), exit_now=getattr(e, "exit_now", False))
 
-  app.run(main, argv=[f"ao-mdm {name}"] + rest, flags_parser=lambda argv: _parse_flags(
-      argv, command))
+  app.run(
+    main, argv=[f"ao-mdm {name}"] + rest, flags_parser=lambda argv: _parse_flags(argv, command)
+  )
 
 
 def _fail(message: str, exit_now: bool = False) -> None:
   """One `error:` line and exit 2 (at once with `exit_now`: a thread that cannot be stopped
   would hold the exit); AO_MDM_TRACEBACK=1 re-raises for the traceback."""
   if os.environ.get("AO_MDM_TRACEBACK") and sys.exc_info()[0]:
-    raise  # pylint: disable=misplaced-bare-raise
+    raise
   print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
   if exit_now:
     sys.stdout.flush()
-    os._exit(2)  # pylint: disable=protected-access
+    os._exit(2)
   sys.exit(2)
 
 
@@ -147,16 +176,20 @@ def _parse_flags(argv: list, command: str) -> list:
   except flags.UnrecognizedFlagError as e:
     renamed = getattr(command_module(command), "RENAMED_FLAGS", {})
     if e.flagname in renamed:
-      _fail(f"--{e.flagname} is now --{renamed[e.flagname]} in `ao-mdm {command}`, as in every "
-            f"command that reads a run: give --{renamed[e.flagname]}=...")
+      _fail(
+        f"--{e.flagname} is now --{renamed[e.flagname]} in `ao-mdm {command}`, as in every "
+        f"command that reads a run: give --{renamed[e.flagname]}=..."
+      )
     hint = getattr(command_module(command), "FLAG_HINTS", {}).get(e.flagname)
     if hint:
       _fail(f"--{e.flagname} not accepted by `ao-mdm {command}`: {hint}")
     if any(e.flagname in flag_names(other) for other in COMMANDS if other != command):
-      _fail(f"--{e.flagname} not accepted by `ao-mdm {command}`; `ao-mdm {command} --help` "
-            "lists its flags")
+      _fail(
+        f"--{e.flagname} not accepted by `ao-mdm {command}`; `ao-mdm {command} --help` "
+        "lists its flags"
+      )
     _fail(checks.config_flag_error(argv, e))
-  except Exception as e:  # pylint: disable=broad-except  (flag and config-file errors)
+  except Exception as e:  # flag and config-file errors
     _fail(checks.config_flag_error(argv, e))
 
 

@@ -1,4 +1,5 @@
 """The embedded State of the Union corpus (see SOTU_ATTRIBUTION.md)."""
+
 import functools
 import importlib.resources
 import json
@@ -16,7 +17,8 @@ def sotu_records() -> tuple[dict, ...]:
   resource = importlib.resources.files("ao_mdm.data").joinpath(_RESOURCE)
   if not resource.is_file():
     raise FileNotFoundError(
-        f"embedded corpus {resource} is missing; run scripts/make_sotu_corpus.py")
+      f"embedded corpus {resource} is missing; run scripts/make_sotu_corpus.py"
+    )
   with resource.open("rb") as raw, lzma.open(raw, "rt", encoding="utf-8") as f:
     return tuple(json.loads(line) for line in f if line.strip())
 
@@ -28,4 +30,3 @@ def sotu_documents(split: str) -> list[str]:
   texts = [r["text"] for r in sotu_records()]
   n_val = math.ceil(VALIDATION_FRACTION * len(texts))
   return texts[:-n_val] if split == "train" else texts[-n_val:]
-

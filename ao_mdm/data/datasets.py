@@ -2,6 +2,8 @@
 
 Everything is read back as ArrayRecord through `as_data_source()` (random access, no TensorFlow).
 """
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
 import dataclasses
 import functools
 import hashlib
@@ -9,18 +11,16 @@ import io
 import itertools
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import tensorflow_datasets as tfds
 from etils import epath
+import tensorflow_datasets as tfds
 from tensorflow_datasets.core import utils as tfds_utils
 
+from ao_mdm import specs
 from ao_mdm.data import corpus
 from ao_mdm.data.detokenize import detokenize
-from ao_mdm import specs
-from ao_mdm.storage import fs
-from ao_mdm.storage import paths
+from ao_mdm.storage import fs, paths
 
 VALIDATION_FRACTION = 0.05
 TEXT_KEY = "text"
@@ -44,21 +44,23 @@ class _LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     for i, text in enumerate(docs):
       yield i, {TEXT_KEY: text}
 
+
 def _validation_count(n: int, source: str) -> int:
   """Train/validation by position: the last 5% of documents (rounded up) are validation."""
   if n < 2:
     raise ValueError(
-        f"{source} has {n} document(s); at least 2 are needed for train and validation")
+      f"{source} has {n} document(s); at least 2 are needed for train and validation"
+    )
   return math.ceil(VALIDATION_FRACTION * n)
 
 
 def _text_info(builder: tfds.core.DatasetBuilder, description: str) -> tfds.core.DatasetInfo:
   """DatasetInfo with one `text` feature, kept in document order (no shuffling on write)."""
   return tfds.core.DatasetInfo(
-      builder=builder,
-      description=description,
-      features=tfds.features.FeaturesDict({TEXT_KEY: tfds.features.Text()}),
-      disable_shuffling=True,
+    builder=builder,
+    description=description,
+    features=tfds.features.FeaturesDict({TEXT_KEY: tfds.features.Text()}),
+    disable_shuffling=True,
   )
 
 
@@ -114,8 +116,9 @@ def iter_text_documents(path: str) -> Iterator[str]:
           if line.strip():
             yield line
     except UnicodeDecodeError as e:
-      raise ValueError(f"text source {name!r} is not UTF-8 text (byte {e.start}: {e.reason})"
-                       ) from None
+      raise ValueError(
+        f"text source {name!r} is not UTF-8 text (byte {e.start}: {e.reason})"
+      ) from None
 
 
 def text_source_hash(path: str) -> str:
@@ -149,7 +152,7 @@ def _content_hash(path: str) -> str:
 
 
 class TextFile(_LocalBuilder, skip_registration=True):
-  """A local text file or directory; the config name is its content hash, so sources never collide."""
+  """A local text file or directory; its config name is its content hash: no two sources collide."""
 
   VERSION = tfds.core.Version("1.0.0")
 
@@ -163,9 +166,12 @@ class TextFile(_LocalBuilder, skip_registration=True):
     if n == 0:
       raise ValueError(f"text source {path!r} is empty: no non-blank document found")
     n_train = n - _validation_count(n, repr(path))
-    return {"train": self._generate_examples(itertools.islice(iter_text_documents(path), n_train)),
-            "validation": self._generate_examples(
-                itertools.islice(iter_text_documents(path), n_train, None))}
+    return {
+      "train": self._generate_examples(itertools.islice(iter_text_documents(path), n_train)),
+      "validation": self._generate_examples(
+        itertools.islice(iter_text_documents(path), n_train, None)
+      ),
+    }
 
 
 def _file_config(path: str) -> TextFileConfig:
@@ -178,7 +184,7 @@ def text_file_builder(path: str, tfds_dir: str) -> TextFile:
 
 
 class LambadaJsonl(_LocalBuilder, skip_registration=True):
-  """OpenAI's LAMBADA test file (lambada_test.jsonl: one JSON object a line, field `text`), local."""
+  """OpenAI's local LAMBADA test file (lambada_test.jsonl: a JSON object a line, field `text`)."""
 
   VERSION = tfds.core.Version("1.0.0")
 
@@ -201,6 +207,7 @@ def read_jsonl_texts(path: str, field: str = "text") -> list[str]:
 
 # Registry.
 
+
 @dataclasses.dataclass(frozen=True)
 class DatasetSpec:
   """How to read one dataset: a local builder or a prepared TFDS dataset, splits, text, detok."""
@@ -218,33 +225,55 @@ _TRAIN_VAL = {"train": "train", "validation": "validation"}
 _TRAIN_VAL_TEST = {"train": "train", "validation": "validation", "test": "test"}
 
 DATASETS: dict[str, DatasetSpec] = {
-    "sotu": DatasetSpec(
-        "sotu", _TRAIN_VAL, make_builder=lambda cfg, d: SotuCorpus(data_dir=d)),
-    "text_file": DatasetSpec(
-        "text_file", _TRAIN_VAL, make_builder=lambda cfg, d: text_file_builder(cfg.text_file, d)),
-    # Catalog datasets: prepared elsewhere (e.g. `tfds build`), read from the TFDS data dir.
-    # As in SEDD/MDLM, every example (a WikiText line, a PTB sentence, ...) is one document.
-    "wikitext2": DatasetSpec(
-        "wikitext2", _TRAIN_VAL_TEST, detokenizer="wikitext",
-        tfds_name="huggingface:wikitext/wikitext-2-raw-v1", tfds_path="wikitext/wikitext_2_raw_v1"),
-    "wikitext103": DatasetSpec(
-        "wikitext103", _TRAIN_VAL_TEST, detokenizer="wikitext",
-        tfds_name="huggingface:wikitext/wikitext-103-raw-v1",
-        tfds_path="wikitext/wikitext_103_raw_v1"),
-    "ptb": DatasetSpec(
-        "ptb", _TRAIN_VAL_TEST, text_key="sentence", detokenizer="ptb",
-        tfds_name="huggingface:ptb_text_only", tfds_path="ptb_text_only"),
-    # The authors evaluate on OpenAI's lambada_test.jsonl (not TFDS's LAMBADA): data.text_file.
-    "lambada": DatasetSpec(
-        "lambada", {"test": "test"}, detokenizer="lambada",
-        make_builder=lambda cfg, d: LambadaJsonl(config=_file_config(cfg.text_file), data_dir=d)),
-    "lm1b": DatasetSpec(
-        "lm1b", {"train": "train", "test": "test"}, detokenizer="lm1b",
-        tfds_name="lm1b", tfds_path="lm1b"),
-    # MDLM: the last 100k documents of OpenWebText's only split are the validation set.
-    "openwebtext": DatasetSpec(
-        "openwebtext", {"train": "train[:-100000]", "validation": "train[-100000:]"},
-        tfds_name="huggingface:openwebtext", tfds_path="openwebtext"),
+  "sotu": DatasetSpec("sotu", _TRAIN_VAL, make_builder=lambda cfg, d: SotuCorpus(data_dir=d)),
+  "text_file": DatasetSpec(
+    "text_file", _TRAIN_VAL, make_builder=lambda cfg, d: text_file_builder(cfg.text_file, d)
+  ),
+  # Catalog datasets: prepared elsewhere (e.g. `tfds build`), read from the TFDS data dir.
+  # As in SEDD/MDLM, every example (a WikiText line, a PTB sentence, ...) is one document.
+  "wikitext2": DatasetSpec(
+    "wikitext2",
+    _TRAIN_VAL_TEST,
+    detokenizer="wikitext",
+    tfds_name="huggingface:wikitext/wikitext-2-raw-v1",
+    tfds_path="wikitext/wikitext_2_raw_v1",
+  ),
+  "wikitext103": DatasetSpec(
+    "wikitext103",
+    _TRAIN_VAL_TEST,
+    detokenizer="wikitext",
+    tfds_name="huggingface:wikitext/wikitext-103-raw-v1",
+    tfds_path="wikitext/wikitext_103_raw_v1",
+  ),
+  "ptb": DatasetSpec(
+    "ptb",
+    _TRAIN_VAL_TEST,
+    text_key="sentence",
+    detokenizer="ptb",
+    tfds_name="huggingface:ptb_text_only",
+    tfds_path="ptb_text_only",
+  ),
+  # The authors evaluate on OpenAI's lambada_test.jsonl (not TFDS's LAMBADA): data.text_file.
+  "lambada": DatasetSpec(
+    "lambada",
+    {"test": "test"},
+    detokenizer="lambada",
+    make_builder=lambda cfg, d: LambadaJsonl(config=_file_config(cfg.text_file), data_dir=d),
+  ),
+  "lm1b": DatasetSpec(
+    "lm1b",
+    {"train": "train", "test": "test"},
+    detokenizer="lm1b",
+    tfds_name="lm1b",
+    tfds_path="lm1b",
+  ),
+  # MDLM: the last 100k documents of OpenWebText's only split are the validation set.
+  "openwebtext": DatasetSpec(
+    "openwebtext",
+    {"train": "train[:-100000]", "validation": "train[-100000:]"},
+    tfds_name="huggingface:openwebtext",
+    tfds_path="openwebtext",
+  ),
 }
 
 
@@ -259,12 +288,15 @@ def resolve_tfds_dir(tfds_dir: str) -> str:
   """The TFDS data dir: the given one, else $TFDS_DATA_DIR, else ~/tensorflow_datasets. It is
   local: `prepare` reads it on the hosts that prepare; what a multi-host run shares (and may
   keep in a bucket) is data.prepared_dir."""
-  tfds_dir = paths.check(tfds_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets",
-                         "data.tfds_dir")
+  tfds_dir = paths.check(
+    tfds_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets", "data.tfds_dir"
+  )
   if fs.is_gcs(tfds_dir):
-    raise ValueError(f"data.tfds_dir={tfds_dir!r}: the TFDS data dir is read by `ao-mdm prepare` "
-                     "on the hosts that prepare and must be local; put data.prepared_dir in the "
-                     "bucket instead (every host reads the prepared shards from there)")
+    raise ValueError(
+      f"data.tfds_dir={tfds_dir!r}: the TFDS data dir is read by `ao-mdm prepare` "
+      "on the hosts that prepare and must be local; put data.prepared_dir in the "
+      "bucket instead (every host reads the prepared shards from there)"
+    )
   if fs.isfile(tfds_dir):
     raise ValueError(f"data.tfds_dir={tfds_dir!r} (or TFDS_DATA_DIR) is a file; give a directory")
   return tfds_dir
@@ -287,15 +319,20 @@ def data_config_for(corpus_name_or_path: str) -> specs.DataSpec:
   else:
     known = ", ".join(sorted(n for n in DATASETS if n != "text_file"))
     raise ValueError(
-        f"corpus {corpus_name_or_path!r} is neither a dataset name ({known}) nor an existing path")
-  return specs.DataSpec(dataset=dataset, text_file=text_file, tokenizer="sentencepiece",
-                        tfds_dir="", prepared_dir="")
+      f"corpus {corpus_name_or_path!r} is neither a dataset name ({known}) nor an existing path"
+    )
+  return specs.DataSpec(
+    dataset=dataset, text_file=text_file, tokenizer="sentencepiece", tfds_dir="", prepared_dir=""
+  )
 
 
 def _dataset_infos(root: str) -> list[str]:
   """The dataset_info.json files under a catalog dataset's directory (one per prepared version)."""
-  return [fs.join(root, f) for f in (fs.files(root) if fs.isdir(root) else [])
-          if fs.basename(f) == "dataset_info.json"]
+  return [
+    fs.join(root, f)
+    for f in (fs.files(root) if fs.isdir(root) else [])
+    if fs.basename(f) == "dataset_info.json"
+  ]
 
 
 def _catalog_builder(spec: DatasetSpec, tfds_dir: str) -> tfds.core.DatasetBuilder:
@@ -304,11 +341,13 @@ def _catalog_builder(spec: DatasetSpec, tfds_dir: str) -> tfds.core.DatasetBuild
   infos = _dataset_infos(root)
   if not infos:
     raise FileNotFoundError(
-        f"dataset {spec.name!r} is not prepared: nothing under {root}. Prepare it on a machine "
-        f"with network access (e.g. `tfds build {spec.tfds_name} --data_dir {tfds_dir} "
-        f"--file_format array_record`) and copy it there")
-  version_dirs = sorted((fs.parent(p) for p in infos),
-                        key=lambda d: tfds.core.Version(fs.basename(d)))
+      f"dataset {spec.name!r} is not prepared: nothing under {root}. Prepare it on a machine "
+      f"with network access (e.g. `tfds build {spec.tfds_name} --data_dir {tfds_dir} "
+      f"--file_format array_record`) and copy it there"
+    )
+  version_dirs = sorted(
+    (fs.parent(p) for p in infos), key=lambda d: tfds.core.Version(fs.basename(d))
+  )
   return tfds.builder_from_directory(version_dirs[-1])
 
 
@@ -319,8 +358,9 @@ class Documents(Sequence[str]):
   hash), so that tokens prepared from it can be matched to it later.
   """
 
-  def __init__(self, source: Sequence[Any], text_key: str, detokenizer: str = "",
-               fingerprint: str = ""):
+  def __init__(
+    self, source: Sequence[Any], text_key: str, detokenizer: str = "", fingerprint: str = ""
+  ):
     self._source = source
     self._text_key = text_key
     self._detokenizer = detokenizer
@@ -337,8 +377,11 @@ class Documents(Sequence[str]):
 
   def __getitem__(self, index):
     if isinstance(index, slice):
-      return self.read(*index.indices(len(self))[:2]) if index.step in (None, 1) else [
-          self[i] for i in range(*index.indices(len(self)))]
+      return (
+        self.read(*index.indices(len(self))[:2])
+        if index.step in (None, 1)
+        else [self[i] for i in range(*index.indices(len(self)))]
+      )
     n = len(self)
     if not -n <= index < n:
       raise IndexError(f"document index {index} out of range [0, {n})")
@@ -360,7 +403,8 @@ def _fingerprint(builder: tfds.core.DatasetBuilder, split: str) -> str:
 
 def _prepare_local(builder: tfds.core.DatasetBuilder, rebuild: Callable, tfds_dir: str) -> None:
   """Writes a local source as a TFDS dataset, quietly; a failure leaves no empty directory."""
-  import contextlib  # pylint: disable=g-import-not-at-top
+  import contextlib
+
   existed = fs.local_dirs(tfds_dir)
   try:
     fs.makedirs(tfds_dir)
@@ -369,9 +413,11 @@ def _prepare_local(builder: tfds.core.DatasetBuilder, rebuild: Callable, tfds_di
       builder.download_and_prepare(file_format="array_record")
   except PermissionError as e:
     fs.remove_new_empty_dirs(tfds_dir, existed)
-    raise ValueError(f"the TFDS data dir {tfds_dir!r} is not writable ({e.strerror}: "
-                     f"{e.filename}); set data.tfds_dir or TFDS_DATA_DIR to a writable "
-                     "directory") from None
+    raise ValueError(
+      f"the TFDS data dir {tfds_dir!r} is not writable ({e.strerror}: "
+      f"{e.filename}); set data.tfds_dir or TFDS_DATA_DIR to a writable "
+      "directory"
+    ) from None
   except OSError:
     # Several processes sharing a TFDS dir may race; the loser's final rename fails.
     if not rebuild().is_prepared():
@@ -387,7 +433,8 @@ def check_split(data_config: specs.DataSpec, split: str) -> None:
   spec = get_spec(data_config.dataset)
   if split not in spec.splits:
     raise ValueError(
-        f"dataset {spec.name!r} has no split {split!r}; splits: {', '.join(spec.splits)}")
+      f"dataset {spec.name!r} has no split {split!r}; splits: {', '.join(spec.splits)}"
+    )
 
 
 def available(data_config: specs.DataSpec) -> bool:
@@ -396,8 +443,7 @@ def available(data_config: specs.DataSpec) -> bool:
   spec = get_spec(data_config.dataset)
   if spec.make_builder is not None:
     return spec.name == "sotu" or bool(data_config.text_file) and fs.exists(data_config.text_file)
-  return bool(_dataset_infos(fs.join(resolve_tfds_dir(data_config.tfds_dir),
-                                     spec.tfds_path)))
+  return bool(_dataset_infos(fs.join(resolve_tfds_dir(data_config.tfds_dir), spec.tfds_path)))
 
 
 def load_documents(data_config: specs.DataSpec, split: str, tfds_dir: str) -> Documents:
@@ -413,5 +459,6 @@ def load_documents(data_config: specs.DataSpec, split: str, tfds_dir: str) -> Do
   else:
     builder = _catalog_builder(spec, tfds_dir)
   source = builder.as_data_source(split=spec.splits[split])
-  return Documents(source, spec.text_key, spec.detokenizer,
-                   _fingerprint(builder, spec.splits[split]))
+  return Documents(
+    source, spec.text_key, spec.detokenizer, _fingerprint(builder, spec.splits[split])
+  )

@@ -3,23 +3,25 @@
 The files are OpenAI's `encoder.json` and `vocab.bpe` (see `gpt2_bpe/ATTRIBUTION.md`); their
 sha256 is checked at load, so a missing or altered file is refused before tiktoken reads it.
 """
+
+from collections.abc import Sequence
 import hashlib
 import os
-from collections.abc import Sequence
 from typing import Any
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt2_bpe")
 # The hashes tiktoken's own `gpt2` encoding expects for these files.
 FILE_SHA256 = {
-    "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
-    "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+  "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+  "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
 }
 ENDOFTEXT = "<|endoftext|>"
 EOS_ID = 50256
 VOCAB_SIZE = 50257
 # GPT-2's split pattern, in tiktoken's faster equivalent form (tiktoken_ext.openai_public).
 SPLIT_PATTERN = (
-    r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""")
+  r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+)
 
 
 def check_file(path: str, expected_sha256: str) -> None:
@@ -29,8 +31,10 @@ def check_file(path: str, expected_sha256: str) -> None:
   with open(path, "rb") as f:
     actual = hashlib.sha256(f.read()).hexdigest()
   if actual != expected_sha256:
-    raise ValueError(f"GPT-2 BPE file {path} has sha256 {actual}; expected {expected_sha256} "
-                     "(the file is altered or truncated; restore it from the package)")
+    raise ValueError(
+      f"GPT-2 BPE file {path} has sha256 {actual}; expected {expected_sha256} "
+      "(the file is altered or truncated; restore it from the package)"
+    )
 
 
 class GPT2Tokenizer:
@@ -41,17 +45,24 @@ class GPT2Tokenizer:
   sha256 = hashlib.sha256("".join(sorted(FILE_SHA256.values())).encode()).hexdigest()
 
   def __init__(self, data_dir: str = DATA_DIR):
-    import tiktoken  # pylint: disable=g-import-not-at-top
-    from tiktoken import load as tiktoken_load  # pylint: disable=g-import-not-at-top
+    import tiktoken
+    from tiktoken import load as tiktoken_load
+
     for name, sha in FILE_SHA256.items():
       check_file(os.path.join(data_dir, name), sha)
     ranks = tiktoken_load.data_gym_to_mergeable_bpe_ranks(
-        vocab_bpe_file=os.path.join(data_dir, "vocab.bpe"),
-        encoder_json_file=os.path.join(data_dir, "encoder.json"),
-        vocab_bpe_hash=FILE_SHA256["vocab.bpe"],
-        encoder_json_hash=FILE_SHA256["encoder.json"])
-    self._enc = tiktoken.Encoding(name="gpt2", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks,
-                                  special_tokens={ENDOFTEXT: EOS_ID}, explicit_n_vocab=VOCAB_SIZE)
+      vocab_bpe_file=os.path.join(data_dir, "vocab.bpe"),
+      encoder_json_file=os.path.join(data_dir, "encoder.json"),
+      vocab_bpe_hash=FILE_SHA256["vocab.bpe"],
+      encoder_json_hash=FILE_SHA256["encoder.json"],
+    )
+    self._enc = tiktoken.Encoding(
+      name="gpt2",
+      pat_str=SPLIT_PATTERN,
+      mergeable_ranks=ranks,
+      special_tokens={ENDOFTEXT: EOS_ID},
+      explicit_n_vocab=VOCAB_SIZE,
+    )
     self.data_dir = data_dir
     self.vocab_size: int = self._enc.n_vocab
     self.eos_id: int = self._enc.eot_token
@@ -65,8 +76,9 @@ class GPT2Tokenizer:
     is faster than tiktoken's batch call with one thread)."""
     if num_threads == 1:
       return [self._enc.encode_ordinary(t) for t in texts]
-    return self._enc.encode_ordinary_batch(texts, **({"num_threads": num_threads}
-                                                      if num_threads else {}))
+    return self._enc.encode_ordinary_batch(
+      texts, **({"num_threads": num_threads} if num_threads else {})
+    )
 
   def decode(self, ids: Sequence[int] | Any) -> str:
     """The text of `ids` (a list or a 1-D integer array)."""

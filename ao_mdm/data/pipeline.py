@@ -5,8 +5,8 @@ Batches are numpy int32 arrays of shape [global_batch_size // process_count, blo
 blocks are read from the prepared token shards on demand, so memory and start-up time do not
 grow with the corpus.
 """
+
 import sys
-from typing import Optional
 
 import grain
 import jax
@@ -27,28 +27,39 @@ def pack_documents(token_lists: list[list[int]], eos_id: int, block_size: int) -
   stream = np.empty(total, dtype=np.int32)
   pos = 0
   for ids in token_lists:
-    stream[pos:pos + len(ids)] = ids
+    stream[pos : pos + len(ids)] = ids
     stream[pos + len(ids)] = eos_id
     pos += len(ids) + 1
   n_blocks = total // block_size
-  return stream[:n_blocks * block_size].reshape(n_blocks, block_size)
+  return stream[: n_blocks * block_size].reshape(n_blocks, block_size)
 
 
 def _check_some(blocks: np.ndarray, tokens: int, block_size: int, source: str) -> np.ndarray:
   if len(blocks) == 0:
-    raise ValueError(f"{source} has {tokens} tokens (EOS included); at least "
-                     f"block_size={block_size} are needed for one block")
+    raise ValueError(
+      f"{source} has {tokens} tokens (EOS included); at least "
+      f"block_size={block_size} are needed for one block"
+    )
   return blocks
 
 
 def pack_for_eval(token_lists: list, eos_id: int, block_size: int, source: str) -> np.ndarray:
   """pack_documents of a small local file (eval --text_file), refused if it fills no block."""
-  return _check_some(pack_documents(token_lists, eos_id, block_size),
-                     sum(len(t) + 1 for t in token_lists), block_size, source)
+  return _check_some(
+    pack_documents(token_lists, eos_id, block_size),
+    sum(len(t) + 1 for t in token_lists),
+    block_size,
+    source,
+  )
 
 
-def eval_blocks(split: prepared.PreparedSplit, block_size: int, *,
-                max_blocks: Optional[int] = None, packing: str = "stream") -> np.ndarray:
+def eval_blocks(
+  split: prepared.PreparedSplit,
+  block_size: int,
+  *,
+  max_blocks: int | None = None,
+  packing: str = "stream",
+) -> np.ndarray:
   """int32 [N, block_size] blocks of a prepared split, in document order.
 
   `stream`: the split's consecutive blocks (the first `max_blocks`); `paper`: every block as the
@@ -73,8 +84,14 @@ class ShuffledBatches(grain.MapDataset):
   its next B. One grain element per batch keeps grain's per-element cost off each block.
   """
 
-  def __init__(self, blocks: prepared.Blocks, batch_size: int, seed: int, process_index: int,
-               process_count: int):
+  def __init__(
+    self,
+    blocks: prepared.Blocks,
+    batch_size: int,
+    seed: int,
+    process_index: int,
+    process_count: int,
+  ):
     super().__init__()
     self._blocks, self._b, self._seed = blocks, batch_size, seed
     self._p, self._count = process_index, process_count
@@ -86,15 +103,26 @@ class ShuffledBatches(grain.MapDataset):
   def __getitem__(self, index: int) -> np.ndarray:
     epoch, position = np.divmod(index * self._b + np.arange(self._b), self._per_epoch)
     shuffle = grain.experimental.index_shuffle
-    rows = [shuffle(int(q) * self._count + self._p, max_index=len(self._blocks) - 1,
-                    seed=(self._seed + int(e)) % 2**32, rounds=4)
-            for q, e in zip(position, epoch)]
+    rows = [
+      shuffle(
+        int(q) * self._count + self._p,
+        max_index=len(self._blocks) - 1,
+        seed=(self._seed + int(e)) % 2**32,
+        rounds=4,
+      )
+      for q, e in zip(position, epoch)
+    ]
     return self._blocks.rows(rows)
 
 
-def train_iterator(blocks: prepared.Blocks, *, global_batch_size: int, seed: int,
-                   process_index: Optional[int] = None,
-                   process_count: Optional[int] = None) -> grain.DatasetIterator:
+def train_iterator(
+  blocks: prepared.Blocks,
+  *,
+  global_batch_size: int,
+  seed: int,
+  process_index: int | None = None,
+  process_count: int | None = None,
+) -> grain.DatasetIterator:
   """An endless, seeded, checkpointable iterator of this process's int32 [b, T] batches
   (b = global_batch_size / process_count).
 
@@ -110,18 +138,22 @@ def train_iterator(blocks: prepared.Blocks, *, global_batch_size: int, seed: int
     process_count = jax.process_count()
   if process_count <= 0 or not 0 <= process_index < process_count:
     raise ValueError(
-        f"process_index must be in [0, {process_count}) with process_count >= 1, "
-        f"got process_index={process_index}, process_count={process_count}")
+      f"process_index must be in [0, {process_count}) with process_count >= 1, "
+      f"got process_index={process_index}, process_count={process_count}"
+    )
   if global_batch_size <= 0 or global_batch_size % process_count:
     raise ValueError(
-        f"global_batch_size {global_batch_size} must be a positive multiple of the "
-        f"process count {process_count}")
+      f"global_batch_size {global_batch_size} must be a positive multiple of the "
+      f"process count {process_count}"
+    )
   if not 0 <= seed < 2**32:
     raise ValueError(f"seed must be in [0, 2**32), got {seed}")
   if len(blocks) < process_count:
     raise ValueError(
-        f"{blocks.split.name} packs into {len(blocks)} blocks of {blocks.block_size} tokens; "
-        f"each of the {process_count} processes needs at least one")
-  ds = ShuffledBatches(blocks, global_batch_size // process_count, seed, process_index,
-                       process_count)
+      f"{blocks.split.name} packs into {len(blocks)} blocks of {blocks.block_size} tokens; "
+      f"each of the {process_count} processes needs at least one"
+    )
+  ds = ShuffledBatches(
+    blocks, global_batch_size // process_count, seed, process_index, process_count
+  )
   return iter(ds.to_iter_dataset(read_options=READ_OPTIONS))

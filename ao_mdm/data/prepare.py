@@ -1,6 +1,8 @@
 """`ao-mdm prepare`: a split tokenized once into the token shards that data/prepared.py reads
 (layout there), by parallel workers and disjoint shard ranges per host; safe to kill and rerun.
 `ensure` is what `train` and `eval` call: the prepared split, prepared first if missing."""
+
+from collections.abc import Callable, Iterator
 import concurrent.futures
 import ctypes
 import hashlib
@@ -10,19 +12,15 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Optional
 
 import numpy as np
 
-from ao_mdm.data import datasets
-from ao_mdm.data import prepared
-from ao_mdm.data.prepared import CorruptShard, NotPrepared, PreparedSplit
-from ao_mdm.data import tokenizer as tokenizer_lib
-from ao_mdm.data.tokenizer import Tokenizer
-from ao_mdm.runtime import hosts
-from ao_mdm.runtime import interrupts
 from ao_mdm import specs
+from ao_mdm.data import datasets, prepared
+from ao_mdm.data import tokenizer as tokenizer_lib
+from ao_mdm.data.prepared import CorruptShard, NotPrepared, PreparedSplit
+from ao_mdm.data.tokenizer import Tokenizer
+from ao_mdm.runtime import hosts, interrupts
 from ao_mdm.storage import fs
 
 SHARD_DOCS = 1024  # documents per shard: the unit of parallel work and of redoing after a kill
@@ -42,15 +40,23 @@ class _ShardWriter:
     h, tokens = hashlib.sha256(), 0
     with fs.open_write(path) as f:  # appears complete or not at all
       for start in range(first, last, _CHUNK_DOCS):
-        ids = self.tokenizer.encode_batch(self.docs.read(start, min(start + _CHUNK_DOCS, last)),
-                                          num_threads=1)
+        ids = self.tokenizer.encode_batch(
+          self.docs.read(start, min(start + _CHUNK_DOCS, last)), num_threads=1
+        )
         chunk = _with_eos(ids, self.tokenizer.eos_id, self.dtype)
         h.update(chunk)
         f.write(chunk.tobytes())
         tokens += len(chunk)
-    fs.write_json(fs.join(self.directory, prepared.record_name(index)), {
-        "file": prepared.shard_name(index), "documents": [first, last], "tokens": tokens,
-        "bytes": tokens * self.dtype.itemsize, "sha256": h.hexdigest()})
+    fs.write_json(
+      fs.join(self.directory, prepared.record_name(index)),
+      {
+        "file": prepared.shard_name(index),
+        "documents": [first, last],
+        "tokens": tokens,
+        "bytes": tokens * self.dtype.itemsize,
+        "sha256": h.hexdigest(),
+      },
+    )
     return index, tokens
 
 
@@ -60,7 +66,7 @@ def _with_eos(ids: list[list[int]], eos_id: int, dtype: np.dtype) -> np.ndarray:
   out = np.empty(int(ends[-1]) if len(ends) else 0, dtype)
   start = 0
   for x, end in zip(ids, ends):
-    out[start:end - 1] = x
+    out[start : end - 1] = x
     start = end
   out[ends - 1] = eos_id
   return out
@@ -70,7 +76,8 @@ _WORKER: list = []  # the _ShardWriter of a worker process, made by its initiali
 
 
 def _quiet_logging() -> None:
-  from absl import logging  # pylint: disable=g-import-not-at-top
+  from absl import logging
+
   logging.set_verbosity(logging.FATAL)  # errors reach the parent as exceptions
 
 
@@ -98,7 +105,7 @@ def _die_with_parent() -> None:
   except (OSError, AttributeError):  # not Linux
     return
   if os.getppid() == 1:  # the parent died before the call
-    os._exit(1)  # pylint: disable=protected-access
+    os._exit(1)
 
 
 def _write_shard(job: tuple[int, int, int]) -> tuple[int, int]:
@@ -114,7 +121,8 @@ def _write_shards(jobs: list, workers: int, desc: str, writer_args: tuple):
   """Yields (shard, tokens) for every job, unordered. This process writes shards and, with
   workers > 1, so do workers - 1 spawned processes (not forked: JAX may already run threads
   here); each takes the next job when it finishes one. A progress bar when jobs are many."""
-  import tqdm  # pylint: disable=g-import-not-at-top
+  import tqdm
+
   pending, lock, done = iter(jobs), threading.Lock(), queue.SimpleQueue()
 
   def take():
@@ -124,8 +132,9 @@ def _write_shards(jobs: list, workers: int, desc: str, writer_args: tuple):
   def submit(_=None):
     job = take()
     if job is not None:
-      pool.apply_async(_write_shard, (job,), callback=lambda r: (done.put(r), submit()),
-                       error_callback=done.put)
+      pool.apply_async(
+        _write_shard, (job,), callback=lambda r: (done.put(r), submit()), error_callback=done.put
+      )
 
   helpers = min(workers, len(jobs)) - 1
   # The pool's semaphores outlive an interrupted run (it exits at once): the tracker process
@@ -133,9 +142,13 @@ def _write_shards(jobs: list, workers: int, desc: str, writer_args: tuple):
   warnings_before = os.environ.get("PYTHONWARNINGS")
   os.environ["PYTHONWARNINGS"] = "ignore:resource_tracker:UserWarning"
   try:
-    pool = multiprocessing.get_context("spawn").Pool(
-        helpers, initializer=_init_worker,
-        initargs=(_QuietFirst(), *writer_args)) if helpers > 0 else None
+    pool = (
+      multiprocessing.get_context("spawn").Pool(
+        helpers, initializer=_init_worker, initargs=(_QuietFirst(), *writer_args)
+      )
+      if helpers > 0
+      else None
+    )
   finally:
     if warnings_before is None:
       os.environ.pop("PYTHONWARNINGS")
@@ -145,9 +158,12 @@ def _write_shards(jobs: list, workers: int, desc: str, writer_args: tuple):
     submit()
   writer, yielded = _ShardWriter(*writer_args), 0
   try:
-    with tqdm.tqdm(total=len(jobs), desc=desc, unit="shard", disable=len(jobs) < 8,
-                   mininterval=2.0) as bar, \
-        interrupts.on_interrupt(pool.terminate if pool else lambda: None):
+    with (
+      tqdm.tqdm(
+        total=len(jobs), desc=desc, unit="shard", disable=len(jobs) < 8, mininterval=2.0
+      ) as bar,
+      interrupts.on_interrupt(pool.terminate if pool else lambda: None),
+    ):
       while yielded < len(jobs):
         job = take()
         if job is not None:
@@ -186,9 +202,17 @@ def _done(directory: str, index: int, first: int, last: int) -> bool:
     return False
 
 
-def prepare(data_config: specs.DataSpec, tokenizer: Tokenizer, split: str, *,
-            workers: int = 0, process_index: int = 0, process_count: int = 1, shard_docs: int = 0,
-            log: Callable = print) -> Optional[PreparedSplit]:
+def prepare(
+  data_config: specs.DataSpec,
+  tokenizer: Tokenizer,
+  split: str,
+  *,
+  workers: int = 0,
+  process_index: int = 0,
+  process_count: int = 1,
+  shard_docs: int = 0,
+  log: Callable = print,
+) -> PreparedSplit | None:
   """Tokenizes this process's range of the split's shards; returns the split once every shard
   of every process is present (None before). Safe to kill and run again: finished shards stay,
   the rest are redone; a corrupt shard of a complete preparation is redone."""
@@ -196,8 +220,10 @@ def prepare(data_config: specs.DataSpec, tokenizer: Tokenizer, split: str, *,
   if shard_docs < 1:
     raise ValueError(f"shard_docs must be >= 1, got {shard_docs}")
   if process_count < 1 or not 0 <= process_index < process_count:
-    raise ValueError(f"process_id must be in [0, {process_count}) with num_processes >= 1, "
-                     f"got process_id={process_index}, num_processes={process_count}")
+    raise ValueError(
+      f"process_id must be in [0, {process_count}) with num_processes >= 1, "
+      f"got process_id={process_index}, num_processes={process_count}"
+    )
   workers = workers or default_workers()
   tfds_dir = data_config.tfds_dir
   docs = datasets.load_documents(data_config, split, tfds_dir)
@@ -215,35 +241,42 @@ def prepare(data_config: specs.DataSpec, tokenizer: Tokenizer, split: str, *,
   if found is not None and found != plan:
     prepared.check_identity(found, plan, fs.join(directory, prepared.PLAN))
     if found.get("shard_docs") != shard_docs:
-      raise ValueError(f"{directory} is partly prepared with shard_docs={found['shard_docs']}, "
-                       f"not {shard_docs}; use that value or remove the directory")
+      raise ValueError(
+        f"{directory} is partly prepared with shard_docs={found['shard_docs']}, "
+        f"not {shard_docs}; use that value or remove the directory"
+      )
   if found != plan:
     fs.write_json(fs.join(directory, prepared.PLAN), plan)
   fs.remove_dead_tmps(directory)  # of killed workers
   n_shards = max(1, -(-len(docs) // shard_docs))
   ranges = [(k, k * shard_docs, min(len(docs), (k + 1) * shard_docs)) for k in range(n_shards)]
-  mine = ranges[process_index * n_shards // process_count:
-                (process_index + 1) * n_shards // process_count]
+  mine = ranges[
+    process_index * n_shards // process_count : (process_index + 1) * n_shards // process_count
+  ]
   jobs = [job for job in mine if not _done(directory, *job)]
   start = time.perf_counter()
-  tokens = sum(t for _, t in _write_shards(jobs, workers, f"prepare {split}",
-                                           (docs, tokenizer, directory)))
+  tokens = sum(
+    t for _, t in _write_shards(jobs, workers, f"prepare {split}", (docs, tokenizer, directory))
+  )
   if jobs:
     seconds = time.perf_counter() - start
-    log(f"prepared {len(jobs)} of {n_shards} shards of {plan['dataset']}/{split}: "
-        f"{tokens:,} tokens in {seconds:.1f} s ({tokens / max(seconds, 1e-9) / 1e6:.2f}M tokens/s)")
+    log(
+      f"prepared {len(jobs)} of {n_shards} shards of {plan['dataset']}/{split}: "
+      f"{tokens:,} tokens in {seconds:.1f} s ({tokens / max(seconds, 1e-9) / 1e6:.2f}M tokens/s)"
+    )
   missing = [k for k, first, last in ranges if not _done(directory, k, first, last)]
   if missing:
-    log(f"{len(missing)} of {n_shards} shards of {plan['dataset']}/{split} are still to be "
-        f"prepared by other processes; the manifest is written when all are present")
+    log(
+      f"{len(missing)} of {n_shards} shards of {plan['dataset']}/{split} are still to be "
+      f"prepared by other processes; the manifest is written when all are present"
+    )
     return None
   return _finalize(directory, plan, ranges, workers)
 
 
 def _finalize(directory: str, plan: dict, ranges: list, workers: int) -> PreparedSplit:
   """Checks every shard against its record, counts the tokens, writes the manifest last."""
-  sides = [prepared.read_json(fs.join(directory, prepared.record_name(k)))
-           for k, _, _ in ranges]
+  sides = [prepared.read_json(fs.join(directory, prepared.record_name(k))) for k, _, _ in ranges]
   jobs = [(fs.join(directory, s["file"]), plan["dtype"], plan["vocab_size"]) for s in sides]
   sums, counts = {}, np.zeros(plan["vocab_size"], np.int64)
   with concurrent.futures.ThreadPoolExecutor(min(workers, 8)) as pool:  # hashing frees the GIL
@@ -254,28 +287,43 @@ def _finalize(directory: str, plan: dict, ranges: list, workers: int) -> Prepare
   for (k, _, _), side, job in zip(ranges, sides, jobs):
     if sums[job[0]] != side["sha256"]:
       fs.remove(fs.join(directory, prepared.record_name(k)))
-      raise ValueError(f"prepared shard {job[0]} does not match its record (sha256 "
-                       f"{sums[job[0]][:16]}... vs {side['sha256'][:16]}...); run the same "
-                       "command again to redo it")
+      raise ValueError(
+        f"prepared shard {job[0]} does not match its record (sha256 "
+        f"{sums[job[0]][:16]}... vs {side['sha256'][:16]}...); run the same "
+        "command again to redo it"
+      )
     st = fs.stat(job[0])
     verified[side["file"]] = [st.size, st.version, side["sha256"]]
   if counts[plan["eos_id"]] != plan["documents"]:
-    raise ValueError(f"{directory}: {counts[plan['eos_id']]} EOS tokens for {plan['documents']} "
-                     "documents (the tokenizer emitted EOS inside a document)")
+    raise ValueError(
+      f"{directory}: {counts[plan['eos_id']]} EOS tokens for {plan['documents']} "
+      "documents (the tokenizer emitted EOS inside a document)"
+    )
   fs.write_npy(fs.join(directory, prepared.COUNTS), counts)
   counts_sha = hashlib.sha256(fs.read_bytes(fs.join(directory, prepared.COUNTS))).hexdigest()
-  manifest = {**plan, "tokens": int(counts.sum()), "shards": sides,
-              "token_counts": {"file": prepared.COUNTS, "sha256": counts_sha}}
+  manifest = {
+    **plan,
+    "tokens": int(counts.sum()),
+    "shards": sides,
+    "token_counts": {"file": prepared.COUNTS, "sha256": counts_sha},
+  }
   fs.write_json(fs.join(directory, prepared.VERIFIED), verified)
   fs.write_json(fs.join(directory, prepared.MANIFEST), manifest)  # last: the preparation counts
   return PreparedSplit(directory, manifest)
 
 
-def ensure(data_config: specs.DataSpec, tokenizer: Tokenizer, split: str, *,
-           workers: int = 0, process_index: int = 0, process_count: int = 1,
-           barrier: Optional[Callable[[str], None]] = None,
-           all_true: Optional[Callable[[bool], bool]] = None,
-           log: Callable = print) -> PreparedSplit:
+def ensure(
+  data_config: specs.DataSpec,
+  tokenizer: Tokenizer,
+  split: str,
+  *,
+  workers: int = 0,
+  process_index: int = 0,
+  process_count: int = 1,
+  barrier: Callable[[str], None] | None = None,
+  all_true: Callable[[bool], bool] | None = None,
+  log: Callable = print,
+) -> PreparedSplit:
   """The prepared split, prepared first if needed (what `train` and `eval` call).
 
   With several processes, `all_true(found)` first makes every process take the same path (one
@@ -291,8 +339,15 @@ def ensure(data_config: specs.DataSpec, tokenizer: Tokenizer, split: str, *,
     found = None
   if found is not None:
     return found
-  done = prepare(data_config, tokenizer, split, workers=workers, process_index=process_index,
-                 process_count=process_count, log=log)
+  done = prepare(
+    data_config,
+    tokenizer,
+    split,
+    workers=workers,
+    process_index=process_index,
+    process_count=process_count,
+    log=log,
+  )
   if process_count > 1:
     barrier(f"prepared own range of {split}")
     if process_index == 0 and done is None:
@@ -301,9 +356,15 @@ def ensure(data_config: specs.DataSpec, tokenizer: Tokenizer, split: str, *,
   return done or prepare(data_config, tokenizer, split, workers=workers, log=log)
 
 
-def prepare_splits(config: specs.Spec, splits: list, workers: Optional[int], workdir: Optional[str],
-                   process_id: Optional[int], num_processes: Optional[int],
-                   verify: bool = False) -> Iterator[str]:
+def prepare_splits(
+  config: specs.Spec,
+  splits: list,
+  workers: int | None,
+  workdir: str | None,
+  process_id: int | None,
+  num_processes: int | None,
+  verify: bool = False,
+) -> Iterator[str]:
   """What `ao-mdm prepare` does: prepares each split (this host's share), yielding a line per
   split done.
   A split prepared before is checked by size and version only, unless `verify` (every shard's
@@ -322,13 +383,24 @@ def prepare_splits(config: specs.Spec, splits: list, workers: Optional[int], wor
           yield f"{e}: preparing it again"
           _forget(done.directory, e.index)
           raise
-      how = ("already prepared; every shard hashed again: verified" if verify else
-             "already prepared; sizes and versions match the manifest (--verify hashes every "
-             "shard again)")
+      how = (
+        "already prepared; every shard hashed again: verified"
+        if verify
+        else "already prepared; sizes and versions match the manifest (--verify hashes every "
+        "shard again)"
+      )
     except (NotPrepared, CorruptShard):
-      done = prepare(config.data, tokenizer, split, workers=workers or 0, process_index=index,
-                     process_count=count)
+      done = prepare(
+        config.data,
+        tokenizer,
+        split,
+        workers=workers or 0,
+        process_index=index,
+        process_count=count,
+      )
       how = "every shard hashed: verified"
     if done is not None:
-      yield (f"{split}: {done.documents:,} documents, {done.tokens:,} tokens in "
-             f"{len(done.manifest['shards'])} shards, {how}: {done.directory}")
+      yield (
+        f"{split}: {done.documents:,} documents, {done.tokens:,} tokens in "
+        f"{len(done.manifest['shards'])} shards, {how}: {done.directory}"
+      )

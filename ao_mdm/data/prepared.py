@@ -19,20 +19,19 @@ One directory per (dataset, tokenizer, split) under `data.prepared_dir` (default
 Block i of T tokens is tokens [i T, (i + 1) T) of the stream (the rest is dropped), which
 equals packing the whole split in memory; one preparation serves every block size.
 """
+
 import bisect
+from collections.abc import Callable, Sequence
 import concurrent.futures
 import hashlib
 import json
-from collections.abc import Callable, Sequence
-from typing import Optional
 
 import numpy as np
 
+from ao_mdm import specs
 from ao_mdm.data import datasets
 from ao_mdm.data.tokenizer import Tokenizer
-from ao_mdm import specs
-from ao_mdm.storage import fs
-from ao_mdm.storage import paths
+from ao_mdm.storage import fs, paths
 
 FORMAT = 1
 _READ_BYTES = 16 << 20  # bytes per read when checksumming and counting
@@ -55,8 +54,12 @@ def root_dir(data_config: specs.DataSpec) -> str:
 
 def split_dir(data_config: specs.DataSpec, tokenizer: Tokenizer, split: str) -> str:
   """Where a split prepared with this tokenizer lives."""
-  return fs.join(root_dir(data_config), datasets.dataset_tag(data_config),
-                 f"{tokenizer.name}-{tokenizer.sha256[:16]}", split)
+  return fs.join(
+    root_dir(data_config),
+    datasets.dataset_tag(data_config),
+    f"{tokenizer.name}-{tokenizer.sha256[:16]}",
+    split,
+  )
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -72,33 +75,54 @@ def record_name(index: int) -> str:
   return f"shard-{index:05d}.json"
 
 
-def read_json(path: str) -> Optional[dict]:
+def read_json(path: str) -> dict | None:
   """A JSON file of a preparation, None if it is missing."""
   try:
     return fs.read_json(path)
   except FileNotFoundError:
     return None
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{path} is not valid JSON ({e}); remove {fs.parent(path)} and prepare it "
-                     "again") from None
+    raise ValueError(
+      f"{path} is not valid JSON ({e}); remove {fs.parent(path)} and prepare it again"
+    ) from None
 
 
-def make_plan(data_config: specs.DataSpec, tokenizer: Tokenizer, split: str,
-              docs: Optional[datasets.Documents], shard_docs: int) -> dict:
+def make_plan(
+  data_config: specs.DataSpec,
+  tokenizer: Tokenizer,
+  split: str,
+  docs: datasets.Documents | None,
+  shard_docs: int,
+) -> dict:
   """What identifies a preparation: checked against the manifest before any read. Without the
   source documents (a host that reads a preparation it did not make), the source's own
   fields are left out."""
-  plan = {"format": FORMAT, "dataset": datasets.dataset_tag(data_config), "split": split,
-          "tokenizer": tokenizer.name, "tokenizer_sha256": tokenizer.sha256,
-          "vocab_size": int(tokenizer.vocab_size), "eos_id": int(tokenizer.eos_id),
-          "dtype": token_dtype(tokenizer.vocab_size).name, "shard_docs": int(shard_docs)}
+  plan = {
+    "format": FORMAT,
+    "dataset": datasets.dataset_tag(data_config),
+    "split": split,
+    "tokenizer": tokenizer.name,
+    "tokenizer_sha256": tokenizer.sha256,
+    "vocab_size": int(tokenizer.vocab_size),
+    "eos_id": int(tokenizer.eos_id),
+    "dtype": token_dtype(tokenizer.vocab_size).name,
+    "shard_docs": int(shard_docs),
+  }
   if docs is not None:
     plan.update(source=docs.fingerprint, documents=len(docs))
   return plan
 
 
-IDENTITY = ("format", "dataset", "split", "tokenizer", "tokenizer_sha256", "vocab_size",
-            "eos_id", "dtype")
+IDENTITY = (
+  "format",
+  "dataset",
+  "split",
+  "tokenizer",
+  "tokenizer_sha256",
+  "vocab_size",
+  "eos_id",
+  "dtype",
+)
 SOURCE = ("source", "documents")  # what the dataset itself gives
 
 
@@ -109,13 +133,15 @@ def check_identity(found: dict, expected: dict, path: str) -> None:
       continue
     if key in SOURCE:
       raise ValueError(
-          f"{path} does not match its source: prepared with {key}={found.get(key)!r}, the "
-          f"dataset now gives {expected[key]!r}; remove {fs.parent(path)} and run `ao-mdm "
-          "prepare` again")
+        f"{path} does not match its source: prepared with {key}={found.get(key)!r}, the "
+        f"dataset now gives {expected[key]!r}; remove {fs.parent(path)} and run `ao-mdm "
+        "prepare` again"
+      )
     raise ValueError(
-        f"{path} was prepared with {key}={found.get(key)!r}, but this config gives "
-        f"{key}={expected[key]!r}; fix the config, or remove {fs.parent(path)} to prepare it "
-        "again")
+      f"{path} was prepared with {key}={found.get(key)!r}, but this config gives "
+      f"{key}={expected[key]!r}; fix the config, or remove {fs.parent(path)} to prepare it "
+      "again"
+    )
 
 
 class CorruptShard(ValueError):
@@ -126,8 +152,9 @@ class CorruptShard(ValueError):
     self.index = index
 
 
-def sha256_and_counts(path: str, dtype: np.dtype, vocab_size: int,
-                      counts: bool) -> tuple[str, Optional[np.ndarray]]:
+def sha256_and_counts(
+  path: str, dtype: np.dtype, vocab_size: int, counts: bool
+) -> tuple[str, np.ndarray | None]:
   """The file's sha256 and, with `counts`, the int64 [vocab] histogram of its tokens."""
   h, total = hashlib.sha256(), np.zeros(vocab_size, np.int64) if counts else None
   with fs.open_read(path) as f:
@@ -178,7 +205,7 @@ class PreparedSplit:
       for path, first, end in self._ranges(start, start + len(out)):
         n = (end - first) // self.dtype.itemsize
         requests.append((path, first, end))
-        views.append(memoryview(out[pos:pos + n]).cast("B"))
+        views.append(memoryview(out[pos : pos + n]).cast("B"))
         pos += n
     try:
       self._reader.read(requests, views)
@@ -221,14 +248,19 @@ class Blocks(Sequence):
     rows = self.split.read_many([(int(i) * t, (int(i) + 1) * t) for i in indices])
     return np.stack(rows).astype(np.int32) if rows else np.empty((0, t), np.int32)
 
-  def array(self, limit: Optional[int] = None) -> np.ndarray:
+  def array(self, limit: int | None = None) -> np.ndarray:
     """The first `limit` blocks (default: all) as one int32 [N, block_size] array."""
     n = len(self) if limit is None else min(limit, len(self))
     return self.split.read(0, n * self.block_size).astype(np.int32).reshape(n, self.block_size)
 
 
-def open_split(data_config: specs.DataSpec, tokenizer: Tokenizer, split: str,
-               docs: Optional[datasets.Documents] = None, log: Callable = print) -> PreparedSplit:
+def open_split(
+  data_config: specs.DataSpec,
+  tokenizer: Tokenizer,
+  split: str,
+  docs: datasets.Documents | None = None,
+  log: Callable = print,
+) -> PreparedSplit:
   """The verified preparation of a split; NotPrepared without a manifest.
 
   Every shard's size is checked; its sha256 too unless the shard is the version (mtime, or
@@ -240,8 +272,10 @@ def open_split(data_config: specs.DataSpec, tokenizer: Tokenizer, split: str,
   path = fs.join(directory, MANIFEST)
   manifest = read_json(path)
   if manifest is None:
-    raise NotPrepared(f"{split!r} of dataset {data_config.dataset!r} is not prepared "
-                      f"(no {path}); `ao-mdm prepare --config=...` prepares it")
+    raise NotPrepared(
+      f"{split!r} of dataset {data_config.dataset!r} is not prepared "
+      f"(no {path}); `ao-mdm prepare --config=...` prepares it"
+    )
   if docs is None and datasets.available(data_config):
     docs = datasets.load_documents(data_config, split, data_config.tfds_dir)
   check_identity(manifest, make_plan(data_config, tokenizer, split, docs, 0), path)
@@ -259,12 +293,15 @@ def verify(directory: str, manifest: dict, log: Callable = print, rehash: bool =
     try:
       st = fs.stat(path)
     except FileNotFoundError:
-      raise CorruptShard(f"prepared shard {path} is missing; `ao-mdm prepare` redoes it",
-                         index) from None
+      raise CorruptShard(
+        f"prepared shard {path} is missing; `ao-mdm prepare` redoes it", index
+      ) from None
     if st.size != shard["bytes"]:
-      raise CorruptShard(f"prepared shard {path} is {st.size} bytes, its manifest says "
-                         f"{shard['bytes']} (truncated or altered); `ao-mdm prepare` redoes it",
-                         index)
+      raise CorruptShard(
+        f"prepared shard {path} is {st.size} bytes, its manifest says "
+        f"{shard['bytes']} (truncated or altered); `ao-mdm prepare` redoes it",
+        index,
+      )
     if rehash or verified.get(shard["file"]) != [st.size, st.version, shard["sha256"]]:
       to_hash.append((index, path, st))
   if not to_hash:
@@ -278,8 +315,11 @@ def verify(directory: str, manifest: dict, log: Callable = print, rehash: bool =
     for (index, path, st), got in zip(to_hash, sums):
       want = manifest["shards"][index]["sha256"]
       if got != want:
-        raise CorruptShard(f"prepared shard {path} has sha256 {got[:16]}..., its manifest says "
-                           f"{want[:16]}... (corrupted); `ao-mdm prepare` redoes it", index)
+        raise CorruptShard(
+          f"prepared shard {path} has sha256 {got[:16]}..., its manifest says "
+          f"{want[:16]}... (corrupted); `ao-mdm prepare` redoes it",
+          index,
+        )
       verified[manifest["shards"][index]["file"]] = [st.size, st.version, want]
   try:
     fs.write_json(fs.join(directory, VERIFIED), verified)
@@ -290,8 +330,10 @@ def verify(directory: str, manifest: dict, log: Callable = print, rehash: bool =
 
 # The authors' evaluation packing.
 
-def paper_blocks(tokens: np.ndarray, eos_id: int, block_size: int, num_proc: int = 8,
-                 batch_docs: int = 1000) -> np.ndarray:
+
+def paper_blocks(
+  tokens: np.ndarray, eos_id: int, block_size: int, num_proc: int = 8, batch_docs: int = 1000
+) -> np.ndarray:
   """int32 [N, T] blocks as the authors' data.py packs an evaluation split.
 
   Their `group_texts` runs under `Dataset.map(batched=True, num_proc=8)`: the split is cut into
@@ -311,7 +353,7 @@ def paper_blocks(tokens: np.ndarray, eos_id: int, block_size: int, num_proc: int
     for batch in range(first, last, batch_docs):
       lo, hi = starts[batch], ends[min(batch + batch_docs, last) - 1]
       k = (hi - lo) // block_size
-      pieces.append(tokens[lo:lo + k * block_size].reshape(k, block_size))
+      pieces.append(tokens[lo : lo + k * block_size].reshape(k, block_size))
   if not pieces:
     return np.zeros((0, block_size), np.int32)
   return np.concatenate(pieces).astype(np.int32)

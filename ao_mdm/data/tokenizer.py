@@ -1,8 +1,9 @@
-"""Tokenizers: the `Tokenizer` interface, SentencePiece (trained on the project's corpus), caching."""
+"""Tokenizers: the `Tokenizer` interface, SentencePiece (trained on the corpus), caching."""
+
+from collections.abc import Iterable, Iterator, Sequence
 import hashlib
 import io
 import re
-from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import sentencepiece as spm
@@ -76,12 +77,12 @@ def sentences(text: str) -> list[str]:
 
 
 def _training_sentences(texts: Iterable[str]) -> Iterator[str]:
-  """Splits texts into sentences (SentencePiece skips over-long lines) and cuts any still too long."""
+  """Splits texts into sentences (SentencePiece skips over-long lines), cutting the too long."""
   for text in texts:
     for sentence in sentences(text):
       data = sentence.encode("utf-8")
       for start in range(0, len(data), _MAX_SENTENCE_BYTES):
-        piece = data[start:start + _MAX_SENTENCE_BYTES].decode("utf-8", errors="ignore")
+        piece = data[start : start + _MAX_SENTENCE_BYTES].decode("utf-8", errors="ignore")
         if piece.strip():
           yield piece
 
@@ -90,10 +91,12 @@ def check_vocab_size(vocab_size: int) -> None:
   """Refuses a vocab size that is not a positive multiple of 128 (the model pads nothing)."""
   if not isinstance(vocab_size, int) or vocab_size <= 0 or vocab_size % VOCAB_MULTIPLE:
     raise ValueError(
-        f"vocab_size must be a positive multiple of {VOCAB_MULTIPLE}, got {vocab_size!r}")
+      f"vocab_size must be a positive multiple of {VOCAB_MULTIPLE}, got {vocab_size!r}"
+    )
   if vocab_size < 384:
     raise ValueError(
-        f"vocab_size must be at least 384 (256 byte pieces + merges), got {vocab_size}")
+      f"vocab_size must be at least 384 (256 byte pieces + merges), got {vocab_size}"
+    )
 
 
 def train_sentencepiece(texts: Iterable[str], vocab_size: int, out_path: str) -> str:
@@ -104,32 +107,36 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, out_path: str) ->
     _train(texts, vocab_size, model)
   except RuntimeError as e:  # e.g. more pieces asked for than the corpus can give
     why = str(e).strip().splitlines()[-1].rsplit("] ", 1)[-1]
-    raise ValueError(f"SentencePiece cannot train a vocab of {vocab_size} on this corpus: "
-                     f"{why}") from None
+    raise ValueError(
+      f"SentencePiece cannot train a vocab of {vocab_size} on this corpus: {why}"
+    ) from None
   fs.write_bytes(out_path, model.getvalue())
   return out_path
 
 
 def _train(texts: Iterable[str], vocab_size: int, model: io.BytesIO) -> None:
   spm.SentencePieceTrainer.train(
-      sentence_iterator=_training_sentences(texts),
-      model_writer=model,
-      model_type="bpe",
-      vocab_size=vocab_size,
-      byte_fallback=True,
-      character_coverage=0.9995,
-      # Exact round trip: no normalisation, no dummy prefix, keep every space.
-      normalization_rule_name="identity",
-      add_dummy_prefix=False,
-      remove_extra_whitespaces=False,
-      allow_whitespace_only_pieces=True,
-      split_digits=True,
-      unk_id=0, eos_id=1, bos_id=-1, pad_id=-1,
-      max_sentence_length=_MAX_SENTENCE_BYTES * 2,
-      input_sentence_size=0,  # use every sentence: no sampling, deterministic
-      shuffle_input_sentence=False,
-      num_threads=1,
-      minloglevel=2,
+    sentence_iterator=_training_sentences(texts),
+    model_writer=model,
+    model_type="bpe",
+    vocab_size=vocab_size,
+    byte_fallback=True,
+    character_coverage=0.9995,
+    # Exact round trip: no normalisation, no dummy prefix, keep every space.
+    normalization_rule_name="identity",
+    add_dummy_prefix=False,
+    remove_extra_whitespaces=False,
+    allow_whitespace_only_pieces=True,
+    split_digits=True,
+    unk_id=0,
+    eos_id=1,
+    bos_id=-1,
+    pad_id=-1,
+    max_sentence_length=_MAX_SENTENCE_BYTES * 2,
+    input_sentence_size=0,  # use every sentence: no sampling, deterministic
+    shuffle_input_sentence=False,
+    num_threads=1,
+    minloglevel=2,
   )
 
 
@@ -137,13 +144,15 @@ def check_vocab(tokenizer: Tokenizer, model_vocab_size: int) -> None:
   """Refuses a tokenizer whose ids would not fit the model's embedding table."""
   if tokenizer.vocab_size > model_vocab_size:
     raise ValueError(
-        f"tokenizer vocab_size {tokenizer.vocab_size} exceeds the model vocab_size "
-        f"{model_vocab_size}; set model.vocab_size >= {tokenizer.vocab_size}")
+      f"tokenizer vocab_size {tokenizer.vocab_size} exceeds the model vocab_size "
+      f"{model_vocab_size}; set model.vocab_size >= {tokenizer.vocab_size}"
+    )
 
 
 def _dataset_tag(data_config: specs.DataSpec) -> str:
   """A file-name-safe name for the dataset; a local text file is named by its content hash."""
-  from ao_mdm.data import datasets  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import datasets
+
   return datasets.dataset_tag(data_config)
 
 
@@ -153,15 +162,19 @@ def get_tokenizer(data_config: specs.DataSpec, vocab_size: int, cache_dir: str) 
   if name not in TOKENIZERS:
     raise ValueError(f"unknown tokenizer {name!r}; accepted: {', '.join(TOKENIZERS)}")
   if name == "gpt2":  # fixed files shipped in the package: no training, no cache
-    from ao_mdm.data import gpt2  # pylint: disable=g-import-not-at-top
+    from ao_mdm.data import gpt2
+
     if vocab_size < gpt2.VOCAB_SIZE:
-      raise ValueError(f"vocab_size {vocab_size} is too small for the gpt2 tokenizer; expected "
-                       f">= {gpt2.VOCAB_SIZE} (the paper pads to 50304)")
+      raise ValueError(
+        f"vocab_size {vocab_size} is too small for the gpt2 tokenizer; expected "
+        f">= {gpt2.VOCAB_SIZE} (the paper pads to 50304)"
+      )
     return gpt2.GPT2Tokenizer()
   check_vocab_size(vocab_size)
   path = fs.join(cache_dir, "tokenizer", f"sp_{_dataset_tag(data_config)}_{vocab_size}.model")
   if not fs.isfile(path):
-    from ao_mdm.data import datasets  # pylint: disable=g-import-not-at-top
+    from ao_mdm.data import datasets
+
     tfds_dir = datasets.resolve_tfds_dir(data_config.tfds_dir)
     train_sentencepiece(datasets.load_documents(data_config, "train", tfds_dir), vocab_size, path)
   return SentencePieceTokenizer(path)
@@ -171,15 +184,18 @@ def run_tokenizer(config: specs.Spec, workdir: str) -> Tokenizer:
   """The tokenizer of a training run (trained into workdir/tokenizer/ if it is SentencePiece and
   missing), checked against the model's vocab size."""
   if config.data.tokenizer == "sentencepiece" and not workdir:
-    raise ValueError("data.tokenizer='sentencepiece' is trained for each run: give --workdir=DIR, "
-                     "the work dir `ao-mdm train` uses (the tokenizer is trained there if missing)")
+    raise ValueError(
+      "data.tokenizer='sentencepiece' is trained for each run: give --workdir=DIR, "
+      "the work dir `ao-mdm train` uses (the tokenizer is trained there if missing)"
+    )
   tokenizer = get_tokenizer(config.data, config.model.vocab_size, workdir)
   check_vocab(tokenizer, config.model.vocab_size)
   return tokenizer
 
 
-def load_saved_tokenizer(data_config: specs.DataSpec, vocab_size: int,
-                         checkpoint: str) -> Tokenizer:
+def load_saved_tokenizer(
+  data_config: specs.DataSpec, vocab_size: int, checkpoint: str
+) -> Tokenizer:
   """The tokenizer saved with a training work dir or export; never trains one, never writes.
 
   A SentencePiece run keeps `<checkpoint>/tokenizer/sp_<dataset>_<V>.model`; GPT-2 uses the
@@ -188,22 +204,26 @@ def load_saved_tokenizer(data_config: specs.DataSpec, vocab_size: int,
   if data_config.tokenizer != "sentencepiece":
     return get_tokenizer(data_config, vocab_size, checkpoint)
   directory = fs.join(checkpoint, "tokenizer")
-  found = [fs.join(directory, name) for name in (fs.listdir(directory) if fs.isdir(directory)
-                                                  else [])
-           if name.startswith("sp_") and name.endswith(f"_{vocab_size}.model")]
+  found = [
+    fs.join(directory, name)
+    for name in (fs.listdir(directory) if fs.isdir(directory) else [])
+    if name.startswith("sp_") and name.endswith(f"_{vocab_size}.model")
+  ]
   if len(found) != 1:
     what = "none" if not found else ", ".join(fs.basename(f) for f in found)
     raise FileNotFoundError(
-        f"{checkpoint} needs exactly one SentencePiece tokenizer "
-        f"tokenizer/sp_*_{vocab_size}.model (saved by `ao-mdm train` and copied by `ao-mdm "
-        f"export`); found {what}")
+      f"{checkpoint} needs exactly one SentencePiece tokenizer "
+      f"tokenizer/sp_*_{vocab_size}.model (saved by `ao-mdm train` and copied by `ao-mdm "
+      f"export`); found {what}"
+    )
   return SentencePieceTokenizer(found[0])
 
 
 def train_tokenizer(corpus: str, vocab_size: int, out: str) -> str:
   """A SentencePiece tokenizer trained on a registry dataset's or a local text file's train
   split, written into directory `out` (`ao-mdm tokenizer`); returns the model's path."""
-  from ao_mdm.data import datasets  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import datasets
+
   data_config = datasets.data_config_for(corpus)
   path = fs.join(out, f"sp_{_dataset_tag(data_config)}_{vocab_size}.model")
   tfds_dir = datasets.resolve_tfds_dir(data_config.tfds_dir)

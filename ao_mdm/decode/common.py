@@ -5,8 +5,10 @@ The cache is a plain dict of heads-major arrays, "k" [L, B, H, K, T] (keys trans
 [L, B, H, T, K], so that attention multiplies each with a plain batched matmul (model.attention);
 the layer stack returns a chunk's K/V as [L, B, W, H, K].
 """
+
+from collections.abc import Callable, Sequence
 import dataclasses
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +22,8 @@ from ao_mdm import specs
 class SampleOutput:
   tokens: np.ndarray  # [B, T] int32
   order: np.ndarray  # [B, T] int32: the generation order (known positions first)
-  logits: Optional[np.ndarray] = None  # [B, T, V] float32: logits each position was drawn from
-  stats: Optional[dict] = None  # mode-specific counts (speculative: forwards, accepted per row)
+  logits: np.ndarray | None = None  # [B, T, V] float32: logits each position was drawn from
+  stats: dict | None = None  # mode-specific counts (speculative: forwards, accepted per row)
 
 
 def with_dtype(params: Any, cfg: specs.ModelSpec, dtype: str) -> tuple:
@@ -44,8 +46,9 @@ def first_argmax(x_NV: jax.Array) -> jax.Array:
   return jnp.minimum(first, v - 1)  # a row of NaNs has no maximum
 
 
-def filter_logits(logits_NV: jax.Array, top_p: jax.Array, top_k: jax.Array,
-                  rule: str = "authors") -> jax.Array:
+def filter_logits(
+  logits_NV: jax.Array, top_p: jax.Array, top_k: jax.Array, rule: str = "authors"
+) -> jax.Array:
   """Keep the top_k largest (0: all), then apply top-p by `rule`; top_p >= 1 keeps everything.
 
   "authors" (their catsample.py, the default): drop every token whose inclusive cumulative
@@ -73,13 +76,15 @@ class DrawRule:
   """The static part of a draw (part of a decoder's spec): whether to filter (top_p < 1 or
   top_k > 0), by which top-p rule, and the ids >= vocab_limit (the padding rows of a padded
   vocab) that are never drawn."""
+
   use_filter: bool = False
   top_p_rule: str = "authors"
-  vocab_limit: Optional[int] = None
+  vocab_limit: int | None = None
 
   @classmethod
-  def of(cls, top_p: float, top_k: int, top_p_rule: str = "authors",
-         vocab_limit: Optional[int] = None) -> "DrawRule":
+  def of(
+    cls, top_p: float, top_k: int, top_p_rule: str = "authors", vocab_limit: int | None = None
+  ) -> "DrawRule":
     return cls(top_p < 1 or top_k > 0, top_p_rule, vocab_limit)
 
 
@@ -87,6 +92,7 @@ class DrawRule:
 class Draw:
   """How a token is drawn from logits: temperature (0: greedy), top-p and top-k (traced
   values), and the static `rule`."""
+
   temperature: Any
   top_p: Any
   top_k: Any
@@ -130,8 +136,13 @@ def draw_from_probs(u_N: jax.Array, probs_NV: jax.Array) -> jax.Array:
   return jnp.minimum(drawn, last).astype(jnp.int32)
 
 
-def make_orders(key: jax.Array, known_BT: jax.Array, mode: str,
-                block_len: Optional[int] = None, end: Optional[int] = None) -> jax.Array:
+def make_orders(
+  key: jax.Array,
+  known_BT: jax.Array,
+  mode: str,
+  block_len: int | None = None,
+  end: int | None = None,
+) -> jax.Array:
   """Known positions first (left to right), then the unknown ones at random or left to right;
   with `block_len`, the unknown ones in blocks of that many (left to right), each block's
   positions in that order; with `end`, the positions from `end` on last of all (left to right):
@@ -152,12 +163,20 @@ def slot_inputs(tokens_BT: jax.Array, order_BT: jax.Array, slots_BW: jax.Array) 
   """(token, position) fed at the given slots: model.slot_inputs read at those slots."""
   prev_tok_BT, prev_pos_BT = model_lib.slot_inputs(tokens_BT, order_BT)
   slots_BW = jnp.clip(slots_BW, 0, order_BT.shape[1] - 1)
-  return (jnp.take_along_axis(prev_tok_BT, slots_BW, axis=1),
-          jnp.take_along_axis(prev_pos_BT, slots_BW, axis=1))
+  return (
+    jnp.take_along_axis(prev_tok_BT, slots_BW, axis=1),
+    jnp.take_along_axis(prev_pos_BT, slots_BW, axis=1),
+  )
 
 
-def embed_stack(module: Any, prev_tok: jax.Array, prev_pos: jax.Array, target: jax.Array,
-                cache: Optional[dict], mask: Optional[dict]) -> tuple:
+def embed_stack(
+  module: Any,
+  prev_tok: jax.Array,
+  prev_pos: jax.Array,
+  target: jax.Array,
+  cache: dict | None,
+  mask: dict | None,
+) -> tuple:
   """(hidden, conditioning, chunk K/V) of the decode model (a `method=` of model.apply)."""
   x, c = module.embed(prev_tok, prev_pos, target)
   h, kv = module.stack(x, c, cache, mask)
@@ -174,7 +193,7 @@ def write_cache(cache: dict, kv: dict, slots: jax.Array) -> dict:
   cache slots `slots`: [W] shared by the batch or [B, W] per row; slots >= T are dropped."""
   out = {}
   for name, c in cache.items():
-    new_LBWHK = kv[name][:, :, :slots.shape[-1]].astype(c.dtype)
+    new_LBWHK = kv[name][:, :, : slots.shape[-1]].astype(c.dtype)
     if slots.ndim == 1:
       axes = (0, 1, 3, 4, 2) if name == "k" else (0, 1, 3, 2, 4)
       at = c.at[..., slots] if name == "k" else c.at[:, :, :, slots]
@@ -182,14 +201,16 @@ def write_cache(cache: dict, kv: dict, slots: jax.Array) -> dict:
     else:  # advanced indices split by the head axis: the result's axes are [L, B, W, H, K]
       layers = jnp.arange(c.shape[0])[:, None, None]
       rows = jnp.arange(c.shape[1])[None, :, None]
-      at = (c.at[layers, rows, :, :, slots[None]] if name == "k"
-            else c.at[layers, rows, :, slots[None]])
+      at = (
+        c.at[layers, rows, :, :, slots[None]] if name == "k" else c.at[layers, rows, :, slots[None]]
+      )
       out[name] = at.set(new_LBWHK, mode="drop")
   return out
 
 
-def prefilled_cache(apply: Callable, cfg: specs.ModelSpec, tokens_BT: jax.Array,
-                    order_BT: jax.Array, known: int) -> dict:
+def prefilled_cache(
+  apply: Callable, cfg: specs.ModelSpec, tokens_BT: jax.Array, order_BT: jax.Array, known: int
+) -> dict:
   """The empty K/V cache (k [L, B, H, K, T], v [L, B, H, T, K]) with slots 0..known-1 (the
   known tokens) written; `apply` is stack_fn(model, params)."""
   dtype = model_lib.DTYPES[cfg.dtype]
@@ -238,8 +259,10 @@ def known_arrays(t: int, batch: int, positions: Any = (), token_ids: Any = ()) -
   if len(positions) != len(token_ids):
     raise ValueError(f"{len(positions)} known positions but {len(token_ids)} known tokens")
   if len(positions) >= t:
-    raise ValueError(f"{len(positions)} known tokens do not fit in T={t} positions with at "
-                     f"least one left to generate (the prompt is too long)")
+    raise ValueError(
+      f"{len(positions)} known tokens do not fit in T={t} positions with at "
+      f"least one left to generate (the prompt is too long)"
+    )
   bad = [p for p in positions if not 0 <= p < t]
   if bad:
     raise ValueError(f"known positions {bad} are outside [0, {t})")
@@ -253,7 +276,7 @@ def known_arrays(t: int, batch: int, positions: Any = (), token_ids: Any = ()) -
   return tokens, mask
 
 
-def decode_end(end: Optional[int], known_T: np.ndarray) -> int:
+def decode_end(end: int | None, known_T: np.ndarray) -> int:
   """The slot a decoder stops at: `end` (positions from it on are never drawn), T for None.
   Every known position must lie before it, and at least one unknown one."""
   t = known_T.shape[0]
@@ -263,15 +286,18 @@ def decode_end(end: Optional[int], known_T: np.ndarray) -> int:
   if not 1 <= end <= t:
     raise ValueError(f"end={end} must be in [1, {t}] (T)")
   if known_T[end:].any():
-    raise ValueError(f"end={end} leaves known positions after it (the last is at "
-                     f"{int(np.flatnonzero(known_T)[-1])})")
+    raise ValueError(
+      f"end={end} leaves known positions after it (the last is at "
+      f"{int(np.flatnonzero(known_T)[-1])})"
+    )
   if known_T[:end].all():
     raise ValueError(f"end={end} leaves nothing to generate: every position before it is known")
   return end
 
 
-def known_inputs(cfg: specs.ModelSpec, batch: int, positions: Any, token_ids: Any,
-                 vocab_limit: Optional[int]) -> tuple:
+def known_inputs(
+  cfg: specs.ModelSpec, batch: int, positions: Any, token_ids: Any, vocab_limit: int | None
+) -> tuple:
   """known_arrays for a model config, refusing ids outside its vocab or at/above vocab_limit."""
   tokens, mask = known_arrays(cfg.block_size, batch, positions, token_ids)
   if np.any((tokens < 0) | (tokens >= cfg.vocab_size)):

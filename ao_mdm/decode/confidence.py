@@ -7,19 +7,18 @@ last known slot's input) and commits the n_i - n_{i-1} whose predictions are mos
 its target, and the target of the last committed slot is only chosen at the next step, so the
 committed slots enter the cache one step late: step i's real slots are those of step i - 1.
 """
+
 import dataclasses
 import functools
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ao_mdm.decode import common
-from ao_mdm.decode import options
-from ao_mdm.decode import parallel
 from ao_mdm import model as model_lib
 from ao_mdm import specs
+from ao_mdm.decode import common, options, parallel
 
 QUERY_BUCKETS = 4  # decode loops, each with a query width for the unknown positions it can have
 
@@ -35,6 +34,7 @@ def confidence_score(logits_NV: jax.Array, score: str) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class DecoderSpec:
   """What one jitted confidence-ordered loop is made for (hashable: the key of its cache)."""
+
   model: specs.ModelSpec
   counts: tuple  # known positions after each step, n_0 .. n_S (the last: the end slot)
   score: str  # options.SCORES
@@ -43,6 +43,7 @@ class DecoderSpec:
 
 class Carry(NamedTuple):
   """The loop's state between steps: the order grows as positions are committed."""
+
   tokens_BT: jax.Array
   closed_BT: jax.Array  # known, committed, or at/after the end slot
   order_BT: jax.Array
@@ -82,27 +83,33 @@ def decoder(spec: DecoderSpec):
       # position (ascending), each a copy of slot n's input.
       real_R = c + jnp.arange(r_width)
       slots_W = jnp.concatenate([jnp.minimum(real_R, t - 1), jnp.full((u_width,), n)])
-      prev_tok, prev_pos = common.slot_inputs(tokens_BT, order_BT,
-                                                jnp.broadcast_to(slots_W, (b, w)))
+      prev_tok, prev_pos = common.slot_inputs(
+        tokens_BT, order_BT, jnp.broadcast_to(slots_W, (b, w))
+      )
       cand_BU = jnp.argsort(closed_BT, axis=1, stable=True)[:, :u_width].astype(jnp.int32)
       target_BW = jnp.concatenate(
-          [jnp.take(order_BT, jnp.minimum(real_R, t - 1), axis=1), cand_BU], axis=1)
+        [jnp.take(order_BT, jnp.minimum(real_R, t - 1), axis=1), cand_BU], axis=1
+      )
       j = jnp.arange(w)
       is_real, real_ok = j < r_width, j < n - c
       # Every slot sees itself (a padding slot too: an all-masked row would be NaN); no slot
       # sees a padding slot.
-      new = (j[None, :] == j[:, None]) | (real_ok[None, :] & (
-          (j[None, :] <= j[:, None]) | ~is_real[:, None]))
+      new = (j[None, :] == j[:, None]) | (
+        real_ok[None, :] & ((j[None, :] <= j[:, None]) | ~is_real[:, None])
+      )
       masks = {"new": new, "cache": jnp.broadcast_to(jnp.arange(t)[None, :] < c, (w, t))}
       hidden, cond, kv = apply(prev_tok, prev_pos, target_BW, cache, masks)
       cache = common.write_cache(cache, kv, jnp.where(real_R < n, real_R, t))
       q_cond = (cond[0], cond[1][:, r_width:])
       logits_BUV = model.apply({"params": params}, hidden[:, r_width:], q_cond, method="logits")
-      conf_BU = jnp.where(jnp.arange(u_width)[None, :] < end - n,
-                          confidence_score(logits_BUV, spec.score), -jnp.inf)
+      conf_BU = jnp.where(
+        jnp.arange(u_width)[None, :] < end - n, confidence_score(logits_BUV, spec.score), -jnp.inf
+      )
       rank_BA = jnp.argsort(-conf_BU, axis=1, stable=True)[:, :m_width]  # ties: lower position
-      picked = draw.tokens(jax.random.fold_in(key, i), jnp.take_along_axis(
-          logits_BUV, rank_BA[..., None], axis=1).reshape(b * m_width, -1)).reshape(b, m_width)
+      picked = draw.tokens(
+        jax.random.fold_in(key, i),
+        jnp.take_along_axis(logits_BUV, rank_BA[..., None], axis=1).reshape(b * m_width, -1),
+      ).reshape(b, m_width)
       live = jnp.arange(m_width)[None, :] < m
       pos_BA = jnp.where(live, jnp.take_along_axis(cand_BU, rank_BA, axis=1), t)
       tokens_BT = tokens_BT.at[rows_B1, pos_BA].set(picked, mode="drop")
@@ -119,12 +126,25 @@ def decoder(spec: DecoderSpec):
   return jax.jit(run)
 
 
-def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, steps: int,
-           schedule: str = "linear", score: str = "max_prob", temperature: float = 1.0,
-           top_p: float = 1.0, top_k: int = 0, seed: int = 0, known_positions: Any = (),
-           known_tokens: Any = (), top_p_rule: str = "authors",
-           vocab_limit: Optional[int] = None, dtype: str = "float32",
-           end: Optional[int] = None) -> common.SampleOutput:
+def sample(
+  params: Any,
+  cfg: specs.ModelSpec,
+  *,
+  batch_size: int,
+  steps: int,
+  schedule: str = "linear",
+  score: str = "max_prob",
+  temperature: float = 1.0,
+  top_p: float = 1.0,
+  top_k: int = 0,
+  seed: int = 0,
+  known_positions: Any = (),
+  known_tokens: Any = (),
+  top_p_rule: str = "authors",
+  vocab_limit: int | None = None,
+  dtype: str = "float32",
+  end: int | None = None,
+) -> common.SampleOutput:
   """[batch_size, T] samples in `steps` steps, committing the most confident positions first.
 
   The output's `order` is the order the positions were committed in (known ones first). end:
@@ -132,15 +152,27 @@ def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, steps: int,
   """
   options.check_sampling(steps, temperature, top_p, top_k, "l2r", top_p_rule, schedule)
   options.check_choice("score", score, options.SCORES)
-  t = cfg.block_size
   params, cfg = common.with_dtype(params, cfg, dtype)
-  tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens,
-                                       vocab_limit)
-  counts = parallel.schedule_counts(common.decode_end(end, mask[0]), int(mask[0].sum()),
-                                    int(steps), schedule)
-  decode = decoder(DecoderSpec(cfg, tuple(int(n) for n in counts), score,
-                               common.DrawRule.of(top_p, top_k, top_p_rule, vocab_limit)))
-  out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
-               jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
+  tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
+  counts = parallel.schedule_counts(
+    common.decode_end(end, mask[0]), int(mask[0].sum()), int(steps), schedule
+  )
+  decode = decoder(
+    DecoderSpec(
+      cfg,
+      tuple(int(n) for n in counts),
+      score,
+      common.DrawRule.of(top_p, top_k, top_p_rule, vocab_limit),
+    )
+  )
+  out = decode(
+    params,
+    jnp.asarray(tokens),
+    jnp.asarray(mask),
+    jax.random.key(seed),
+    jnp.float32(temperature),
+    jnp.float32(top_p),
+    jnp.int32(top_k),
+  )
   tokens_BT, order_BT = jax.device_get(out)
   return common.SampleOutput(tokens_BT, order_BT)

@@ -1,22 +1,32 @@
 """Texts from a model in any decoding mode, batch by batch (what `ao-mdm sample` shows and
 writes; docs/sampling.md)."""
-from collections.abc import Iterator
-from typing import Any, Callable, Optional
+
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
-from ao_mdm.decode import common
-from ao_mdm.decode import confidence
-from ao_mdm.decode import options as options_lib
-from ao_mdm.decode import parallel
-from ao_mdm.decode import speculative
-from ao_mdm.decode import text
 from ao_mdm import specs
+from ao_mdm.decode import common, confidence, parallel, speculative, text
+from ao_mdm.decode import options as options_lib
 
-def sample_texts(params: Any, cfg: specs.ModelSpec, tokenizer: Any, *,
-                 num_samples: int, batch_size: int, prompt: str = "", infill: str = "",
-                 infill_span: int = 8, seed: int = 0, progress: Optional[Callable] = None,
-                 mode: str = "parallel", until_eos: bool = False, **options) -> Iterator[dict]:
+
+def sample_texts(
+  params: Any,
+  cfg: specs.ModelSpec,
+  tokenizer: Any,
+  *,
+  num_samples: int,
+  batch_size: int,
+  prompt: str = "",
+  infill: str = "",
+  infill_span: int = 8,
+  seed: int = 0,
+  progress: Callable | None = None,
+  mode: str = "parallel",
+  until_eos: bool = False,
+  **options,
+) -> Iterator[dict]:
   """An iterator of `num_samples` texts ({text, tokens}, `marked` with a prompt or infill, the
   `steps` used), each batch's as it finishes. The arguments are checked at the call, the mode's
   own options by its sampler (first batch). `options` go to the mode's sampler: parallel.sample
@@ -38,16 +48,20 @@ def sample_texts(params: Any, cfg: specs.ModelSpec, tokenizer: Any, *,
   options_lib.check_choice("mode", mode, options_lib.MODES)
   if until_eos:
     options_lib.check_until_eos(mode, options.get("order"), infill)
-  sampler = {"parallel": parallel.sample, "speculative": speculative.sample,
-             "confidence": confidence.sample}[mode]
+  sampler = {
+    "parallel": parallel.sample,
+    "speculative": speculative.sample,
+    "confidence": confidence.sample,
+  }[mode]
   unknown = set(options) - options_lib.MODE_OPTION_NAMES
   if unknown:
     raise TypeError(f"sample_texts got unknown options {sorted(unknown)}")
   options = {k: v for k, v in options.items() if k in options_lib.MODE_OPTIONS[mode]}
   if until_eos and mode == "parallel" and options.get("block_len") is None:
     options["block_len"] = options_lib.DEFAULT_BLOCK_LEN
-  positions, ids, end = text.layout_known(tokenizer.encode, cfg.block_size, prompt, infill,
-                                          infill_span)
+  positions, ids, end = text.layout_known(
+    tokenizer.encode, cfg.block_size, prompt, infill, infill_span
+  )
   if end < cfg.block_size:
     options["end"] = end
   if "steps" in options and options["steps"] is None:
@@ -68,14 +82,22 @@ def sample_texts(params: Any, cfg: specs.ModelSpec, tokenizer: Any, *,
 
   def records() -> Iterator[dict]:
     for start in range(0, num_samples, batch_size):
-      out = sampler(params, cfg, batch_size=batch_size, seed=seed + start,
-                    known_positions=positions, known_tokens=ids,
-                    vocab_limit=min(tokenizer.vocab_size, cfg.vocab_size), **stop, **options)
+      out = sampler(
+        params,
+        cfg,
+        batch_size=batch_size,
+        seed=seed + start,
+        known_positions=positions,
+        known_tokens=ids,
+        vocab_limit=min(tokenizer.vocab_size, cfg.vocab_size),
+        **stop,
+        **options,
+      )
       if progress:
         progress(1)
-      for i, row in enumerate(out.tokens[:num_samples - start]):
+      for i, row in enumerate(out.tokens[: num_samples - start]):
         if until_eos:  # the tokens after the first EOS are not part of the sample
-          row = row[:out.stats["length"][i]]
+          row = row[: out.stats["length"][i]]
         row = row[:end]  # an infill ends at its text
         decoded = text.decode_text(tokenizer.decode, row, tokenizer.eos_id, tokenizer.vocab_size)
         record = {"text": decoded, "tokens": row.tolist()}
@@ -88,7 +110,9 @@ def sample_texts(params: Any, cfg: specs.ModelSpec, tokenizer: Any, *,
         if out.stats:  # sequential forwards (and speculative draft counts, until_eos lengths)
           record.update({k: v[i].item() for k, v in out.stats.items() if np.ndim(v)})
         if positions:
-          record["marked"] = text.mark_generated(tokenizer.decode, row, known,
-                                                     tokenizer.eos_id, tokenizer.vocab_size)
+          record["marked"] = text.mark_generated(
+            tokenizer.decode, row, known, tokenizer.eos_id, tokenizer.vocab_size
+          )
         yield record
+
   return records()

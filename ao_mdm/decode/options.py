@@ -7,12 +7,37 @@ ORDERS = ("random", "l2r")
 TOP_P_RULES = ("authors", "nucleus")
 SCORES = ("max_prob", "entropy")  # confidence of a prediction (confidence mode)
 MODE_OPTIONS = {  # the options each mode's sampler takes
-    "parallel": ("steps", "schedule", "temperature", "top_p", "top_k", "order", "top_p_rule",
-                 "dtype", "block_len"),
-    "speculative": ("temperature", "top_p", "top_k", "top_p_rule", "draft", "order", "dtype",
-                    "draft_head"),
-    "confidence": ("steps", "schedule", "temperature", "top_p", "top_k", "top_p_rule", "score",
-                   "dtype"),
+  "parallel": (
+    "steps",
+    "schedule",
+    "temperature",
+    "top_p",
+    "top_k",
+    "order",
+    "top_p_rule",
+    "dtype",
+    "block_len",
+  ),
+  "speculative": (
+    "temperature",
+    "top_p",
+    "top_k",
+    "top_p_rule",
+    "draft",
+    "order",
+    "dtype",
+    "draft_head",
+  ),
+  "confidence": (
+    "steps",
+    "schedule",
+    "temperature",
+    "top_p",
+    "top_k",
+    "top_p_rule",
+    "score",
+    "dtype",
+  ),
 }
 MODE_OPTION_NAMES = frozenset(name for names in MODE_OPTIONS.values() for name in names)
 DEFAULT_STEPS = 64  # decoding steps when none are given (or the unknown positions, if fewer)
@@ -20,8 +45,15 @@ DEFAULT_BLOCK_LEN = 16  # positions per block of `ao-mdm sample --until_eos` (pa
 DRAFT_TRAINING = {"steps": 600, "batch_size": 32}  # `ao-mdm train-draft`'s defaults
 
 
-def check_sampling(steps, temperature: float, top_p: float, top_k: int, order: str,
-                     top_p_rule: str = "authors", schedule: str = "linear") -> None:
+def check_sampling(
+  steps,
+  temperature: float,
+  top_p: float,
+  top_k: int,
+  order: str,
+  top_p_rule: str = "authors",
+  schedule: str = "linear",
+) -> None:
   """One clear ValueError per bad sampling option (steps=None: the default count)."""
   if steps is not None and int(steps) < 1:
     raise ValueError(f"steps={steps} must be >= 1")
@@ -52,15 +84,20 @@ def check_until_eos(mode: str, order, infill: str = "") -> None:
   """Refuses --until_eos where no text follows a first EOS: confidence mode (its order is chosen
   online), a speculative random order, an infill text (it ends at its text's end already)."""
   if mode not in ("parallel", "speculative"):
-    raise ValueError(f"--until_eos applies to --mode=parallel or --mode=speculative, not "
-                     f"--mode={mode}")
+    raise ValueError(
+      f"--until_eos applies to --mode=parallel or --mode=speculative, not --mode={mode}"
+    )
   if mode == "speculative" and order not in (None, "l2r"):
-    raise ValueError(f"--until_eos with --mode=speculative needs --order=l2r, not --order={order}"
-                     " (use --mode=parallel for blocks in a random order)")
+    raise ValueError(
+      f"--until_eos with --mode=speculative needs --order=l2r, not --order={order}"
+      " (use --mode=parallel for blocks in a random order)"
+    )
   if infill:
-    raise ValueError("--until_eos applies with --prompt or no text, not --infill: an infill "
-                     "sample ends where its text ends (end the text with [MASK] to continue it "
-                     "by --infill_span tokens)")
+    raise ValueError(
+      "--until_eos applies with --prompt or no text, not --infill: an infill "
+      "sample ends where its text ends (end the text with [MASK] to continue it "
+      "by --infill_span tokens)"
+    )
 
 
 def check_block_len(block_len) -> None:

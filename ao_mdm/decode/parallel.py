@@ -9,18 +9,18 @@ With `block_len` the unknown positions are decoded in blocks left to right (any 
 block, the steps spread over the blocks by their sizes), and with `eos_id` the loop stops after
 the block that holds a row's first EOS once every row has one (docs/sampling.md, "Until EOS").
 """
+
 import dataclasses
 import functools
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ao_mdm.decode import common
-from ao_mdm.decode import options
 from ao_mdm import model as model_lib
 from ao_mdm import specs
+from ao_mdm.decode import common, options
 
 CACHE_BUCKETS = 4  # decode loops, each reading only the cache prefix its steps can see
 
@@ -44,8 +44,9 @@ def schedule_counts(t: int, known: int, steps: int, schedule: str) -> np.ndarray
   # 0 - step * (S - j) (equal to torch's values for every S up to 4096, checked on its CPU kernel).
   j = np.arange(steps + 1)
   step = np.float64(f32(-1.0) / f32(steps))
-  time = np.where(j < (steps + 1) // 2, (step * j + 1.0).astype(f32),
-                  (-(step * (steps - j))).astype(f32))
+  time = np.where(
+    j < (steps + 1) // 2, (step * j + 1.0).astype(f32), (-(step * (steps - j))).astype(f32)
+  )
   if schedule == "cosine":  # the argument in float32, its cosine rounded from float64
     time = np.cos((((f32(1) - time) * f32(np.pi)) * f32(0.5)).astype(np.float64)).astype(f32)
   # (T - P) * (1 - time_i) in float32, truncated as int() does (the values are >= 0).
@@ -59,8 +60,9 @@ def schedule_counts(t: int, known: int, steps: int, schedule: str) -> np.ndarray
   return np.asarray(counts, np.int32)
 
 
-def block_counts(t: int, known: int, steps: int, schedule: str,
-                 block_len: Optional[int] = None) -> np.ndarray:
+def block_counts(
+  t: int, known: int, steps: int, schedule: str, block_len: int | None = None
+) -> np.ndarray:
   """schedule_counts for the unknown positions in blocks of `block_len` (None: one block), left to
   right: block j of l_j positions gets floor(S e_j / U) - floor(S e_{j-1} / U) of the S steps
   (e_j: the unknown positions up to its end, U: all of them), at least one each, S in all, and
@@ -71,9 +73,11 @@ def block_counts(t: int, known: int, steps: int, schedule: str,
     return schedule_counts(t, known, steps, schedule)
   ends = list(range(block_len, unknown, block_len)) + [unknown]
   if not len(ends) <= steps <= unknown:
-    raise ValueError(f"steps={steps} must be in [{len(ends)}, {unknown}]: the {unknown} unknown "
-                     f"positions make {len(ends)} blocks of block_len={block_len}, each decoded "
-                     "in at least one step (give more steps or a larger block_len)")
+    raise ValueError(
+      f"steps={steps} must be in [{len(ends)}, {unknown}]: the {unknown} unknown "
+      f"positions make {len(ends)} blocks of block_len={block_len}, each decoded "
+      "in at least one step (give more steps or a larger block_len)"
+    )
   counts, start, done = [known], 0, 0
   for end in ends:
     block_steps = steps * end // unknown - done
@@ -87,6 +91,7 @@ def block_counts(t: int, known: int, steps: int, schedule: str,
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """Static shape of one decode loop: counts per step and the padded chunk widths."""
+
   counts: tuple  # n_0 .. n_S
   starts: tuple  # first real slot of each step's chunk
   real_width: int  # W_r: real slots per chunk
@@ -104,8 +109,9 @@ class Plan:
     else:  # every step recomputes all real slots: the encoder-only cost model
       starts, real = (0,) * len(k), t
     # Step i reads cache slots < starts[i]: CACHE_BUCKETS loops, one per cache length read.
-    return Plan(counts, starts, int(real), int(k.max()) - 1,
-                common.bucket_segments(starts, t, CACHE_BUCKETS))
+    return Plan(
+      counts, starts, int(real), int(k.max()) - 1, common.bucket_segments(starts, t, CACHE_BUCKETS)
+    )
 
 
 def _chunk_masks(plan: Plan, n: jax.Array, c: jax.Array, cache_len: int) -> dict:
@@ -114,31 +120,35 @@ def _chunk_masks(plan: Plan, n: jax.Array, c: jax.Array, cache_len: int) -> dict
   j = jnp.arange(w)
   is_real = j < w_r
   real_slot = jnp.where(is_real, c + j, plan.counts[-1] + 1)
-  # A real query sees the real keys up to itself; a phantom, the real keys before slot n, and itself.
-  new = jnp.where(is_real[:, None], is_real[None, :] & (j[None, :] <= j[:, None]),
-                  (real_slot[None, :] < n) | (j[None, :] == j[:, None]))
-  return {"new": new,
-          "cache": jnp.broadcast_to(jnp.arange(cache_len)[None, :] < c, (w, cache_len))}
+  # A real query sees the real keys up to itself; a phantom, the real keys before slot n and itself.
+  new = jnp.where(
+    is_real[:, None],
+    is_real[None, :] & (j[None, :] <= j[:, None]),
+    (real_slot[None, :] < n) | (j[None, :] == j[:, None]),
+  )
+  return {"new": new, "cache": jnp.broadcast_to(jnp.arange(cache_len)[None, :] < c, (w, cache_len))}
 
 
 @dataclasses.dataclass(frozen=True)
 class DecoderSpec:
   """What one jitted decode loop is made for (hashable: the key of its cache)."""
+
   model: specs.ModelSpec
   plan: Plan
   order: str  # of the unknown positions: "random" or "l2r"
   draw: common.DrawRule = common.DrawRule()
   use_cache: bool = True  # False: every real slot recomputed at every step
   return_logits: bool = False
-  block_len: Optional[int] = None  # unknown positions per block (None: one block)
-  eos_id: Optional[int] = None  # stop after the block holding each row's first EOS
+  block_len: int | None = None  # unknown positions per block (None: one block)
+  eos_id: int | None = None  # stop after the block holding each row's first EOS
 
 
 class Carry(NamedTuple):
   """The decode loop's state between steps."""
+
   tokens_BT: jax.Array
-  cache: Optional[dict]
-  logits_BTV: Optional[jax.Array]
+  cache: dict | None
+  logits_BTV: jax.Array | None
   forwards_B: jax.Array  # steps each row took part in before it was done
 
 
@@ -156,18 +166,20 @@ def decoder(spec: DecoderSpec):
   # A row is done before step i when an EOS sits at order slots [known, bound_i): the slots of
   # the blocks before step i's, or (L2R) every slot already decoded.
   block = spec.block_len or t
-  bounds = jnp.asarray([n if spec.order == "l2r" else known + (n - known) // block * block
-                        for n in plan.counts[:-1]], jnp.int32)
+  bounds = jnp.asarray(
+    [n if spec.order == "l2r" else known + (n - known) // block * block for n in plan.counts[:-1]],
+    jnp.int32,
+  )
 
   def run(params, tokens_BT, known_BT, key, temperature, top_p, top_k):
     b = tokens_BT.shape[0]
     k_order, k_steps = jax.random.split(key)
     draw = common.Draw(temperature, top_p, top_k, spec.draw)
-    order_BT = common.make_orders(k_order, known_BT, spec.order, spec.block_len,
-                                  plan.counts[-1])
+    order_BT = common.make_orders(k_order, known_BT, spec.order, spec.block_len, plan.counts[-1])
     apply = common.stack_fn(model, params)
-    cache = (common.prefilled_cache(apply, cfg, tokens_BT, order_BT, known) if spec.use_cache
-             else None)
+    cache = (
+      common.prefilled_cache(apply, cfg, tokens_BT, order_BT, known) if spec.use_cache else None
+    )
 
     def step(i, carry: Carry, cache_len: int) -> Carry:
       tokens_BT, cache, logits_BTV, forwards_B = carry
@@ -175,8 +187,9 @@ def decoder(spec: DecoderSpec):
       real_R = c + jnp.arange(w_r)
       slots_W = jnp.concatenate([jnp.minimum(real_R, n), jnp.full((w_p,), n)])
       targets_W = jnp.minimum(jnp.concatenate([real_R, n + 1 + jnp.arange(w_p)]), t - 1)
-      prev_tok, prev_pos = common.slot_inputs(tokens_BT, order_BT,
-                                                jnp.broadcast_to(slots_W, (b, w_r + w_p)))
+      prev_tok, prev_pos = common.slot_inputs(
+        tokens_BT, order_BT, jnp.broadcast_to(slots_W, (b, w_r + w_p))
+      )
       target_pos = jnp.take(order_BT, targets_W, axis=1)
       masks = _chunk_masks(plan, n, c, cache_len)
       if spec.use_cache:
@@ -189,8 +202,9 @@ def decoder(spec: DecoderSpec):
       h_BQD = jnp.take(hidden, rows_Q, axis=1)
       cond_Q = None if cond is None else (cond[0], jnp.take(cond[1], rows_Q, axis=1))
       logits_BQV = model.apply({"params": params}, h_BQD, cond_Q, method="logits")
-      picked_BQ = draw.tokens(jax.random.fold_in(k_steps, i),
-                              logits_BQV.reshape(-1, v)).reshape(b, 1 + w_p)
+      picked_BQ = draw.tokens(jax.random.fold_in(k_steps, i), logits_BQV.reshape(-1, v)).reshape(
+        b, 1 + w_p
+      )
       q_slots = n + jnp.arange(1 + w_p)
       pos_BQ = jnp.take(order_BT, jnp.minimum(q_slots, t - 1), axis=1)
       pos_BQ = jnp.where(q_slots < n_next, pos_BQ, t)  # padding queries write nothing
@@ -213,17 +227,17 @@ def decoder(spec: DecoderSpec):
       return jax.lax.cond(jnp.all(done_B), lambda c: c, lambda c: step(i, c, cache_len), carry)
 
     logits_BTV = jnp.zeros((b, t, v), jnp.float32) if spec.return_logits else None
-    carry = Carry(jnp.where(known_BT, tokens_BT, 0), cache, logits_BTV,
-                  jnp.zeros((b,), jnp.int32))
+    carry = Carry(jnp.where(known_BT, tokens_BT, 0), cache, logits_BTV, jnp.zeros((b,), jnp.int32))
     for first, end, cache_len in plan.segments:
-      carry = jax.lax.fori_loop(first, end, functools.partial(counted_step, cache_len=cache_len),
-                                carry)
+      carry = jax.lax.fori_loop(
+        first, end, functools.partial(counted_step, cache_len=cache_len), carry
+      )
     return carry.tokens_BT, order_BT, carry.logits_BTV, carry.forwards_B
 
   return jax.jit(run)
 
 
-def default_order(order: Optional[str], num_known: int) -> str:
+def default_order(order: str | None, num_known: int) -> str:
   """`order`, or for None the authors' choice: with known tokens (a prompt or infill context)
   the unknown positions left to right, as their `cond_generate` (its random permutation is
   commented out); without, a random order, as their `generate`."""
@@ -232,13 +246,29 @@ def default_order(order: Optional[str], num_known: int) -> str:
   return order
 
 
-def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, steps: int,
-           schedule: str = "linear", temperature: float = 1.0, top_p: float = 1.0,
-           top_k: int = 0, seed: int = 0, known_positions: Any = (), known_tokens: Any = (),
-           order: Optional[str] = None, use_cache: bool = True, return_logits: bool = False,
-           top_p_rule: str = "authors", vocab_limit: Optional[int] = None,
-           dtype: str = "float32", block_len: Optional[int] = None,
-           eos_id: Optional[int] = None, end: Optional[int] = None) -> common.SampleOutput:
+def sample(
+  params: Any,
+  cfg: specs.ModelSpec,
+  *,
+  batch_size: int,
+  steps: int,
+  schedule: str = "linear",
+  temperature: float = 1.0,
+  top_p: float = 1.0,
+  top_k: int = 0,
+  seed: int = 0,
+  known_positions: Any = (),
+  known_tokens: Any = (),
+  order: str | None = None,
+  use_cache: bool = True,
+  return_logits: bool = False,
+  top_p_rule: str = "authors",
+  vocab_limit: int | None = None,
+  dtype: str = "float32",
+  block_len: int | None = None,
+  eos_id: int | None = None,
+  end: int | None = None,
+) -> common.SampleOutput:
   """Generate [batch_size, T] token ids in `steps` parallel steps (model config `cfg`).
 
   Known tokens (a prompt or infill context, shared by the batch) come first in the order and are
@@ -256,26 +286,44 @@ def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, steps: int,
   last in the order, never drawn, and 0 in the output (an infill that ends at its text).
   """
   options.check_sampling(steps, temperature, top_p, top_k, order, top_p_rule, schedule)
-  t = cfg.block_size
   params, cfg = common.with_dtype(params, cfg, dtype)
   tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
   known = int(mask[0].sum())
   if eos_id is not None and not mask[0, :known].all():
-    raise ValueError("eos_id (stop at the first EOS) needs the known tokens to be a prefix "
-                     "(a prompt), not scattered (an infill)")
+    raise ValueError(
+      "eos_id (stop at the first EOS) needs the known tokens to be a prefix "
+      "(a prompt), not scattered (an infill)"
+    )
   end = common.decode_end(end, mask[0])
   order = default_order(order, known)
   block_len = None if block_len is None else int(block_len)
   plan = Plan.make(block_counts(end, known, int(steps), schedule, block_len), use_cache)
-  decode = decoder(DecoderSpec(cfg, plan, order,
-                               common.DrawRule.of(top_p, top_k, top_p_rule, vocab_limit),
-                               use_cache, return_logits, block_len,
-                               None if eos_id is None else int(eos_id)))
-  out = decode(params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
-               jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
+  decode = decoder(
+    DecoderSpec(
+      cfg,
+      plan,
+      order,
+      common.DrawRule.of(top_p, top_k, top_p_rule, vocab_limit),
+      use_cache,
+      return_logits,
+      block_len,
+      None if eos_id is None else int(eos_id),
+    )
+  )
+  out = decode(
+    params,
+    jnp.asarray(tokens),
+    jnp.asarray(mask),
+    jax.random.key(seed),
+    jnp.float32(temperature),
+    jnp.float32(top_p),
+    jnp.int32(top_k),
+  )
   tokens_BT, order_BT, logits_BTV, forwards_B = jax.device_get(out)
   stats = None
   if eos_id is not None:
-    stats = {"forwards": np.asarray(forwards_B),
-             "length": common.eos_lengths(tokens_BT, known, int(eos_id))}
+    stats = {
+      "forwards": np.asarray(forwards_B),
+      "length": common.eos_lengths(tokens_BT, known, int(eos_id)),
+    }
   return common.SampleOutput(tokens_BT, order_BT, logits_BTV, stats)

@@ -17,19 +17,19 @@ the output is distributed exactly as ancestral sampling in that order with the s
 and top-p. One forward per iteration; rows keep their own counts; the loop ends when every row
 is done (with `eos_id`, in L2R order: a row is done once it has drawn an EOS).
 """
+
 import dataclasses
 import functools
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ao_mdm.decode import common
-from ao_mdm.decode import draft as draft_lib
-from ao_mdm.decode import options
 from ao_mdm import model as model_lib
 from ao_mdm import specs
+from ao_mdm.decode import common, options
+from ao_mdm.decode import draft as draft_lib
 
 
 def _layout(k: int, phantoms: bool = True) -> dict:
@@ -44,14 +44,18 @@ def _layout(k: int, phantoms: bool = True) -> dict:
   ahead = np.concatenate([np.zeros(k + 1, int), np.arange(1, n_ph + 1)])
   is_real = np.arange(k + 1 + n_ph) < k + 1
   j = np.arange(k + 1 + n_ph)
-  new = np.where(is_real[:, None], is_real[None, :] & (j[None, :] <= j[:, None]),
-                 (is_real[None, :] & (j[None, :] < base[:, None])) | (j[None, :] == j[:, None]))
+  new = np.where(
+    is_real[:, None],
+    is_real[None, :] & (j[None, :] <= j[:, None]),
+    (is_real[None, :] & (j[None, :] < base[:, None])) | (j[None, :] == j[:, None]),
+  )
   return {"base": base, "ahead": ahead, "new": new}
 
 
 @dataclasses.dataclass(frozen=True)
 class DecoderSpec:
   """What one jitted speculative loop is made for (hashable: the key of its cache)."""
+
   model: specs.ModelSpec
   k: int  # tokens drafted per forward
   known: int  # known positions (a prompt or infill context), first in the order
@@ -59,12 +63,13 @@ class DecoderSpec:
   order: str = "l2r"  # of the unknown positions: "l2r" or "random"
   head: bool = False  # drafts from a learned head (decode/draft.py), else from phantoms
   verify: bool = True  # False accepts every draft: a wrong rule, for the exactness test
-  eos_id: Optional[int] = None  # a row is done once it has drawn this id (L2R order)
-  end: Optional[int] = None  # order slots from here on are never drawn (None: T)
+  eos_id: int | None = None  # a row is done once it has drawn this id (L2R order)
+  end: int | None = None  # order slots from here on are never drawn (None: T)
 
 
 class Loop(NamedTuple):
   """The speculative loop's state between iterations (per row: n_B known slots so far)."""
+
   tokens_BT: jax.Array
   cache: dict
   n_B: jax.Array
@@ -87,8 +92,9 @@ def decoder(spec: DecoderSpec):
   base_W, ahead_W = jnp.asarray(lay["base"]), jnp.asarray(lay["ahead"])
   new_WW = jnp.asarray(lay["new"])
 
-  def head_drafts(params, head_params, hidden_BWD, a_B, n_B, fix_B, order_BT, u_GB, temperature,
-                  probs):
+  def head_drafts(
+    params, head_params, hidden_BWD, a_B, n_B, fix_B, order_BT, u_GB, temperature, probs
+  ):
     """k drafts and their proposals [B, k, V], chained by the head from real slot a's hidden
     state and the token just drawn there (order slot n + a)."""
     at = lambda s_B: jnp.take_along_axis(order_BT, jnp.minimum(s_B, t - 1)[:, None], axis=1)
@@ -98,12 +104,13 @@ def decoder(spec: DecoderSpec):
       f_B1D, tok_B = carry
       j, u_B = xs
       slot_B = n_B + a_B + j  # the order slot of tok_B
-      f_B1D, logits_B1V = draft_lib.step(model, params, head_params, f_B1D, tok_B[:, None],
-                                         at(slot_B), at(slot_B + 1))
+      f_B1D, logits_B1V = draft_lib.step(
+        model, params, head_params, f_B1D, tok_B[:, None], at(slot_B), at(slot_B + 1)
+      )
       q_BV = probs(logits_B1V[:, 0])
-      d_B = jnp.where(temperature > 0, common.draw_from_probs(u_B, q_BV),
-                      common.first_argmax(q_BV))
+      d_B = jnp.where(temperature > 0, common.draw_from_probs(u_B, q_BV), common.first_argmax(q_BV))
       return (f_B1D, d_B), (d_B, q_BV)
+
     _, (d_GB, q_GBV) = jax.lax.scan(one, (f_B1D, fix_B), (jnp.arange(k), u_GB))
     return d_GB.T, q_GBV.transpose(1, 0, 2)
 
@@ -125,19 +132,19 @@ def decoder(spec: DecoderSpec):
       # Every uniform of the iteration in one call: k to accept, 1 for the new token, the rest
       # for the drafts (the head's k, or the k + 1 candidates of real slot n+k and the phantoms).
       u_BU = jax.random.uniform(jax.random.fold_in(k_loop, it), (b, 2 * k + 1 + (not head)))
-      u_BG, u_fix_B, u_draw_BU = u_BU[:, :k], u_BU[:, k], u_BU[:, k + 1:]
+      u_BG, u_fix_B, u_draw_BU = u_BU[:, :k], u_BU[:, k], u_BU[:, k + 1 :]
       # Inputs of the real slots n..n+k: the last known token, then the drafts.
       slot_BW = n_B[:, None] + base_W[None, :]
       prev_tok_BW, prev_pos_BW = common.slot_inputs(tokens_BT, order_BT, slot_BW)
-      draft_in_BW = jnp.take_along_axis(drafts_BG, jnp.clip(base_W - 1, 0, k - 1)[None, :]
-                                        .repeat(b, 0), axis=1)
+      draft_in_BW = jnp.take_along_axis(
+        drafts_BG, jnp.clip(base_W - 1, 0, k - 1)[None, :].repeat(b, 0), axis=1
+      )
       prev_tok_BW = jnp.where(base_W[None, :] > 0, draft_in_BW, prev_tok_BW)
       target_BW = jnp.take_along_axis(order_BT, jnp.minimum(slot_BW + ahead_W, t - 1), axis=1)
-      masks = {"new": new_WW,
-               "cache": (jnp.arange(t)[None, :] < n_B[:, None])[:, None, None, :]}
+      masks = {"new": new_WW, "cache": (jnp.arange(t)[None, :] < n_B[:, None])[:, None, None, :]}
       hidden, cond, kv = apply(prev_tok_BW, prev_pos_BW, target_BW, cache, masks)
       probs_BWV = probs(model.apply({"params": params}, hidden, cond, method="logits"))
-      p_BRV = probs_BWV[:, :k + 1]  # the conditionals at order slots n..n+k
+      p_BRV = probs_BWV[:, : k + 1]  # the conditionals at order slots n..n+k
       # Verify: accept the longest prefix of drafts, each with probability min(1, p/q).
       p_d = jnp.take_along_axis(p_BRV[:, :k], drafts_BG[..., None], axis=2)[..., 0]
       q_d = jnp.take_along_axis(q_BGV, drafts_BG[..., None], axis=2)[..., 0]
@@ -152,12 +159,12 @@ def decoder(spec: DecoderSpec):
       q_a = jnp.take_along_axis(q_BGV, jnp.minimum(a_B, k - 1)[:, None, None], axis=1)[:, 0]
       resid = jnp.maximum(p_a - jnp.where((a_B < m_B)[:, None], q_a, 0.0), 0.0)
       resid = jnp.where(jnp.sum(resid, -1, keepdims=True) > 0, resid, p_a)
-      fix_B = jnp.where(temperature > 0, common.draw_from_probs(u_fix_B, resid),
-                        common.first_argmax(p_a))
+      fix_B = jnp.where(
+        temperature > 0, common.draw_from_probs(u_fix_B, resid), common.first_argmax(p_a)
+      )
       # Write the accepted drafts and the new token at order[n .. n+a].
       j_1R = jnp.arange(k + 1)[None, :]
-      new_tok = jnp.where(j_1R < a_B[:, None], jnp.pad(drafts_BG, ((0, 0), (0, 1))),
-                          fix_B[:, None])
+      new_tok = jnp.where(j_1R < a_B[:, None], jnp.pad(drafts_BG, ((0, 0), (0, 1))), fix_B[:, None])
       slot_new = n_B[:, None] + j_1R
       live = (j_1R <= a_B[:, None]) & (slot_new < end)
       pos_new = jnp.where(live, jnp.take_along_axis(order_BT, jnp.minimum(slot_new, t - 1), 1), t)
@@ -165,16 +172,19 @@ def decoder(spec: DecoderSpec):
       # Real slots n..n+a had correct inputs: their K/V join the cache.
       cache = common.write_cache(cache, kv, jnp.where(live, slot_new, t))
       if head:  # the head drafts n+a+1 .. n+a+k from real slot n+a, which drew the new token
-        drafts_next, q_next = head_drafts(params, head_params, hidden, a_B, n_B, fix_B, order_BT,
-                                          u_draw_BU.T, temperature, probs)
+        drafts_next, q_next = head_drafts(
+          params, head_params, hidden, a_B, n_B, fix_B, order_BT, u_draw_BU.T, temperature, probs
+        )
       else:
         # Drafts and proposals for positions n+1..n+2k: the old drafts, real slot n+k's
         # conditional, the phantoms; positions n+a+1..n+a+k are the next drafts.
         cand_q = jnp.concatenate([q_BGV, probs_BWV[:, k:]], axis=1)
-        drawn = common.draw_from_probs(u_draw_BU.reshape(-1),
-                                         probs_BWV[:, k:].reshape(b * (k + 1), -1))
-        fresh = jnp.where(temperature > 0, drawn.reshape(b, -1),
-                          common.first_argmax(probs_BWV[:, k:]))
+        drawn = common.draw_from_probs(
+          u_draw_BU.reshape(-1), probs_BWV[:, k:].reshape(b * (k + 1), -1)
+        )
+        fresh = jnp.where(
+          temperature > 0, drawn.reshape(b, -1), common.first_argmax(probs_BWV[:, k:])
+        )
         cand_tok = jnp.concatenate([drafts_BG, fresh], axis=1)
         next_BG = a_B[:, None] + 1 + jnp.arange(k)[None, :]
         drafts_next = jnp.take_along_axis(cand_tok, next_BG, axis=1)
@@ -184,11 +194,13 @@ def decoder(spec: DecoderSpec):
       if spec.eos_id is not None:  # the tokens after a new EOS are not used
         n_next = jnp.where(jnp.any(live & (new_tok == spec.eos_id), axis=1), end, n_next)
       first = (m_B > 0) & ~done_before  # a first draft was verified
-      stats = {"forwards": stats["forwards"] + jnp.where(done_before, 0, 1),
-               "accepted": stats["accepted"] + jnp.where(done_before, 0, a_B),
-               "first_drafts": stats["first_drafts"] + first,
-               "first_accepted": stats["first_accepted"] + (first & (a_B > 0)),
-               "first_overlap": stats["first_overlap"] + jnp.where(first, overlap_B, 0.0)}
+      stats = {
+        "forwards": stats["forwards"] + jnp.where(done_before, 0, 1),
+        "accepted": stats["accepted"] + jnp.where(done_before, 0, a_B),
+        "first_drafts": stats["first_drafts"] + first,
+        "first_accepted": stats["first_accepted"] + (first & (a_B > 0)),
+        "first_overlap": stats["first_overlap"] + jnp.where(first, overlap_B, 0.0),
+      }
       return Loop(tokens_BT, cache, n_next, drafts_next, q_next, it + 1, stats)
 
     tokens_BT = jnp.where(known_BT, tokens_BT, 0)
@@ -196,24 +208,50 @@ def decoder(spec: DecoderSpec):
     # First drafts: uniform over the allowed ids (a poor but exact proposal).
     limit = cfg.vocab_size if spec.draw.vocab_limit is None else spec.draw.vocab_limit
     drafts_BG = jax.random.randint(k_first, (b, k), 0, limit)
-    q_BGV = jnp.broadcast_to(jnp.where(jnp.arange(cfg.vocab_size) < limit, 1.0 / limit, 0.0),
-                             (b, k, cfg.vocab_size))
-    carry = Loop(tokens_BT, cache, jnp.full((b,), known, jnp.int32), drafts_BG, q_BGV,
-                 jnp.int32(0), {"forwards": zeros_B, "accepted": zeros_B, "first_drafts": zeros_B,
-                                "first_accepted": zeros_B,
-                                "first_overlap": jnp.zeros((b,), jnp.float32)})
+    q_BGV = jnp.broadcast_to(
+      jnp.where(jnp.arange(cfg.vocab_size) < limit, 1.0 / limit, 0.0), (b, k, cfg.vocab_size)
+    )
+    carry = Loop(
+      tokens_BT,
+      cache,
+      jnp.full((b,), known, jnp.int32),
+      drafts_BG,
+      q_BGV,
+      jnp.int32(0),
+      {
+        "forwards": zeros_B,
+        "accepted": zeros_B,
+        "first_drafts": zeros_B,
+        "first_accepted": zeros_B,
+        "first_overlap": jnp.zeros((b,), jnp.float32),
+      },
+    )
     carry = jax.lax.while_loop(lambda c: jnp.any(c.n_B < end), body, carry)
     return carry.tokens_BT, order_BT, carry.stats, carry.it
 
   return jax.jit(run)
 
 
-def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, draft: int = 4,
-           temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-           known_positions: Any = (), known_tokens: Any = (), order: Optional[str] = None,
-           top_p_rule: str = "authors", vocab_limit: Optional[int] = None,
-           dtype: str = "float32", draft_head: Any = None,
-           eos_id: Optional[int] = None, end: Optional[int] = None) -> common.SampleOutput:
+def sample(
+  params: Any,
+  cfg: specs.ModelSpec,
+  *,
+  batch_size: int,
+  draft: int = 4,
+  temperature: float = 1.0,
+  top_p: float = 1.0,
+  top_k: int = 0,
+  seed: int = 0,
+  known_positions: Any = (),
+  known_tokens: Any = (),
+  order: str | None = None,
+  top_p_rule: str = "authors",
+  vocab_limit: int | None = None,
+  dtype: str = "float32",
+  draft_head: Any = None,
+  eos_id: int | None = None,
+  end: int | None = None,
+) -> common.SampleOutput:
   """Samples ([batch_size, T]) of sequential decoding in `order` ("l2r", the default, or
   "random": a random order of the unknown positions per row) by speculative decoding with
   `draft` tokens per forward, drafted by the model itself (phantom slots) or, given its params
@@ -240,20 +278,36 @@ def sample(params: Any, cfg: specs.ModelSpec, *, batch_size: int, draft: int = 4
     draft_head = common.with_dtype(draft_head, cfg, dtype)[0]
   if not 1 <= int(draft) <= t - 1:
     raise ValueError(f"draft={draft} must be in [1, {t - 1}] (T - 1)")
-  tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens,
-                                       vocab_limit)
+  tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
   known = int(mask[0].sum())
   if eos_id is not None and (order != "l2r" or not mask[0, :known].all()):
-    raise ValueError("eos_id (stop at the first EOS) needs order='l2r' and the known tokens to "
-                     "be a prefix (a prompt)")
+    raise ValueError(
+      "eos_id (stop at the first EOS) needs order='l2r' and the known tokens to "
+      "be a prefix (a prompt)"
+    )
   end = common.decode_end(end, mask[0])
-  decode = decoder(DecoderSpec(cfg, int(draft), known,
-                               common.DrawRule.of(top_p, top_k, top_p_rule, vocab_limit), order,
-                               draft_head is not None,
-                               eos_id=None if eos_id is None else int(eos_id),
-                               end=None if end == t else end))
-  out = decode(params, draft_head, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed),
-               jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k))
+  decode = decoder(
+    DecoderSpec(
+      cfg,
+      int(draft),
+      known,
+      common.DrawRule.of(top_p, top_k, top_p_rule, vocab_limit),
+      order,
+      draft_head is not None,
+      eos_id=None if eos_id is None else int(eos_id),
+      end=None if end == t else end,
+    )
+  )
+  out = decode(
+    params,
+    draft_head,
+    jnp.asarray(tokens),
+    jnp.asarray(mask),
+    jax.random.key(seed),
+    jnp.float32(temperature),
+    jnp.float32(top_p),
+    jnp.int32(top_k),
+  )
   tokens_BT, order_BT, stats, iterations = jax.device_get(out)
   stats = {**{name: np.asarray(v) for name, v in stats.items()}, "iterations": int(iterations)}
   if eos_id is not None:

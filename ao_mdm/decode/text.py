@@ -1,13 +1,15 @@
 """The text side of decoding: where a prompt's or an infill text's tokens go among the T
 positions, and the text of generated ids (documents split at EOS, generated runs marked)."""
+
 import itertools
 from typing import Any
 
 MASK = "[MASK]"
 
 
-def layout_known(encode: Any, t: int, prompt: str = "", infill: str = "",
-                 span: int = 8) -> tuple[list, list, int]:
+def layout_known(
+  encode: Any, t: int, prompt: str = "", infill: str = "", span: int = 8
+) -> tuple[list, list, int]:
   """Known (positions, token ids) for a prefix prompt or an infill text with [MASK] spans, and
   the end of what is generated.
 
@@ -19,8 +21,10 @@ def layout_known(encode: Any, t: int, prompt: str = "", infill: str = "",
   if span < 1:
     raise ValueError(f"--infill_span={span} must be >= 1")
   if infill and MASK not in infill:
-    raise ValueError(f"the infill text has no {MASK} to fill in; give e.g. --infill='a {MASK} "
-                     "b', or --prompt=TEXT to continue a text")
+    raise ValueError(
+      f"the infill text has no {MASK} to fill in; give e.g. --infill='a {MASK} "
+      "b', or --prompt=TEXT to continue a text"
+    )
   pieces = infill.split(MASK) if infill else [prompt] if prompt else []
   positions, ids, cursor = [], [], 0
   for i, piece in enumerate(pieces):
@@ -29,12 +33,16 @@ def layout_known(encode: Any, t: int, prompt: str = "", infill: str = "",
     ids += piece_ids
     cursor += len(piece_ids) + (span if i < len(pieces) - 1 else 0)
   if cursor > t and infill:
-    raise ValueError(f"the infill text and its {len(pieces) - 1} [MASK] span(s) of "
-                     f"--infill_span={span} take {cursor} positions, but T={t}; use a smaller "
-                     "--infill_span or a shorter text")
+    raise ValueError(
+      f"the infill text and its {len(pieces) - 1} [MASK] span(s) of "
+      f"--infill_span={span} take {cursor} positions, but T={t}; use a smaller "
+      "--infill_span or a shorter text"
+    )
   if cursor >= t:
-    raise ValueError(f"the prompt takes {cursor} positions but T={t}; the prompt is too long "
-                     "(at least one position must be left to generate)")
+    raise ValueError(
+      f"the prompt takes {cursor} positions but T={t}; the prompt is too long "
+      "(at least one position must be left to generate)"
+    )
   return positions, ids, cursor if infill else t
 
 

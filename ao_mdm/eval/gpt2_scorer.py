@@ -2,6 +2,7 @@
 score samples by generative perplexity. Names carry shapes in the letters of docs/design.md ("Shape
 letters"): B batch, T tokens, D width, F MLP width, H heads, K head dim, V vocab, 3 for q, k, v.
 """
+
 import dataclasses
 from typing import Any
 
@@ -12,14 +13,16 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from ao_mdm.storage import fs
-from ao_mdm.storage import gcs
+from ao_mdm.storage import fs, gcs
 
 CONFIG_FILE = "gpt2_config.json"
 PARAMS_DIR = "params"
+
+
 @dataclasses.dataclass(frozen=True)
 class GPT2Config:
   """The hyperparameters of a GPT-2, as `gpt2_config.json` stores them."""
+
   n_layer: int
   n_head: int
   n_embd: int
@@ -46,6 +49,7 @@ def _layer_norm(cfg: GPT2Config, name: str) -> nn.LayerNorm:
 
 class Block(nn.Module):
   """One pre-LayerNorm block: causal self-attention, then a GELU (tanh) MLP, both residual."""
+
   cfg: GPT2Config
 
   @nn.compact
@@ -57,13 +61,15 @@ class Block(nn.Module):
     q_BTHK, k_BTHK, v_BTHK = qkv_BT3HK[:, :, 0], qkv_BT3HK[:, :, 1], qkv_BT3HK[:, :, 2]
     a_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True)  # 1/sqrt(K)
     x_BTD = x_BTD + nn.Dense(d, name="attn_proj")(a_BTHK.reshape(b, t, d))
-    y_BTF = nn.gelu(nn.Dense(4 * d, name="c_fc")(_layer_norm(self.cfg, "ln_2")(x_BTD)),
-                    approximate=True)
+    y_BTF = nn.gelu(
+      nn.Dense(4 * d, name="c_fc")(_layer_norm(self.cfg, "ln_2")(x_BTD)), approximate=True
+    )
     return x_BTD + nn.Dense(d, name="mlp_proj")(y_BTF), None
 
 
 class GPT2LM(nn.Module):
   """GPT-2: token + learned position embeddings, scanned blocks, final LayerNorm, tied head."""
+
   cfg: GPT2Config
 
   @nn.compact
@@ -71,8 +77,9 @@ class GPT2LM(nn.Module):
     cfg = self.cfg
     wte = nn.Embed(cfg.vocab_size, cfg.n_embd, name="wte")
     wpe_TD = nn.Embed(cfg.n_positions, cfg.n_embd, name="wpe")(jnp.arange(ids_BT.shape[1]))
-    blocks = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
-                     length=cfg.n_layer)(cfg, name="h")
+    blocks = nn.scan(
+      Block, variable_axes={"params": 0}, split_rngs={"params": True}, length=cfg.n_layer
+    )(cfg, name="h")
     x_BTD, _ = blocks(wte(ids_BT) + wpe_TD, None)
     return wte.attend(_layer_norm(cfg, "ln_f")(x_BTD))  # [B, T, V]
 
@@ -105,8 +112,11 @@ class GPT2Scorer:
     self._params = jax.device_put(params)
     model = GPT2LM(cfg)
     self._logits = jax.jit(lambda p, ids_BT: model.apply({"params": p}, ids_BT))
-    self._nll = jax.jit(lambda p, ids_BT: optax.softmax_cross_entropy_with_integer_labels(
-        model.apply({"params": p}, ids_BT)[:, :-1], ids_BT[:, 1:]))
+    self._nll = jax.jit(
+      lambda p, ids_BT: optax.softmax_cross_entropy_with_integer_labels(
+        model.apply({"params": p}, ids_BT)[:, :-1], ids_BT[:, 1:]
+      )
+    )
 
   def _check(self, ids_BT: np.ndarray) -> np.ndarray:
     """Refuse ids that the model cannot score: not [B, T] integers, too long, or off-vocab."""
@@ -116,8 +126,10 @@ class GPT2Scorer:
     if ids_BT.shape[1] > self.block_size:
       raise ValueError(f"length {ids_BT.shape[1]} > GPT-2 block_size {self.block_size}")
     if ids_BT.size and (ids_BT.min() < 0 or ids_BT.max() >= self.vocab_size):
-      raise ValueError(f"ids in [{ids_BT.min()}, {ids_BT.max()}] outside the GPT-2 vocabulary "
-                       f"[0, {self.vocab_size})")
+      raise ValueError(
+        f"ids in [{ids_BT.min()}, {ids_BT.max()}] outside the GPT-2 vocabulary "
+        f"[0, {self.vocab_size})"
+      )
     return ids_BT.astype(np.int32)
 
   def _run(self, fn: Any, ids_BT: np.ndarray) -> np.ndarray:
@@ -145,6 +157,6 @@ def load_gpt2_scorer(path: str) -> GPT2Scorer:
     gcs.configure()
     with ocp.StandardCheckpointer() as ckptr:
       params = ckptr.restore(fs.join(fs.absolute(path), PARAMS_DIR), param_shapes(cfg))
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     raise ValueError(f"{path!r}: cannot restore the GPT-2 params: {e}") from e
   return GPT2Scorer(cfg, params)

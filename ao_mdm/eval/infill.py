@@ -8,8 +8,9 @@ on the span tokens before them in that order: their NLLs sum to -log p(span | pr
 exactly (AO-GPT is a causal model in every order). Many infills go in one padded batch; one
 longer than the model's T slots loses the context farthest from its span.
 """
+
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -27,8 +28,9 @@ def span_order(n: int, kind: str = "l2r", seed: int = 0) -> np.ndarray:
   raise ValueError(f"span order {kind!r}; accepted: {', '.join(SPAN_ORDERS)}")
 
 
-def layout(prefix: Sequence[int], span: Sequence[int], suffix: Sequence[int],
-           order: Optional[np.ndarray] = None) -> tuple:
+def layout(
+  prefix: Sequence[int], span: Sequence[int], suffix: Sequence[int], order: np.ndarray | None = None
+) -> tuple:
   """(tokens, order) of one infill: the pieces side by side, the span's positions last in the
   order (`order`: of the span's own positions, default left to right)."""
   p, s, u = len(prefix), len(span), len(suffix)
@@ -42,8 +44,7 @@ def layout(prefix: Sequence[int], span: Sequence[int], suffix: Sequence[int],
   return tokens, full
 
 
-def fit(prefix: Sequence[int], span: Sequence[int], suffix: Sequence[int],
-        t: int) -> tuple:
+def fit(prefix: Sequence[int], span: Sequence[int], suffix: Sequence[int], t: int) -> tuple:
   """(prefix, suffix) cut to the context nearest the span so that all three fill at most t
   positions: each side keeps half the room, or more where the other side is shorter."""
   room = t - len(span)
@@ -51,18 +52,20 @@ def fit(prefix: Sequence[int], span: Sequence[int], suffix: Sequence[int],
     raise ValueError(f"an infill span of {len(span)} tokens is longer than the model's T={t}")
   keep_prefix = min(len(prefix), max(room // 2, room - len(suffix)))
   keep_suffix = min(len(suffix), room - keep_prefix)
-  return list(prefix)[len(prefix) - keep_prefix:], list(suffix)[:keep_suffix]
+  return list(prefix)[len(prefix) - keep_prefix :], list(suffix)[:keep_suffix]
 
 
-def infill_nll(scorer: Any, items: Sequence[tuple], batch_size: int = 8,
-               bucket: int = 32) -> list[np.ndarray]:
+def infill_nll(
+  scorer: Any, items: Sequence[tuple], batch_size: int = 8, bucket: int = 32
+) -> list[np.ndarray]:
   """Per item (prefix ids, span ids, suffix ids[, span order]): the NLL of each span token in
   its order, in nats; their sum is -log p(span | prefix, suffix) (span_scores)."""
   return [nll for nll, _ in span_scores(scorer, items, batch_size, bucket)]
 
 
-def span_scores(scorer: Any, items: Sequence[tuple], batch_size: int = 8,
-                bucket: int = 32) -> list[tuple]:
+def span_scores(
+  scorer: Any, items: Sequence[tuple], batch_size: int = 8, bucket: int = 32
+) -> list[tuple]:
   """Per item (prefix ids, span ids, suffix ids[, span order]): (NLL, is-greedy) of each span
   token in its order, from `scorer.slot_scores`. With an empty suffix this is the L2R
   log-likelihood of a continuation, its context cut on the left to fit.
@@ -81,16 +84,16 @@ def span_scores(scorer: Any, items: Sequence[tuple], batch_size: int = 8,
   out = [None] * len(laid)
   by_length = sorted(range(len(laid)), key=lambda i: -len(laid[i][0]))
   for start in range(0, len(laid), batch_size):
-    chunk = by_length[start:start + batch_size]
+    chunk = by_length[start : start + batch_size]
     n = min(t, -(-len(laid[chunk[0]][0]) // bucket) * bucket)
     tokens_BN = np.zeros((len(chunk), n), np.int32)
     order_BN = np.zeros((len(chunk), n), np.int32)
     for row, i in enumerate(chunk):
       tokens, order = laid[i]
-      tokens_BN[row, :len(tokens)] = tokens
+      tokens_BN[row, : len(tokens)] = tokens
       order_BN[row] = np.concatenate([order, np.arange(len(tokens), n)])
     nll_BN, greedy_BN = scorer.slot_scores(tokens_BN, order_BN)
     for row, i in enumerate(chunk):
       end, s = len(laid[i][0]), len(items[i][1])
-      out[i] = (nll_BN[row, end - s:end], greedy_BN[row, end - s:end])
+      out[i] = (nll_BN[row, end - s : end], greedy_BN[row, end - s : end])
   return out

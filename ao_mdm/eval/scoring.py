@@ -1,15 +1,16 @@
 """The scorer: jitted per-slot NLLs of a model placed on a mesh, what every perplexity and the
 validation during training are computed from."""
+
+from collections.abc import Callable
 import functools
-from typing import Any, Callable, Optional
+from typing import Any
 
 import flax.linen as nn
 import jax
 import numpy as np
 
 from ao_mdm import model as model_lib
-from ao_mdm import sharding
-from ao_mdm import specs
+from ao_mdm import sharding, specs
 
 
 class Scorer:
@@ -19,8 +20,13 @@ class Scorer:
   (float32 by default, as the authors evaluate, whatever the model trains in).
   """
 
-  def __init__(self, params: Any, cfg: specs.ModelSpec,
-               mesh_spec: Optional[specs.MeshSpec] = None, dtype: str = "float32"):
+  def __init__(
+    self,
+    params: Any,
+    cfg: specs.ModelSpec,
+    mesh_spec: specs.MeshSpec | None = None,
+    dtype: str = "float32",
+  ):
     self.cfg = cfg.replace(dtype=dtype)
     self.model = model_lib.make_model(self.cfg)
     self.mesh, self.rules, self._param_shardings = sharding.placement(cfg, mesh_spec)
@@ -34,13 +40,17 @@ class Scorer:
   @functools.cached_property
   def _nll(self) -> Callable:
     # Replicated output: every process of a multi-host run reads all the NLLs.
-    return jax.jit(functools.partial(model_lib.slot_nll, self.model),
-                   out_shardings=sharding.replicated(self.mesh))
+    return jax.jit(
+      functools.partial(model_lib.slot_nll, self.model),
+      out_shardings=sharding.replicated(self.mesh),
+    )
 
   @functools.cached_property
   def _scores(self) -> Callable:
-    return jax.jit(functools.partial(model_lib.slot_scores, self.model),
-                   out_shardings=sharding.replicated(self.mesh))
+    return jax.jit(
+      functools.partial(model_lib.slot_scores, self.model),
+      out_shardings=sharding.replicated(self.mesh),
+    )
 
   @property
   def vocab_size(self) -> int:
@@ -73,11 +83,11 @@ class Scorer:
       tokens_BT = np.concatenate([tokens_BT, np.repeat(tokens_BT[:1], pad, 0)])
       order_Bt = np.concatenate([order_Bt, np.repeat(order_Bt[:1], pad, 0)])
     batch = sharding.batch_sharding(self.mesh, self.rules)
-    place = lambda x: jax.make_array_from_callback(
-        x.shape, batch, lambda index: x[index])
+    place = lambda x: jax.make_array_from_callback(x.shape, batch, lambda index: x[index])
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      out = fn(self.params, place(np.asarray(tokens_BT, np.int32)),
-               place(np.asarray(order_Bt, np.int32)))
+      out = fn(
+        self.params, place(np.asarray(tokens_BT, np.int32)), place(np.asarray(order_Bt, np.int32))
+      )
     return jax.tree.map(lambda x: x[:b], jax.device_get(out))
 
 

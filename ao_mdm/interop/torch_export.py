@@ -9,30 +9,37 @@ sample_AOGPT.py reads its weights from there); `model_args`, what their AOGPTCon
 `fmt="safetensors"`, the state dict alone under the same names, model_args and the tokenizer in
 its metadata. Parameters are float32 whatever the run computed in.
 """
+
 import base64
+from collections.abc import Callable
 import io
 import json
-from typing import Callable, Optional
 
 import numpy as np
 
+from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.data import tokenizer as tok_lib
 from ao_mdm.interop import torch_import
-from ao_mdm import specs
-from ao_mdm.storage import fs
-from ao_mdm.storage import paths
+from ao_mdm.storage import fs, paths
 
 FORMATS = ("torch", "safetensors")
 
 
 def model_args(cfg) -> dict:
   """The authors' AOGPTConfig fields of a model spec (their Linears all have biases)."""
-  return dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
-              block_size=cfg.block_size, bias=True, vocab_size=cfg.vocab_size, dropout=0.0)
+  return dict(
+    n_layer=cfg.n_layer,
+    n_head=cfg.n_head,
+    n_embd=cfg.n_embd,
+    block_size=cfg.block_size,
+    bias=True,
+    vocab_size=cfg.vocab_size,
+    dropout=0.0,
+  )
 
 
-def _saved_tokenizer(config: specs.Spec, checkpoint: str) -> tuple[str, Optional[bytes]]:
+def _saved_tokenizer(config: specs.Spec, checkpoint: str) -> tuple[str, bytes | None]:
   """The name of the tokenizer saved with a run or export and, for SentencePiece, the bytes of
   its .model file (GPT-2 BPE is named only: its files ship with the package)."""
   if config.data.tokenizer != "sentencepiece":
@@ -41,8 +48,13 @@ def _saved_tokenizer(config: specs.Spec, checkpoint: str) -> tuple[str, Optional
   return saved.name, fs.read_bytes(saved.model_path)
 
 
-def export_torch(checkpoint: str, out: str, weights: str = "ema", fmt: str = "torch",
-                 log: Callable[[str], None] = print) -> str:
+def export_torch(
+  checkpoint: str,
+  out: str,
+  weights: str = "ema",
+  fmt: str = "torch",
+  log: Callable[[str], None] = print,
+) -> str:
   """Writes the params of `checkpoint` (a training work dir's `weights`, or an export's) to the
   file `out` in format `fmt`; returns its path."""
   if fmt not in FORMATS:
@@ -54,15 +66,20 @@ def export_torch(checkpoint: str, out: str, weights: str = "ema", fmt: str = "to
   state = torch_import.to_torch_state_dict(params, cfg)
   args = model_args(cfg)
   if fmt == "safetensors":
-    from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
-    metadata = {"model_args": json.dumps(args), "variant": cfg.variant,
-                "cond_dim": str(cfg.cond_dim), torch_import.TOKENIZER: name}
+    from safetensors.numpy import save
+
+    metadata = {
+      "model_args": json.dumps(args),
+      "variant": cfg.variant,
+      "cond_dim": str(cfg.cond_dim),
+      torch_import.TOKENIZER: name,
+    }
     if sp_model is not None:
       metadata[torch_import.TOKENIZER_MODEL] = base64.b64encode(sp_model).decode("ascii")
     data = save(state, metadata=metadata)
   else:
     try:
-      import torch  # pylint: disable=g-import-not-at-top
+      import torch
     except ImportError as e:
       raise ImportError("export-torch needs PyTorch: pip install -e '.[torch]'") from e
     tensors = {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
@@ -71,9 +88,19 @@ def export_torch(checkpoint: str, out: str, weights: str = "ema", fmt: str = "to
     if sp_model is not None:  # a tensor: loads with weights_only=True in any torch version
       tokenizer["model"] = torch.frombuffer(bytearray(sp_model), dtype=torch.uint8)
     buffer = io.BytesIO()
-    torch.save({"model": tensors, "model_args": args, "ema_model": {
-        "decay": config.train.ema_decay, "num_updates": 0, "shadow_params": parameters},
-                torch_import.TOKENIZER: tokenizer}, buffer)
+    torch.save(
+      {
+        "model": tensors,
+        "model_args": args,
+        "ema_model": {
+          "decay": config.train.ema_decay,
+          "num_updates": 0,
+          "shadow_params": parameters,
+        },
+        torch_import.TOKENIZER: tokenizer,
+      },
+      buffer,
+    )
     data = buffer.getvalue()
   fs.write_bytes(out, data)
   return fs.absolute(out)

@@ -8,27 +8,28 @@ It also takes the safetensors file of `export-torch --format=safetensors` (one s
 model_args in its metadata) and the tokenizer our exports carry (TOKENIZER).
 docs/checkpoints.md has the key mapping; docs/design.md, "Checkpoints", the formats.
 """
+
 import base64
+from collections.abc import Callable
 import io
 import json
 import re
 import tempfile
+from typing import Any, NamedTuple
 import zipfile
-from typing import Any, Callable, NamedTuple, Optional
 
+from flax import traverse_util
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import traverse_util
 
+from ao_mdm import model as model_lib
+from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.data import gpt2
 from ao_mdm.data import tokenizer as tok_lib
-from ao_mdm import model as model_lib
-from ao_mdm import specs
-from ao_mdm.storage import fs
-from ao_mdm.storage import paths
+from ao_mdm.storage import fs, paths
 
 TORCH_WEIGHTS = ("ema", "model")
 _ORIG_MOD = "_orig_mod."
@@ -46,11 +47,12 @@ TOKENIZER_MODEL = "tokenizer_model"
 
 class _Row(NamedTuple):
   """One reference tensor: state-dict key, torch shape, our param path, conversion, layer."""
+
   key: str
   shape: tuple
   path: tuple
   conv: str
-  layer: Optional[int] = None
+  layer: int | None = None
 
 
 def reference_layout(cfg: specs.ModelSpec, bias: bool = True) -> list[_Row]:
@@ -63,36 +65,45 @@ def reference_layout(cfg: specs.ModelSpec, bias: bool = True) -> list[_Row]:
   """
   d, h, v, t, c = cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.block_size, cfg.cond_dim
   ao = cfg.variant == "ao"
-  rows = [_Row("transformer.wte.weight", (v, d), ("token_embed",), "same"),
-          _Row("transformer.wpe.weight", (t + 1, d), ("pos_embed",), "same"),
-          _Row("transformer.wtpe.weight", (t, c if ao else d), ("target_embed",), "same"),
-          _Row("transformer.wnonee.weight", (1, d), ("none_embed",), "row")]
+  rows = [
+    _Row("transformer.wte.weight", (v, d), ("token_embed",), "same"),
+    _Row("transformer.wpe.weight", (t + 1, d), ("pos_embed",), "same"),
+    _Row("transformer.wtpe.weight", (t, c if ao else d), ("target_embed",), "same"),
+    _Row("transformer.wnonee.weight", (1, d), ("none_embed",), "row"),
+  ]
   block = [("ln_1.weight", (d,), "ln_1/scale", "same", True)]
-  block += [("ln_1.bias", (d,), "ln_1/bias", "same", not ao and bias),
-            ("attn.c_attn.weight", (3 * d, d), "qkv/kernel", "qkv", True),
-            ("attn.c_attn.bias", (3 * d,), "qkv/bias", "qkv_bias", bias),
-            ("attn.c_proj.weight", (d, d), "attn_out/kernel", "attn_out", True),
-            ("attn.c_proj.bias", (d,), "attn_out/bias", "same", bias),
-            ("attn.q_norm.weight", (d // h,), "q_norm/scale", "same", ao),
-            ("attn.k_norm.weight", (d // h,), "k_norm/scale", "same", ao),
-            ("ln_2.weight", (d,), "ln_2/scale", "same", True),
-            ("ln_2.bias", (d,), "ln_2/bias", "same", not ao and bias),
-            ("mlp.c_fc.weight", (4 * d, d), "mlp_in/kernel", "linear", True),
-            ("mlp.c_fc.bias", (4 * d,), "mlp_in/bias", "same", bias),
-            ("mlp.c_proj.weight", (d, 4 * d), "mlp_out/kernel", "linear", True),
-            ("mlp.c_proj.bias", (d,), "mlp_out/bias", "same", bias),
-            ("adaLN.1.weight", (6 * d, c), "adaln/kernel", "mod", ao),
-            ("adaLN.1.bias", (6 * d,), "adaln/bias", "mod_bias", ao)]
+  block += [
+    ("ln_1.bias", (d,), "ln_1/bias", "same", not ao and bias),
+    ("attn.c_attn.weight", (3 * d, d), "qkv/kernel", "qkv", True),
+    ("attn.c_attn.bias", (3 * d,), "qkv/bias", "qkv_bias", bias),
+    ("attn.c_proj.weight", (d, d), "attn_out/kernel", "attn_out", True),
+    ("attn.c_proj.bias", (d,), "attn_out/bias", "same", bias),
+    ("attn.q_norm.weight", (d // h,), "q_norm/scale", "same", ao),
+    ("attn.k_norm.weight", (d // h,), "k_norm/scale", "same", ao),
+    ("ln_2.weight", (d,), "ln_2/scale", "same", True),
+    ("ln_2.bias", (d,), "ln_2/bias", "same", not ao and bias),
+    ("mlp.c_fc.weight", (4 * d, d), "mlp_in/kernel", "linear", True),
+    ("mlp.c_fc.bias", (4 * d,), "mlp_in/bias", "same", bias),
+    ("mlp.c_proj.weight", (d, 4 * d), "mlp_out/kernel", "linear", True),
+    ("mlp.c_proj.bias", (d,), "mlp_out/bias", "same", bias),
+    ("adaLN.1.weight", (6 * d, c), "adaln/kernel", "mod", ao),
+    ("adaLN.1.bias", (6 * d,), "adaln/bias", "mod_bias", ao),
+  ]
   for i in range(cfg.n_layer):
-    rows += [_Row(f"transformer.h.{i}.{key}", shape, ("blocks",) + tuple(path.split("/")), conv, i)
-             for key, shape, path, conv, present in block if present]
+    rows += [
+      _Row(f"transformer.h.{i}.{key}", shape, ("blocks",) + tuple(path.split("/")), conv, i)
+      for key, shape, path, conv, present in block
+      if present
+    ]
   if ao:
     final = "transformer.final_layer."
-    rows += [_Row(final + "ln_f.weight", (d,), ("ln_f", "scale"), "same"),
-             _Row(final + "adaLN_final.1.weight", (2 * d, c), ("final_adaln", "kernel"), "mod"),
-             _Row(final + "adaLN_final.1.bias", (2 * d,), ("final_adaln", "bias"), "mod_bias"),
-             _Row("lm_head.weight", (v, d), ("head", "kernel"), "linear"),
-             _Row("lm_head.bias", (v,), ("head", "bias"), "same")]
+    rows += [
+      _Row(final + "ln_f.weight", (d,), ("ln_f", "scale"), "same"),
+      _Row(final + "adaLN_final.1.weight", (2 * d, c), ("final_adaln", "kernel"), "mod"),
+      _Row(final + "adaLN_final.1.bias", (2 * d,), ("final_adaln", "bias"), "mod_bias"),
+      _Row("lm_head.weight", (v, d), ("head", "kernel"), "linear"),
+      _Row("lm_head.bias", (v,), ("head", "bias"), "same"),
+    ]
   else:
     rows.append(_Row("transformer.ln_f.weight", (d,), ("ln_f", "scale"), "same"))
     if bias:
@@ -174,23 +185,28 @@ def is_safetensors(path: str) -> bool:
 def _load_safetensors(path: str) -> dict:
   """A safetensors export as a checkpoint dict: `model` (numpy), `model_args` and `tokenizer`
   from the metadata."""
-  from safetensors.numpy import load  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load
+
   data = fs.read_bytes(path)
   try:
     size = int.from_bytes(data[:8], "little")
-    metadata = json.loads(data[8:8 + size]).get("__metadata__") or {}
+    metadata = json.loads(data[8 : 8 + size]).get("__metadata__") or {}
     state = load(data)
-  except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(f"{path!r} is not a safetensors file safetensors can read: "
-                     f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+  except Exception as e:
+    raise ValueError(
+      f"{path!r} is not a safetensors file safetensors can read: "
+      f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}"
+    ) from None
   try:
     args = json.loads(metadata["model_args"])
     if not isinstance(args, dict):
       raise ValueError("not an object")
   except (KeyError, ValueError):
-    raise ValueError(f"{path!r} is a safetensors file without the JSON model_args in its metadata "
-                     "that `ao-mdm export-torch --format=safetensors` writes; found metadata "
-                     f"{_names(metadata) or 'none'}") from None
+    raise ValueError(
+      f"{path!r} is a safetensors file without the JSON model_args in its metadata "
+      "that `ao-mdm export-torch --format=safetensors` writes; found metadata "
+      f"{_names(metadata) or 'none'}"
+    ) from None
   ckpt = {"model": state, "model_args": args}
   if TOKENIZER in metadata:
     model = metadata.get(TOKENIZER_MODEL)
@@ -214,7 +230,7 @@ def _load_checkpoint(path: str) -> tuple[dict, bool]:
 def _load_torch_checkpoint(path: str) -> dict:
   """The reference checkpoint dict, loaded on CPU; refuses anything else."""
   try:
-    import torch  # pylint: disable=g-import-not-at-top
+    import torch
   except ImportError as e:
     raise ImportError("import-torch needs PyTorch: pip install -e '.[torch]'") from e
   # A local zip-format file is mapped (only the tensors used are read, not the optimizer
@@ -223,23 +239,35 @@ def _load_torch_checkpoint(path: str) -> dict:
   try:
     # weights_only: tensors, containers and plain values only; a pickled callable (code that
     # would run on load) is refused before it runs.
-    ckpt = torch.load(source, map_location="cpu", weights_only=True,
-                      mmap=not fs.is_gcs(path) and zipfile.is_zipfile(path))
-  except Exception as e:  # pylint: disable=broad-except
+    ckpt = torch.load(
+      source,
+      map_location="cpu",
+      weights_only=True,
+      mmap=not fs.is_gcs(path) and zipfile.is_zipfile(path),
+    )
+  except Exception as e:
     found = re.search(r"GLOBAL ([\w.]+)", str(e))
     if found:  # a pickled callable: what would have run
-      raise ValueError(f"{path!r} holds an object of type {found[1]}, which a checkpoint of the "
-                       "authors' trainer does not contain; refused without running it "
-                       "(torch.load weights_only=True)") from None
+      raise ValueError(
+        f"{path!r} holds an object of type {found[1]}, which a checkpoint of the "
+        "authors' trainer does not contain; refused without running it "
+        "(torch.load weights_only=True)"
+      ) from None
     detail = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))
     detail = detail[1] if detail else (str(e).strip().splitlines() or [type(e).__name__])[0]
-    raise ValueError(f"{path!r} is not a PyTorch checkpoint torch.load can read: {detail}"
-                     ) from None
-  if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict) or not isinstance(
-      ckpt.get("model_args"), dict):
+    raise ValueError(
+      f"{path!r} is not a PyTorch checkpoint torch.load can read: {detail}"
+    ) from None
+  if (
+    not isinstance(ckpt, dict)
+    or not isinstance(ckpt.get("model"), dict)
+    or not isinstance(ckpt.get("model_args"), dict)
+  ):
     found = f"the keys {_names(ckpt)}" if isinstance(ckpt, dict) else type(ckpt).__name__
-    raise ValueError(f"{path!r} is not a reference AO-GPT checkpoint: expected a dict with "
-                     f"'model' (state dict) and 'model_args'; found {found}")
+    raise ValueError(
+      f"{path!r} is not a reference AO-GPT checkpoint: expected a dict with "
+      f"'model' (state dict) and 'model_args'; found {found}"
+    )
   return ckpt
 
 
@@ -247,7 +275,7 @@ def _strip_prefix(state: dict, path: str) -> dict:
   """The state dict with torch.compile's `_orig_mod.` prefixes removed."""
   out = {}
   for key, value in state.items():
-    name = key[len(_ORIG_MOD):] if key.startswith(_ORIG_MOD) else key
+    name = key[len(_ORIG_MOD) :] if key.startswith(_ORIG_MOD) else key
     if name in out:
       raise ValueError(f"{path!r}: key {name!r} appears both with and without {_ORIG_MOD!r}")
     out[name] = value
@@ -256,30 +284,38 @@ def _strip_prefix(state: dict, path: str) -> dict:
 
 def _default_import_config(variant: str) -> specs.Spec:
   """The paper's `<variant>_small` run (ao_mdm/paper.py): the authors' recipe around the model."""
-  from ao_mdm import paper  # pylint: disable=g-import-not-at-top
+  from ao_mdm import paper
+
   return specs.parse(paper.paper_config(f"{variant}_small"))
 
 
-def _config_from_checkpoint(config: specs.Spec, model_args: dict, variant: str,
-                            cond_dim: int, path: str) -> tuple[specs.Spec, list]:
+def _config_from_checkpoint(
+  config: specs.Spec, model_args: dict, variant: str, cond_dim: int, path: str
+) -> tuple[specs.Spec, list]:
   """`config` with the model fields set from the checkpoint, and a line per field it changed."""
   missing = [k for k in _MODEL_ARGS if k not in model_args]
   if missing:
-    raise ValueError(f"{path!r}: model_args lacks {', '.join(missing)}; found "
-                     f"{_names(list(model_args))}")
+    raise ValueError(
+      f"{path!r}: model_args lacks {', '.join(missing)}; found {_names(list(model_args))}"
+    )
   wanted = {k: int(model_args[k]) for k in _MODEL_ARGS}
   wanted.update(variant=variant, cond_dim=cond_dim)
   changed = {k: v for k, v in wanted.items() if getattr(config.model, k) != v}
   source = lambda k: "keys" if k in ("variant", "cond_dim") else "model_args"
-  changes = [f"model.{k} {getattr(config.model, k)} -> {v} from the checkpoint's {source(k)}"
-             for k, v in changed.items()]
+  changes = [
+    f"model.{k} {getattr(config.model, k)} -> {v} from the checkpoint's {source(k)}"
+    for k, v in changed.items()
+  ]
   return config.replace(model=config.model.replace(**changed)), changes
 
 
-def _detect_variant(state: dict, variant: Optional[str], path: str) -> str:
+def _detect_variant(state: dict, variant: str | None, path: str) -> str:
   """The variant: "ao" when AdaLN keys are present, else "sigma"; refuses a contradicting one."""
-  detected = "ao" if any(".adaLN." in k or k.startswith("transformer.final_layer.")
-                         for k in state) else "sigma"
+  detected = (
+    "ao"
+    if any(".adaLN." in k or k.startswith("transformer.final_layer.") for k in state)
+    else "sigma"
+  )
   if variant is not None and variant != detected:
     why = "has AdaLN keys" if detected == "ao" else "has no AdaLN keys"
     raise ValueError(f"variant={variant!r} but {path!r} {why}: it is a {detected!r} checkpoint")
@@ -296,33 +332,44 @@ def _tensors(ckpt: dict, rows: list[_Row], weights: str, path: str) -> dict[str,
   if missing:
     raise ValueError(f"{path!r}: missing key(s) {_names(missing)}")
   if extra:
-    raise ValueError(f"{path!r}: unexpected key(s) {_names(extra)} (not used by the "
-                     f"{'AO-GPT' if rows[-1].conv != 'tied' else 'sigma-GPT'} model)")
-  bad = [f"{r.key} has shape {tuple(state[r.key].shape)}, expected {r.shape}" for r in rows
-         if tuple(state[r.key].shape) != r.shape]
+    raise ValueError(
+      f"{path!r}: unexpected key(s) {_names(extra)} (not used by the "
+      f"{'AO-GPT' if rows[-1].conv != 'tied' else 'sigma-GPT'} model)"
+    )
+  bad = [
+    f"{r.key} has shape {tuple(state[r.key].shape)}, expected {r.shape}"
+    for r in rows
+    if tuple(state[r.key].shape) != r.shape
+  ]
   if bad:
     raise ValueError(f"{path!r}: wrong shape(s): " + _few(bad, sep="; "))
   if weights == "model":
     return {r.key: state[r.key] for r in rows}
   ema = ckpt.get("ema_model")
   if not isinstance(ema, dict) or "shadow_params" not in ema:
-    raise ValueError(f"{path!r} has no ema_model with shadow_params (the EMA weights that "
-                     "--weights=ema, the default, imports); use --weights=model for the raw ones")
+    raise ValueError(
+      f"{path!r} has no ema_model with shadow_params (the EMA weights that "
+      "--weights=ema, the default, imports); use --weights=model for the raw ones"
+    )
   params = [r for r in rows if r.conv != "tied"]  # parameters() lists a tied tensor once
   shadow = list(ema["shadow_params"])
   if len(shadow) != len(params):
-    raise ValueError(f"{path!r}: ema_model.shadow_params has {len(shadow)} tensors, expected "
-                     f"{len(params)} (one per parameter, first {params[0].key}, last "
-                     f"{params[-1].key})")
-  bad = [f"{r.key} (shadow_params[{i}]) has shape {tuple(s.shape)}, expected {r.shape}"
-         for i, (r, s) in enumerate(zip(params, shadow)) if tuple(s.shape) != r.shape]
+    raise ValueError(
+      f"{path!r}: ema_model.shadow_params has {len(shadow)} tensors, expected "
+      f"{len(params)} (one per parameter, first {params[0].key}, last "
+      f"{params[-1].key})"
+    )
+  bad = [
+    f"{r.key} (shadow_params[{i}]) has shape {tuple(s.shape)}, expected {r.shape}"
+    for i, (r, s) in enumerate(zip(params, shadow))
+    if tuple(s.shape) != r.shape
+  ]
   if bad:
     raise ValueError(f"{path!r}: wrong EMA shape(s): " + _few(bad, sep="; "))
   return {r.key: s for r, s in zip(params, shadow)}
 
 
-def _tokenizer(ckpt: dict, given: Optional[str], path: str
-               ) -> tuple[Optional[str], Optional[bytes]]:
+def _tokenizer(ckpt: dict, given: str | None, path: str) -> tuple[str | None, bytes | None]:
   """(name, SentencePiece model bytes or None) of the tokenizer to import: `given` ("gpt2" or a
   SentencePiece .model file), else the one the checkpoint carries (TOKENIZER); (None, None)
   when neither names one, as in the authors' checkpoints (GPT-2 BPE)."""
@@ -333,14 +380,18 @@ def _tokenizer(ckpt: dict, given: Optional[str], path: str
     return None, None
   name = entry.get("name") if isinstance(entry, dict) else None
   if name not in tok_lib.TOKENIZERS:
-    raise ValueError(f"{path!r}: its {TOKENIZER!r} entry names no tokenizer of ours (accepted: "
-                     f"{', '.join(tok_lib.TOKENIZERS)}); give --tokenizer=FILE|gpt2")
+    raise ValueError(
+      f"{path!r}: its {TOKENIZER!r} entry names no tokenizer of ours (accepted: "
+      f"{', '.join(tok_lib.TOKENIZERS)}); give --tokenizer=FILE|gpt2"
+    )
   model = entry.get("model")
   if name == "sentencepiece" and not isinstance(model, bytes):
     array = model.numpy() if hasattr(model, "numpy") else None  # a uint8 tensor in a torch file
     if array is None or array.dtype != np.uint8 or array.ndim != 1:
-      raise ValueError(f"{path!r}: its SentencePiece tokenizer is not the bytes of a .model file "
-                       "(a 1-D uint8 tensor); give --tokenizer=FILE|gpt2")
+      raise ValueError(
+        f"{path!r}: its SentencePiece tokenizer is not the bytes of a .model file "
+        "(a 1-D uint8 tensor); give --tokenizer=FILE|gpt2"
+      )
     model = array.tobytes()
   return name, model if name == "sentencepiece" else None
 
@@ -353,11 +404,14 @@ def _sentencepiece_dir(model: bytes, vocab_size: int, directory: str, source: st
   try:
     sp = tok_lib.SentencePieceTokenizer(path)
   except (RuntimeError, ValueError) as e:
-    raise ValueError(f"{source} is not a SentencePiece model that loads: "
-                     f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+    raise ValueError(
+      f"{source} is not a SentencePiece model that loads: "
+      f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}"
+    ) from None
   if sp.vocab_size > vocab_size:
-    raise ValueError(f"{source} has {sp.vocab_size} pieces, more than the model's "
-                     f"vocab_size={vocab_size}")
+    raise ValueError(
+      f"{source} has {sp.vocab_size} pieces, more than the model's vocab_size={vocab_size}"
+    )
   return directory
 
 
@@ -365,13 +419,20 @@ def _as_numpy(x: Any) -> np.ndarray:
   """A tensor of either file format as a float32 numpy array."""
   if isinstance(x, np.ndarray):
     return x.astype(np.float32, copy=False)
-  import torch  # pylint: disable=g-import-not-at-top
+  import torch
+
   return x.detach().to(torch.float32).cpu().numpy()
 
 
-def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optional[str] = None,
-                 config: Optional[specs.Spec] = None, tokenizer: Optional[str] = None,
-                 log: Callable[[str], None] = print) -> tuple[specs.Spec, dict]:
+def import_torch(
+  checkpoint: str,
+  out: str,
+  weights: str = "ema",
+  variant: str | None = None,
+  config: specs.Spec | None = None,
+  tokenizer: str | None = None,
+  log: Callable[[str], None] = print,
+) -> tuple[specs.Spec, dict]:
   """Convert a reference PyTorch checkpoint, or our safetensors export (one set of weights:
   `weights` does not apply), to an export at `out`; returns (config, params).
 
@@ -385,8 +446,9 @@ def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optio
   if variant not in (None, "ao", "sigma"):
     raise ValueError(f"variant={variant!r}; accepted: ao, sigma (or None to detect it)")
   if tokenizer not in (None, "gpt2") and not fs.isfile(tokenizer):
-    raise FileNotFoundError(f"--tokenizer {tokenizer!r}: no such file (a SentencePiece .model, "
-                            "or gpt2)")
+    raise FileNotFoundError(
+      f"--tokenizer {tokenizer!r}: no such file (a SentencePiece .model, or gpt2)"
+    )
   paths.new_output_dir(out)
   ckpt, one_set = _load_checkpoint(checkpoint)
   weights = "model" if one_set else weights
@@ -396,27 +458,43 @@ def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optio
   config = _default_import_config(variant) if paper_recipe else config
   wtpe = state.get("transformer.wtpe.weight")
   cond_dim = int(wtpe.shape[1]) if variant == "ao" and wtpe is not None else config.model.cond_dim
-  config, changes = _config_from_checkpoint(config, ckpt["model_args"], variant, cond_dim,
-                                            checkpoint)
+  config, changes = _config_from_checkpoint(
+    config, ckpt["model_args"], variant, cond_dim, checkpoint
+  )
   name, sp_model = _tokenizer(ckpt, tokenizer, checkpoint)
   if name and name != config.data.tokenizer:
-    changes.append(f"data.tokenizer {config.data.tokenizer} -> {name} from "
-                   f"{'--tokenizer' if tokenizer else 'the checkpoint'}")
+    changes.append(
+      f"data.tokenizer {config.data.tokenizer} -> {name} from "
+      f"{'--tokenizer' if tokenizer else 'the checkpoint'}"
+    )
     config = config.replace(data=config.data.replace(tokenizer=name))
   if paper_recipe and name != "sentencepiece" and config.model.vocab_size < gpt2.VOCAB_SIZE:
-    raise ValueError(f"{checkpoint!r}: model_args.vocab_size={config.model.vocab_size} is below "
-                     f"the {gpt2.VOCAB_SIZE} ids of GPT-2 BPE, the tokenizer of the authors' "
-                     "models (their vocab_size is 50304); an export of it could not be sampled "
-                     "or evaluated" + ("" if name else "; a model of another tokenizer needs "
-                                       "it: --tokenizer=FILE (a SentencePiece .model)"))
+    raise ValueError(
+      f"{checkpoint!r}: model_args.vocab_size={config.model.vocab_size} is below "
+      f"the {gpt2.VOCAB_SIZE} ids of GPT-2 BPE, the tokenizer of the authors' "
+      "models (their vocab_size is 50304); an export of it could not be sampled "
+      "or evaluated"
+      + (
+        ""
+        if name
+        else "; a model of another tokenizer needs it: --tokenizer=FILE (a SentencePiece .model)"
+      )
+    )
   bias = bool(ckpt["model_args"].get("bias", True))
   rows = reference_layout(config.model, bias)
   tensors = _tensors(ckpt, rows, weights, checkpoint)
   del ckpt, state
   with tempfile.TemporaryDirectory(prefix="ao_mdm_import_") as tmp:
-    tokenizer_dir = None if sp_model is None else _sentencepiece_dir(
-        sp_model, config.model.vocab_size, tmp,
-        f"--tokenizer {tokenizer!r}" if tokenizer else f"the tokenizer of {checkpoint!r}")
+    tokenizer_dir = (
+      None
+      if sp_model is None
+      else _sentencepiece_dir(
+        sp_model,
+        config.model.vocab_size,
+        tmp,
+        f"--tokenizer {tokenizer!r}" if tokenizer else f"the tokenizer of {checkpoint!r}",
+      )
+    )
     params = _params(tensors, rows, config.model, bias, checkpoint)
     checkpoints.write_params_export(out, config.to_dict(), params, tokenizer_dir)
   for line in changes:  # only once the import succeeded
@@ -424,15 +502,19 @@ def import_torch(checkpoint: str, out: str, weights: str = "ema", variant: Optio
   return config, params
 
 
-def _params(tensors: dict, rows: list[_Row], cfg: specs.ModelSpec, bias: bool,
-            path: str) -> dict:
+def _params(tensors: dict, rows: list[_Row], cfg: specs.ModelSpec, bias: bool, path: str) -> dict:
   """Our parameter tree of the checked reference tensors (emptied as they are converted)."""
-  tied = tensors.pop("lm_head.weight") if rows[-1].conv == "tied" and "lm_head.weight" in tensors \
-      else None
-  if tied is not None and not np.array_equal(_as_numpy(tied),
-                                             _as_numpy(tensors["transformer.wte.weight"])):
-    raise ValueError(f"{path!r}: lm_head.weight differs from transformer.wte.weight; "
-                     "sigma-GPT ties them")
+  tied = (
+    tensors.pop("lm_head.weight")
+    if rows[-1].conv == "tied" and "lm_head.weight" in tensors
+    else None
+  )
+  if tied is not None and not np.array_equal(
+    _as_numpy(tied), _as_numpy(tensors["transformer.wte.weight"])
+  ):
+    raise ValueError(
+      f"{path!r}: lm_head.weight differs from transformer.wte.weight; sigma-GPT ties them"
+    )
   flat, layers = {}, {}
   for row in rows:
     if row.conv == "tied":  # checked above; the token embedding is the head
@@ -445,14 +527,19 @@ def _params(tensors: dict, rows: list[_Row], cfg: specs.ModelSpec, bias: bool,
   flat.update({p: np.stack(xs) for p, xs in layers.items()})
   del layers
 
-  abstract = traverse_util.flatten_dict(nn.unbox(jax.eval_shape(
-      lambda: model_lib.init_params(cfg, jax.random.key(0)))))
+  abstract = traverse_util.flatten_dict(
+    nn.unbox(jax.eval_shape(lambda: model_lib.init_params(cfg, jax.random.key(0))))
+  )
   for p, a in abstract.items():  # model_args.bias=False: the absent biases are zero
     if p not in flat and not bias and p[-1] == "bias":
       flat[p] = np.zeros(a.shape, np.float32)
-  wrong = [f"{'/'.join(p)}: {flat[p].shape if p in flat else 'absent'} != {a.shape}"
-           for p, a in abstract.items() if p not in flat or flat[p].shape != a.shape]
+  wrong = [
+    f"{'/'.join(p)}: {flat[p].shape if p in flat else 'absent'} != {a.shape}"
+    for p, a in abstract.items()
+    if p not in flat or flat[p].shape != a.shape
+  ]
   if wrong or set(flat) - set(abstract):
     raise AssertionError(f"import mapping does not fit the model: {wrong}")
   return traverse_util.unflatten_dict(
-      {p: jnp.asarray(np.ascontiguousarray(x, np.float32)) for p, x in flat.items()})
+    {p: jnp.asarray(np.ascontiguousarray(x, np.float32)) for p, x in flat.items()}
+  )

@@ -11,9 +11,11 @@ order[s]; the last slot has no target and its output is dropped. The forward cov
 variants; the training step (`Trainer`) is for AO-GPT (`variant="ao"`) only. Needs the `[torch]`
 extra: import this module lazily.
 """
+
+from collections.abc import Callable
 import math
 import time
-from typing import Any, Callable
+from typing import Any
 
 import flax.linen as flax_nn
 import jax
@@ -22,9 +24,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ao_mdm.interop import torch_import
 from ao_mdm import model as model_lib
 from ao_mdm import specs
+from ao_mdm.interop import torch_import
 from ao_mdm.train import state as train_state
 
 
@@ -54,8 +56,10 @@ class Attention(nn.Module):
 
   def forward(self, x_BXD: torch.Tensor) -> torch.Tensor:
     b, s, d = x_BXD.shape
-    q, k, v = [z.view(b, s, self.n_head, d // self.n_head).transpose(1, 2)  # [B, H, X, K]
-               for z in self.c_attn(x_BXD).split(d, dim=2)]
+    q, k, v = [
+      z.view(b, s, self.n_head, d // self.n_head).transpose(1, 2)  # [B, H, X, K]
+      for z in self.c_attn(x_BXD).split(d, dim=2)
+    ]
     if hasattr(self, "q_norm"):
       q, k = self.q_norm(q), self.k_norm(k)
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -82,7 +86,7 @@ class Block(nn.Module):
     self.ln_1, self.attn = _norm(cfg, cfg.n_embd), Attention(cfg)
     self.ln_2, self.mlp = _norm(cfg, cfg.n_embd), MLP(cfg)
     if cfg.variant == "ao":
-      self.adaLN = _adaln(cfg, 6)  # pylint: disable=invalid-name  (the authors' key)
+      self.adaLN = _adaln(cfg, 6)  # the authors' key
 
   def forward(self, x_BXD: torch.Tensor, c_BXC: torch.Tensor) -> torch.Tensor:
     if not hasattr(self, "adaLN"):
@@ -99,7 +103,7 @@ class FinalLayer(nn.Module):
   def __init__(self, cfg: specs.ModelSpec):
     super().__init__()
     self.ln_f = _norm(cfg, cfg.n_embd)
-    self.adaLN_final = _adaln(cfg, 2)  # pylint: disable=invalid-name  (the authors' key)
+    self.adaLN_final = _adaln(cfg, 2)  # the authors' key
 
   def forward(self, x_BXD: torch.Tensor, c_BXC: torch.Tensor) -> torch.Tensor:
     shift, scale = self.adaLN_final(c_BXC).chunk(2, dim=-1)
@@ -114,9 +118,13 @@ class TorchAOGPT(nn.Module):
     self.cfg = cfg
     ao = cfg.variant == "ao"
     d, t = cfg.n_embd, cfg.block_size
-    layers = dict(wte=nn.Embedding(cfg.vocab_size, d), wpe=nn.Embedding(t + 1, d),
-                  wtpe=nn.Embedding(t, cfg.cond_dim if ao else d), wnonee=nn.Embedding(1, d),
-                  h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]))
+    layers = dict(
+      wte=nn.Embedding(cfg.vocab_size, d),
+      wpe=nn.Embedding(t + 1, d),
+      wtpe=nn.Embedding(t, cfg.cond_dim if ao else d),
+      wnonee=nn.Embedding(1, d),
+      h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
+    )
     if ao:
       layers["final_layer"] = FinalLayer(cfg)
     else:
@@ -130,8 +138,9 @@ class TorchAOGPT(nn.Module):
     """Logits of the T+1 slots, [B, T+1, V]; the last slot has no target."""
     w = self.transformer
     b, t = idx_BT.shape
-    tok = torch.cat([w.wnonee.weight.expand(b, 1, -1), w.wte(torch.gather(idx_BT, 1, orders_BT))],
-                    dim=1)
+    tok = torch.cat(
+      [w.wnonee.weight.expand(b, 1, -1), w.wte(torch.gather(idx_BT, 1, orders_BT))], dim=1
+    )
     pos = torch.cat([w.wpe.weight[:1].expand(b, 1, -1), w.wpe(orders_BT + 1)], dim=1)
     target = w.wtpe(orders_BT)
     c_BXC = torch.cat([target, torch.zeros_like(target[:, :1])], dim=1)  # the last slot: none
@@ -155,8 +164,10 @@ def from_params(params: Any, cfg: specs.ModelSpec) -> TorchAOGPT:
 def logits(model: TorchAOGPT, tokens_BT: np.ndarray, order_BT: np.ndarray) -> np.ndarray:
   """[B, T, V] float32 logits where slot s predicts the token at order[s] (no gradient)."""
   with torch.no_grad():
-    out = model(torch.as_tensor(np.asarray(tokens_BT), dtype=torch.long),
-                torch.as_tensor(np.asarray(order_BT), dtype=torch.long))
+    out = model(
+      torch.as_tensor(np.asarray(tokens_BT), dtype=torch.long),
+      torch.as_tensor(np.asarray(order_BT), dtype=torch.long),
+    )
   return out[:, :-1].numpy()
 
 
@@ -166,28 +177,33 @@ def loss(model: TorchAOGPT, idx_BT: torch.Tensor, orders_BT: torch.Tensor) -> to
   return F.cross_entropy(out.view(-1, out.shape[-1]), torch.gather(idx_BT, 1, orders_BT).view(-1))
 
 
-def mixed_orders(batch: int, t: int, random_ratio: float,
-                 generator: torch.Generator) -> torch.Tensor:
+def mixed_orders(
+  batch: int, t: int, random_ratio: float, generator: torch.Generator
+) -> torch.Tensor:
   """[batch, t] orders: a random permutation with probability random_ratio, else 0..t-1."""
   coins = torch.rand(batch, generator=generator) < random_ratio
-  return torch.stack([torch.randperm(t, generator=generator) if coin else torch.arange(t)
-                      for coin in coins.tolist()])
+  return torch.stack(
+    [torch.randperm(t, generator=generator) if coin else torch.arange(t) for coin in coins.tolist()]
+  )
 
 
 def order_ratio(order: specs.OrderSpec) -> float:
   """The random-order probability of an order config the baseline can draw (mixed/random/l2r)."""
   ratios = {"random": 1.0, "l2r": 0.0, "mixed": float(order.random_ratio)}
   if order.kind not in ratios:
-    raise ValueError(f"order.kind={order.kind!r}: the PyTorch baseline draws "
-                     f"{', '.join(ratios)} orders only")
+    raise ValueError(
+      f"order.kind={order.kind!r}: the PyTorch baseline draws {', '.join(ratios)} orders only"
+    )
   return ratios[order.kind]
 
 
 def check_train_config(config: specs.Spec) -> None:
   """Raise one clear ValueError for a training config the PyTorch step cannot run."""
   if config.model.variant != "ao":
-    raise ValueError(f"model.variant={config.model.variant!r}: the PyTorch training step is "
-                     "written for AO-GPT (ao) only")
+    raise ValueError(
+      f"model.variant={config.model.variant!r}: the PyTorch training step is "
+      "written for AO-GPT (ao) only"
+    )
   order_ratio(config.order)
 
 
@@ -204,12 +220,18 @@ class Trainer:
     train = config.train
     self.model = from_params(params, config.model)
     decays = _decay_flags(params, config)
-    groups = [[p for n, p in self.model.named_parameters() if decays[n] == flag]
-              for flag in (True, False)]
+    groups = [
+      [p for n, p in self.model.named_parameters() if decays[n] == flag] for flag in (True, False)
+    ]
     self.optimizer = torch.optim.AdamW(
-        [{"params": groups[0], "weight_decay": train.weight_decay},
-         {"params": groups[1], "weight_decay": 0.0}],
-        lr=0.0, betas=(train.b1, train.b2), eps=1e-8)
+      [
+        {"params": groups[0], "weight_decay": train.weight_decay},
+        {"params": groups[1], "weight_decay": 0.0},
+      ],
+      lr=0.0,
+      betas=(train.b1, train.b2),
+      eps=1e-8,
+    )
     self.schedule: Callable = jax.jit(train_state.learning_rate_schedule(train))
     self.grad_clip, self.ema_decay = train.grad_clip, train.ema_decay
     self.microbatches = train.microbatches
@@ -250,11 +272,19 @@ def _decay_flags(params: Any, config: specs.Spec) -> dict[str, bool]:
   params = flax_nn.unbox(params)
   mask = model_lib.weight_decay_mask(params)
   filled = jax.tree.map(lambda p, m: np.full(np.shape(p), m, np.float32), params, mask)
-  return {k: bool(v.all()) for k, v in torch_import.to_torch_state_dict(filled, config.model).items()}
+  return {
+    k: bool(v.all()) for k, v in torch_import.to_torch_state_dict(filled, config.model).items()
+  }
 
 
-def time_steps(trainer: Trainer, tokens_BT: np.ndarray, random_ratio: float, warmup: int,
-               repeats: int, seed: int = 0) -> list[float]:
+def time_steps(
+  trainer: Trainer,
+  tokens_BT: np.ndarray,
+  random_ratio: float,
+  warmup: int,
+  repeats: int,
+  seed: int = 0,
+) -> list[float]:
   """Wall seconds of `repeats` steps after `warmup` steps, orders drawn afresh in each step."""
   idx = torch.as_tensor(np.asarray(tokens_BT), dtype=torch.long)
   generator = torch.Generator().manual_seed(seed)

@@ -6,6 +6,8 @@ as on a preemption). It is started again twice more: once with an empty compilat
 the wall time from its process's start to its first new step (train/loop.py). Then `ao-mdm
 sample` on the run, once with an empty cache and once warm. One JSON line at the end.
 """
+
+from collections.abc import Callable
 import json
 import os
 import signal
@@ -13,18 +15,25 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable
 
-
-from ao_mdm.checkpoint import layout
 from ao_mdm import specs
+from ao_mdm.checkpoint import layout
 from ao_mdm.storage import fs
 
 
 def _train_argv(config_file: str, workdir: str, cache: str) -> list:
-  return [sys.executable, "-m", "ao_mdm.cli.main", "train", f"--config={config_file}",
-          f"--workdir={workdir}", f"--compile_cache={cache}", "--config.train.num_steps=1000000",
-          "--config.train.log_every=1", "--config.train.eval_every=0"]
+  return [
+    sys.executable,
+    "-m",
+    "ao_mdm.cli.main",
+    "train",
+    f"--config={config_file}",
+    f"--workdir={workdir}",
+    f"--compile_cache={cache}",
+    "--config.train.num_steps=1000000",
+    "--config.train.log_every=1",
+    "--config.train.eval_every=0",
+  ]
 
 
 def _startup(workdir: str, after: int) -> dict:
@@ -36,7 +45,7 @@ def _startup(workdir: str, after: int) -> dict:
   for line in fs.read_text(path).splitlines():
     r = json.loads(line)
     if r["step"] > after and any(k.startswith("startup/") for k in r):
-      found = {k[len("startup/"):-len("_s")]: v for k, v in r.items() if k.startswith("startup/")}
+      found = {k[len("startup/") : -len("_s")]: v for k, v in r.items() if k.startswith("startup/")}
   return found
 
 
@@ -63,8 +72,7 @@ def _timed(command: list) -> float:
   return time.perf_counter() - start
 
 
-def bench_restart(config: specs.Spec, config_file: str,
-                  log: Callable[[str], None] = print) -> dict:
+def bench_restart(config: specs.Spec, config_file: str, log: Callable[[str], None] = print) -> dict:
   """Cold and warm restarts and `sample` calls of config_file's run; logs each, then one JSON
   line."""
   del config  # the runs load config_file themselves, as a user's would
@@ -79,19 +87,31 @@ def bench_restart(config: specs.Spec, config_file: str,
         fs.rmtree(cache)
       phases, step = _start_and_stop(_train_argv(config_file, workdir, cache), workdir, step, 1800)
       results[f"restart_{name}"] = {**phases, "total": sum(phases.values())}
-      log(f"{name} restart: first step {results[f'restart_{name}']['total']:.1f} s after the "
-            "process started: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
-    sample = [sys.executable, "-m", "ao_mdm.cli.main", "sample", f"--checkpoint={workdir}",
-              "--num_samples=1", f"--compile_cache={cache}"]
+      log(
+        f"{name} restart: first step {results[f'restart_{name}']['total']:.1f} s after the "
+        "process started: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
+      )
+    sample = [
+      sys.executable,
+      "-m",
+      "ao_mdm.cli.main",
+      "sample",
+      f"--checkpoint={workdir}",
+      "--num_samples=1",
+      f"--compile_cache={cache}",
+    ]
     fs.rmtree(cache)
     results["sample_cold_s"] = _timed(sample)
     results["sample_warm_s"] = _timed(sample)
-    log(f"sample: {results['sample_cold_s']:.1f} s with an empty cache, "
-          f"{results['sample_warm_s']:.1f} s the second time")
+    log(
+      f"sample: {results['sample_cold_s']:.1f} s with an empty cache, "
+      f"{results['sample_warm_s']:.1f} s the second time"
+    )
   finally:
     fs.rmtree(root)
   results["summary"] = {
-      "warm_over_cold_restart": results["restart_warm"]["total"] / results["restart_cold"]["total"],
-      "warm_over_cold_sample": results["sample_warm_s"] / results["sample_cold_s"]}
+    "warm_over_cold_restart": results["restart_warm"]["total"] / results["restart_cold"]["total"],
+    "warm_over_cold_sample": results["sample_warm_s"] / results["sample_cold_s"],
+  }
   log(json.dumps(results))
   return results

@@ -1,10 +1,12 @@
 """`ao-mdm bench sample`: the cached samplers against a full forward and the no-cache sampler,
 and speculative decoding against sequential decoding, figures and ratios from one run."""
+
+from collections.abc import Callable
 import dataclasses
 import json
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -12,13 +14,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from ao_mdm.decode import common
-from ao_mdm.decode import parallel
-from ao_mdm import hardware
+from ao_mdm import hardware, orders, specs
 from ao_mdm import model as model_lib
-from ao_mdm import orders
+from ao_mdm.decode import common, parallel
 from ao_mdm.perf import roofline
-from ao_mdm import specs
 
 
 def _timed(fn: Callable[[int], Any], repeats: int) -> tuple[float, list]:
@@ -37,9 +36,12 @@ def _compile(jitted, *args) -> tuple[Any, float]:
   return compiled, time.perf_counter() - start
 
 
-def bench_sample(config: specs.Spec, bench: ml_collections.ConfigDict,
-                 dtypes: tuple = ("float32", "bfloat16"),
-                 log: Callable[[str], None] = print) -> dict:
+def bench_sample(
+  config: specs.Spec,
+  bench: ml_collections.ConfigDict,
+  dtypes: tuple = ("float32", "bfloat16"),
+  log: Callable[[str], None] = print,
+) -> dict:
   """Per decoding dtype: full forward and cached sampler at each S (float32 also the no-cache
   sampler), in one run; logs each figure, then JSON.
 
@@ -49,25 +51,32 @@ def bench_sample(config: specs.Spec, bench: ml_collections.ConfigDict,
   b, t = int(bench.batch_size), config.model.block_size
   repeats = int(bench.repeats)
   params32 = nn.unbox(model_lib.init_params(config.model, jax.random.key(0)))
-  tokens = jnp.asarray(np.random.default_rng(0).integers(0, config.model.vocab_size, (b, t)),
-                       jnp.int32)
+  tokens = jnp.asarray(
+    np.random.default_rng(0).integers(0, config.model.vocab_size, (b, t)), jnp.int32
+  )
   order = orders.random_orders(jax.random.key(1), b, t)
   peak = hardware.matmul_peak(2048, jnp.float32)
   bandwidth = hardware.read_bandwidth()
-  log(f"measured matmul peak {peak / 1e9:.1f} GFLOP/s (float32), read bandwidth "
-        f"{bandwidth / 1e9:.1f} GB/s")
+  log(
+    f"measured matmul peak {peak / 1e9:.1f} GFLOP/s (float32), read bandwidth "
+    f"{bandwidth / 1e9:.1f} GB/s"
+  )
   zeros, known = jnp.zeros((b, t), jnp.int32), jnp.zeros((b, t), bool)
   scalars = (jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
-  results = {"matmul_peak_flops": peak, "read_bytes_per_s": bandwidth, "batch_size": b,
-             "block_size": t, "schedule": bench.schedule, "dtypes": {}}
+  results = {
+    "matmul_peak_flops": peak,
+    "read_bytes_per_s": bandwidth,
+    "batch_size": b,
+    "block_size": t,
+    "schedule": bench.schedule,
+    "dtypes": {},
+  }
   for dtype in dtypes:
     params, cfg = common.with_dtype(params32, config.model, dtype)
-    forward = jax.jit(lambda p, x, o, cfg=cfg: model_lib.make_model(cfg).apply(
-        {"params": p}, x, o))
+    forward = jax.jit(lambda p, x, o, cfg=cfg: model_lib.make_model(cfg).apply({"params": p}, x, o))
     fwd, fwd_compile = _compile(forward, params, tokens, order)
     full_forward_s, _ = _timed(lambda _: fwd(params, tokens, order), repeats)
-    log(f"{dtype}: full forward B={b} T={t}: {full_forward_s:.4f} s (compile "
-          f"{fwd_compile:.1f} s)")
+    log(f"{dtype}: full forward B={b} T={t}: {full_forward_s:.4f} s (compile {fwd_compile:.1f} s)")
     out = {"full_forward_s": full_forward_s, "full_forward_compile_s": fwd_compile, "steps": {}}
     for steps in bench.steps:
       counts = parallel.schedule_counts(t, 0, int(steps), bench.schedule)
@@ -75,7 +84,7 @@ def bench_sample(config: specs.Spec, bench: ml_collections.ConfigDict,
       for use_cache in (True, False) if dtype == "float32" else (True,):
         run_counts = counts
         if not use_cache and steps > bench.no_cache_max_steps:
-          run_counts = counts[:bench.no_cache_max_steps + 1]
+          run_counts = counts[: bench.no_cache_max_steps + 1]
         plan = parallel.Plan.make(run_counts, use_cache)
         if not use_cache:  # a truncated plan keeps the full-length recomputation of every step
           plan = dataclasses.replace(plan, real_width=t)
@@ -86,20 +95,32 @@ def bench_sample(config: specs.Spec, bench: ml_collections.ConfigDict,
         scale = (len(counts) - 1) / (len(run_counts) - 1)
         if use_cache:
           floor_ms = 1e3 * float(np.mean(roofline.step_floors(cfg, plan, b, bandwidth, peak)))
-          row.update(sampler_s=elapsed, compile_s=compile_s, step_ms=1e3 * elapsed / steps,
-                     step_floor_ms=floor_ms, sampler_over_full_forward=elapsed / full_forward_s)
+          row.update(
+            sampler_s=elapsed,
+            compile_s=compile_s,
+            step_ms=1e3 * elapsed / steps,
+            step_floor_ms=floor_ms,
+            sampler_over_full_forward=elapsed / full_forward_s,
+          )
         else:
-          row.update(no_cache_s=elapsed * scale, no_cache_compile_s=compile_s,
-                     no_cache_extrapolated=scale != 1,
-                     no_cache_over_sampler=elapsed * scale / row["sampler_s"])
-      line = (f"{dtype} S={steps}: sampler {row['sampler_s']:.4f} s "
-              f"({row['sampler_over_full_forward']:.2f}x full forward, compile "
-              f"{row['compile_s']:.1f} s; step {row['step_ms']:.2f} ms, floor "
-              f"{row['step_floor_ms']:.2f} ms)")
+          row.update(
+            no_cache_s=elapsed * scale,
+            no_cache_compile_s=compile_s,
+            no_cache_extrapolated=scale != 1,
+            no_cache_over_sampler=elapsed * scale / row["sampler_s"],
+          )
+      line = (
+        f"{dtype} S={steps}: sampler {row['sampler_s']:.4f} s "
+        f"({row['sampler_over_full_forward']:.2f}x full forward, compile "
+        f"{row['compile_s']:.1f} s; step {row['step_ms']:.2f} ms, floor "
+        f"{row['step_floor_ms']:.2f} ms)"
+      )
       if "no_cache_s" in row:
-        line += (f"; no-cache {row['no_cache_s']:.3f} s"
-                 f"{' (extrapolated)' if row['no_cache_extrapolated'] else ''} "
-                 f"= {row['no_cache_over_sampler']:.1f}x the sampler")
+        line += (
+          f"; no-cache {row['no_cache_s']:.3f} s"
+          f"{' (extrapolated)' if row['no_cache_extrapolated'] else ''} "
+          f"= {row['no_cache_over_sampler']:.1f}x the sampler"
+        )
       fp32 = results["dtypes"].get("float32", {}).get("steps", {}).get(str(steps))
       if fp32:
         row["float32_over_this"] = fp32["sampler_s"] / row["sampler_s"]
@@ -120,9 +141,14 @@ def infill_context(params: Any, cfg: specs.ModelSpec, seed: int = 0) -> tuple:
   return positions, [int(row[p]) for p in positions]
 
 
-def bench_speculative(bench: ml_collections.ConfigDict, params: Any,
-                      cfg: specs.ModelSpec, dtype: str = "float32",
-                      draft_head: Any = None, log: Callable[[str], None] = print) -> dict:
+def bench_speculative(
+  bench: ml_collections.ConfigDict,
+  params: Any,
+  cfg: specs.ModelSpec,
+  dtype: str = "float32",
+  draft_head: Any = None,
+  log: Callable[[str], None] = print,
+) -> dict:
   """Speculative decoding against cached sequential decoding in the same order (one token per
   forward), same model, temperature 1 and top-p 1, all decoded in `dtype`: per batch size
   (bench.speculative_batches), order (L2R from scratch; infill: the middle half in a random
@@ -130,7 +156,8 @@ def bench_speculative(bench: ml_collections.ConfigDict, params: Any,
   (bench.drafts): forwards per sequence, tokens per forward, first-draft acceptance and its
   expectation sum min(p, q), and wall time, over bench.seeds batches (one sequence varies a
   lot: counts are the mean; times: see `paired`)."""
-  from ao_mdm.decode import speculative  # pylint: disable=g-import-not-at-top
+  from ao_mdm.decode import speculative
+
   params, cfg = common.with_dtype(params, cfg, dtype)  # once, outside the timed calls
   if draft_head is not None:
     draft_head = common.with_dtype(draft_head, cfg, dtype)[0]
@@ -139,8 +166,10 @@ def bench_speculative(bench: ml_collections.ConfigDict, params: Any,
   if seeds < 1:
     raise ValueError(f"bench.seeds={seeds} must be >= 1")
   positions, ids = infill_context(params, cfg)
-  layouts = {"l2r": {"order": "l2r"},
-             "infill": {"order": "random", "known_positions": positions, "known_tokens": ids}}
+  layouts = {
+    "l2r": {"order": "l2r"},
+    "infill": {"order": "random", "known_positions": positions, "known_tokens": ids},
+  }
   drafters = {"self": None, **({"head": draft_head} if draft_head is not None else {})}
 
   def paired(base, spec):
@@ -157,40 +186,65 @@ def bench_speculative(bench: ml_collections.ConfigDict, params: Any,
         best["spec"][seed] = min(best["spec"][seed], elapsed)
         outs += out if r == 0 else []
     return statistics.median(best["base"]), statistics.median(best["spec"]), outs
-  results = {"block_size": t, "seeds": seeds, "dtype": dtype, "infill_known": len(positions),
-             "rows": []}
+
+  results = {
+    "block_size": t,
+    "seeds": seeds,
+    "dtype": dtype,
+    "infill_known": len(positions),
+    "rows": [],
+  }
   for b in bench.speculative_batches:
     for layout, known in layouts.items():
       unknown = t - len(known.get("known_positions", ()))
       sequential = lambda seed, b=b, known=known, unknown=unknown: parallel.sample(
-          params, cfg, batch_size=b, steps=unknown, seed=seed, dtype=dtype, **known)
-      log(f"B={b} {layout}: {unknown} unknown positions, sequential decoding {unknown} "
-            "forwards per sequence")
+        params, cfg, batch_size=b, steps=unknown, seed=seed, dtype=dtype, **known
+      )
+      log(
+        f"B={b} {layout}: {unknown} unknown positions, sequential decoding {unknown} "
+        "forwards per sequence"
+      )
       for drafter, head in drafters.items():
         for k in bench.drafts:
-          base_s, elapsed, outs = paired(sequential, lambda seed, b=b, known=known, k=k, head=head:
-                                         speculative.sample(params, cfg, batch_size=b,
-                                                            draft=int(k), seed=seed, dtype=dtype,
-                                                            draft_head=head, **known))
+          base_s, elapsed, outs = paired(
+            sequential,
+            lambda seed, b=b, known=known, k=k, head=head: speculative.sample(
+              params,
+              cfg,
+              batch_size=b,
+              draft=int(k),
+              seed=seed,
+              dtype=dtype,
+              draft_head=head,
+              **known,
+            ),
+          )
           total = {name: float(np.sum([o.stats[name] for o in outs])) for name in outs[0].stats}
           forwards = total["forwards"] / (b * seeds)
-          row = {"batch_size": b, "order": layout, "drafter": drafter, "draft": int(k),
-                 "seconds": elapsed, "sequential_s": base_s, "forwards_per_sequence": forwards,
-                 "tokens_per_forward": unknown / forwards,
-                 "batch_forwards": total["iterations"] / seeds,
-                 "first_draft_acceptance": total["first_accepted"] / total["first_drafts"],
-                 "first_draft_overlap": total["first_overlap"] / total["first_drafts"],
-                 "speedup": base_s / elapsed,
-                 "read_ratio": roofline.speculative_read_ratio(cfg, int(k), b, head is not None)}
+          row = {
+            "batch_size": b,
+            "order": layout,
+            "drafter": drafter,
+            "draft": int(k),
+            "seconds": elapsed,
+            "sequential_s": base_s,
+            "forwards_per_sequence": forwards,
+            "tokens_per_forward": unknown / forwards,
+            "batch_forwards": total["iterations"] / seeds,
+            "first_draft_acceptance": total["first_accepted"] / total["first_drafts"],
+            "first_draft_overlap": total["first_overlap"] / total["first_drafts"],
+            "speedup": base_s / elapsed,
+            "read_ratio": roofline.speculative_read_ratio(cfg, int(k), b, head is not None),
+          }
           row["read_bound_speedup"] = row["tokens_per_forward"] / row["read_ratio"]
           results["rows"].append(row)
-          log(f"  {drafter}, k={k}: {row['tokens_per_forward']:.2f} tokens per forward "
-                f"({forwards:.1f} per sequence, the batch ran {row['batch_forwards']:.1f}); first "
-                f"drafts accepted {row['first_draft_acceptance']:.3f} (sum min(p, q) "
-                f"{row['first_draft_overlap']:.3f}); {elapsed:.3f} s against {base_s:.3f} s: "
-                f"{row['speedup']:.2f}x the speed of sequential decoding (bound by reading: "
-                f"{row['read_bound_speedup']:.2f}x)")
+          log(
+            f"  {drafter}, k={k}: {row['tokens_per_forward']:.2f} tokens per forward "
+            f"({forwards:.1f} per sequence, the batch ran {row['batch_forwards']:.1f}); first "
+            f"drafts accepted {row['first_draft_acceptance']:.3f} (sum min(p, q) "
+            f"{row['first_draft_overlap']:.3f}); {elapsed:.3f} s against {base_s:.3f} s: "
+            f"{row['speedup']:.2f}x the speed of sequential decoding (bound by reading: "
+            f"{row['read_bound_speedup']:.2f}x)"
+          )
   log(json.dumps(results))
   return results
-
-

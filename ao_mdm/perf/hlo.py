@@ -1,10 +1,25 @@
 """Bytes a compiled program moves per step, read from its HLO text: collectives and HBM
 traffic, with loop bodies counted by their trip counts (the roofline's inputs)."""
+
 import re
 
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
-                "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+_DTYPE_BYTES = {
+  "pred": 1,
+  "s8": 1,
+  "u8": 1,
+  "bf16": 2,
+  "f16": 2,
+  "s16": 2,
+  "u16": 2,
+  "f32": 4,
+  "s32": 4,
+  "u32": 4,
+  "f64": 8,
+  "s64": 8,
+  "u64": 8,
+}
+
 
 def hlo_traffic(hlo_text: str) -> dict:
   """Bytes one device moves per step, read from the compiled HLO: `collective` (results of
@@ -38,6 +53,7 @@ def hlo_traffic(hlo_text: str) -> dict:
     multiplier[name] = multiplier.get(name, 0) + factor
     for callee, times in loops.get(name, []):
       visit(callee, factor * times)
+
   for name, c in computations.items():
     if c["entry"]:
       visit(name, 1)
@@ -58,7 +74,7 @@ def hlo_traffic(hlo_text: str) -> dict:
 
 
 def _loop_bound(computations: dict, condition) -> int:
-  """Iterations of a `while i < N` loop (a scan) from its condition's s32 constant N; 1 if unsure."""
+  """Iterations of a `while i < N` loop (a scan), its condition's s32 constant N; 1 if unsure."""
   lines = computations.get(condition.group(1), {"lines": []})["lines"] if condition else []
   if not any("direction=LT" in line for line in lines):
     return 1
@@ -66,8 +82,20 @@ def _loop_bound(computations: dict, condition) -> int:
   return max(bounds, default=1)
 
 
-_NO_TRAFFIC = ("parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call",
-               "conditional", "after-all", "partition-id", "replica-id", "iota")
+_NO_TRAFFIC = (
+  "parameter",
+  "constant",
+  "get-tuple-element",
+  "tuple",
+  "bitcast",
+  "while",
+  "call",
+  "conditional",
+  "after-all",
+  "partition-id",
+  "replica-id",
+  "iota",
+)
 
 
 def _shape_bytes(shape: str) -> float:

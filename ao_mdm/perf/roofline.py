@@ -1,16 +1,17 @@
 """Roofline models (projections from published chip figures, not measurements): the train
 step's time and MFU bounds from a compiled program, and what each cached decode step must read
 and compute."""
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ao_mdm.decode import parallel
-from ao_mdm import hardware
+from ao_mdm import hardware, specs
 from ao_mdm import model as model_lib
+from ao_mdm.decode import parallel
 from ao_mdm.perf import hlo
-from ao_mdm import specs
+
 
 def train_step(compiled, config: specs.Spec, devices: list) -> dict:
   """A projection (not a measurement): lower bound on step time, upper bound on MFU.
@@ -31,25 +32,35 @@ def train_step(compiled, config: specs.Spec, devices: list) -> dict:
   cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
   abstract = jax.eval_shape(lambda: model_lib.init_params(config.model, jax.random.key(0)))
   tokens = config.train.batch_size * config.model.block_size
-  model_flops = tokens * model_lib.flops_per_token(
-      config.model, model_lib.count_params(nn.unbox(abstract))) / n
+  model_flops = (
+    tokens * model_lib.flops_per_token(config.model, model_lib.count_params(nn.unbox(abstract))) / n
+  )
   xla_flops = float(cost.get("flops", 0.0))
   hbm_bytes = float(cost.get("bytes accessed", 0.0))
   traffic = hlo.hlo_traffic(compiled.as_text())
   ici_bytes = traffic["collective"]
-  times = {"compute": max(model_flops, xla_flops) / peak, "hbm": hbm_bytes / hbm_bw,
-           "ici": ici_bytes / ici_bw}
+  times = {
+    "compute": max(model_flops, xla_flops) / peak,
+    "hbm": hbm_bytes / hbm_bw,
+    "ici": ici_bytes / ici_bw,
+  }
   step = max(times.values())
-  return {"model_flops_per_device": model_flops, "xla_flops_per_device": xla_flops,
-          "xla_over_model_flops": xla_flops / model_flops,
-          "hbm_bytes_per_device": hbm_bytes, "collective_bytes_per_device": ici_bytes,
-          "hbm_bytes_upper_estimate": traffic["hbm"],
-          "hbm_s_at_upper_estimate": traffic["hbm"] / hbm_bw,
-          "peak_flops": peak, "hbm_bandwidth": hbm_bw, "ici_bandwidth": ici_bw,
-          "step_s_lower_bound": step, "bound_by": max(times, key=times.get),
-          "mfu_upper_bound": model_flops / peak / step,
-          "tokens_per_s_upper_bound": tokens / step}
-
+  return {
+    "model_flops_per_device": model_flops,
+    "xla_flops_per_device": xla_flops,
+    "xla_over_model_flops": xla_flops / model_flops,
+    "hbm_bytes_per_device": hbm_bytes,
+    "collective_bytes_per_device": ici_bytes,
+    "hbm_bytes_upper_estimate": traffic["hbm"],
+    "hbm_s_at_upper_estimate": traffic["hbm"] / hbm_bw,
+    "peak_flops": peak,
+    "hbm_bandwidth": hbm_bw,
+    "ici_bandwidth": ici_bw,
+    "step_s_lower_bound": step,
+    "bound_by": max(times, key=times.get),
+    "mfu_upper_bound": model_flops / peak / step,
+    "tokens_per_s_upper_bound": tokens / step,
+  }
 
 
 def weight_counts(cfg: specs.ModelSpec) -> tuple[int, int]:
@@ -72,11 +83,18 @@ def step_costs(cfg: specs.ModelSpec, plan: parallel.Plan, batch: int) -> list[di
   costs = []
   for first, end, cache_len in plan.segments:
     cache_bytes = 2 * cfg.n_layer * batch * cache_len * cfg.n_embd * itemsize
-    flops = 2 * batch * (w * n_blocks + (1 + plan.phantom_width) * n_head) \
-        + 4 * cfg.n_layer * cfg.n_embd * batch * w * (cache_len + w)
-    costs.append({"steps": end - first, "cache_len": cache_len, "flops": flops,
-                  "bytes": itemsize * (n_blocks + n_head) + cache_bytes,
-                  "cache_bytes": cache_bytes})
+    flops = 2 * batch * (
+      w * n_blocks + (1 + plan.phantom_width) * n_head
+    ) + 4 * cfg.n_layer * cfg.n_embd * batch * w * (cache_len + w)
+    costs.append(
+      {
+        "steps": end - first,
+        "cache_len": cache_len,
+        "flops": flops,
+        "bytes": itemsize * (n_blocks + n_head) + cache_bytes,
+        "cache_bytes": cache_bytes,
+      }
+    )
   return costs
 
 
@@ -86,35 +104,44 @@ def forward_costs(cfg: specs.ModelSpec, batch: int) -> dict:
   n_blocks, n_head = weight_counts(cfg)
   t = cfg.block_size
   attention = 4 * cfg.n_layer * cfg.n_embd * batch * t * t
-  return {"flops": 2 * batch * t * (n_blocks + n_head) + attention,
-          "bytes": itemsize * (n_blocks + n_head)}
+  return {
+    "flops": 2 * batch * t * (n_blocks + n_head) + attention,
+    "bytes": itemsize * (n_blocks + n_head),
+  }
 
 
-def step_floors(cfg: specs.ModelSpec, plan: parallel.Plan, b: int, bandwidth: float,
-                peak: float) -> np.ndarray:
+def step_floors(
+  cfg: specs.ModelSpec, plan: parallel.Plan, b: int, bandwidth: float, peak: float
+) -> np.ndarray:
   """Seconds each cached decode step must take at least: max(bytes / bandwidth, FLOPs / peak),
   with the bytes and FLOPs of parallel.step_costs."""
-  return np.concatenate([np.full(c["steps"], max(c["bytes"] / bandwidth, c["flops"] / peak))
-                         for c in step_costs(cfg, plan, b)])
+  return np.concatenate(
+    [
+      np.full(c["steps"], max(c["bytes"] / bandwidth, c["flops"] / peak))
+      for c in step_costs(cfg, plan, b)
+    ]
+  )
 
 
-def speculative_read_ratio(cfg: specs.ModelSpec, k: int, batch: int,
-                           head: bool) -> float:
+def speculative_read_ratio(cfg: specs.ModelSpec, k: int, batch: int, head: bool) -> float:
   """Bytes a speculative iteration reads over those of a cached L2R step (S = T), where both
   are bound by reading (an accelerator at small batch): the weights once and the whole K/V
   cache, plus per drafted token of a learned head the head and the model's final AdaLN and
   vocab head again (self-drafting reads nothing more)."""
-  plan = parallel.Plan.make(parallel.schedule_counts(cfg.block_size, 0, cfg.block_size,
-                                                     "linear"))
+  plan = parallel.Plan.make(parallel.schedule_counts(cfg.block_size, 0, cfg.block_size, "linear"))
   costs = step_costs(cfg, plan, batch)
   step = sum(c["bytes"] * c["steps"] for c in costs) / sum(c["steps"] for c in costs)
   itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
   n_blocks, n_head = weight_counts(cfg)
-  iteration = itemsize * (n_blocks + n_head) + 2 * cfg.n_layer * batch * cfg.block_size \
-      * cfg.n_embd * itemsize
+  iteration = (
+    itemsize * (n_blocks + n_head)
+    + 2 * cfg.n_layer * batch * cfg.block_size * cfg.n_embd * itemsize
+  )
   if head:
-    from ao_mdm.decode import draft  # pylint: disable=g-import-not-at-top
-    n_draft = model_lib.count_params(jax.eval_shape(lambda: draft.init_head(
-        cfg, jax.random.key(0))))
+    from ao_mdm.decode import draft
+
+    n_draft = model_lib.count_params(
+      jax.eval_shape(lambda: draft.init_head(cfg, jax.random.key(0)))
+    )
     iteration += k * itemsize * (n_draft + n_head)
   return iteration / step

@@ -6,12 +6,12 @@ and exit at once (130 after Ctrl-C, 143 after SIGTERM), so no library is interru
 (no traceback, no half-written file, and a restore can never take an interrupt for a corrupt
 checkpoint). The training loop runs inside `StopRequest`, which saves first.
 """
+
+from collections.abc import Callable, Iterator
 import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
-from typing import Optional
 
 from ao_mdm.runtime import quiet
 
@@ -27,13 +27,13 @@ def _exit_now(signum, frame) -> None:
     for cleanup in reversed(_CLEANUPS):
       try:
         said.append(cleanup())
-      except Exception as e:  # pylint: disable=broad-except  (exit regardless)
+      except Exception as e:  # exit regardless
         said.append(f"cleanup after the interrupt failed: {e}")
     sys.stdout.flush()
     how = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
     lines = [line for line in said if line] + [how]
     os.write(stderr, ("\n".join(lines) + "\n").encode())
-    os._exit(128 + signum)  # pylint: disable=protected-access
+    os._exit(128 + signum)
 
 
 _HELD: list = []  # SIGTERMs that came before training's StopRequest, which takes them over
@@ -54,7 +54,7 @@ def install(hold: bool = False) -> None:
 
 
 @contextlib.contextmanager
-def on_interrupt(cleanup: Callable[[], Optional[str]]) -> Iterator[None]:
+def on_interrupt(cleanup: Callable[[], str | None]) -> Iterator[None]:
   """Runs `cleanup` if Ctrl-C ends the process inside this block; a line it returns is printed
   (on stderr, before "interrupted")."""
   _CLEANUPS.append(cleanup)
@@ -90,10 +90,11 @@ class StopRequest:
     if signum == signal.SIGINT:
       if self.requested:
         quiet.say("interrupted again: exiting now; the last complete checkpoint stays")
-        os._exit(130)  # pylint: disable=protected-access
+        os._exit(130)
       self.exit_code = 130
-      quiet.say("interrupted: saving a checkpoint at the next step boundary (Ctrl-C again to exit at "
-           "once)")
+      quiet.say(
+        "interrupted: saving a checkpoint at the next step boundary (Ctrl-C again to exit at once)"
+      )
     self.requested = True
 
   def restore(self) -> None:

@@ -1,11 +1,12 @@
 """Keeping what C++ libraries write to the terminal out of a command's output: file descriptor 2
 sent to /dev/null for a while, or for the rest of a process, while our own lines still reach
 the terminal; the environment that keeps their start-up quiet."""
+
+from collections.abc import Iterator
 import contextlib
 import glob
 import os
 import sys
-from collections.abc import Iterator
 
 _TERMINAL: list = []  # descriptors of the terminal's stderr while fd 2 goes elsewhere (nested)
 _SILENCED_FOR_GOOD: list = []

@@ -14,9 +14,9 @@ shares it), the other commands in $XDG_CACHE_HOME/ao_mdm/xla (~/.cache/ao_mdm/xl
 `--compile_cache=DIR` or AO_MDM_COMPILE_CACHE=DIR moves it, `off` turns it off. Removing the
 directory clears it.
 """
+
 import hashlib
 import os
-from typing import Optional
 
 from ao_mdm.storage import fs
 
@@ -35,7 +35,7 @@ def user_dir() -> str:
   return fs.join(base, "ao_mdm", "xla")
 
 
-def where(flag: Optional[str], workdir: Optional[str] = None) -> Optional[str]:
+def where(flag: str | None, workdir: str | None = None) -> str | None:
   """The cache directory a command uses: --compile_cache, else AO_MDM_COMPILE_CACHE, else JAX's
   own JAX_COMPILATION_CACHE_DIR, else the work dir's (train) or the user's; None when the
   chosen one says `off`."""
@@ -52,20 +52,22 @@ class Cache:
 
   def __init__(self, path: str, max_bytes: int = MAX_BYTES):
     self.path, self.max_bytes = path, max_bytes  # the directory is made by the first entry
-    self._counted: Optional[int] = None  # bytes of the entries, once listed
+    self._counted: int | None = None  # bytes of the entries, once listed
 
   def _entry(self, key: str) -> str:
     return fs.join(self.path, f"{key}{_SUFFIX}")
 
-  def get(self, key: str) -> Optional[bytes]:
+  def get(self, key: str) -> bytes | None:
     path = self._entry(key)
     try:
       data = fs.read_bytes(path)
     except (FileNotFoundError, OSError):
       return None
-    value = data[len(_MAGIC) + 32:]
-    if data[:len(_MAGIC)] != _MAGIC or hashlib.sha256(value).digest() != data[len(_MAGIC):
-                                                                               len(_MAGIC) + 32]:
+    value = data[len(_MAGIC) + 32 :]
+    if (
+      data[: len(_MAGIC)] != _MAGIC
+      or hashlib.sha256(value).digest() != data[len(_MAGIC) : len(_MAGIC) + 32]
+    ):
       fs.remove(path)  # torn or corrupt: the compile that follows writes it again
       return None
     if not fs.is_gcs(path):
@@ -114,16 +116,18 @@ class Cache:
     self._counted = total
 
 
-def enable(path: Optional[str], max_bytes: int = MAX_BYTES) -> Optional[Cache]:
+def enable(path: str | None, max_bytes: int = MAX_BYTES) -> Cache | None:
   """Makes JAX compile through the cache at `path` (None: no persistent cache) from now on;
   every program is cached, however fast it compiled. Before the first compile of the process."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
+
   if path is None:
     jax.config.update("jax_enable_compilation_cache", False)
     return None
   cache = Cache(path, max_bytes)
   try:  # JAX builds its cache through this function the first time it compiles
-    from jax._src import compilation_cache  # pylint: disable=g-import-not-at-top
+    from jax._src import compilation_cache
+
     compilation_cache.get_file_cache = lambda _: (cache, path)
     compilation_cache.reset_cache()
   except (ImportError, AttributeError):  # another JAX: its own file cache, bounded alike

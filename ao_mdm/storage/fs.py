@@ -7,6 +7,8 @@ either way: a temporary file and a rename locally, one object write (or one fini
 gs://. Many byte ranges are read at once through tensorstore on gs:// (the data path), with
 os.preadv locally. Orbax and tensorstore write arrays to gs:// themselves.
 """
+
+from collections.abc import Iterator, Sequence
 import contextlib
 import io
 import json
@@ -15,13 +17,12 @@ import re
 import socket
 import threading
 import time
+from typing import IO, NamedTuple
 import uuid
-from collections.abc import Iterator, Sequence
-from typing import IO, NamedTuple, Optional
 
 from ao_mdm.runtime import hosts
 from ao_mdm.storage import gcs
-from ao_mdm.storage.gcs import VersionMismatch  # pylint: disable=unused-import  (callers catch it)
+from ao_mdm.storage.gcs import VersionMismatch  # callers catch it
 
 GCS = gcs.GCS
 
@@ -62,6 +63,7 @@ def is_bucket(path: str) -> bool:
 
 
 # Queries.
+
 
 def exists(path: str) -> bool:
   if not is_gcs(path):
@@ -105,8 +107,9 @@ def listdir(path: str) -> list[str]:
 def files(path: str) -> list[str]:
   """Every file under a directory, as paths relative to it, sorted."""
   if not is_gcs(path):
-    return sorted(os.path.relpath(os.path.join(d, f), path)
-                  for d, _, names in os.walk(path) for f in names)
+    return sorted(
+      os.path.relpath(os.path.join(d, f), path) for d, _, names in os.walk(path) for f in names
+    )
   blobs, _ = gcs.listing(path, recursive=True)
   start = len(gcs.split(path)[1]) + 1 if not is_bucket(path) else 0
   return sorted(b.name[start:] for b in blobs)
@@ -123,6 +126,7 @@ def stat(path: str) -> Stat:
 
 
 # Reads.
+
 
 def read_bytes(path: str) -> bytes:
   if not is_gcs(path):
@@ -154,7 +158,8 @@ def read_json(path: str):
 
 def read_npy(path: str):
   """A .npy array (never a pickled object)."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
+  import numpy as np
+
   return np.load(io.BytesIO(read_bytes(path)), allow_pickle=False)
 
 
@@ -165,8 +170,7 @@ def open_read(path: str) -> Iterator[IO[bytes]]:
     with open(path, "rb") as f:
       yield f
     return
-  with gcs.errors(path), gcs.blob(path).open("rb", timeout=gcs.wait_s(),
-                                            retry=gcs.retry()) as f:
+  with gcs.errors(path), gcs.blob(path).open("rb", timeout=gcs.wait_s(), retry=gcs.retry()) as f:
     yield f
 
 
@@ -177,8 +181,10 @@ def open_text(path: str) -> Iterator[IO[str]]:
     with open(path, encoding="utf-8") as f:
       yield f
     return
-  with gcs.errors(path), gcs.blob(path).open("rt", encoding="utf-8", timeout=gcs.wait_s(),
-                                            retry=gcs.retry()) as f:
+  with (
+    gcs.errors(path),
+    gcs.blob(path).open("rt", encoding="utf-8", timeout=gcs.wait_s(), retry=gcs.retry()) as f,
+  ):
     yield f
 
 
@@ -216,7 +222,8 @@ class RangeReader:
     key = (os.getpid(), bucket)
     if key not in self._stores:
       gcs.configure()
-      import tensorstore as ts  # pylint: disable=g-import-not-at-top
+      import tensorstore as ts
+
       with self._lock:
         if key not in self._stores:
           self._stores[key] = ts.KvStore.open({"driver": "gcs", "bucket": bucket}).result()
@@ -255,6 +262,7 @@ class RangeReader:
 
 # Writes: atomic, never a half-written file under the final name.
 
+
 def makedirs(path: str) -> None:
   """Creates a local directory and its parents (on gs:// there is nothing to create)."""
   if not is_gcs(path):
@@ -269,14 +277,18 @@ def tmp_name(path: str) -> str:
   return f"{path}.tmp-{socket.gethostname()}-{os.getpid()}.{uuid.uuid4().hex[:8]}"
 
 
-def write_bytes(path: str, data: bytes, if_version: Optional[int] = None) -> int:
+def write_bytes(path: str, data: bytes, if_version: int | None = None) -> int:
   """Writes the whole file at once and returns its new version. if_version=0: only if there is
   none yet; another number (gs:// only): only over that version; else VersionMismatch."""
   if is_gcs(path):
     blob = gcs.blob(path)
     with gcs.errors(path):
-      blob.upload_from_string(data, if_generation_match=if_version, timeout=gcs.wait_s(),
-                              retry=gcs.retry() if if_version is None else None)
+      blob.upload_from_string(
+        data,
+        if_generation_match=if_version,
+        timeout=gcs.wait_s(),
+        retry=gcs.retry() if if_version is None else None,
+      )
     return int(blob.generation)
   makedirs(parent(path))
   if if_version == 0:
@@ -303,7 +315,8 @@ def write_json(path: str, obj) -> None:
 
 
 def write_npy(path: str, array) -> None:
-  import numpy as np  # pylint: disable=g-import-not-at-top
+  import numpy as np
+
   buffer = io.BytesIO()
   np.save(buffer, array, allow_pickle=False)
   write_bytes(path, buffer.getvalue())
@@ -315,9 +328,12 @@ def open_write(path: str) -> Iterator[IO[bytes]]:
   temporary file renamed at the end locally, a resumable upload finished at the end on gs://.
   An error or a kill inside leaves nothing under `path`."""
   if is_gcs(path):  # an error inside cancels the upload
-    with gcs.errors(path), gcs.blob(path).open("wb", chunk_size=16 << 20, ignore_flush=True,
-                                              timeout=gcs.wait_s(),
-                                              retry=gcs.retry()) as writer:
+    with (
+      gcs.errors(path),
+      gcs.blob(path).open(
+        "wb", chunk_size=16 << 20, ignore_flush=True, timeout=gcs.wait_s(), retry=gcs.retry()
+      ) as writer,
+    ):
       yield writer
     return
   makedirs(parent(path))
@@ -353,28 +369,30 @@ def append(path: str, data: bytes) -> None:
       part.delete(timeout=gcs.wait_s(), retry=gcs.retry())
 
 
-def remove(path: str, if_version: Optional[int] = None) -> None:
+def remove(path: str, if_version: int | None = None) -> None:
   """Removes a file if it is there (on gs://, with if_version, only that version of it)."""
   if not is_gcs(path):
     with contextlib.suppress(FileNotFoundError):
       os.remove(path)
     return
-  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+  from google.api_core import exceptions
+
   with gcs.errors(path), contextlib.suppress(exceptions.NotFound):
-    gcs.blob(path).delete(if_generation_match=if_version, timeout=gcs.wait_s(),
-                          retry=gcs.retry())
+    gcs.blob(path).delete(if_generation_match=if_version, timeout=gcs.wait_s(), retry=gcs.retry())
 
 
 def rmtree(path: str) -> None:
   """Removes a directory and everything under it, if it is there."""
   if not is_gcs(path):
-    import shutil  # pylint: disable=g-import-not-at-top
+    import shutil
+
     if os.path.isdir(path) and not os.path.islink(path):
       shutil.rmtree(path, ignore_errors=True)
     else:
       remove(path)
     return
-  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+  from google.api_core import exceptions
+
   blobs, _ = gcs.listing(path, recursive=True)
   with gcs.errors(path):
     for blob in blobs:
@@ -387,8 +405,9 @@ def copy(src: str, dst: str) -> None:
   if is_gcs(src) and is_gcs(dst):  # server-side
     source, (bucket, key) = gcs.blob(src), gcs.split(dst)
     with gcs.errors(src):
-      source.bucket.copy_blob(source, gcs.client().bucket(bucket), key,
-                              timeout=gcs.wait_s(), retry=gcs.retry())
+      source.bucket.copy_blob(
+        source, gcs.client().bucket(bucket), key, timeout=gcs.wait_s(), retry=gcs.retry()
+      )
     return
   write_bytes(dst, read_bytes(src))
 
@@ -442,10 +461,11 @@ def remove_new_empty_dirs(root: str, existed: set) -> None:
 def flock(path: str):
   """An open local file holding an exclusive flock, or None if another process holds it (the
   kernel drops it when its holder dies); on a file system without locks, the file unlocked."""
-  import errno  # pylint: disable=g-import-not-at-top
-  import fcntl  # pylint: disable=g-import-not-at-top
+  import errno
+  import fcntl
+
   makedirs(parent(path))
-  f = open(path, "a+")  # pylint: disable=consider-using-with
+  f = open(path, "a+")
   try:
     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except OSError as e:

@@ -1,14 +1,14 @@
 """Cloud Storage for storage/fs.py: one google-cloud-storage client, bounded retries, errors as
 one clear line, and the environment that points every client (tensorstore, gcsfs, Orbax through
 etils.epath) at STORAGE_EMULATOR_HOST when it is set."""
+
+from collections.abc import Iterator
 import contextlib
 import functools
 import json
 import os
 import sys
 import time
-from collections.abc import Iterator
-from typing import Optional
 
 GCS = "gs://"
 EMULATOR = "STORAGE_EMULATOR_HOST"
@@ -22,7 +22,7 @@ class VersionMismatch(FileExistsError):
 
 def split(path: str) -> tuple[str, str]:
   """gs://BUCKET/KEY -> (BUCKET, KEY)."""
-  bucket, _, key = path[len(GCS):].partition("/")
+  bucket, _, key = path[len(GCS) :].partition("/")
   return bucket, key.strip("/")
 
 
@@ -69,69 +69,84 @@ def configure() -> None:
     fsspec.config.conf.setdefault("gcs", {}).update(gcsfs_options)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def start_tensorstore() -> None:
   """Makes tensorstore set up its Cloud Storage credentials now: against an emulator it says so
   on stderr once per process, which a caller that silences stderr around this keeps quiet."""
   configure()
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  import tensorstore as ts
+
   start = time.monotonic()
   try:
     store = ts.KvStore.open({"driver": "gcs", "bucket": "ao-mdm-start"}).result()
     store.read("start").result(timeout=wait_s())
   except TimeoutError:
     unanswered(start)
-  except Exception:  # pylint: disable=broad-except  (the bucket need not exist)
+  except Exception:  # the bucket need not exist
     pass
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def client():
   """The process's google-cloud-storage client (anonymous against an emulator)."""
   configure()
-  from google.auth import exceptions as auth_exceptions  # pylint: disable=g-import-not-at-top
-  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  from google.auth import exceptions as auth_exceptions
+  from google.cloud import storage
+
   if os.environ.get(EMULATOR):
-    from google.auth.credentials import AnonymousCredentials  # pylint: disable=g-import-not-at-top
+    from google.auth.credentials import AnonymousCredentials
+
     return storage.Client(project="emulator", credentials=AnonymousCredentials())
   try:
     return storage.Client()
   except auth_exceptions.DefaultCredentialsError:
-    raise PermissionError("no Google Cloud credentials for gs:// paths: on a TPU VM the VM's "
-                          "service account provides them; elsewhere run `gcloud auth "
-                          "application-default login`, or set STORAGE_EMULATOR_HOST for a local "
-                          "server") from None
+    raise PermissionError(
+      "no Google Cloud credentials for gs:// paths: on a TPU VM the VM's "
+      "service account provides them; elsewhere run `gcloud auth "
+      "application-default login`, or set STORAGE_EMULATOR_HOST for a local "
+      "server"
+    ) from None
 
 
 def retry():
   """Retries of transient errors, for what is left of timeout_s() (wait_s)."""
-  from google.api_core import retry as retry_lib  # pylint: disable=g-import-not-at-top
+  from google.api_core import retry as retry_lib
+
   return retry_lib.Retry(deadline=wait_s(), initial=0.2, maximum=8.0)
 
 
 def no_answer(path: str) -> TimeoutError:
   where = os.environ.get(EMULATOR) or "storage.googleapis.com"
-  return TimeoutError(f"{path}: no answer from Cloud Storage ({where}) within {timeout_s():.0f} "
-                      f"s; set {TIMEOUT_ENV}=SECONDS to wait longer")
+  return TimeoutError(
+    f"{path}: no answer from Cloud Storage ({where}) within {timeout_s():.0f} "
+    f"s; set {TIMEOUT_ENV}=SECONDS to wait longer"
+  )
 
 
 def missing_bucket(path: str) -> FileNotFoundError:
   bucket = split(path)[0]
-  return FileNotFoundError(f"bucket gs://{bucket} does not exist ({path}); create it with "
-                           f"`gcloud storage buckets create gs://{bucket}`")
+  return FileNotFoundError(
+    f"bucket gs://{bucket} does not exist ({path}); create it with "
+    f"`gcloud storage buckets create gs://{bucket}`"
+  )
 
 
 @contextlib.contextmanager
 def errors(path: str) -> Iterator[None]:
   """Cloud Storage errors as one OSError naming the path; no answer within what is left of the
   bound (wait_s) is a TimeoutError, and an answer of any kind ends the outage."""
-  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
-  import requests  # pylint: disable=g-import-not-at-top
+  from google.api_core import exceptions
+  import requests
+
   start = time.monotonic()
   try:
     yield
-  except (exceptions.RetryError, requests.exceptions.ConnectionError,
-          requests.exceptions.Timeout, exceptions.ServiceUnavailable):
+  except (
+    exceptions.RetryError,
+    requests.exceptions.ConnectionError,
+    requests.exceptions.Timeout,
+    exceptions.ServiceUnavailable,
+  ):
     unanswered(start)
     raise no_answer(path) from None
   except exceptions.NotFound as e:
@@ -160,12 +175,17 @@ def check_bucket(path: str) -> None:
       raise missing_bucket(path)
 
 
-def listing(path: str, recursive: bool, limit: Optional[int] = None) -> tuple[list, list]:
+def listing(path: str, recursive: bool, limit: int | None = None) -> tuple[list, list]:
   """(objects, sub-prefixes) under the prefix path/."""
   bucket, key = split(path)
   with errors(path):
-    pages = client().list_blobs(bucket, prefix=f"{key}/" if key else "",
-                                delimiter=None if recursive else "/", max_results=limit,
-                                timeout=wait_s(), retry=retry())
+    pages = client().list_blobs(
+      bucket,
+      prefix=f"{key}/" if key else "",
+      delimiter=None if recursive else "/",
+      max_results=limit,
+      timeout=wait_s(),
+      retry=retry(),
+    )
     blobs = list(pages)
     return blobs, sorted(pages.prefixes)

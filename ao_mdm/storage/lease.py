@@ -6,12 +6,13 @@ precondition, ifGenerationMatch=0) and renewed every lease_s / 4 by a thread, ea
 conditional on the generation it last wrote. A lease not renewed for lease_s (its holder died
 without releasing it), or held by a dead process of this very host, is taken over, with a line.
 """
+
+from collections.abc import Callable
 import json
 import os
 import socket
 import threading
 import time
-from typing import Callable
 
 from ao_mdm.runtime import hosts
 from ao_mdm.storage import fs
@@ -34,11 +35,17 @@ class Lease:
   it up. `lost` turns true if another process took it over meanwhile (this one stalled past
   the lease, e.g. a host that froze), so the holder can stop rather than write beside it."""
 
-  def __init__(self, path: str, holder: str, lease_s: float = LEASE_S,
-               log: Callable[[str], None] = print):
+  def __init__(
+    self, path: str, holder: str, lease_s: float = LEASE_S, log: Callable[[str], None] = print
+  ):
     self.path, self.lease_s, self.lost = path, lease_s, False
-    self._record = {"holder": holder, "host": socket.gethostname(), "pid": os.getpid(),
-                    "since": time.time(), "lease_s": lease_s}
+    self._record = {
+      "holder": holder,
+      "host": socket.gethostname(),
+      "pid": os.getpid(),
+      "since": time.time(),
+      "lease_s": lease_s,
+    }
     self._stop = threading.Event()
     self._file = self._thread = None
     self._version = 0
@@ -75,16 +82,24 @@ class Lease:
         lease = float(found.get("lease_s", self.lease_s))
       except (ValueError, KeyError, TypeError):
         found, age, lease = {}, float("inf"), self.lease_s
-      gone = (found.get("host") == socket.gethostname() and isinstance(found.get("pid"), int)
-              and not hosts.alive(found["pid"]))
+      gone = (
+        found.get("host") == socket.gethostname()
+        and isinstance(found.get("pid"), int)
+        and not hosts.alive(found["pid"])
+      )
       if age <= lease and not gone:
         raise LeaseHeld(describe(found))
       try:
         self._version = fs.write_bytes(self.path, self._data(), if_version=version)
       except fs.VersionMismatch:
         continue  # another process took it over first: look again
-      why = ("its process is gone" if gone else
-             f"not renewed for {age:.0f} s, lease {lease:.0f} s" if found else "unreadable")
+      why = (
+        "its process is gone"
+        if gone
+        else f"not renewed for {age:.0f} s, lease {lease:.0f} s"
+        if found
+        else "unreadable"
+      )
       log(f"took over the lock {self.path} of {describe(found) if found else 'a holder'} ({why})")
       return
     raise LeaseHeld("another process (the lock kept changing hands while this one looked)")

@@ -1,8 +1,9 @@
 """Output directories written so that nothing unfinished is ever read under their name, and
 removed again after an error or an interrupt."""
+
+from collections.abc import Iterator
 import contextlib
 import time
-from collections.abc import Iterator
 
 from ao_mdm.runtime import interrupts
 from ao_mdm.storage import fs
@@ -16,6 +17,7 @@ def remove_tree(path: str, settle_s: float = 0.2, limit_s: float = 5.0) -> None:
     fs.rmtree(path)
     if not fs.exists(path):
       time.sleep(settle_s)
+
 
 @contextlib.contextmanager
 def output_dir(out: str) -> Iterator[str]:
@@ -37,4 +39,3 @@ def output_dir(out: str) -> Iterator[str]:
       if not (isinstance(e, TimeoutError) and fs.is_gcs(tmp)):
         remove()
       raise
-

@@ -1,13 +1,13 @@
 """Checks of the paths a user gives, run before JAX loads: the form of a gs:// URL (no local
 directory named `gs:` is ever created), ~ expanded, outputs that may be created, inputs that can
 be read. Each raises one FileNotFoundError / FileExistsError / ValueError naming the flag."""
+
 import io
 import json
 import os
 import re
 
-from ao_mdm.storage import fs
-from ao_mdm.storage import gcs
+from ao_mdm.storage import fs, gcs
 
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # any URL but gs://
@@ -21,12 +21,16 @@ def check(path: str, flag: str = "path") -> str:
   if fs.is_gcs(path):
     bucket = gcs.split(path)[0]
     if not _BUCKET.fullmatch(bucket) or ".." in bucket:
-      raise ValueError(f"{flag} {path!r}: {bucket!r} is not a Cloud Storage bucket name (3-63 "
-                       "lowercase letters, digits, '-', '_' or '.'); expected gs://BUCKET/PATH")
+      raise ValueError(
+        f"{flag} {path!r}: {bucket!r} is not a Cloud Storage bucket name (3-63 "
+        "lowercase letters, digits, '-', '_' or '.'); expected gs://BUCKET/PATH"
+      )
     return path.rstrip("/")
   if _URL.match(path) or _MISSPELT.match(path):
-    raise ValueError(f"{flag} {path!r}: only local paths and gs://BUCKET/PATH are supported"
-                     + (" (did you mean gs://BUCKET/PATH?)" if _MISSPELT.match(path) else ""))
+    raise ValueError(
+      f"{flag} {path!r}: only local paths and gs://BUCKET/PATH are supported"
+      + (" (did you mean gs://BUCKET/PATH?)" if _MISSPELT.match(path) else "")
+    )
   return path
 
 
@@ -99,8 +103,9 @@ def text_file(path: str, flag: str) -> None:
     if os.path.isdir(path):
       raise ValueError(f"{flag} {path!r} is a directory; give a text file")
     if os.path.exists(path) and not os.path.isfile(path):
-      raise ValueError(f"{flag} {path!r} is not a regular file (a pipe or device?); give a text "
-                       "file")
+      raise ValueError(
+        f"{flag} {path!r} is not a regular file (a pipe or device?); give a text file"
+      )
   if not fs.isfile(path):
     if fs.is_gcs(path) and fs.isdir(path):
       raise ValueError(f"{flag} {path!r} is a directory; give a text file")

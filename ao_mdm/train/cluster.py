@@ -9,21 +9,21 @@ recoverable mode, so that the loss of a process is reported to us (`Watchdog`) i
 aborting this one; the loss of process 0, which hosts the runtime's service, still aborts in C++,
 and a SIGABRT handler turns that into the same one line. Single-process runs use none of this.
 """
+
+from collections.abc import Callable
 import ctypes
 import os
 import signal
 import sys
 import threading
 import time
-from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ao_mdm.checkpoint import layout
-from ao_mdm.runtime import hosts
-from ao_mdm.runtime import quiet
+from ao_mdm.runtime import hosts, quiet
 
 WATCH_S = 2.0  # how often the watchdog asks the runtime which processes live
 
@@ -31,11 +31,13 @@ WATCH_S = 2.0  # how often the watchdog asks the runtime which processes live
 class JoinTimeout(TimeoutError):
   """No answer from the coordinator in time. The join cannot be cancelled and would block the
   interpreter's exit, so a command that catches this must end the process at once."""
+
   exit_now = True
 
 
 class _Run:
   """What the lines of a lost run say: this process, the work dir, its newest checkpoint."""
+
   process, count, workdir, checkpoint, heartbeat_s = 0, 1, "", None, hosts.HEARTBEAT_S
   ending = False  # set once this process is on its way out: a peer leaving is no news then
   exit_code = 2  # what a SIGABRT from the runtime ends the process with
@@ -48,18 +50,25 @@ def multi_process() -> bool:
   return RUN.count > 1
 
 
-def join(coordinator: Optional[str] = None, num_processes: Optional[int] = None,
-         process_id: Optional[int] = None, timeout: int = 180,
-         heartbeat_s: int = hosts.HEARTBEAT_S) -> None:
+def join(
+  coordinator: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+  timeout: int = 180,
+  heartbeat_s: int = hosts.HEARTBEAT_S,
+) -> None:
   """Join a multi-process run (explicit coordinator flags, or an auto-detected TPU VM / SLURM
   launch); a single process does nothing. Gives up after `timeout` seconds with JoinTimeout,
   and a signal works while it waits: the join runs in a thread that this one watches."""
   if coordinator:
     if num_processes is None or process_id is None or not 0 <= process_id < num_processes:
-      raise ValueError(f"--coordinator needs --num_processes >= 1 and --process_id in "
-                       f"[0, num_processes); got {num_processes}, {process_id}")
-    kwargs = dict(coordinator_address=coordinator, num_processes=num_processes,
-                  process_id=process_id)
+      raise ValueError(
+        f"--coordinator needs --num_processes >= 1 and --process_id in "
+        f"[0, num_processes); got {num_processes}, {process_id}"
+      )
+    kwargs = dict(
+      coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
+    )
   elif hosts.detected_launcher():
     kwargs = {}  # jax.distributed reads the coordinator from the launcher's variables
   else:
@@ -72,17 +81,21 @@ def join(coordinator: Optional[str] = None, num_processes: Optional[int] = None,
 
   def connect():
     try:  # jax's own deadline comes later, so that ours gives the error
-      jax.distributed.initialize(**kwargs, initialization_timeout=timeout + 60,
-                                 heartbeat_timeout_seconds=heartbeat_s)
-    except Exception as e:  # pylint: disable=broad-except
+      jax.distributed.initialize(
+        **kwargs, initialization_timeout=timeout + 60, heartbeat_timeout_seconds=heartbeat_s
+      )
+    except Exception as e:
       failure.append(e)
+
   thread = threading.Thread(target=connect, daemon=True)
   thread.start()
   where = coordinator or f"the coordinator of this {hosts.detected_launcher()} job"
   thread.join(timeout)
   if thread.is_alive():
-    raise JoinTimeout(f"no answer from {where} within {timeout} s (--init_timeout); is process 0 "
-                      "running and the address reachable from here?")
+    raise JoinTimeout(
+      f"no answer from {where} within {timeout} s (--init_timeout); is process 0 "
+      "running and the address reachable from here?"
+    )
   if failure:
     raise OSError(f"could not join {where}: {str(failure[0]).strip().splitlines()[0]}")
   RUN.process, RUN.count, RUN.heartbeat_s = jax.process_index(), jax.process_count(), heartbeat_s
@@ -91,7 +104,7 @@ def join(coordinator: Optional[str] = None, num_processes: Optional[int] = None,
     threading.Thread(target=_watch, daemon=True, name="ao_mdm-watchdog").start()
 
 
-def note_checkpoint(workdir: str, step: Optional[int]) -> None:
+def note_checkpoint(workdir: str, step: int | None) -> None:
   """The newest complete checkpoint of this run as this process knows it, named by the line of
   a stopped run (a lost run's line lists the work dir's steps first: _list_checkpoints)."""
   RUN.workdir, RUN.checkpoint = workdir, step
@@ -103,8 +116,10 @@ UNLISTED = -1  # the checkpoint noted before the work dir's steps are listed
 def newest_checkpoint() -> str:
   """What the last line of a stopped run says of its checkpoints."""
   if RUN.checkpoint == UNLISTED:
-    return (f"its checkpoints in {RUN.workdir or 'the work dir'} were not listed yet (a restart "
-            "resumes from the newest that reads)")
+    return (
+      f"its checkpoints in {RUN.workdir or 'the work dir'} were not listed yet (a restart "
+      "resumes from the newest that reads)"
+    )
   if RUN.checkpoint is None:
     return f"no checkpoint of this run is complete yet in {RUN.workdir or 'the work dir'}"
   return f"the newest complete checkpoint is step {RUN.checkpoint} in {RUN.workdir}"
@@ -121,8 +136,9 @@ def _list_checkpoints() -> None:
   def newest():
     try:
       found.append(layout.newest_complete_step(RUN.workdir))
-    except Exception:  # pylint: disable=broad-except  (unlisted: the noted step stands)
+    except Exception:  # unlisted: the noted step stands
       pass
+
   if RUN.workdir:
     thread = threading.Thread(target=newest, daemon=True, name="ao_mdm-list-steps")
     thread.start()
@@ -141,21 +157,23 @@ def _lost(processes: list) -> None:
     return
   RUN.ending = True
   names = ", ".join(map(str, processes))
-  quiet.say(f"error: process {names} of {RUN.count} stopped or became unreachable (silent for "
-            f"--heartbeat_timeout={RUN.heartbeat_s} s at most); {newest_checkpoint()}; start "
-            "every process again to resume from it")
-  os._exit(2)  # pylint: disable=protected-access
+  quiet.say(
+    f"error: process {names} of {RUN.count} stopped or became unreachable (silent for "
+    f"--heartbeat_timeout={RUN.heartbeat_s} s at most); {newest_checkpoint()}; start "
+    "every process again to resume from it"
+  )
+  os._exit(2)
 
 
 def _watch() -> None:
   """Every WATCH_S seconds, which processes the runtime still hears (a process that stops
   sending heartbeats drops out after the heartbeat timeout)."""
-  client = jax._src.distributed.global_state.client  # pylint: disable=protected-access
+  client = jax._src.distributed.global_state.client
   everyone = list(range(RUN.count))
   while not RUN.ending:
     try:
       live = client.get_live_nodes(everyone)
-    except Exception:  # pylint: disable=broad-except  (the service itself is gone)
+    except Exception:  # the service itself is gone
       _lost([0])
       return
     missing = sorted(set(everyone) - set(live))
@@ -176,12 +194,13 @@ def _on_abort() -> None:
   def handler(signum):
     del signum
     if RUN.ending:  # the run had ended; the service went first
-      os._exit(RUN.exit_code)  # pylint: disable=protected-access
+      os._exit(RUN.exit_code)
     if RUN.process != 0:
       _lost([0])
     _list_checkpoints()
     quiet.say(f"error: the distributed runtime ended process 0; {newest_checkpoint()}")
-    os._exit(2)  # pylint: disable=protected-access
+    os._exit(2)
+
   _ABORT_HANDLER.append(callback_type(handler))
   ctypes.CDLL(None).signal(signal.SIGABRT, _ABORT_HANDLER[0])
 
@@ -196,14 +215,15 @@ def fail(error: Exception, say: Callable[[], None]) -> None:
       time.sleep(0.2)  # the watchdog names the lost process and exits
   RUN.ending = True
   say()
-  os._exit(2)  # pylint: disable=protected-access
+  os._exit(2)
 
 
 def _peer_lost(error: Exception) -> bool:
   """Whether an error is a collective or the runtime failing (a peer gone), not ours."""
   text = str(error)
   return isinstance(error, jax.errors.JaxRuntimeError) or any(
-      s in text for s in ("Gloo", "Connection closed", "UNAVAILABLE", "DEADLINE_EXCEEDED"))
+    s in text for s in ("Gloo", "Connection closed", "UNAVAILABLE", "DEADLINE_EXCEEDED")
+  )
 
 
 def finish(exit_code: int) -> None:
@@ -211,17 +231,17 @@ def finish(exit_code: int) -> None:
   (the coordinator's service must outlive its clients), then each exits with `exit_code`."""
   if not multi_process():
     sys.exit(exit_code)
-  client = jax._src.distributed.global_state.client  # pylint: disable=protected-access
+  client = jax._src.distributed.global_state.client
   try:
     client.wait_at_barrier("ao_mdm:finished", int((RUN.heartbeat_s + 60) * 1000))
-  except Exception as e:  # pylint: disable=broad-except  (a process was lost on the way out)
+  except Exception as e:  # a process was lost on the way out
     line = f"error: {str(e).strip().splitlines()[0]}"
     fail(e, lambda: quiet.say(line))
   RUN.ending, RUN.exit_code = True, exit_code
   sys.stdout.flush()
   if RUN.process == 0:
     time.sleep(1.0)  # the others leave first
-  os._exit(exit_code)  # pylint: disable=protected-access
+  os._exit(exit_code)
 
 
 class StopAgreement:
@@ -237,16 +257,18 @@ class StopAgreement:
     devices = mesh.devices.reshape(-1)
     self._mesh = jax.sharding.Mesh(devices, ("all",))
     self._sharding = jax.sharding.NamedSharding(self._mesh, jax.sharding.PartitionSpec("all"))
-    self._max = jax.jit(jnp.max, out_shardings=jax.sharding.NamedSharding(
-        self._mesh, jax.sharding.PartitionSpec()))
+    self._max = jax.jit(
+      jnp.max, out_shardings=jax.sharding.NamedSharding(self._mesh, jax.sharding.PartitionSpec())
+    )
     self._pending = None
 
   def __call__(self, code: int) -> int:
     if self.single:
       return code
     n = self._mesh.devices.size
-    local = jax.make_array_from_callback((n,), self._sharding,
-                                         lambda index: np.full((1,), code, np.int32))
+    local = jax.make_array_from_callback(
+      (n,), self._sharding, lambda index: np.full((1,), code, np.int32)
+    )
     previous, self._pending = self._pending, self._max(local)
     return 0 if previous is None else int(previous)
 

@@ -1,27 +1,23 @@
 """The training loop: logging, validation, checkpoints, preemption (docs/design.md,
 "Training"); the step itself is train/step.py."""
+
+from collections.abc import Callable
 import json
 import math
 import time
-from typing import Any, Callable, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ao_mdm.checkpoint import checkpoints
-from ao_mdm.checkpoint import layout
-from ao_mdm.eval import perplexity
-from ao_mdm.eval import scoring
-from ao_mdm import hardware
+from ao_mdm import hardware, profiler, sharding, specs
 from ao_mdm import model as model_lib
-from ao_mdm import profiler
+from ao_mdm.checkpoint import checkpoints, layout
+from ao_mdm.eval import perplexity, scoring
 from ao_mdm.runtime import interrupts
-from ao_mdm import sharding
-from ao_mdm import specs
 from ao_mdm.storage import fs
-from ao_mdm.train import cluster
-from ao_mdm.train import records
+from ao_mdm.train import cluster, records
 from ao_mdm.train import step as train_step
 
 
@@ -39,7 +35,8 @@ class _StartClock:
   (what a restart after a preemption costs; `ao-mdm bench restart` reads them)."""
 
   def __init__(self):
-    import psutil  # pylint: disable=g-import-not-at-top
+    import psutil
+
     self.last = psutil.Process().create_time()
     self.phases: dict = {}
 
@@ -49,10 +46,14 @@ class _StartClock:
     self.last = now
 
 
-def train_and_evaluate(config: specs.Spec, workdir: str,
-                       init_from: Optional[str] = None, start_over: bool = False,
-                       log: Callable[[str], None] = print,
-                       stop: Optional[interrupts.StopRequest] = None) -> dict:
+def train_and_evaluate(
+  config: specs.Spec,
+  workdir: str,
+  init_from: str | None = None,
+  start_over: bool = False,
+  log: Callable[[str], None] = print,
+  stop: interrupts.StopRequest | None = None,
+) -> dict:
   """Train on config.data, log, evaluate and checkpoint to workdir; return the eval losses.
 
   Resumes from the newest readable checkpoint in workdir (newer unreadable ones are moved
@@ -71,18 +72,25 @@ def train_and_evaluate(config: specs.Spec, workdir: str,
       stop.restore()
 
 
-def _train_and_evaluate(config: specs.Spec, workdir: str, init_from: Optional[str],
-                        start_over: bool, say: Callable[[str], None],
-                        stop: interrupts.StopRequest) -> dict:
+def _train_and_evaluate(
+  config: specs.Spec,
+  workdir: str,
+  init_from: str | None,
+  start_over: bool,
+  say: Callable[[str], None],
+  stop: interrupts.StopRequest,
+) -> dict:
   clock = _StartClock()
   cluster.note_checkpoint(workdir, cluster.UNLISTED)  # what a stop names until steps are listed
   clock.mark("process_and_imports")
   jax.devices()
   clock.mark("jax")
   if init_from and layout.has_checkpoints(workdir):
-    raise ValueError(f"--init_from {init_from} given, but --workdir {workdir} already holds "
-                     "checkpoints; to resume that run, drop --init_from; to warm-start, give a "
-                     "new --workdir")
+    raise ValueError(
+      f"--init_from {init_from} given, but --workdir {workdir} already holds "
+      "checkpoints; to resume that run, drop --init_from; to warm-start, give a "
+      "new --workdir"
+    )
   program = train_step.make_program(config)
   program.check_fits()
   clock.mark("program")
@@ -91,8 +99,7 @@ def _train_and_evaluate(config: specs.Spec, workdir: str, init_from: Optional[st
   release = lock.release if lock else lambda: None
   try:
     with interrupts.on_interrupt(release):  # a new work dir holding only the lock goes too
-      return _train(program, workdir, init_params, init_from, start_over, lock, clock, say,
-                    stop)
+      return _train(program, workdir, init_params, init_from, start_over, lock, clock, say, stop)
   except TimeoutError as e:  # storage stopped answering: say what is saved, and exit at once
     error = TimeoutError(f"{e}; training stopped: {cluster.newest_checkpoint()}")
     error.exit_now = True
@@ -101,21 +108,38 @@ def _train_and_evaluate(config: specs.Spec, workdir: str, init_from: Optional[st
     release()
 
 
-def _train(program: train_step.Program, workdir: str, init_params: Any, init_from: Optional[str],
-           start_over: bool, lock: Optional[checkpoints.WorkdirLock], clock: _StartClock,
-           say: Callable[[str], None], stop: interrupts.StopRequest) -> dict:
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  from ao_mdm.data import pipeline, tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+def _train(
+  program: train_step.Program,
+  workdir: str,
+  init_params: Any,
+  init_from: str | None,
+  start_over: bool,
+  lock: checkpoints.WorkdirLock | None,
+  clock: _StartClock,
+  say: Callable[[str], None],
+  stop: interrupts.StopRequest,
+) -> dict:
+  from jax.experimental import multihost_utils
+
+  from ao_mdm.data import pipeline
+  from ao_mdm.data import tokenizer as tok_lib
+
   config, train = program.config, program.config.train
   tokenizer = tok_lib.run_tokenizer(config, workdir)
-  splits = {split: _prepared(config.data, tokenizer, split, say)
-            for split in ("train", "validation")}
-  data_iter = pipeline.train_iterator(splits["train"].blocks(config.model.block_size),
-                                      global_batch_size=train.batch_size, seed=config.seed)
+  splits = {
+    split: _prepared(config.data, tokenizer, split, say) for split in ("train", "validation")
+  }
+  data_iter = pipeline.train_iterator(
+    splits["train"].blocks(config.model.block_size),
+    global_batch_size=train.batch_size,
+    seed=config.seed,
+  )
   eval_sets = {
-      split: pipeline.eval_blocks(prepared_split, config.model.block_size,
-                                  max_blocks=train.eval_batches * train.batch_size)
-      for split, prepared_split in splits.items()}
+    split: pipeline.eval_blocks(
+      prepared_split, config.model.block_size, max_blocks=train.eval_batches * train.batch_size
+    )
+    for split, prepared_split in splits.items()
+  }
   clock.mark("data")
   if jax.process_index() == 0:
     checkpoints.clean_workdir(workdir, say)
@@ -126,17 +150,26 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
   def check(saved, _):
     diffs = saved.model.shape_differences(config.model)
     if diffs:
-      raise ValueError(f"--workdir {workdir} holds a checkpoint of a different model: "
-                       + "; ".join(diffs) + ". Use a new work dir or the matching config.")
+      raise ValueError(
+        f"--workdir {workdir} holds a checkpoint of a different model: "
+        + "; ".join(diffs)
+        + ". Use a new work dir or the matching config."
+      )
+
   skipped = []
   found = checkpoints.restore_newest(
-      mgr, lambda step, _: checkpoints.restore(mgr, step, program.abstract_state, data_iter),
-      check, log=say, skipped=skipped)
+    mgr,
+    lambda step, _: checkpoints.restore(mgr, step, program.abstract_state, data_iter),
+    check,
+    log=say,
+    skipped=skipped,
+  )
   if found is None and skipped and not start_over:
     raise ValueError(
-        f"no checkpoint in {mgr.directory} can be read (steps {', '.join(map(str, skipped))}, "
-        "each listed above); they are left as they are. To train from step 0 anyway, run again "
-        f"with --start_over (they are first moved to {layout.SET_ASIDE}/)")
+      f"no checkpoint in {mgr.directory} can be read (steps {', '.join(map(str, skipped))}, "
+      "each listed above); they are left as they are. To train from step 0 anyway, run again "
+      f"with --start_over (they are first moved to {layout.SET_ASIDE}/)"
+    )
   if skipped:  # so that checkpointing goes on past them
     if jax.process_index() == 0:
       for step in skipped:
@@ -172,32 +205,46 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
     scorer.set_params(params)
     out = {}
     for split in splits:
-      r = perplexity.evaluate_blocks(scorer, eval_sets[split], seed=config.seed,
-                                     batch_size=train.batch_size // train.microbatches)
+      r = perplexity.evaluate_blocks(
+        scorer,
+        eval_sets[split],
+        seed=config.seed,
+        batch_size=train.batch_size // train.microbatches,
+      )
       out[split] = {"l2r": r["l2r_nll"], "random": r["any_order_nll"], "unigram": unigram[split]}
     return out
 
-  run_log = records.RunLog(workdir, active=jax.process_index() == 0,
-                           wandb_project=train.wandb_project, config=config.to_dict())
+  run_log = records.RunLog(
+    workdir,
+    active=jax.process_index() == 0,
+    wandb_project=train.wandb_project,
+    config=config.to_dict(),
+  )
   run_log.text(int(state.step), "config", f"```\n{json.dumps(config.to_dict(), indent=2)}\n```")
   table = model_lib.parameter_table(state.params, shardings=True)
   run_log.text(int(state.step), "parameters", f"```\n{table}\n```")
   say(table)
   tokens_per_step = train.batch_size * config.model.block_size
   flops_per_step = tokens_per_step * model_lib.flops_per_token(
-      config.model, model_lib.count_params(state.params))
+    config.model, model_lib.count_params(state.params)
+  )
   peak = train.peak_flops_per_device * jax.device_count()
   if peak <= 0 and jax.default_backend() == "cpu":  # CPU devices share one host's cores
     peak = hardware.matmul_peak(1024, model_lib.DTYPES[config.model.dtype]) * jax.process_count()
-    say(f"measured matmul peak {peak / 1e9:.1f} GFLOP/s (for MFU; set "
-         "train.peak_flops_per_device to skip)")
+    say(
+      f"measured matmul peak {peak / 1e9:.1f} GFLOP/s (for MFU; set "
+      "train.peak_flops_per_device to skip)"
+    )
   elif peak <= 0:
     peak = hardware.peak_flops(jax.devices()) * jax.device_count()
     kind = jax.devices()[0].device_kind
-    say(f"MFU against {peak / jax.device_count() / 1e12:.0f} TFLOP/s per {kind} (dense bf16)"
-        if peak else f"no peak FLOP/s known for {kind}: no MFU (set train.peak_flops_per_device)")
+    say(
+      f"MFU against {peak / jax.device_count() / 1e12:.0f} TFLOP/s per {kind} (dense bf16)"
+      if peak
+      else f"no peak FLOP/s known for {kind}: no MFU (set train.peak_flops_per_device)"
+    )
 
-  def log_metrics(step: int, values: dict, seconds: Optional[float]) -> None:
+  def log_metrics(step: int, values: dict, seconds: float | None) -> None:
     values = {k: float(v) for k, v in values.items()}
     for share in ("loss_l2r", "loss_any_order"):  # NaN: the batch held no sequence of that kind
       if math.isnan(values[share]):
@@ -218,8 +265,9 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
   first = int(state.step)
   clock.mark("setup")
   agree = cluster.StopAgreement(program.mesh)
-  profile = profiler.Window(fs.join(workdir, layout.PROFILE), train.profile_start_step,
-                            train.profile_steps, say)
+  profile = profiler.Window(
+    fs.join(workdir, layout.PROFILE), train.profile_start_step, train.profile_steps, say
+  )
   pending, window = None, None  # (step, metrics) of the previous step; (time, step) of a read
   means = records.WindowMeans()  # what a logged step shows: the means since the last one
   saved = None  # the step of the last checkpoint written, checked at the next save
@@ -233,8 +281,10 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
         jax.block_until_ready(metrics)
         clock.mark("first_step")
         run_log.scalars(step + 1, {f"startup/{k}_s": v for k, v in clock.phases.items()})
-        say(f"first step {sum(clock.phases.values()):.1f} s after the process started: "
-             + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in clock.phases.items()))
+        say(
+          f"first step {sum(clock.phases.values()):.1f} s after the process started: "
+          + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in clock.phases.items())
+        )
       if pending is not None:  # the previous step's metrics, read while this step runs
         window = _maybe_log(pending, window, train, log_metrics, means)
       pending = (step + 1, metrics)
@@ -248,8 +298,10 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
       # Every process gets the same code: a stop asked anywhere stops all at this step.
       code = agree(cluster.LEASE_LOST if lock is not None and lock.lost else stop.code)
       if code == cluster.LEASE_LOST:
-        raise OSError(f"another process took over the lock of --workdir {workdir} (this run "
-                      "stalled past its lease); stopping rather than write beside it")
+        raise OSError(
+          f"another process took over the lock of --workdir {workdir} (this run "
+          "stalled past its lease); stopping rather than write beside it"
+        )
       stopping = code > 0
       if stopping or done % train.checkpoint_every == 0 or done == train.num_steps:
         # The saved step's record goes first: a kill after the save cannot lose it (the
@@ -260,8 +312,10 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
           checkpoints.check_saved(mgr, saved)
           cluster.note_checkpoint(workdir, saved)
         if not checkpoints.save(mgr, done, state, data_iter, config, force=stopping):
-          raise OSError(f"Orbax declined to save step {done} in {mgr.directory} (a step "
-                        "directory at or above it?); training stops rather than go on unsaved")
+          raise OSError(
+            f"Orbax declined to save step {done} in {mgr.directory} (a step "
+            "directory at or above it?); training stops rather than go on unsaved"
+          )
         saved = done
       if stopping:
         checkpoints.check_saved(mgr, done)
@@ -282,14 +336,22 @@ def _train(program: train_step.Program, workdir: str, init_params: Any, init_fro
   results["final_ema"] = run_eval(state.ema_params)
   say(f"final eval (EMA params): {_format_eval(results['final_ema'])}")
   v = results["final_ema"]["validation"]
-  say(f"validation perplexity: any-order {math.exp(v['random']):.1f}, L2R "
-       f"{math.exp(v['l2r']):.1f}, unigram {math.exp(v['unigram']):.1f} (any-order / unigram = "
-       f"{math.exp(v['random'] - v['unigram']):.2f})")
+  say(
+    f"validation perplexity: any-order {math.exp(v['random']):.1f}, L2R "
+    f"{math.exp(v['l2r']):.1f}, unigram {math.exp(v['unigram']):.1f} (any-order / unigram = "
+    f"{math.exp(v['random'] - v['unigram']):.2f})"
+  )
   return results
 
 
-def _maybe_log(pending: tuple, window: Optional[tuple], train: specs.TrainSpec,
-               log_metrics: Callable, means: records.WindowMeans, force: bool = False) -> tuple:
+def _maybe_log(
+  pending: tuple,
+  window: tuple | None,
+  train: specs.TrainSpec,
+  log_metrics: Callable,
+  means: records.WindowMeans,
+  force: bool = False,
+) -> tuple:
   """Adds a step's metrics to the window's means and logs them every log_every steps, with
   tokens/s over the steps since the last read.
 
@@ -303,16 +365,18 @@ def _maybe_log(pending: tuple, window: Optional[tuple], train: specs.TrainSpec,
   jax.block_until_ready(values)
   now = time.perf_counter()
   if due:
-    rate_window = None if window is None or done == window[1] else (now - window[0]) / (done - window[1])
+    rate_window = (
+      None if window is None or done == window[1] else (now - window[0]) / (done - window[1])
+    )
     log_metrics(done, means.read(), rate_window)
   return now, done
 
 
-def _init_params(config: specs.Spec, init_from: str,
-                 say: Callable[[str], None]) -> Any:
+def _init_params(config: specs.Spec, init_from: str, say: Callable[[str], None]) -> Any:
   """The params of an export or import, refused unless the model shape matches the config."""
   saved, params = checkpoints.load_params(  # read straight into the training mesh's layout
-      init_from, log=say, shardings=lambda c: sharding.param_shardings(c.model, config.mesh))
+    init_from, log=say, shardings=lambda c: sharding.param_shardings(c.model, config.mesh)
+  )
   diffs = saved.model.shape_differences(config.model)
   if diffs:
     raise ValueError(f"--init_from {init_from} holds a different model: " + "; ".join(diffs))
@@ -320,8 +384,10 @@ def _init_params(config: specs.Spec, init_from: str,
 
 
 def _format_eval(r: dict) -> str:
-  return "  ".join(f"{split}: l2r={v['l2r']:.4f} random={v['random']:.4f} "
-                   f"(unigram {v['unigram']:.4f})" for split, v in r.items())
+  return "  ".join(
+    f"{split}: l2r={v['l2r']:.4f} random={v['random']:.4f} (unigram {v['unigram']:.4f})"
+    for split, v in r.items()
+  )
 
 
 def _unigram_counts(train_split, workdir: str) -> np.ndarray:
@@ -336,13 +402,19 @@ def _unigram_counts(train_split, workdir: str) -> np.ndarray:
   return counts
 
 
-def _prepared(data_config: specs.DataSpec, tokenizer, split: str,
-              say: Callable[[str], None]):
+def _prepared(data_config: specs.DataSpec, tokenizer, split: str, say: Callable[[str], None]):
   """The prepared split, prepared here first if needed (each process its range of shards)."""
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  from ao_mdm.data import prepare  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils
+
+  from ao_mdm.data import prepare
+
   return prepare.ensure(
-      data_config, tokenizer, split, process_index=jax.process_index(),
-      process_count=jax.process_count(), barrier=multihost_utils.sync_global_devices,
-      all_true=lambda x: bool(np.all(multihost_utils.process_allgather(np.asarray(x)))),
-      log=say)
+    data_config,
+    tokenizer,
+    split,
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+    barrier=multihost_utils.sync_global_devices,
+    all_true=lambda x: bool(np.all(multihost_utils.process_allgather(np.asarray(x)))),
+    log=say,
+  )

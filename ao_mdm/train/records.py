@@ -9,6 +9,7 @@ with the records, not with their square. The event files are written without Ten
 record is a serialized `Event` proto framed as TFRecord (length, masked CRC32C, data, masked
 CRC32C), which TensorBoard reads from a local directory or a bucket.
 """
+
 import hashlib
 import json
 import math
@@ -16,7 +17,6 @@ import os
 import socket
 import struct
 import time
-from typing import Optional
 
 from clu import metrics as clu_metrics
 import flax
@@ -44,12 +44,12 @@ def read_tfrecords(data: bytes) -> list[bytes]:
   """The records of a TFRecord stream, each checked against its CRCs (for tests and tools)."""
   records, pos = [], 0
   while pos < len(data):
-    length = data[pos:pos + 8]
+    length = data[pos : pos + 8]
     (n,) = struct.unpack("<Q", length)
-    if data[pos + 8:pos + 12] != _masked_crc(length):
+    if data[pos + 8 : pos + 12] != _masked_crc(length):
       raise ValueError(f"corrupt record length at byte {pos}")
-    record = data[pos + 12:pos + 12 + n]
-    if data[pos + 12 + n:pos + 16 + n] != _masked_crc(record):
+    record = data[pos + 12 : pos + 12 + n]
+    if data[pos + 12 + n : pos + 16 + n] != _masked_crc(record):
       raise ValueError(f"corrupt record at byte {pos}")
     records.append(record)
     pos += 16 + n
@@ -60,14 +60,17 @@ class RunLog:
   """Scalars and texts of a run, for `metrics.jsonl` and TensorBoard; inactive (writes nothing)
   on every process but the first."""
 
-  def __init__(self, workdir: str, active: bool = True, wandb_project: str = "",
-               config: Optional[dict] = None):
+  def __init__(
+    self, workdir: str, active: bool = True, wandb_project: str = "", config: dict | None = None
+  ):
     self.active = active
     self._wandb = _wandb_run(workdir, wandb_project, config) if active and wandb_project else None
     self.metrics = fs.join(workdir, layout.METRICS)
-    self.events = fs.join(workdir, layout.TENSORBOARD,
-                          f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}."
-                          f"{os.getpid()}.ao_mdm")
+    self.events = fs.join(
+      workdir,
+      layout.TENSORBOARD,
+      f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.ao_mdm",
+    )
     self._lines, self._records = [], []
     event = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
     self._records.append(tfrecord(event.SerializeToString()))
@@ -75,10 +78,13 @@ class RunLog:
   def scalars(self, step: int, values: dict) -> None:
     """One line of metrics.jsonl (non-finite values as null) and one TensorBoard scalar each."""
     values = {k: float(v) for k, v in values.items()}
-    self._lines.append(json.dumps({"step": step, **{
-        k: v if math.isfinite(v) else None for k, v in values.items()}}) + "\n")
-    summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=v)
-                                         for k, v in values.items()])
+    self._lines.append(
+      json.dumps({"step": step, **{k: v if math.isfinite(v) else None for k, v in values.items()}})
+      + "\n"
+    )
+    summary = summary_pb2.Summary(
+      value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
+    )
     self._event(step, summary)
     if self._wandb is not None:
       self._wandb.log(values, step=step)
@@ -86,10 +92,15 @@ class RunLog:
   def text(self, step: int, tag: str, text: str) -> None:
     """A text for TensorBoard's text tab (e.g. the run's config)."""
     metadata = summary_pb2.SummaryMetadata(
-        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
+      plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text")
+    )
     tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[text.encode()])
-    self._event(step, summary_pb2.Summary(value=[summary_pb2.Summary.Value(
-        tag=tag, metadata=metadata, tensor=tensor)]))
+    self._event(
+      step,
+      summary_pb2.Summary(
+        value=[summary_pb2.Summary.Value(tag=tag, metadata=metadata, tensor=tensor)]
+      ),
+    )
 
   def _event(self, step: int, summary) -> None:
     event = event_pb2.Event(wall_time=time.time(), step=step, summary=summary)
@@ -112,21 +123,27 @@ class RunLog:
       self._wandb = None
 
 
-def _wandb_run(workdir: str, project: str, config: Optional[dict]):
+def _wandb_run(workdir: str, project: str, config: dict | None):
   """A Weights & Biases run of the work dir: one id per work dir, so that a resumed run goes on
   in the same wandb run; its local files under WORKDIR/wandb (a local work dir) or wandb's own
   directory (a bucket); quiet. A resumed run's steps up to the last one wandb has are dropped
   by wandb (its steps only grow)."""
   try:
-    import wandb  # pylint: disable=g-import-not-at-top
+    import wandb
   except ImportError:
     raise ImportError("train.wandb_project needs wandb: pip install -e '.[wandb]'") from None
   workdir = fs.absolute(workdir)
   local = None if fs.is_gcs(workdir) else workdir  # wandb writes into DIR/wandb
   run_id = hashlib.sha256(workdir.encode()).hexdigest()[:16]
-  return wandb.init(project=project, id=run_id, resume="allow", name=os.path.basename(workdir),
-                    dir=local, config=config, settings=wandb.Settings(silent=True,
-                                                                      console="off"))
+  return wandb.init(
+    project=project,
+    id=run_id,
+    resume="allow",
+    name=os.path.basename(workdir),
+    dir=local,
+    config=config,
+    settings=wandb.Settings(silent=True, console="off"),
+  )
 
 
 def drop_after(workdir: str, step: int) -> None:
@@ -156,8 +173,9 @@ class _DefinedAverage(clu_metrics.Average):
   @classmethod
   def from_model_output(cls, values: jax.Array, **_) -> clu_metrics.Metric:
     defined = ~jnp.isnan(values)
-    return cls(total=jnp.where(defined, values, 0.0).astype(jnp.float32),
-               count=defined.astype(jnp.int32))
+    return cls(
+      total=jnp.where(defined, values, 0.0).astype(jnp.float32), count=defined.astype(jnp.int32)
+    )
 
 
 @flax.struct.dataclass

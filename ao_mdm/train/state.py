@@ -2,6 +2,7 @@
 
 Shared by training, checkpoint restore, the benchmark and the ahead-of-time compile.
 """
+
 import functools
 from typing import Any
 
@@ -12,8 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from ao_mdm import model as model_lib
-from ao_mdm import sharding
-from ao_mdm import specs
+from ao_mdm import sharding, specs
 
 
 @flax.struct.dataclass
@@ -32,16 +32,23 @@ def learning_rate_schedule(train: specs.TrainSpec) -> optax.Schedule:
   """
   horizon = train.lr_decay_steps or train.num_steps
   return optax.warmup_cosine_decay_schedule(
-      0.0, train.learning_rate, train.warmup_steps, max(horizon, train.warmup_steps + 1),
-      train.min_lr)
+    0.0, train.learning_rate, train.warmup_steps, max(horizon, train.warmup_steps + 1), train.min_lr
+  )
 
 
 def make_optimizer(train: specs.TrainSpec) -> optax.GradientTransformation:
   """Global-norm clip, then AdamW; weight decay on dense kernels and embeddings only."""
   return optax.chain(
-      optax.clip_by_global_norm(train.grad_clip),
-      optax.adamw(learning_rate_schedule(train), b1=train.b1, b2=train.b2, eps=1e-8,
-                  weight_decay=train.weight_decay, mask=model_lib.weight_decay_mask))
+    optax.clip_by_global_norm(train.grad_clip),
+    optax.adamw(
+      learning_rate_schedule(train),
+      b1=train.b1,
+      b2=train.b2,
+      eps=1e-8,
+      weight_decay=train.weight_decay,
+      mask=model_lib.weight_decay_mask,
+    ),
+  )
 
 
 def init_state(config: specs.Spec, key: jax.Array) -> TrainState:
@@ -49,8 +56,13 @@ def init_state(config: specs.Spec, key: jax.Array) -> TrainState:
   k_params, k_rng = jax.random.split(key)
   params = model_lib.init_params(config.model, k_params)
   opt_state = make_optimizer(config.train).init(params)
-  return TrainState(step=jnp.zeros((), jnp.int32), rng=jax.random.key_data(k_rng),
-                    params=params, opt_state=opt_state, ema_params=params)
+  return TrainState(
+    step=jnp.zeros((), jnp.int32),
+    rng=jax.random.key_data(k_rng),
+    params=params,
+    opt_state=opt_state,
+    ema_params=params,
+  )
 
 
 def sharded_shapes(config: specs.Spec, mesh, axis_rules) -> tuple[Any, TrainState]:
@@ -58,13 +70,13 @@ def sharded_shapes(config: specs.Spec, mesh, axis_rules) -> tuple[Any, TrainStat
   the initialiser."""
   boxed = jax.eval_shape(functools.partial(init_state, config), jax.random.key(0))
   shardings = sharding.logical_shardings(boxed, mesh, axis_rules)
-  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          nn.unbox(boxed), shardings)
+  abstract = jax.tree.map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), nn.unbox(boxed), shardings
+  )
   return shardings, abstract
 
 
-def create_state(config: specs.Spec, mesh, axis_rules,
-                 shardings: Any) -> TrainState:
+def create_state(config: specs.Spec, mesh, axis_rules, shardings: Any) -> TrainState:
   """Initialise the train state directly sharded over the mesh (`shardings`: sharded_shapes')."""
   init = jax.jit(lambda key: nn.unbox(init_state(config, key)), out_shardings=shardings)
   with jax.set_mesh(mesh), nn.logical_axis_rules(axis_rules):
@@ -75,5 +87,6 @@ def abstract_state(config: specs.Spec) -> TrainState:
   """Unboxed ShapeDtypeStructs of the train state on one device, for restoring."""
   boxed = jax.eval_shape(functools.partial(init_state, config), jax.random.key(0))
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
-                      nn.unbox(boxed))
+  return jax.tree.map(
+    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), nn.unbox(boxed)
+  )

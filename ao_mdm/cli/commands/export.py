@@ -1,4 +1,5 @@
 """`ao-mdm export`: a training run's EMA (or raw) params alone, with its config and tokenizer."""
+
 from absl import flags
 
 from ao_mdm.checkpoint import layout
@@ -30,5 +31,6 @@ def check(v: dict, given: set) -> None:
 def run(v: dict, given: set) -> None:
   del given
   flags_lib.enable_compile_cache(v["compile_cache"])
-  from ao_mdm.checkpoint import checkpoints  # pylint: disable=g-import-not-at-top
+  from ao_mdm.checkpoint import checkpoints
+
   print(checkpoints.export(v["checkpoint"], v["out"], v["weights"]))

@@ -1,4 +1,5 @@
 """`ao-mdm info`: the parameter count and training FLOPs per token of a config's model."""
+
 from absl import flags
 
 from ao_mdm.cli import checks
@@ -18,5 +19,6 @@ def check(v: dict, given: set) -> None:
 
 def run(v: dict, given: set) -> None:
   del given
-  from ao_mdm import model  # pylint: disable=g-import-not-at-top
+  from ao_mdm import model
+
   print(model.describe(v["config"].model))

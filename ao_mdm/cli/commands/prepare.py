@@ -1,26 +1,36 @@
 """`ao-mdm prepare`: tokenize a config's dataset once into the token shards train and eval read."""
+
 from absl import flags
 
 from ao_mdm.cli import checks
 from ao_mdm.cli import flags as flags_lib
 from ao_mdm.storage import paths
 
-SUMMARY = ("tokenize a config's dataset once into token shards that train and eval read: "
-           "--config=... [--splits=train,validation --workers=N --workdir=DIR]")
+SUMMARY = (
+  "tokenize a config's dataset once into token shards that train and eval read: "
+  "--config=... [--splits=train,validation --workers=N --workdir=DIR]"
+)
 
 
 def define(fv: flags.FlagValues) -> None:
   flags_lib.config(fv)
   flags.DEFINE_string("splits", "train,validation", "Comma-separated splits.", flag_values=fv)
-  flags.DEFINE_integer("workers", None, "Worker processes (default: every core).",
-                       flag_values=fv)
-  flags.DEFINE_string("workdir", None, "A training work dir, whose tokenizer a SentencePiece "
-                      "config prepares with (trained there first if it has none).",
-                      flag_values=fv)
+  flags.DEFINE_integer("workers", None, "Worker processes (default: every core).", flag_values=fv)
+  flags.DEFINE_string(
+    "workdir",
+    None,
+    "A training work dir, whose tokenizer a SentencePiece "
+    "config prepares with (trained there first if it has none).",
+    flag_values=fv,
+  )
   flags_lib.process_index(fv)
-  flags.DEFINE_boolean("verify", False, "Hash every shard of a split prepared before "
-                       "(otherwise its sizes and versions are checked against the manifest).",
-                       flag_values=fv)
+  flags.DEFINE_boolean(
+    "verify",
+    False,
+    "Hash every shard of a split prepared before "
+    "(otherwise its sizes and versions are checked against the manifest).",
+    flag_values=fv,
+  )
   flags_lib.storage_timeout(fv)
 
 
@@ -37,8 +47,15 @@ def check(v: dict, given: set) -> None:
 
 def run(v: dict, given: set) -> None:
   del given
-  from ao_mdm.data import prepare  # pylint: disable=g-import-not-at-top
-  for line in prepare.prepare_splits(v["config"], checks.names(v["splits"]), v["workers"],
-                                     v["workdir"], v["process_id"], v["num_processes"],
-                                     v["verify"]):
+  from ao_mdm.data import prepare
+
+  for line in prepare.prepare_splits(
+    v["config"],
+    checks.names(v["splits"]),
+    v["workers"],
+    v["workdir"],
+    v["process_id"],
+    v["num_processes"],
+    v["verify"],
+  ):
     print(line, flush=True)

@@ -1,19 +1,21 @@
 """`ao-mdm tokenizer`: train a SentencePiece tokenizer on a dataset or a local text file."""
+
 from absl import flags
 
 from ao_mdm.cli import checks
 from ao_mdm.cli import flags as flags_lib
-from ao_mdm.storage import fs
-from ao_mdm.storage import paths
+from ao_mdm.storage import fs, paths
 
 SUMMARY = "train a SentencePiece tokenizer: --corpus=sotu|PATH --vocab_size=N --out=DIR"
 
 
 def define(fv: flags.FlagValues) -> None:
-  flags.DEFINE_string("corpus", "sotu", "Dataset registry name or a local text file.",
-                      flag_values=fv)
-  flags.DEFINE_integer("vocab_size", 2048, "Tokenizer vocab size (a multiple of 128).",
-                       flag_values=fv)
+  flags.DEFINE_string(
+    "corpus", "sotu", "Dataset registry name or a local text file.", flag_values=fv
+  )
+  flags.DEFINE_integer(
+    "vocab_size", 2048, "Tokenizer vocab size (a multiple of 128).", flag_values=fv
+  )
   flags_lib.out(fv, "Directory the tokenizer model is written into (new or empty).")
   flags_lib.storage_timeout(fv)
 
@@ -28,5 +30,6 @@ def check(v: dict, given: set) -> None:
 
 def run(v: dict, given: set) -> None:
   del given
-  from ao_mdm.data import tokenizer  # pylint: disable=g-import-not-at-top
+  from ao_mdm.data import tokenizer
+
   print(tokenizer.train_tokenizer(v["corpus"], v["vocab_size"], v["out"]))

@@ -1,4 +1,5 @@
 """`ao-mdm train`: train a model from a config into a work dir, resuming where it stopped."""
+
 import os
 import sys
 import traceback
@@ -13,30 +14,47 @@ from ao_mdm.runtime import hosts
 HOLDS_SIGNALS = True  # a SIGTERM during start-up stops at the first step boundary
 SUMMARY = "train a model: --config=configs/tiny.py --workdir=DIR [--config.x.y=value ...]"
 FLAG_HINTS = {  # flags of other commands, and how train does the same
-    "profile": "a jax.profiler trace of train steps is --config.train.profile_steps=N (from "
-               "step train.profile_start_step, default 10) into WORKDIR/profile; TensorBoard "
-               "opens it with the [profile] extra (tensorboard-plugin-profile)"}
+  "profile": "a jax.profiler trace of train steps is --config.train.profile_steps=N (from "
+  "step train.profile_start_step, default 10) into WORKDIR/profile; TensorBoard "
+  "opens it with the [profile] extra (tensorboard-plugin-profile)"
+}
 
 
 def define(fv: flags.FlagValues) -> None:
   flags_lib.config(fv)
-  flags.DEFINE_string("workdir", None, "Training work dir (checkpoints, tokenizer, logs).",
-                      flag_values=fv)
-  flags.DEFINE_string("init_from", None, "Start from the params of an export or import.",
-                      flag_values=fv)
-  flags.DEFINE_boolean("start_over", False, "When no checkpoint of --workdir can be read, move "
-                       "them aside and train from step 0 (otherwise an error).", flag_values=fv)
-  flags.DEFINE_string("coordinator", None, "Multi-process: coordinator HOST:PORT (process 0).",
-                      flag_values=fv)
+  flags.DEFINE_string(
+    "workdir", None, "Training work dir (checkpoints, tokenizer, logs).", flag_values=fv
+  )
+  flags.DEFINE_string(
+    "init_from", None, "Start from the params of an export or import.", flag_values=fv
+  )
+  flags.DEFINE_boolean(
+    "start_over",
+    False,
+    "When no checkpoint of --workdir can be read, move "
+    "them aside and train from step 0 (otherwise an error).",
+    flag_values=fv,
+  )
+  flags.DEFINE_string(
+    "coordinator", None, "Multi-process: coordinator HOST:PORT (process 0).", flag_values=fv
+  )
   flags_lib.process_index(fv)
-  flags.DEFINE_integer("init_timeout", 180, "Multi-process: seconds to wait for the other "
-                       "processes and the coordinator before giving up.", flag_values=fv)
-  flags.DEFINE_integer("heartbeat_timeout", hosts.HEARTBEAT_S, "Multi-process: seconds a process may "
-                       "go unheard before the others take it for lost and stop, each with one "
-                       "error line. Heartbeats go every half of it: a killed process is noticed "
-                       "after half to all of it, and a live one that cannot send for longer than "
-                       "half (stopped, swapping, a network stall) may be taken for lost.",
-                       flag_values=fv)
+  flags.DEFINE_integer(
+    "init_timeout",
+    180,
+    "Multi-process: seconds to wait for the other processes and the coordinator before giving up.",
+    flag_values=fv,
+  )
+  flags.DEFINE_integer(
+    "heartbeat_timeout",
+    hosts.HEARTBEAT_S,
+    "Multi-process: seconds a process may "
+    "go unheard before the others take it for lost and stop, each with one "
+    "error line. Heartbeats go every half of it: a killed process is noticed "
+    "after half to all of it, and a live one that cannot send for longer than "
+    "half (stopped, swapping, a network stall) may be taken for lost.",
+    flag_values=fv,
+  )
   flags_lib.storage_timeout(fv)
   flags_lib.compile_cache(fv, default="WORKDIR/xla_cache")
 
@@ -51,14 +69,18 @@ def processes(coordinator, num_processes, process_id, timeout: int, heartbeat: i
   if coordinator is not None:
     host, _, port = coordinator.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-      raise ValueError(f"--coordinator={coordinator!r}: expected HOST:PORT, e.g. "
-                       "10.0.0.2:8476 (process 0's address and a free port)")
+      raise ValueError(
+        f"--coordinator={coordinator!r}: expected HOST:PORT, e.g. "
+        "10.0.0.2:8476 (process 0's address and a free port)"
+      )
     if num_processes is None or process_id is None:
       raise ValueError("--coordinator needs --num_processes and --process_id")
   elif num_processes is not None or process_id is not None:
     if (num_processes or 1) > 1 and not hosts.detected_launcher():
-      raise ValueError(f"--num_processes={num_processes} needs --coordinator=HOST:PORT (no "
-                       "SLURM job or multi-host TPU VM was detected to find one)")
+      raise ValueError(
+        f"--num_processes={num_processes} needs --coordinator=HOST:PORT (no "
+        "SLURM job or multi-host TPU VM was detected to find one)"
+      )
   if num_processes is not None and num_processes < 1:
     raise ValueError(f"--num_processes={num_processes} must be >= 1")
   if process_id is not None and not 0 <= process_id < (num_processes or 1):
@@ -69,28 +91,33 @@ def check(v: dict, given: set) -> None:
   del given
   checks.require(v, "config", "workdir")
   if v["config"].train.wandb_project:
-    checks.extra_installed("wandb", "wandb", "config.train.wandb_project="
-                           f"{v['config'].train.wandb_project!r}")
+    checks.extra_installed(
+      "wandb", "wandb", f"config.train.wandb_project={v['config'].train.wandb_project!r}"
+    )
   checks.data_dirs(v["config"].data)
   layout.check_writable(v["workdir"])
   if v["init_from"]:
     layout.check_checkpoint(v["init_from"], "--init_from")
-  processes(v["coordinator"], v["num_processes"], v["process_id"], v["init_timeout"],
-            v["heartbeat_timeout"])
+  processes(
+    v["coordinator"], v["num_processes"], v["process_id"], v["init_timeout"], v["heartbeat_timeout"]
+  )
 
 
 def run(v: dict, given: set) -> None:
   del given
   flags_lib.enable_compile_cache(v["compile_cache"], v["workdir"])
-  from ao_mdm.runtime import interrupts  # pylint: disable=g-import-not-at-top
-  from ao_mdm.train import cluster, loop  # pylint: disable=g-import-not-at-top
-  cluster.join(v["coordinator"], v["num_processes"], v["process_id"], v["init_timeout"],
-               v["heartbeat_timeout"])  # Ctrl-C while joining ends the process at once
+  from ao_mdm.runtime import interrupts
+  from ao_mdm.train import cluster, loop
+
+  cluster.join(
+    v["coordinator"], v["num_processes"], v["process_id"], v["init_timeout"], v["heartbeat_timeout"]
+  )  # Ctrl-C while joining ends the process at once
   stop = interrupts.StopRequest()  # a SIGTERM held since start-up, or any signal from now on
   try:
-    result = loop.train_and_evaluate(v["config"], v["workdir"], v["init_from"], v["start_over"],
-                                     stop=stop)
-  except Exception as e:  # pylint: disable=broad-except
+    result = loop.train_and_evaluate(
+      v["config"], v["workdir"], v["init_from"], v["start_over"], stop=stop
+    )
+  except Exception as e:
     if not cluster.multi_process():
       raise
     if os.environ.get("AO_MDM_TRACEBACK"):
