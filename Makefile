@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test test-slow install clean
+.PHONY: demo test test-slow lint install clean
 
 NEW_VENV = test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV); \
 	$(BIN)/python -m pip install -q --upgrade pip==25.3
@@ -16,11 +16,11 @@ $(STAMP): setup.py constraints.txt
 	touch $(STAMP)
 
 # Tests also need pytest, scipy, torch (import-torch), libtpu (TPU ahead-of-time compiles),
-# lm_eval (the harness model) and wandb (its writer, tested offline): one install of the package
-# with those extras, which is also the plain install.
+# lm_eval (the harness model), wandb (its writer, tested offline) and the linters: one install
+# of the package with those extras, which is also the plain install.
 $(TEST_STAMP): setup.py constraints.txt
 	$(NEW_VENV)
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,tpu,harness,wandb]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,tpu,harness,wandb,lint]"
 	touch $(STAMP) $(TEST_STAMP)
 
 install: $(STAMP)
@@ -40,6 +40,12 @@ demo: $(STAMP)
 TEST_JOBS ?= 2
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
+
+# ruff (lint, then format: a file that would change fails) and mypy over ao_mdm/.
+lint: $(TEST_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 test-slow: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m "slow or not slow" tests

@@ -71,6 +71,8 @@ setup(
     "wandb": ["wandb>=0.31,<0.32"],  # train.wandb_project: metrics to Weights & Biases too
     # TensorBoard's profile plugin: opens the traces of train.profile_steps and --profile
     "profile": ["tensorboard-plugin-profile>=2.24.2,<2.25"],
+    # `make lint`: ruff (lint and format), mypy, the pre-commit hooks running both
+    "lint": ["ruff>=0.17.5,<0.18", "mypy>=2.4.1,<2.5", "pre-commit>=4.7,<5"],
   },
   entry_points={"console_scripts": ["ao-mdm=ao_mdm.cli.main:run"]},
 )
