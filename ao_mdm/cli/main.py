@@ -14,7 +14,7 @@ from types import ModuleType
 from absl import app, flags, logging
 
 from ao_mdm import specs
-from ao_mdm.cli import checks
+from ao_mdm.cli import checks, reference
 
 # Every command, in the order `ao-mdm help` lists them; the module is cli/commands/<name>.py
 # with '-' as '_'.
@@ -88,6 +88,9 @@ def run() -> None:
 
 
 def _run(args: list) -> None:
+  if args == ["help", "--markdown"]:  # the command reference: docs/cli.md
+    print(reference.markdown(COMMANDS, command_module), end="")
+    sys.exit(0)
   if len(args) == 2 and args[0] == "help" and args[1] in COMMANDS:
     args = [args[1], "--help"]  # `ao-mdm help sample` is `ao-mdm sample --help`
   if not args or args[0] in ("help", "-h", "--help"):

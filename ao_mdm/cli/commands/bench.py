@@ -12,7 +12,8 @@ from ao_mdm.storage import paths
 SUMMARY = (
   "benchmarks: `bench sample --config=configs/bench_sampler.py [--mode=speculative "
   "--checkpoint=DIR]`, `bench train --config=configs/bench_train.py`, "
-  "`bench data --config=configs/bench_data.py`, `bench restart --config=configs/demo.py`"
+  "`bench data --config=configs/bench_data.py`, `bench restart --config=configs/demo.py` "
+  "(any training config)"
 )
 SUBCOMMANDS = ("sample", "train", "data", "restart")
 CONFIGS = {

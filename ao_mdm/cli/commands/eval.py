@@ -14,8 +14,9 @@ from ao_mdm.eval.infill import SPAN_ORDERS
 from ao_mdm.storage import fs, paths
 
 SUMMARY = (
-  "perplexities: --checkpoint=DIR [--datasets=sotu,wikitext2 | --text_file=PATH] "
-  "[--protocol=paper|custom --ensemble=8,64]; or --generated=FILE.jsonl --scorer=DIR"
+  "perplexities, a table then a JSON line: --checkpoint=DIR [--datasets=sotu,wikitext2 | "
+  "--text_file=PATH] [--protocol=paper|custom --ensemble=8,64]; or --generated=FILE.jsonl "
+  "--scorer=DIR"
 )
 
 
@@ -38,7 +39,9 @@ def define(fv: flags.FlagValues) -> None:
     ["paper", "custom"],
     "paper = the authors' protocol (split per dataset: wikitext2 train, others "
     "test; any-order on 128 shuffled blocks, all of PTB, one order each; L2R and "
-    "ensemble on the whole split); custom = --split, --max_blocks, --orders.",
+    "ensemble on the whole split); custom = --split, --max_blocks, --orders: consecutive "
+    "blocks, as the validation during training reads them (its first "
+    "train.eval_batches x train.batch_size).",
     flag_values=fv,
   )
   flags.DEFINE_string("split", "validation", "Dataset split (custom protocol).", flag_values=fv)

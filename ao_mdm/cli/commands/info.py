@@ -5,7 +5,10 @@ from absl import flags
 from ao_mdm.cli import checks
 from ao_mdm.cli import flags as flags_lib
 
-SUMMARY = "parameter count and FLOPs per token of a config: --config=..."
+SUMMARY = (
+  "parameter count, training FLOPs per token (6N plus attention) and clu's parameter "
+  "table of a config: --config=..."
+)
 
 
 def define(fv: flags.FlagValues) -> None:

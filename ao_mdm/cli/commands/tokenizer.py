@@ -6,7 +6,10 @@ from ao_mdm.cli import checks
 from ao_mdm.cli import flags as flags_lib
 from ao_mdm.storage import fs, paths
 
-SUMMARY = "train a SentencePiece tokenizer: --corpus=sotu|PATH --vocab_size=N --out=DIR"
+SUMMARY = (
+  "train a SentencePiece BPE tokenizer (byte fallback: exact round trip): "
+  "--corpus=sotu|PATH --vocab_size=N --out=DIR"
+)
 
 
 def define(fv: flags.FlagValues) -> None:
@@ -16,7 +19,12 @@ def define(fv: flags.FlagValues) -> None:
   flags.DEFINE_integer(
     "vocab_size", 2048, "Tokenizer vocab size (a multiple of 128).", flag_values=fv
   )
-  flags_lib.out(fv, "Directory the tokenizer model is written into (new or empty).")
+  flags_lib.out(
+    fv,
+    "Directory the tokenizer model is written into (new or empty). A training run trains "
+    "its own into WORKDIR/tokenizer/ and keeps it: a moved or edited corpus changes nothing "
+    "for the run.",
+  )
   flags_lib.storage_timeout(fv)
 
 

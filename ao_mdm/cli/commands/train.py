@@ -23,10 +23,21 @@ FLAG_HINTS = {  # flags of other commands, and how train does the same
 def define(fv: flags.FlagValues) -> None:
   flags_lib.config(fv)
   flags.DEFINE_string(
-    "workdir", None, "Training work dir (checkpoints, tokenizer, logs).", flag_values=fv
+    "workdir",
+    None,
+    "Training work dir: checkpoints/ (Orbax, async, each save verified; a run resumes from "
+    "the newest readable one), tokenizer/, metrics.jsonl and tensorboard/. The run prints "
+    "clu's parameter table, then every train.log_every steps the loss with its L2R and "
+    "any-order shares, learning rate, grad norm, tokens/s and MFU, and every "
+    "train.eval_every steps the EMA params' validation loss. One run at a time (train.lock).",
+    flag_values=fv,
   )
   flags.DEFINE_string(
-    "init_from", None, "Start from the params of an export or import.", flag_values=fv
+    "init_from",
+    None,
+    "Start a new run from the params of an export or import (refused when --workdir holds "
+    "checkpoints: drop it to resume).",
+    flag_values=fv,
   )
   flags.DEFINE_boolean(
     "start_over",
