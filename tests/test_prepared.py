@@ -196,6 +196,28 @@ def test_corrupt_shard_and_mismatched_manifest(corpus_file, sp_tokenizer, tmp_pa
       call(config, sp_tokenizer, "train")
 
 
+def test_a_record_gone_before_the_manifest_is_named(
+  corpus_file, sp_tokenizer, tmp_path, monkeypatch
+):
+  """A shard's record removed after prepare found it complete (another process redoing that
+  shard) is a FileNotFoundError naming the record, not a TypeError from reading None."""
+  config = _config(corpus_file, tmp_path / "tfds", tmp_path / "p")
+  read_json = prepared.read_json
+
+  def read_then_removed(path):  # record 2, once read complete, is taken away
+    found = read_json(path)
+    if found is not None and path.endswith(prepared.record_name(2)):
+      os.remove(path)
+    return found
+
+  monkeypatch.setattr(prepared, "read_json", read_then_removed)
+  with pytest.raises(FileNotFoundError, match=prepared.record_name(2)):
+    prepare.prepare(config, sp_tokenizer, "train", shard_docs=SHARD_DOCS)
+  assert not os.path.exists(
+    os.path.join(prepared.split_dir(config, sp_tokenizer, "train"), "manifest.json")
+  )
+
+
 def test_cli_refuses_corrupt_and_foreign_preparations(corpus_file, sp_tokenizer, tmp_path):
   """`ao-mdm train` on a corrupt or mismatched preparation: one error line, nothing trained."""
   config = _config(corpus_file, tmp_path / "tfds", tmp_path / "p")

@@ -27,10 +27,12 @@ TEXT_KEY = "text"
 
 
 # Builders defined by the project. skip_registration: they are built directly, never by name,
-# so they cannot clash with the TFDS catalog and re-importing this module is harmless.
+# so they cannot clash with the TFDS catalog and re-importing this module is harmless. (TFDS has
+# no type information: mypy takes its base class as Any and checks the keyword against
+# object.__init_subclass__, hence the ignores.)
 
 
-class _LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class _LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):  # type: ignore[call-arg]  # TFDS is untyped
   """Base of the project's builders: one `text` feature, document order kept."""
 
   # TFDS 4.9.10 finds a builder's code via `importlib_resources`, a package it does not
@@ -64,7 +66,7 @@ def _text_info(builder: tfds.core.DatasetBuilder, description: str) -> tfds.core
   )
 
 
-class SotuCorpus(_LocalBuilder, skip_registration=True):
+class SotuCorpus(_LocalBuilder, skip_registration=True):  # type: ignore[call-arg]  # TFDS is untyped
   """The embedded State of the Union corpus; splits as in `corpus.sotu_documents`."""
 
   VERSION = tfds.core.Version("1.0.0")
@@ -151,7 +153,7 @@ def _content_hash(path: str) -> str:
   return h.hexdigest()[:16]
 
 
-class TextFile(_LocalBuilder, skip_registration=True):
+class TextFile(_LocalBuilder, skip_registration=True):  # type: ignore[call-arg]  # TFDS is untyped
   """A local text file or directory; its config name is its content hash: no two sources collide."""
 
   VERSION = tfds.core.Version("1.0.0")
@@ -183,7 +185,7 @@ def text_file_builder(path: str, tfds_dir: str) -> TextFile:
   return TextFile(config=_file_config(path), data_dir=tfds_dir)
 
 
-class LambadaJsonl(_LocalBuilder, skip_registration=True):
+class LambadaJsonl(_LocalBuilder, skip_registration=True):  # type: ignore[call-arg]  # TFDS is untyped
   """OpenAI's local LAMBADA test file (lambada_test.jsonl: a JSON object a line, field `text`)."""
 
   VERSION = tfds.core.Version("1.0.0")
@@ -452,10 +454,11 @@ def load_documents(data_config: specs.DataSpec, split: str, tfds_dir: str) -> Do
   spec = get_spec(data_config.dataset)
   tfds_dir = resolve_tfds_dir(tfds_dir)
   if spec.make_builder is not None:
-    builder = spec.make_builder(data_config, tfds_dir)
+    make = spec.make_builder
+    builder = make(data_config, tfds_dir)
     if not builder.is_prepared():
-      _prepare_local(builder, lambda: spec.make_builder(data_config, tfds_dir), tfds_dir)
-      builder = spec.make_builder(data_config, tfds_dir)
+      _prepare_local(builder, lambda: make(data_config, tfds_dir), tfds_dir)
+      builder = make(data_config, tfds_dir)
   else:
     builder = _catalog_builder(spec, tfds_dir)
   source = builder.as_data_source(split=spec.splits[split])

@@ -44,7 +44,7 @@ class _ShardWriter:
           self.docs.read(start, min(start + _CHUNK_DOCS, last)), num_threads=1
         )
         chunk = _with_eos(ids, self.tokenizer.eos_id, self.dtype)
-        h.update(chunk)
+        h.update(chunk.data)
         f.write(chunk.tobytes())
         tokens += len(chunk)
     fs.write_json(
@@ -114,7 +114,9 @@ def _write_shard(job: tuple[int, int, int]) -> tuple[int, int]:
 
 def _check_shard(job: tuple[str, str, int]) -> tuple[str, str, np.ndarray]:
   path, dtype, vocab = job
-  return (path, *prepared.sha256_and_counts(path, np.dtype(dtype), vocab, True))
+  sha, counts = prepared.sha256_and_counts(path, np.dtype(dtype), vocab, True)
+  assert counts is not None  # asked for
+  return path, sha, counts
 
 
 def _write_shards(jobs: list, workers: int, desc: str, writer_args: tuple):
@@ -123,7 +125,8 @@ def _write_shards(jobs: list, workers: int, desc: str, writer_args: tuple):
   here); each takes the next job when it finishes one. A progress bar when jobs are many."""
   import tqdm
 
-  pending, lock, done = iter(jobs), threading.Lock(), queue.SimpleQueue()
+  pending, lock = iter(jobs), threading.Lock()
+  done: queue.SimpleQueue = queue.SimpleQueue()
 
   def take():
     with lock:
@@ -276,7 +279,8 @@ def prepare(
 
 def _finalize(directory: str, plan: dict, ranges: list, workers: int) -> PreparedSplit:
   """Checks every shard against its record, counts the tokens, writes the manifest last."""
-  sides = [prepared.read_json(fs.join(directory, prepared.record_name(k))) for k, _, _ in ranges]
+  # _done read each record; one removed since (its shard being redone) is a FileNotFoundError
+  sides = [fs.read_json(fs.join(directory, prepared.record_name(k))) for k, _, _ in ranges]
   jobs = [(fs.join(directory, s["file"]), plan["dtype"], plan["vocab_size"]) for s in sides]
   sums, counts = {}, np.zeros(plan["vocab_size"], np.int64)
   with concurrent.futures.ThreadPoolExecutor(min(workers, 8)) as pool:  # hashing frees the GIL
@@ -349,11 +353,14 @@ def ensure(
     log=log,
   )
   if process_count > 1:
+    assert barrier is not None, "several processes need a barrier"
     barrier(f"prepared own range of {split}")
     if process_index == 0 and done is None:
       done = prepare(data_config, tokenizer, split, workers=workers, log=log)
     barrier(f"prepared {split}")
-  return done or prepare(data_config, tokenizer, split, workers=workers, log=log)
+  done = done or prepare(data_config, tokenizer, split, workers=workers, log=log)
+  assert done is not None  # one process prepares every shard
+  return done
 
 
 def prepare_splits(
@@ -374,6 +381,7 @@ def prepare_splits(
   index, count = hosts.launcher_process(process_id, num_processes)
   tokenizer = tokenizer_lib.run_tokenizer(config, workdir)
   for split in splits:
+    done: PreparedSplit | None
     try:
       done = prepared.open_split(config.data, tokenizer, split)
       if verify:

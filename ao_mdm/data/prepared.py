@@ -160,7 +160,7 @@ def sha256_and_counts(
   with fs.open_read(path) as f:
     while chunk := f.read(_READ_BYTES):
       h.update(chunk)
-      if counts:
+      if total is not None:
         total += np.bincount(np.frombuffer(chunk, dtype), minlength=vocab_size)[:vocab_size]
   return h.hexdigest(), total
 
@@ -205,11 +205,11 @@ class PreparedSplit:
       for path, first, end in self._ranges(start, start + len(out)):
         n = (end - first) // self.dtype.itemsize
         requests.append((path, first, end))
-        views.append(memoryview(out[pos : pos + n]).cast("B"))
+        views.append(out[pos : pos + n].data.cast("B"))
         pos += n
     try:
       self._reader.read(requests, views)
-    except EOFError as e:
+    except fs.EndedEarly as e:
       raise CorruptShard(str(e), self._paths.index(e.filename)) from None
     return outs
 
@@ -236,7 +236,7 @@ class Blocks(Sequence):
   def __len__(self) -> int:
     return self.split.tokens // self.block_size
 
-  def __getitem__(self, index: int) -> np.ndarray:
+  def __getitem__(self, index: int) -> np.ndarray:  # type: ignore[override]  # no slices
     if not 0 <= index < len(self):
       raise IndexError(f"block {index} outside [0, {len(self)})")
     t = self.block_size

@@ -156,7 +156,7 @@ def _dataset_tag(data_config: specs.DataSpec) -> str:
   return datasets.dataset_tag(data_config)
 
 
-def get_tokenizer(data_config: specs.DataSpec, vocab_size: int, cache_dir: str) -> Tokenizer:
+def get_tokenizer(data_config: specs.DataSpec, vocab_size: int, cache_dir: str | None) -> Tokenizer:
   """Loads the cached tokenizer for the dataset, training it on the train split if it is missing."""
   name = data_config.tokenizer
   if name not in TOKENIZERS:
@@ -171,6 +171,7 @@ def get_tokenizer(data_config: specs.DataSpec, vocab_size: int, cache_dir: str) 
       )
     return gpt2.GPT2Tokenizer()
   check_vocab_size(vocab_size)
+  assert cache_dir, "a SentencePiece tokenizer is kept in a directory"  # run_tokenizer checks
   path = fs.join(cache_dir, "tokenizer", f"sp_{_dataset_tag(data_config)}_{vocab_size}.model")
   if not fs.isfile(path):
     from ao_mdm.data import datasets
@@ -180,7 +181,7 @@ def get_tokenizer(data_config: specs.DataSpec, vocab_size: int, cache_dir: str) 
   return SentencePieceTokenizer(path)
 
 
-def run_tokenizer(config: specs.Spec, workdir: str) -> Tokenizer:
+def run_tokenizer(config: specs.Spec, workdir: str | None) -> Tokenizer:
   """The tokenizer of a training run (trained into workdir/tokenizer/ if it is SentencePiece and
   missing), checked against the model's vocab size."""
   if config.data.tokenizer == "sentencepiece" and not workdir:

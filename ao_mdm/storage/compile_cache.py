@@ -124,11 +124,12 @@ def enable(path: str | None, max_bytes: int = MAX_BYTES) -> Cache | None:
   if path is None:
     jax.config.update("jax_enable_compilation_cache", False)
     return None
-  cache = Cache(path, max_bytes)
+  cache: Cache | None = Cache(path, max_bytes)
   try:  # JAX builds its cache through this function the first time it compiles
     from jax._src import compilation_cache
 
-    compilation_cache.get_file_cache = lambda _: (cache, path)
+    # Cache has CacheInterface's get and put, not its base class: this module loads before JAX
+    compilation_cache.get_file_cache = lambda _: (cache, path)  # type: ignore[assignment,return-value]
     compilation_cache.reset_cache()
   except (ImportError, AttributeError):  # another JAX: its own file cache, bounded alike
     cache = None

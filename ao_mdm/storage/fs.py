@@ -188,17 +188,19 @@ def open_text(path: str) -> Iterator[IO[str]]:
     yield f
 
 
-def _ended(path: str) -> EOFError:
-  e = EOFError(f"{path} ended early (truncated while in use?)")
-  e.filename = path
-  return e
+class EndedEarly(EOFError):
+  """A file shorter than a read of it expected; `filename` names it."""
+
+  def __init__(self, path: str):
+    super().__init__(f"{path} ended early (truncated while in use?)")
+    self.filename = path
 
 
 class RangeReader:
   """Byte ranges of files, many at a time: os.preadv locally (descriptors kept open per
   process), tensorstore's asynchronous reads on gs:// (all ranges of a call in flight at once)."""
 
-  def __init__(self):
+  def __init__(self) -> None:
     self._fds: dict = {}
     self._stores: dict = {}
     self._lock = threading.Lock()
@@ -230,13 +232,13 @@ class RangeReader:
     return self._stores[key]
 
   def read(self, requests: Sequence[tuple[str, int, int]], out: Sequence[memoryview]) -> None:
-    """Fills out[i] with bytes [start, stop) of file i; EOFError (its `filename` the file) if a
+    """Fills out[i] with bytes [start, stop) of file i; EndedEarly (its `filename` the file) if a
     file ends early."""
     pending = []
     for (path, start, stop), view in zip(requests, out):
       if not path.startswith(GCS):
         if os.preadv(self._fd(path), [view], start) != stop - start:
-          raise _ended(path)
+          raise EndedEarly(path)
         continue
       bucket, key = gcs.split(path)
       future = self._store(bucket).read(key, byte_range=slice(start, stop))
@@ -251,12 +253,12 @@ class RangeReader:
         raise gcs.no_answer(path) from None
       except ValueError as e:  # tensorstore's OUT_OF_RANGE
         if "OUT_OF_RANGE" in str(e):
-          raise _ended(path) from None
+          raise EndedEarly(path) from None
         raise OSError(f"{path}: {str(e).splitlines()[0]}") from None
       if result.state == "missing":
         raise FileNotFoundError(f"{path}: no such object")
       if len(result.value) != size:
-        raise _ended(path)
+        raise EndedEarly(path)
       view[:] = result.value
 
 
