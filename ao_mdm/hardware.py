@@ -69,7 +69,7 @@ def peak_flops(devices: list) -> float:
   return peak / devices_per_chip(devices) if kind.startswith("TPU") else peak
 
 
-def chip_figures(devices: list) -> tuple:
+def chip_figures(devices: list) -> tuple[float, ...] | None:
   """(peak bf16 FLOP/s, HBM bytes/s, ICI bytes/s) per device, or None for an unknown chip."""
   kind = devices[0].device_kind
   if kind not in CHIP_SPECS:

@@ -13,7 +13,7 @@ only, so it is computed on the T table rows and gathered whenever that is fewer 
 """
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -171,7 +171,9 @@ def splash_attention(q_BTHK, k_BTHK, v_BTHK):
 
 
 def _splash_spec() -> jax.sharding.PartitionSpec:
-  return nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
+  spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
+  assert spec is not None  # None only for no names
+  return spec
 
 
 def splash_fits(q_BTHK) -> bool:
@@ -417,7 +419,7 @@ def slot_nll(model: AOGPT, params: Any, tokens_BT: jax.Array, order_Bt: jax.Arra
 def slot_scores(model: AOGPT, params: Any, tokens_BT: jax.Array, order_Bt: jax.Array) -> tuple:
   """([B, t] NLL as slot_nll, [B, t] whether the target has the slot's largest logit: the
   harness's is_greedy)."""
-  logits_BtV = model.apply({"params": params}, tokens_BT, order_Bt)
+  logits_BtV = cast(jax.Array, model.apply({"params": params}, tokens_BT, order_Bt))
   labels_Bt = slot_labels(tokens_BT, order_Bt)
   target_Bt = jnp.take_along_axis(logits_BtV, labels_Bt[..., None], axis=-1)[..., 0]
   return (

@@ -40,7 +40,7 @@ class Window:
 
   def __init__(self, directory: str, start: int, steps: int, log: Callable[[str], None]):
     self.directory, self.first, self.last, self.log = directory, start, start + steps - 1, log
-    self._trace = None
+    self._trace: contextlib.AbstractContextManager | None = None
 
   @contextlib.contextmanager
   def step(self, step: int) -> Iterator[None]:

@@ -71,12 +71,15 @@ def logical_shardings(abstract_boxed: Any, mesh: Mesh, axis_rules: tuple) -> Any
 def batch_sharding(mesh: Mesh, axis_rules: tuple, ndim: int = 2) -> NamedSharding:
   """Sharding of a [batch, ...] array: batch over the data axes, the rest replicated."""
   spec = nn.logical_to_mesh_axes(("batch",) + (None,) * (ndim - 1), axis_rules)
+  assert spec is not None  # None only for no names
   return NamedSharding(mesh, spec)
 
 
 def data_parallel_size(mesh: Mesh, axis_rules: tuple) -> int:
   """How many ways the batch axis is split."""
-  spec = nn.logical_to_mesh_axes(("batch",), axis_rules)[0]
+  names = nn.logical_to_mesh_axes(("batch",), axis_rules)
+  assert names is not None  # None only for no names
+  spec = names[0]
   axes = spec if isinstance(spec, tuple) else (() if spec is None else (spec,))
   return int(np.prod([mesh.shape[a] for a in axes]))
 

@@ -242,7 +242,7 @@ def bucket_segments(sizes: Sequence[int], total: int, buckets: int) -> tuple:
   """Consecutive steps grouped by the smallest bucket bound that holds each step's size:
   ((first step, end step, bound), ...), one loop each."""
   bounds = bucket_bounds(total, buckets)
-  segments = []
+  segments: list[tuple[int, int, int]] = []
   for i, size in enumerate(sizes):
     bound = min(b for b in bounds if b >= size)
     if segments and segments[-1][2] == bound:

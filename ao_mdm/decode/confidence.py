@@ -10,7 +10,7 @@ committed slots enter the cache one step late: step i's real slots are those of 
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -101,7 +101,9 @@ def decoder(spec: DecoderSpec):
       hidden, cond, kv = apply(prev_tok, prev_pos, target_BW, cache, masks)
       cache = common.write_cache(cache, kv, jnp.where(real_R < n, real_R, t))
       q_cond = (cond[0], cond[1][:, r_width:])
-      logits_BUV = model.apply({"params": params}, hidden[:, r_width:], q_cond, method="logits")
+      logits_BUV = cast(
+        jax.Array, model.apply({"params": params}, hidden[:, r_width:], q_cond, method="logits")
+      )
       conf_BU = jnp.where(
         jnp.arange(u_width)[None, :] < end - n, confidence_score(logits_BUV, spec.score), -jnp.inf
       )

@@ -13,7 +13,7 @@ predicts.
 from collections.abc import Callable
 import dataclasses
 import hashlib
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -79,7 +79,7 @@ def step(
   """One draft: (the next hidden state, float32 logits of the token at `target_BW`), from the
   hidden state f_BWD of the slot that predicted token `tok_BW` at position `pos_BW`."""
   x_BWD, cond = model.apply({"params": params}, tok_BW, pos_BW, target_BW, method="embed")
-  f_BWD = DraftHead(model.cfg).apply({"params": head_params}, f_BWD, x_BWD, cond)
+  f_BWD = cast(jax.Array, DraftHead(model.cfg).apply({"params": head_params}, f_BWD, x_BWD, cond))
   return f_BWD, model.apply({"params": params}, f_BWD, cond, method="logits")
 
 

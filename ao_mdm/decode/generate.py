@@ -48,11 +48,12 @@ def sample_texts(
   options_lib.check_choice("mode", mode, options_lib.MODES)
   if until_eos:
     options_lib.check_until_eos(mode, options.get("order"), infill)
-  sampler = {
+  samplers: dict[str, Callable[..., common.SampleOutput]] = {
     "parallel": parallel.sample,
     "speculative": speculative.sample,
     "confidence": confidence.sample,
-  }[mode]
+  }
+  sampler = samplers[mode]
   unknown = set(options) - options_lib.MODE_OPTION_NAMES
   if unknown:
     raise TypeError(f"sample_texts got unknown options {sorted(unknown)}")
@@ -97,6 +98,7 @@ def sample_texts(
         progress(1)
       for i, row in enumerate(out.tokens[: num_samples - start]):
         if until_eos:  # the tokens after the first EOS are not part of the sample
+          assert out.stats is not None  # with eos_id: the lengths
           row = row[: out.stats["length"][i]]
         row = row[:end]  # an infill ends at its text
         decoded = text.decode_text(tokenizer.decode, row, tokenizer.eos_id, tokenizer.vocab_size)

@@ -50,7 +50,7 @@ def check_sampling(
   temperature: float,
   top_p: float,
   top_k: int,
-  order: str,
+  order: str | None,
   top_p_rule: str = "authors",
   schedule: str = "linear",
 ) -> None:

@@ -12,7 +12,7 @@ the block that holds a row's first EOS once every row has one (docs/sampling.md,
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -99,8 +99,8 @@ class Plan:
   segments: tuple  # (first step, end step, cache length read): attention skips the empty tail
 
   @staticmethod
-  def make(counts: np.ndarray, use_cache: bool = True) -> "Plan":
-    counts = tuple(int(n) for n in counts)
+  def make(step_counts: np.ndarray, use_cache: bool = True) -> "Plan":
+    counts = tuple(int(n) for n in step_counts)
     t = counts[-1]
     k = np.diff(counts)
     if use_cache:
@@ -196,12 +196,12 @@ def decoder(spec: DecoderSpec):
         hidden, cond, kv = apply(prev_tok, prev_pos, target_pos, cache, masks)  # reads cache_len
       else:
         hidden, cond, kv = apply(prev_tok, prev_pos, target_pos, None, {"new": masks["new"]})
-      if spec.use_cache:  # the real slots' K/V join the cache; padding rows are dropped
+      if cache is not None:  # the real slots' K/V join the cache; padding rows are dropped
         cache = common.write_cache(cache, kv, jnp.where(real_R <= n, real_R, t))
       rows_Q = jnp.concatenate([(n - c)[None], w_r + jnp.arange(w_p)])  # slot n, then phantoms
       h_BQD = jnp.take(hidden, rows_Q, axis=1)
       cond_Q = None if cond is None else (cond[0], jnp.take(cond[1], rows_Q, axis=1))
-      logits_BQV = model.apply({"params": params}, h_BQD, cond_Q, method="logits")
+      logits_BQV = cast(jax.Array, model.apply({"params": params}, h_BQD, cond_Q, method="logits"))
       picked_BQ = draw.tokens(jax.random.fold_in(k_steps, i), logits_BQV.reshape(-1, v)).reshape(
         b, 1 + w_p
       )
@@ -210,7 +210,7 @@ def decoder(spec: DecoderSpec):
       pos_BQ = jnp.where(q_slots < n_next, pos_BQ, t)  # padding queries write nothing
       rows_B1 = jnp.arange(b)[:, None]
       tokens_BT = tokens_BT.at[rows_B1, pos_BQ].set(picked_BQ, mode="drop")
-      if spec.return_logits:
+      if logits_BTV is not None:  # spec.return_logits
         logits_BTV = logits_BTV.at[rows_B1, pos_BQ].set(logits_BQV, mode="drop")
       return Carry(tokens_BT, cache, logits_BTV, forwards_B)
 

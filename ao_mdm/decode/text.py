@@ -26,7 +26,9 @@ def layout_known(
       "b', or --prompt=TEXT to continue a text"
     )
   pieces = infill.split(MASK) if infill else [prompt] if prompt else []
-  positions, ids, cursor = [], [], 0
+  positions: list[int] = []
+  ids: list[int] = []
+  cursor = 0
   for i, piece in enumerate(pieces):
     piece_ids = encode(piece) if piece else []
     positions += range(cursor, cursor + len(piece_ids))
@@ -48,7 +50,8 @@ def layout_known(
 
 def decode_text(decode: Any, ids: Any, eos_id: int, vocab_size: int) -> str:
   """Text of generated ids: documents split at EOS, ids beyond the tokenizer's vocab dropped."""
-  docs, current = [], []
+  docs: list[list[int]] = []
+  current: list[int] = []
   for i in ids:
     if i == eos_id:
       docs.append(current)

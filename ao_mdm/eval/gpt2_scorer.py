@@ -4,7 +4,7 @@ letters"): B batch, T tokens, D width, F MLP width, H heads, K head dim, V vocab
 """
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -37,7 +37,9 @@ class GPT2Config:
     missing = [n for n in names if n not in d]
     if missing:
       raise ValueError(f"{source}: missing GPT-2 config key(s) {', '.join(missing)}")
-    cfg = cls(*[int(d[n]) for n in names[:-1]], float(d["layer_norm_epsilon"]))
+    cfg = cls(
+      **{n: int(d[n]) for n in names[:-1]}, layer_norm_epsilon=float(d["layer_norm_epsilon"])
+    )
     if min(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.vocab_size) < 1 or cfg.n_embd % cfg.n_head:
       raise ValueError(f"{source}: invalid GPT-2 config {cfg}")
     return cfg
@@ -114,7 +116,7 @@ class GPT2Scorer:
     self._logits = jax.jit(lambda p, ids_BT: model.apply({"params": p}, ids_BT))
     self._nll = jax.jit(
       lambda p, ids_BT: optax.softmax_cross_entropy_with_integer_labels(
-        model.apply({"params": p}, ids_BT)[:, :-1], ids_BT[:, 1:]
+        cast(jax.Array, model.apply({"params": p}, ids_BT))[:, :-1], ids_BT[:, 1:]
       )
     )
 

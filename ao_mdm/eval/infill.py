@@ -81,7 +81,7 @@ def span_scores(
     except ValueError as e:
       raise ValueError(f"infill {number}: {e}") from None
     laid.append(layout(prefix, span, suffix, *order))
-  out = [None] * len(laid)
+  out: list[tuple] = [()] * len(laid)
   by_length = sorted(range(len(laid)), key=lambda i: -len(laid[i][0]))
   for start in range(0, len(laid), batch_size):
     chunk = by_length[start : start + batch_size]

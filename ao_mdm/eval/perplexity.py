@@ -95,12 +95,13 @@ def evaluate_blocks(
     raise ValueError(f"batch_size={batch_size} must be >= 1")
   n, t = blocks_NT.shape
   ao_rows = _any_order_rows(n, any_order_blocks, seed)
-  l2r, ens = [], {m: [] for m in ensemble}
+  l2r_parts: list[np.ndarray] = []
+  ens: dict[int, list[np.ndarray]] = {m: [] for m in ensemble}
   cost = {m: 0.0 for m in ensemble}
   for start in range(0, n, batch_size):
     tokens = blocks_NT[start : start + batch_size]
     b = len(tokens)
-    l2r.append(scoring.l2r_nll(scorer, tokens).mean(1))
+    l2r_parts.append(scoring.l2r_nll(scorer, tokens).mean(1))
     if ensemble:
       order = random_orders(seed * 1_000_003 + start + 1, b, t)
       for m in ensemble:
@@ -122,12 +123,12 @@ def evaluate_blocks(
     any_order.append(np.stack(per_order, 1))
     if progress:
       progress(b)
-  l2r = np.concatenate(l2r)
+  l2r = np.concatenate(l2r_parts)
   ao = np.concatenate(any_order)  # [sequences, orders]
   m_ao = len(ao)
   # Standard error of the any-order mean NLL over sequences (each averaged over its orders).
   se_nll = ao.mean(1).std(ddof=1) / math.sqrt(m_ao) if m_ao > 1 else float("nan")
-  out = {
+  out: dict[str, Any] = {
     "l2r_ppl": math.exp(l2r.mean()),
     "l2r_nll": float(l2r.mean()),
     "any_order_ppl": math.exp(ao.mean()),
@@ -206,7 +207,7 @@ def generative_perplexity(
       f"sample token id {top} is outside the scorer's vocab [0, {scorer.vocab_size})"
     )
   ppl = np.empty(len(samples))
-  by_length = {}
+  by_length: dict[int, list[int]] = {}
   for i, s in enumerate(samples):
     by_length.setdefault(len(s), []).append(i)
   for rows in by_length.values():
