@@ -23,8 +23,8 @@ from ao_mdm.config import base_config
 from ao_mdm.eval import infill, scoring
 from ao_mdm.interop import harness
 from ao_mdm.train import loop
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = 32
 QUESTIONS = [  # the harness puts a space (its target_delimiter) between question and choice
   {

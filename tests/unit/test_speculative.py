@@ -3,7 +3,6 @@ L2R and in random orders with known tokens scattered."""
 
 import itertools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -15,16 +14,7 @@ from ao_mdm import model as model_lib
 from ao_mdm import specs
 from ao_mdm.decode import draft, parallel, speculative
 from ao_mdm.perf import bench_sample
-from test_parallel import naive_greedy
-
-
-def random_model(v, t, scale, seed=0):
-  cfg = specs.default().model.replace(
-    vocab_size=v, block_size=t, n_layer=2, n_embd=32, n_head=4, cond_dim=16
-  )
-  params = nn.unbox(model_lib.init_params(cfg, jax.random.key(seed)))
-  # Random init is near uniform; larger weights make p (L2R) and q (drafts) clearly different.
-  return cfg, jax.tree.map(lambda p: p * scale if p.ndim >= 2 else p, params)
+from helpers import naive_greedy, random_model
 
 
 def _l2r_joint(cfg, params):

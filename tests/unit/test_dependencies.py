@@ -3,10 +3,10 @@ extra of the command that needs it (and then imported only where that command ru
 
 import ast
 import importlib.metadata
-import pathlib
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 # Distributions of an extra: the extra, and the modules that may import them at their top (the
 # others import them inside the function that needs them).
 OPTIONAL = {

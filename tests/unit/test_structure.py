@@ -4,7 +4,7 @@ another of our modules (ao_mdm's, or a test module's)."""
 import ast
 import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from helpers import ROOT
 
 
 def _sources():
@@ -17,7 +17,7 @@ def _private_uses(path: pathlib.Path) -> list:
   tree = ast.parse(path.read_text(), str(path))
   modules, found = set(), []
   private = lambda name: name.startswith("_") and not name.startswith("__")
-  ours = lambda module: module.split(".")[0] == "ao_mdm" or module.startswith("test")
+  ours = lambda module: module.split(".")[0] in ("ao_mdm", "helpers") or module.startswith("test")
   for node in ast.walk(tree):
     if isinstance(node, ast.Import):
       modules |= {a.asname or a.name for a in node.names if ours(a.name)}

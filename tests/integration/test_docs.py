@@ -3,7 +3,6 @@ against a small trained run in its place (a command meant to fail would carry `#
 
 import concurrent.futures
 import os
-import pathlib
 import re
 import shlex
 import subprocess
@@ -14,8 +13,8 @@ import pytest
 from ao_mdm import specs
 from ao_mdm.config import base_config
 from ao_mdm.train import loop
+from helpers import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 _COMMAND = re.compile(r"ao-mdm [a-z-]+(?: [a-z]+)? [^`\n#]*runs/demo[^`\n#]*")
 
 

@@ -18,21 +18,8 @@ import pytest
 
 from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
-from ao_mdm.config import base_config
 from ao_mdm.train import loop
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def ao_mdm(*args, timeout=300):
-  return subprocess.run(
-    [sys.executable, "-m", "ao_mdm.cli.main", *args],
-    capture_output=True,
-    text=True,
-    timeout=timeout,
-    cwd=ROOT,
-    env={**os.environ, "JAX_PLATFORMS": "cpu"},
-  )
+from helpers import ROOT, ao_mdm, tiny_config
 
 
 @pytest.mark.parametrize(
@@ -56,16 +43,6 @@ def test_command_help_lists_its_own_flags(command):
     assert (
       "--weights: <ema|model>: Which of the PyTorch checkpoint's params to import" in out.stdout
     )
-
-
-def tiny_config(data_dir):
-  c = base_config()
-  c.model.update(vocab_size=512, block_size=32, n_layer=2, n_embd=32, n_head=2, cond_dim=32)
-  c.train.update(
-    batch_size=8, num_steps=2, warmup_steps=1, eval_batches=1, eval_every=0, checkpoint_every=1
-  )
-  c.data.tfds_dir = data_dir
-  return c
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,9 @@ from its own rank or below; no module cycles; no configs/."""
 import ast
 import pathlib
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "ao_mdm"
+from helpers import ROOT
+
+PACKAGE = ROOT / "ao_mdm"
 
 
 def _module(path: pathlib.Path) -> str:

@@ -1,6 +1,6 @@
 """The learned draft head: it learns the base's conditionals, and `train-draft` writes a head
 that `sample` and `bench` load (refusing a head of another model shape). Exactness with a head
-is tested in test_speculative.py."""
+is tested in test_speculative.py; the command, in tests/integration/test_draft_cli.py."""
 
 import os
 
@@ -10,13 +10,10 @@ import numpy as np
 import pytest
 
 from ao_mdm import model as model_lib
-from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.decode import draft, parallel, speculative
 from ao_mdm.train import draft as draft_training
-from ao_mdm.train import loop
-from test_cli import ao_mdm, tiny_config
-from test_speculative import random_model
+from helpers import random_model
 
 
 def test_the_head_learns_the_bases_conditionals():
@@ -61,27 +58,22 @@ def test_bad_settings_are_refused():
     draft_training.check_settings(draft_training.Settings(num_steps=0), 16)
 
 
-@pytest.fixture(scope="module")
-def run(data_dir, tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("draft") / "run")
-  loop.train_and_evaluate(specs.parse(tiny_config(data_dir)), workdir)
-  return workdir
-
-
 @pytest.mark.slow  # a training run and a head, 25 s: the default stage stays under 10 minutes
-def test_train_command_writes_a_head_that_loads_and_decodes(run, tmp_path):
+def test_train_command_writes_a_head_that_loads_and_decodes(tiny_run, tmp_path):
   out = str(tmp_path / "head")
   lines = []
   settings = draft_training.Settings(
     num_steps=3, batch_size=8, chain=2, log_every=1, eval_batches=1
   )
-  config, params, tokenizer = checkpoints.load_run(run)
+  config, params, tokenizer = checkpoints.load_run(tiny_run)
   head_params, figures, _ = draft_training.train_head(
     config, params, tokenizer, settings, log=lines.append
   )
   assert any(line.startswith("train-draft step 3/3") for line in lines)
   assert sorted(figures) == ["l2r", "random"] and all(len(v) == 2 for v in figures.values())
-  assert draft.save(out, config.model, head_params, settings, figures, run, "ema", params) == out
+  assert (
+    draft.save(out, config.model, head_params, settings, figures, tiny_run, "ema", params) == out
+  )
   assert sorted(os.listdir(out)) == ["0"]  # written whole, under a temporary name first
   head = draft.load(out, config.model, params, log=lines.append)
   init = draft.init_head(config.model, jax.random.key(0))
@@ -98,44 +90,8 @@ def test_train_command_writes_a_head_that_loads_and_decodes(run, tmp_path):
   other = config.model.replace(block_size=64)
   with pytest.raises(ValueError, match="trained for another model shape .block_size 32 vs 64"):
     draft.load(out, other, params)
-  export = checkpoints.export(run, str(tmp_path / "export"))
+  export = checkpoints.export(tiny_run, str(tmp_path / "export"))
   with pytest.raises(ValueError, match="is not a draft head"):
     draft.load(export, config.model, params)
   with pytest.raises(FileExistsError, match="exists and is not an empty directory"):
-    draft.save(out, config.model, head_params, settings, figures, run, "ema", params)
-
-
-@pytest.mark.slow  # eight `ao-mdm` processes, about 30 s
-def test_cli_train_draft_errors_and_help(run, tmp_path):
-  out = ao_mdm("train-draft", "--help")
-  assert out.returncode == 0 and "--steps: " in out.stdout and "(default: 600)" in out.stdout
-  assert "--order: <random|l2r>: The order the head is trained for" in out.stdout
-  assert "sample:" not in out.stdout and "eval:" not in out.stdout  # each flag means one thing
-  cases = [
-    (["train-draft", f"--checkpoint={run}"], "missing --workdir"),
-    (["train-draft", f"--checkpoint={run}", f"--workdir={run}"], "exists and is not an empty"),
-    (
-      ["train-draft", f"--checkpoint={run}", f"--workdir={tmp_path}/h", "--steps=0"],
-      "--steps=0 must be >= 1",
-    ),
-    (
-      ["train-draft", f"--checkpoint={run}", f"--workdir={tmp_path}/h", "--top_p=0.5"],
-      "--top_p not accepted by `ao-mdm train-draft`",
-    ),
-    (
-      ["sample", f"--checkpoint={run}", f"--draft_head={tmp_path}/none"],
-      "--draft_head applies to --mode=speculative",
-    ),
-    (
-      ["sample", f"--checkpoint={run}", "--mode=speculative", f"--draft_head={tmp_path}/none"],
-      "give the --workdir of an `ao-mdm train-draft`",
-    ),
-    (
-      ["sample", f"--checkpoint={run}", "--mode=speculative", f"--draft_head={run}"],
-      "is not a draft head",
-    ),
-  ]
-  for args, message in cases:
-    got = ao_mdm(*args)
-    assert got.returncode == 2 and message in got.stderr, (args, got.stderr)
-    assert got.stderr.count("\n") == 1 and got.stderr.startswith("error: ")
+    draft.save(out, config.model, head_params, settings, figures, tiny_run, "ema", params)

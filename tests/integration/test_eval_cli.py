@@ -13,8 +13,7 @@ from ao_mdm.checkpoint import checkpoints
 from ao_mdm.config import base_config
 from ao_mdm.eval import perplexity, scoring
 from ao_mdm.train import loop
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +84,7 @@ def test_eight_devices_equal_one_and_mesh_errors(checkpoint, tmp_path):
   run = subprocess.run(
     [
       sys.executable,
-      os.path.join(ROOT, "tests", "eight_device_worker.py"),
+      os.path.join(os.path.dirname(__file__), "eight_device_worker.py"),
       checkpoint,
       str(tmp_path / "blocks.npy"),
       str(out),

@@ -24,8 +24,8 @@ from ao_mdm.checkpoint import checkpoints
 from ao_mdm.config import base_config
 from ao_mdm.storage import fs
 from ao_mdm.train import loop
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BOUND_S = 10  # --storage_timeout of every case
 SMALL = {
   "model.vocab_size": 512,

@@ -8,7 +8,8 @@ brief outside the repository.
 import pathlib
 import re
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 PACKAGE = ROOT / "ao_mdm"
 OUTSIDE_BRIEF = "DESIGN" + ".md"  # built here so that this file does not contain it
 _NAMED = re.compile(r"`(ao_mdm/[\w/]+\.py)`")

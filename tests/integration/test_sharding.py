@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import default_compiler_flags
+from helpers import default_compiler_flags
 
 WORKER = pathlib.Path(__file__).resolve().parent / "sharding_worker.py"
 TIMEOUT_S = 240

@@ -18,7 +18,7 @@ from ao_mdm.train import step as train_step
 
 torch = pytest.importorskip("torch")
 from ao_mdm.interop import torch_reference  # needs torch
-from test_import_torch import random_params
+from helpers import random_params
 
 
 def _config(microbatches: int = 1) -> specs.Spec:

@@ -12,6 +12,7 @@ from scipy import stats
 from ao_mdm import model as model_lib
 from ao_mdm import specs
 from ao_mdm.decode import common, options, parallel, text
+from helpers import naive_greedy
 
 T = 32
 
@@ -33,22 +34,6 @@ def cached_model(variant):
   if variant not in MODELS:
     MODELS[variant] = tiny_model(variant)
   return MODELS[variant]
-
-
-def naive_greedy(cfg, params, known_tokens, order, counts):
-  """Reference: for each step and target, the full training forward with that target next."""
-  forward = jax.jit(lambda tok, o: model_lib.make_model(cfg).apply({"params": params}, tok, o))
-  b = order.shape[0]
-  tokens = known_tokens.copy()
-  logits_log = np.zeros((b, cfg.block_size, cfg.vocab_size), np.float32)
-  for n, n_next in zip(counts[:-1], counts[1:]):
-    for m in range(n, n_next):
-      o = np.concatenate([order[:, :n], order[:, m : m + 1], np.delete(order[:, n:], m - n, 1)], 1)
-      logits = np.asarray(forward(jnp.asarray(tokens), jnp.asarray(o)))[:, n]
-      logits_log[np.arange(b), order[:, m]] = logits
-    for m in range(n, n_next):  # tokens of one step are written after all its targets are scored
-      tokens[np.arange(b), order[:, m]] = logits_log[np.arange(b), order[:, m]].argmax(-1)
-  return tokens, logits_log
 
 
 CASES = {  # name: (order mode, known positions)

@@ -1,15 +1,14 @@
-"""scripts/reproduce.py: paired statistics of the findings, and (slow) the whole script."""
+"""scripts/reproduce.py: paired statistics of the findings (the whole script runs in
+tests/integration/test_reproduce_cli.py)."""
 
 import importlib.util
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
+
 spec = importlib.util.spec_from_file_location(
   "reproduce", os.path.join(ROOT, "scripts", "reproduce.py")
 )
@@ -51,16 +50,3 @@ def test_findings_hold_only_beyond_two_standard_errors():
   runs["sigma_s0"] = run(0.3, 0.62, noise=0.3)  # no real difference, just noise
   found = {f["finding"][:4]: f for f in reproduce.findings(runs)}
   assert not found["(c) "]["holds"]
-
-
-@pytest.mark.slow
-def test_the_whole_script_runs_and_resumes(tmp_path):
-  cmd = [sys.executable, "scripts/reproduce.py", "--smoke", f"--out={tmp_path}"]
-  first = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1200)
-  assert first.returncode == 0, first.stderr[-3000:]
-  results = tmp_path / "results"
-  assert (results / "mixed_s0_quality.json").is_file()
-  findings = json.loads((results / "findings.json").read_text())
-  assert len(findings) == 4 and "| seed | finding |" in first.stdout
-  again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
-  assert again.returncode == 0 and "$ " not in again.stdout and "wrote " not in again.stdout

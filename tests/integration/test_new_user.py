@@ -20,9 +20,8 @@ from ao_mdm.config import base_config
 from ao_mdm.data import prepare, prepared
 from ao_mdm.storage import fs
 from ao_mdm.train import loop
-from test_cli import tiny_config
+from helpers import ROOT, ao_mdm, tiny_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = [
   "--config.model.vocab_size=512",
   "--config.model.block_size=32",
@@ -34,17 +33,6 @@ SMALL = [
   "--config.train.eval_every=0",
   "--config.train.log_every=1",
 ]
-
-
-def ao_mdm(*args, env=None, cwd=ROOT):
-  return subprocess.run(
-    [sys.executable, "-m", "ao_mdm.cli.main", *args],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    cwd=cwd,
-    env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})},
-  )
 
 
 def start(*args, env=None):

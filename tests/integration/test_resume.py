@@ -17,8 +17,8 @@ from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.config import base_config
 from ao_mdm.train import loop
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = [
   "--config.model.vocab_size=512",
   "--config.model.block_size=32",

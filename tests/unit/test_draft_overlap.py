@@ -11,8 +11,8 @@ import pytest
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location(
   "draft_overlap", os.path.join(ROOT, "scripts", "draft_overlap.py")
 )

@@ -151,31 +151,6 @@ def test_sequence_longer_than_block_size():
 
 
 @pytest.mark.parametrize(
-  "name,expected",
-  [
-    ("ao_small", "170,605,952"),
-    ("ao_medium", "425,804,928"),
-    ("sigma_small", "125,263,872"),
-    ("sigma_medium", "355,921,920"),
-  ],
-)
-def test_info_command_on_paper_configs(name, expected):
-  import os
-  import subprocess
-  import sys
-
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  out = subprocess.run(
-    [sys.executable, "-m", "ao_mdm.cli.main", "info", f"--config={root}/configs/paper.py:{name}"],
-    capture_output=True,
-    text=True,
-    check=True,
-    cwd=root,
-  ).stdout
-  assert f"parameters: {expected}\n" in out
-
-
-@pytest.mark.parametrize(
   "key,value", [("remat", "full"), ("remat", "dots"), ("unroll_layers", True)]
 )
 def test_layer_schedules_give_the_same_gradients(key, value):

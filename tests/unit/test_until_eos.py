@@ -2,35 +2,13 @@
 to the fixed-length samples of the same seed up to it; rows stop independently, and a batch
 whose rows are all done runs no further step."""
 
-import json
-import os
-import random
-import subprocess
-import sys
-
-import flax.linen as nn
-import jax
 import numpy as np
 import pytest
 
-from ao_mdm import model as model_lib
-from ao_mdm import specs
-from ao_mdm.config import base_config
 from ao_mdm.decode import generate, options, parallel, speculative
+from helpers import EOS, eos_model
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EOS = 1  # SentencePiece's EOS id, as the tokenizers of ao_mdm train them
-T = 32
-
-
-def eos_model(v: int = 64, t: int = T, eos_logit: float = 2.5, seed: int = 0):
-  """A random AO-GPT whose head favours EOS: about one position in eight draws it."""
-  cfg = specs.default().model.replace(
-    vocab_size=v, block_size=t, n_layer=2, n_embd=32, n_head=4, cond_dim=16
-  )
-  params = nn.unbox(model_lib.init_params(cfg, jax.random.key(seed)))
-  params["head"]["bias"] = params["head"]["bias"].at[EOS].set(eos_logit)
-  return cfg, params
+T = 32  # helpers.eos_model's length
 
 
 @pytest.fixture(scope="module")
@@ -184,36 +162,9 @@ def test_samplers_refuse_a_stop_they_cannot_honour(model):
     speculative.sample(params, cfg, batch_size=1, order="random", eos_id=EOS)
 
 
-@pytest.fixture(scope="module")
-def export(tmp_path_factory):
-  """An export of an EOS-favouring model with a small SentencePiece tokenizer, as `sample`
-  reads one."""
-  from ao_mdm.checkpoint import checkpoints
-  from ao_mdm.data import tokenizer as tok_lib
-
-  root = tmp_path_factory.mktemp("until_eos")
-  rng = random.Random(0)
-  words = "the people of this union state congress nation we must our war peace law year".split()
-  texts = [" ".join(rng.choice(words) for _ in range(12)) + "." for _ in range(400)]
-  tok_lib.train_sentencepiece(texts, 384, str(root / "tokenizer" / "sp_words_384.model"))
-  c = base_config()
-  c.model.update(vocab_size=384, block_size=T, n_layer=2, n_embd=32, n_head=4, cond_dim=16)
-  config = specs.parse(c)
-  _, params = eos_model(v=384, eos_logit=4.0)
-  path = checkpoints.write_params_export(
-    str(root / "export"), config.to_dict(), params, str(root / "tokenizer")
-  )
-  return (
-    path,
-    config,
-    params,
-    tok_lib.SentencePieceTokenizer(str(root / "tokenizer" / "sp_words_384.model")),
-  )
-
-
 @pytest.mark.parametrize("mode", ["parallel", "speculative"])
-def test_sample_texts_records_end_at_the_eos(export, mode):
-  _, config, params, tokenizer = export
+def test_sample_texts_records_end_at_the_eos(eos_export, mode):
+  _, config, params, tokenizer = eos_export
   prompt_ids = tokenizer.encode("We the people")
   records = list(
     generate.sample_texts(
@@ -238,46 +189,3 @@ def test_sample_texts_records_end_at_the_eos(export, mode):
   assert any(r["length"] < T for r in records)
   if mode == "parallel":
     assert all(r["block_len"] == options.DEFAULT_BLOCK_LEN for r in records)
-
-
-def ao_mdm(*args):
-  return subprocess.run(
-    [sys.executable, "-m", "ao_mdm.cli.main", *args],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    cwd=ROOT,
-    env={**os.environ, "JAX_PLATFORMS": "cpu"},
-  )
-
-
-@pytest.mark.slow  # six sample processes (about 20 s)
-def test_cli_until_eos_writes_variable_length_records(export, tmp_path):
-  path = str(tmp_path / "samples.jsonl")
-  out = ao_mdm(
-    "sample",
-    f"--checkpoint={export[0]}",
-    "--until_eos",
-    "--block_len=8",
-    "--steps=16",
-    "--num_samples=3",
-    "--batch_size=2",
-    "--prompt=We the people",
-    f"--out={path}",
-  )
-  assert out.returncode == 0, out.stderr
-  records = [json.loads(line) for line in open(path)]
-  assert len(records) == 3 and "blocks of 8" in out.stdout and "tokens" in out.stdout
-  for r in records:
-    assert r["until_eos"] and r["block_len"] == 8 and r["steps"] == 16
-    assert len(r["tokens"]) == r["length"] <= T
-  for args, message in [
-    (["--mode=confidence"], "--until_eos applies to --mode=parallel or --mode=speculative"),
-    (["--mode=speculative", "--order=random"], "needs --order=l2r"),
-    (["--infill=a [MASK] b"], "not --infill"),
-    (["--block_len=0"], "block_len=0 must be >= 1"),
-    (["--mode=speculative", "--block_len=4"], "--block_len applies to --mode=parallel"),
-  ]:
-    bad = ao_mdm("sample", f"--checkpoint={export[0]}", "--until_eos", *args)
-    errors = [line for line in bad.stderr.splitlines() if line.startswith("error: ")]
-    assert bad.returncode == 2 and len(errors) == 1 and message in errors[0], bad.stderr

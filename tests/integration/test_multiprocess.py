@@ -11,6 +11,8 @@ import time
 import numpy as np
 import pytest
 
+from helpers import ROOT
+
 # Two processes, about a minute on 2 cores: in CI's slow stage (make test-slow).
 pytestmark = pytest.mark.slow
 
@@ -73,7 +75,6 @@ def test_two_processes_match_one(tmp_path):
 # `ao-mdm train` as two processes of 2 CPU devices each, joined through a coordinator on
 # 127.0.0.1: signals to one or both, a process killed, each stop resumed to the end and compared
 # with a run that was never stopped.
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 SMALL = [
   "--config.model.vocab_size=512",
   "--config.model.block_size=32",

@@ -6,8 +6,6 @@ checked against the reference computation, not only against its own inverse.
 """
 
 import json
-import subprocess
-import sys
 
 import flax
 import jax
@@ -19,6 +17,7 @@ from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.config import base_config
 from ao_mdm.interop import torch_import
+from helpers import random_params
 
 torch = pytest.importorskip("torch")
 from ao_mdm.interop import torch_reference  # needs torch
@@ -37,19 +36,6 @@ def _config(variant: str, block_size: int = 12, vocab_size: int = 96):
   )
   c.data.update(dataset="openwebtext", tokenizer="gpt2")
   return specs.parse(c)
-
-
-def random_params(config, seed: int) -> dict:
-  """A random model of ours: every leaf random (norm scales near 1, biases non-zero)."""
-  shapes = flax.linen.unbox(
-    jax.eval_shape(lambda: model_lib.init_params(config.model, jax.random.key(0)))
-  )
-  rng = np.random.default_rng(seed)
-  flat = {
-    path: (path[-1] == "scale") + rng.normal(0, 0.1, a.shape).astype(np.float32)
-    for path, a in flax.traverse_util.flatten_dict(shapes).items()
-  }
-  return flax.traverse_util.unflatten_dict(flat)
 
 
 def _reference_checkpoint(config, params, ema_params, bias: bool = True) -> dict:
@@ -372,22 +358,6 @@ def test_export_torch_loads_in_the_reference_and_imports_back_bitwise(tmp_path, 
     torch_export.export_torch(export, path)
 
 
-@pytest.fixture(scope="module")
-def sp_export(sp_tokenizer, sotu_config, tmp_path_factory):
-  """A small AO-GPT with its own SentencePiece tokenizer (conftest's, vocab 512), written as
-  `ao-mdm export` writes one: params, config and tokenizer/."""
-  c = base_config()
-  c.model.update(vocab_size=512, block_size=32, n_layer=2, n_head=2, n_embd=32, cond_dim=32)
-  c.data.update(dataset=sotu_config.dataset, tfds_dir=sotu_config.tfds_dir)
-  config = specs.parse(c)
-  root = tmp_path_factory.mktemp("sp_export")
-  (root / "tok").mkdir()
-  (root / "tok" / "sp_sotu_512.model").write_bytes(open(sp_tokenizer.model_path, "rb").read())
-  return checkpoints.write_params_export(
-    str(root / "export"), config.to_dict(), random_params(config, 9), str(root / "tok")
-  )
-
-
 def _greedy(path):
   """Greedy samples (texts and ids) of a run or export after a prompt (its tokenizer's ids)."""
   from ao_mdm.decode import generate
@@ -475,28 +445,3 @@ def test_error_lines_list_a_few_keys(tmp_path, ao_checkpoint):
   with pytest.raises(ValueError) as e:
     torch_import.import_torch(_save(tmp_path, ckpt["model"]), str(tmp_path / "out"), config=config)
   assert f"... and {n - 4} more" in str(e.value) and len(str(e.value)) < 400, str(e.value)
-
-
-def test_safetensors_import_refuses_weights_given_on_the_command_line(tmp_path, sp_export):
-  """A safetensors file holds one set of weights: --weights would be ignored, so it is refused
-  (one line, exit 2, nothing written)."""
-  from ao_mdm.interop import torch_export
-
-  path = torch_export.export_torch(sp_export, str(tmp_path / "m.safetensors"), fmt="safetensors")
-  out = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "ao_mdm.cli.main",
-      "import-torch",
-      f"--checkpoint={path}",
-      f"--out={tmp_path / 'back'}",
-      "--weights=model",
-    ],
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
-  assert out.stderr.startswith("error: --weights does not apply to")
-  assert not (tmp_path / "back").exists()

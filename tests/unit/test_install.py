@@ -7,7 +7,7 @@ import os
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
 
 
 def _setup_requirements() -> list:

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from ao_mdm.storage import compile_cache
+from helpers import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHILD = """
 import json, sys
 import jax, jax.numpy as jnp

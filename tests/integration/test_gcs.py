@@ -21,24 +21,9 @@ from ao_mdm.data import prepare, prepared
 from ao_mdm.storage import fs, paths
 from ao_mdm.storage import lease as lease_lib
 from ao_mdm.train import loop, records
+from helpers import ROOT, ao_mdm, error_lines
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = f"--config={ROOT}/configs/tiny.py"
-
-
-def ao_mdm(*args, env=None, timeout=300, cwd=ROOT):
-  return subprocess.run(
-    [sys.executable, "-m", "ao_mdm.cli.main", *args],
-    capture_output=True,
-    text=True,
-    timeout=timeout,
-    cwd=cwd,
-    env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})},
-  )
-
-
-def error_lines(out) -> list:
-  return [line for line in out.stderr.splitlines() if line.startswith("error: ")]
 
 
 @pytest.fixture(params=["local", "gcs"])
