@@ -243,8 +243,9 @@ def probed(directory: str, call: Callable[[], Any]) -> Any:
   """call() (an Orbax call into `directory`: creating a manager, which lists the steps, a
   restore through tensorstore, a save, a wait for one, a listing); in a bucket, with the bucket
   asked every PROBE_S whether it answers, and one silent for --storage_timeout ends the wait
-  with gcs.no_answer, marked `exit_now` (Orbax's calls into storage have no deadline and cannot
-  be stopped). Slow work in a bucket that answers is waited for."""
+  with gcs.no_answer's error as a gcs.Stuck, which ends the process at once (Orbax's calls
+  into storage have no deadline and cannot be stopped). Slow work in a bucket that answers is
+  waited for."""
   if not fs.is_gcs(directory):
     return call()
   done, out = threading.Event(), {}
@@ -262,8 +263,7 @@ def probed(directory: str, call: Callable[[], Any]) -> Any:
     try:
       gcs.check_bucket(directory)
     except TimeoutError as e:
-      e.exit_now = True
-      raise
+      raise gcs.Stuck(str(e)) from e
   if "error" in out:
     raise out["error"]
   return out.get("value")

@@ -227,7 +227,7 @@ def compile_for_topology(
   start = time.perf_counter()
   try:
     with jax.set_mesh(program.mesh), nn.logical_axis_rules(program.axis_rules):
-      compiled = program.step.jitted.lower(program.abstract_state, tokens).compile()
+      compiled = program.jitted.lower(program.abstract_state, tokens).compile()
   except jax.errors.JaxRuntimeError as e:
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise

@@ -55,7 +55,7 @@ def configure() -> None:
   cache off (objects this layer writes or deletes would not show in it). Before the first use."""
   os.environ.setdefault("EPATH_USE_TF", "false")
   os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-  gcsfs_options = {"use_listings_cache": False}
+  gcsfs_options: dict[str, bool | str] = {"use_listings_cache": False}
   host = os.environ.get(EMULATOR)
   if host:
     host = host if "://" in host else f"http://{host}"
@@ -121,6 +121,13 @@ def no_answer(path: str) -> TimeoutError:
     f"{path}: no answer from Cloud Storage ({where}) within {timeout_s():.0f} "
     f"s; set {TIMEOUT_ENV}=SECONDS to wait longer"
   )
+
+
+class Stuck(TimeoutError):
+  """Storage stopped answering while a call that cannot be stopped (Orbax's) still waits on it:
+  the command ends the process at once (`exit_now`), not waiting for that call."""
+
+  exit_now = True
 
 
 def missing_bucket(path: str) -> FileNotFoundError:

@@ -38,7 +38,8 @@ class JoinTimeout(TimeoutError):
 class _Run:
   """What the lines of a lost run say: this process, the work dir, its newest checkpoint."""
 
-  process, count, workdir, checkpoint, heartbeat_s = 0, 1, "", None, hosts.HEARTBEAT_S
+  process, count, workdir, heartbeat_s = 0, 1, "", hosts.HEARTBEAT_S
+  checkpoint: int | None = None
   ending = False  # set once this process is on its way out: a peer leaving is no news then
   exit_code = 2  # what a SIGABRT from the runtime ends the process with
 
@@ -169,6 +170,7 @@ def _watch() -> None:
   """Every WATCH_S seconds, which processes the runtime still hears (a process that stops
   sending heartbeats drops out after the heartbeat timeout)."""
   client = jax._src.distributed.global_state.client
+  assert client is not None  # joined: a run of several processes
   everyone = list(range(RUN.count))
   while not RUN.ending:
     try:
@@ -183,7 +185,7 @@ def _watch() -> None:
     time.sleep(WATCH_S)
 
 
-_ABORT_HANDLER = []  # the C callback, kept alive for the process's lifetime
+_ABORT_HANDLER: list = []  # the C callback, kept alive for the process's lifetime
 
 
 def _on_abort() -> None:
@@ -232,6 +234,7 @@ def finish(exit_code: int) -> None:
   if not multi_process():
     sys.exit(exit_code)
   client = jax._src.distributed.global_state.client
+  assert client is not None  # joined: a run of several processes
   try:
     client.wait_at_barrier("ao_mdm:finished", int((RUN.heartbeat_s + 60) * 1000))
   except Exception as e:  # a process was lost on the way out

@@ -5,7 +5,7 @@ random orders, chained over several drafts as speculative decoding feeds it."""
 from collections.abc import Callable
 import dataclasses
 import time
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -45,9 +45,8 @@ def chain_losses(
   """([J] mean KL(p || q), [J] mean sum_x min(p, q)) of draft j = 1..J against the base's
   conditional p at slot s + j, the chain starting from the base's hidden state at every slot s
   (teacher-forced tokens, the head's own hidden states)."""
-  logits_BTV, h_BTD = jax.lax.stop_gradient(
-    model.apply({"params": params}, tokens_BT, order_BT, return_hidden=True)
-  )
+  out = model.apply({"params": params}, tokens_BT, order_BT, return_hidden=True)
+  logits_BTV, h_BTD = jax.lax.stop_gradient(cast(tuple[jax.Array, jax.Array], out))
   logp_BTV = jax.nn.log_softmax(logits_BTV)
   prev_tok_BT, prev_pos_BT = model_lib.slot_inputs(tokens_BT, order_BT)
   t = tokens_BT.shape[1]

@@ -16,7 +16,7 @@ from ao_mdm import model as model_lib
 from ao_mdm.checkpoint import checkpoints, layout
 from ao_mdm.eval import perplexity, scoring
 from ao_mdm.runtime import interrupts
-from ao_mdm.storage import fs
+from ao_mdm.storage import fs, gcs
 from ao_mdm.train import cluster, records
 from ao_mdm.train import step as train_step
 
@@ -34,7 +34,7 @@ class _StartClock:
   """Wall seconds of each phase of a start, from the process's own start to the first step
   (what a restart after a preemption costs; `ao-mdm bench restart` reads them)."""
 
-  def __init__(self):
+  def __init__(self) -> None:
     import psutil
 
     self.last = psutil.Process().create_time()
@@ -64,7 +64,7 @@ def train_and_evaluate(
   the other processes) save a checkpoint at a step boundary that every process agrees on.
   """
   own_stop = stop is None
-  stop = interrupts.StopRequest() if own_stop else stop
+  stop = interrupts.StopRequest() if stop is None else stop
   try:
     return _train_and_evaluate(config, workdir, init_from, start_over, _on_process_0(log), stop)
   finally:
@@ -101,9 +101,7 @@ def _train_and_evaluate(
     with interrupts.on_interrupt(release):  # a new work dir holding only the lock goes too
       return _train(program, workdir, init_params, init_from, start_over, lock, clock, say, stop)
   except TimeoutError as e:  # storage stopped answering: say what is saved, and exit at once
-    error = TimeoutError(f"{e}; training stopped: {cluster.newest_checkpoint()}")
-    error.exit_now = True
-    raise error from None
+    raise gcs.Stuck(f"{e}; training stopped: {cluster.newest_checkpoint()}") from None
   finally:
     release()
 
@@ -156,7 +154,7 @@ def _train(
         + ". Use a new work dir or the matching config."
       )
 
-  skipped = []
+  skipped: list[int] = []
   found = checkpoints.restore_newest(
     mgr,
     lambda step, _: checkpoints.restore(mgr, step, program.abstract_state, data_iter),

@@ -16,8 +16,7 @@ from ao_mdm import model as model_lib
 from ao_mdm import sharding, specs
 
 
-@flax.struct.dataclass
-class TrainState:
+class TrainState(flax.struct.PyTreeNode):  # a flax.struct.dataclass whose `replace` is typed
   step: jax.Array
   rng: jax.Array  # raw uint32 key data; orders for step n come from fold_in(rng, n)
   params: Any

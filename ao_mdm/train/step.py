@@ -18,7 +18,7 @@ from ao_mdm.train.state import TrainState
 
 
 def sequence_nll(
-  model: nn.Module, params: Any, tokens_BT: jax.Array, order_BT: jax.Array
+  model: model_lib.AOGPT, params: Any, tokens_BT: jax.Array, order_BT: jax.Array
 ) -> jax.Array:
   """Mean NLL per sequence under the given order, float32, from integer labels."""
   return jnp.mean(model_lib.slot_nll(model, params, tokens_BT, order_BT), axis=1)
@@ -104,7 +104,7 @@ class Program:
   """The sharded training program of a config: one constructor for train, bench, compile, tests.
 
   `step(state, tokens_BT)` runs the jitted train step on `mesh` with the state donated;
-  `step.jitted` is the jax.jit object (for lowering ahead of time). `abstract_state`: the
+  `jitted` is its jax.jit object (for lowering ahead of time). `abstract_state`: the
   state's ShapeDtypeStructs carrying their shardings (restore and AOT targets).
   """
 
@@ -115,6 +115,7 @@ class Program:
   abstract_state: TrainState
   batch_sharding: jax.sharding.NamedSharding
   step: Callable
+  jitted: Any
 
   def init_state(self) -> TrainState:
     return train_state.create_state(self.config, self.mesh, self.axis_rules, self.shardings)
@@ -175,5 +176,4 @@ def make_program(config: specs.Spec, devices: list | None = None) -> Program:
     with jax.set_mesh(mesh), nn.logical_axis_rules(axis_rules):
       return jitted(state, tokens_BT)
 
-  step.jitted = jitted
-  return Program(config, mesh, axis_rules, shardings, abstract, batch, step)
+  return Program(config, mesh, axis_rules, shardings, abstract, batch, step, jitted)
