@@ -141,7 +141,7 @@ def config_flag_error(argv: list, e: Exception) -> str:
   if not os.path.isfile(file):
     return f"--config {file!r}: no such file (e.g. configs/tiny.py)"
   spec = importlib.util.spec_from_file_location("ao_mdm_user_config", file)
-  if spec is None or not file.endswith(".py"):
+  if spec is None or spec.loader is None or not file.endswith(".py"):
     return (
       f"--config {file!r} is not a Python config file: give a .py file that defines "
       "get_config() returning a ConfigDict (e.g. configs/tiny.py)"

@@ -10,6 +10,7 @@ import importlib
 import os
 import sys
 from types import ModuleType
+from typing import NoReturn
 
 from absl import app, flags, logging
 
@@ -100,7 +101,8 @@ def _run(args: list) -> None:
     _fail(
       f"unknown command {args[0]!r}; accepted: {', '.join(COMMANDS)} (`ao-mdm help` describes them)"
     )
-  command, rest, what = args[0], args[1:], ()
+  command, rest = args[0], args[1:]
+  what: tuple[str, ...] = ()  # a subcommand: `bench train`
   module = command_module(command)
   from ao_mdm.runtime import interrupts
 
@@ -156,7 +158,7 @@ def _run(args: list) -> None:
   )
 
 
-def _fail(message: str, exit_now: bool = False) -> None:
+def _fail(message: str, exit_now: bool = False) -> NoReturn:
   """One `error:` line and exit 2 (at once with `exit_now`: a thread that cannot be stopped
   would hold the exit); AO_MDM_TRACEBACK=1 re-raises for the traceback."""
   if os.environ.get("AO_MDM_TRACEBACK") and sys.exc_info()[0]:

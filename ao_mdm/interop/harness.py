@@ -148,7 +148,8 @@ class AoMdm(TemplateLM):
   def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
     """log p(document) of each request's text, summed over the harness's rolling windows."""
     del disable_tqdm
-    windows, owner = [], []
+    windows: list[tuple] = []
+    owner: list[int] = []
     for number, (string,) in enumerate(req.args for req in requests):
       for context, continuation in map(
         lm_utils.make_disjoint_window,

@@ -14,6 +14,7 @@ import base64
 from collections.abc import Callable
 import io
 import json
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +46,7 @@ def _saved_tokenizer(config: specs.Spec, checkpoint: str) -> tuple[str, bytes | 
   if config.data.tokenizer != "sentencepiece":
     return config.data.tokenizer, None
   saved = tok_lib.load_saved_tokenizer(config.data, config.model.vocab_size, checkpoint)
+  assert isinstance(saved, tok_lib.SentencePieceTokenizer)
   return saved.name, fs.read_bytes(saved.model_path)
 
 
@@ -84,7 +86,7 @@ def export_torch(
       raise ImportError("export-torch needs PyTorch: pip install -e '.[torch]'") from e
     tensors = {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
     parameters = [tensors[r.key] for r in torch_import.reference_layout(cfg) if r.conv != "tied"]
-    tokenizer = {"name": name}
+    tokenizer: dict[str, Any] = {"name": name}
     if sp_model is not None:  # a tensor: loads with weights_only=True in any torch version
       tokenizer["model"] = torch.frombuffer(bytearray(sp_model), dtype=torch.uint8)
     buffer = io.BytesIO()

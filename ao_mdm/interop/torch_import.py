@@ -71,7 +71,9 @@ def reference_layout(cfg: specs.ModelSpec, bias: bool = True) -> list[_Row]:
     _Row("transformer.wtpe.weight", (t, c if ao else d), ("target_embed",), "same"),
     _Row("transformer.wnonee.weight", (1, d), ("none_embed",), "row"),
   ]
-  block = [("ln_1.weight", (d,), "ln_1/scale", "same", True)]
+  block: list[tuple[str, tuple[int, ...], str, str, bool]] = [
+    ("ln_1.weight", (d,), "ln_1/scale", "same", True)
+  ]
   block += [
     ("ln_1.bias", (d,), "ln_1/bias", "same", not ao and bias),
     ("attn.c_attn.weight", (3 * d, d), "qkv/kernel", "qkv", True),
@@ -253,8 +255,8 @@ def _load_torch_checkpoint(path: str) -> dict:
         "authors' trainer does not contain; refused without running it "
         "(torch.load weights_only=True)"
       ) from None
-    detail = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))
-    detail = detail[1] if detail else (str(e).strip().splitlines() or [type(e).__name__])[0]
+    unpickler = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))
+    detail = unpickler[1] if unpickler else (str(e).strip().splitlines() or [type(e).__name__])[0]
     raise ValueError(
       f"{path!r} is not a PyTorch checkpoint torch.load can read: {detail}"
     ) from None
@@ -263,10 +265,10 @@ def _load_torch_checkpoint(path: str) -> dict:
     or not isinstance(ckpt.get("model"), dict)
     or not isinstance(ckpt.get("model_args"), dict)
   ):
-    found = f"the keys {_names(ckpt)}" if isinstance(ckpt, dict) else type(ckpt).__name__
+    what = f"the keys {_names(ckpt)}" if isinstance(ckpt, dict) else type(ckpt).__name__
     raise ValueError(
       f"{path!r} is not a reference AO-GPT checkpoint: expected a dict with "
-      f"'model' (state dict) and 'model_args'; found {found}"
+      f"'model' (state dict) and 'model_args'; found {what}"
     )
   return ckpt
 
@@ -298,7 +300,7 @@ def _config_from_checkpoint(
     raise ValueError(
       f"{path!r}: model_args lacks {', '.join(missing)}; found {_names(list(model_args))}"
     )
-  wanted = {k: int(model_args[k]) for k in _MODEL_ARGS}
+  wanted: dict[str, int | str] = {k: int(model_args[k]) for k in _MODEL_ARGS}
   wanted.update(variant=variant, cond_dim=cond_dim)
   changed = {k: v for k, v in wanted.items() if getattr(config.model, k) != v}
   source = lambda k: "keys" if k in ("variant", "cond_dim") else "model_args"
@@ -455,7 +457,7 @@ def import_torch(
   state = _strip_prefix(ckpt["model"], checkpoint)
   variant = _detect_variant(state, variant, checkpoint)
   paper_recipe = config is None
-  config = _default_import_config(variant) if paper_recipe else config
+  config = _default_import_config(variant) if config is None else config
   wtpe = state.get("transformer.wtpe.weight")
   cond_dim = int(wtpe.shape[1]) if variant == "ao" and wtpe is not None else config.model.cond_dim
   config, changes = _config_from_checkpoint(
@@ -515,7 +517,8 @@ def _params(tensors: dict, rows: list[_Row], cfg: specs.ModelSpec, bias: bool, p
     raise ValueError(
       f"{path!r}: lm_head.weight differs from transformer.wte.weight; sigma-GPT ties them"
     )
-  flat, layers = {}, {}
+  flat: dict[tuple, np.ndarray] = {}
+  layers: dict[tuple, list[np.ndarray]] = {}
   for row in rows:
     if row.conv == "tied":  # checked above; the token embedding is the head
       continue

@@ -118,8 +118,9 @@ class TorchAOGPT(nn.Module):
     self.cfg = cfg
     ao = cfg.variant == "ao"
     d, t = cfg.n_embd, cfg.block_size
+    wte = nn.Embedding(cfg.vocab_size, d)
     layers = dict(
-      wte=nn.Embedding(cfg.vocab_size, d),
+      wte=wte,
       wpe=nn.Embedding(t + 1, d),
       wtpe=nn.Embedding(t, cfg.cond_dim if ao else d),
       wnonee=nn.Embedding(1, d),
@@ -132,11 +133,11 @@ class TorchAOGPT(nn.Module):
     self.transformer = nn.ModuleDict(layers)
     self.lm_head = nn.Linear(d, cfg.vocab_size, bias=ao)
     if not ao:
-      self.lm_head.weight = self.transformer.wte.weight  # sigma-GPT ties the head
+      self.lm_head.weight = wte.weight  # sigma-GPT ties the head
 
   def forward(self, idx_BT: torch.Tensor, orders_BT: torch.Tensor) -> torch.Tensor:
     """Logits of the T+1 slots, [B, T+1, V]; the last slot has no target."""
-    w = self.transformer
+    w: Any = self.transformer  # torch types the entries of a ModuleDict as Tensor | Module
     b, t = idx_BT.shape
     tok = torch.cat(
       [w.wnonee.weight.expand(b, 1, -1), w.wte(torch.gather(idx_BT, 1, orders_BT))], dim=1

@@ -44,10 +44,11 @@ def synthetic_documents(
   """
   pool = [s for r in corpus.sotu_records() for s in tokenizer.sentences(r["text"]) if "\n" not in s]
   rng = random.Random(seed)
-  order, pos, written = [], 0, 0
+  order: list[str] = []
+  pos, written = 0, 0
   while written < n_chars:
     k = rng.randint(*sentences_per_document)
-    picked = []
+    picked: list[str] = []
     while len(picked) < k:
       if pos == len(order):
         order, pos = rng.sample(pool, len(pool)), 0
@@ -97,7 +98,8 @@ def _run_measured(cmd: list) -> tuple[float, int, str]:
   """Wall seconds, peak RSS of the process tree (sampled every 0.1 s) and stdout of cmd."""
   start = time.perf_counter()
   proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  peak, out = [0], {}
+  peak = [0]
+  out: dict[str, str] = {}
   reader = threading.Thread(target=lambda: out.update(zip(("out", "err"), proc.communicate())))
   reader.start()
   while reader.is_alive():
@@ -288,7 +290,7 @@ def bench_data(
   os.makedirs(root, exist_ok=True)
   cores = prepare.default_workers()
   tokenizer = gpt2.GPT2Tokenizer()
-  results = {
+  results: dict[str, Any] = {
     "cores": cores,
     "block_size": int(config.model.block_size),
     "batch_size": int(b.batch_size),
@@ -305,7 +307,7 @@ def bench_data(
       docs = datasets.load_documents(
         _data_config(config, text, root, "p"), "train", os.path.join(root, "tfds")
       )
-      r = {
+      r: dict[str, Any] = {
         "documents": len(docs),
         "text_mb": os.path.getsize(text) / 2**20,
         "source_build_s": time.perf_counter() - start,

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 from ao_mdm import specs
 from ao_mdm.checkpoint import layout
@@ -49,12 +50,12 @@ def _startup(workdir: str, after: int) -> dict:
   return found
 
 
-def _start_and_stop(command: list, workdir: str, after: int, timeout: float) -> tuple[dict, float]:
+def _start_and_stop(command: list, workdir: str, after: int, timeout: float) -> tuple[dict, int]:
   """Starts `command`, waits for its first step past `after`, stops it with SIGTERM; returns
   its start's phases and the step it saved."""
   proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   deadline = time.time() + timeout
-  phases = {}
+  phases: dict = {}
   while not phases and proc.poll() is None and time.time() < deadline:
     time.sleep(0.2)
     phases = _startup(workdir, after)
@@ -78,7 +79,7 @@ def bench_restart(config: specs.Spec, config_file: str, log: Callable[[str], Non
   del config  # the runs load config_file themselves, as a user's would
   root = tempfile.mkdtemp(prefix="ao_mdm_bench_restart_")
   workdir, cache = os.path.join(root, "run"), os.path.join(root, "xla_cache")
-  results = {}
+  results: dict[str, Any] = {}
   try:
     log("first start (fills the work dir and the data preparation)")
     _, step = _start_and_stop(_train_argv(config_file, workdir, cache), workdir, 0, 1800)

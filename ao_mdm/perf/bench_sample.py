@@ -63,7 +63,7 @@ def bench_sample(
   )
   zeros, known = jnp.zeros((b, t), jnp.int32), jnp.zeros((b, t), bool)
   scalars = (jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
-  results = {
+  results: dict[str, Any] = {
     "matmul_peak_flops": peak,
     "read_bytes_per_s": bandwidth,
     "batch_size": b,
@@ -77,10 +77,14 @@ def bench_sample(
     fwd, fwd_compile = _compile(forward, params, tokens, order)
     full_forward_s, _ = _timed(lambda _: fwd(params, tokens, order), repeats)
     log(f"{dtype}: full forward B={b} T={t}: {full_forward_s:.4f} s (compile {fwd_compile:.1f} s)")
-    out = {"full_forward_s": full_forward_s, "full_forward_compile_s": fwd_compile, "steps": {}}
+    out: dict[str, Any] = {
+      "full_forward_s": full_forward_s,
+      "full_forward_compile_s": fwd_compile,
+      "steps": {},
+    }
     for steps in bench.steps:
       counts = parallel.schedule_counts(t, 0, int(steps), bench.schedule)
-      row = {}
+      row: dict[str, Any] = {}
       for use_cache in (True, False) if dtype == "float32" else (True,):
         run_counts = counts
         if not use_cache and steps > bench.no_cache_max_steps:
@@ -187,7 +191,7 @@ def bench_speculative(
         outs += out if r == 0 else []
     return statistics.median(best["base"]), statistics.median(best["spec"]), outs
 
-  results = {
+  results: dict[str, Any] = {
     "block_size": t,
     "seeds": seeds,
     "dtype": dtype,

@@ -27,7 +27,8 @@ def hlo_traffic(hlo_text: str) -> dict:
   fusions counted at their boundary). An instruction inside a while loop (the layer scan, the
   micro-batch scan) counts once per iteration, by the loop's known trip count.
   """
-  computations, comp = {}, None
+  computations: dict[str, dict] = {}
+  comp = None
   for line in hlo_text.splitlines():
     head = re.match(r"\s*(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$", line)
     if head:
@@ -35,7 +36,8 @@ def hlo_traffic(hlo_text: str) -> dict:
       computations[comp] = {"entry": bool(head.group(1)), "lines": []}
     elif comp is not None:
       computations[comp]["lines"].append(line)
-  loops = {}  # computation -> [(called computation, times per call)] for while bodies and calls
+  # computation -> [(called computation, times per call)] for while bodies and calls
+  loops: dict[str, list[tuple[str, int]]] = {}
   for name, c in computations.items():
     for line in c["lines"]:
       body = re.search(r"\bbody=%?([\w.\-]+)", line)
@@ -47,7 +49,7 @@ def hlo_traffic(hlo_text: str) -> dict:
       call = re.search(r"\scall\(.*\bto_apply=%?([\w.\-]+)", line)
       if call:
         loops.setdefault(name, []).append((call.group(1), 1))
-  multiplier = {}
+  multiplier: dict[str, int] = {}
 
   def visit(name, factor):
     multiplier[name] = multiplier.get(name, 0) + factor

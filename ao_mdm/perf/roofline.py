@@ -57,7 +57,7 @@ def train_step(compiled, config: specs.Spec, devices: list) -> dict:
     "hbm_bandwidth": hbm_bw,
     "ici_bandwidth": ici_bw,
     "step_s_lower_bound": step,
-    "bound_by": max(times, key=times.get),
+    "bound_by": max(times, key=times.__getitem__),
     "mfu_upper_bound": model_flops / peak / step,
     "tokens_per_s_upper_bound": tokens / step,
   }

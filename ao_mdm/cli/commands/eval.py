@@ -310,6 +310,7 @@ def _generated(generated: str, scorer_path: str, weights: str, batch_size: int) 
   from ao_mdm.eval import gpt2_scorer, perplexity, scoring, sets
 
   records = sets.read_generated(generated)
+  scorer: gpt2_scorer.GPT2Scorer | scoring.Scorer
   if gpt2_scorer.is_gpt2_export(scorer_path):
     scorer = gpt2_scorer.load_gpt2_scorer(scorer_path)
   else:

@@ -228,7 +228,7 @@ def write_samples(
   def keep_finished(signalled: bool = False) -> str | None:
     """The finished samples go to `out`; says how many unless all of them were written (after a
     signal, counted in the file: the signal may fall between a write and its count)."""
-    if not partial:
+    if not out or not partial:
       return None
     kept = written[0]
     if signalled and fs.exists(partial):

@@ -1,6 +1,8 @@
 """`ao-mdm train-draft`: train a draft head for `sample --mode=speculative` on a run's training
 data, the model frozen (train/draft.py), and write it to a new directory."""
 
+import dataclasses
+
 from absl import flags
 
 from ao_mdm.checkpoint import layout
@@ -56,11 +58,10 @@ def run(v: dict, given: set) -> None:
   from ao_mdm.train import draft as draft_training
 
   settings = draft_training.Settings(
-    num_steps=v["steps"],
-    batch_size=v["batch_size"],
-    seed=v["seed"],
-    **({"l2r_fraction": 1.0 if v["order"] == "l2r" else 0.0} if v["order"] else {}),
+    num_steps=v["steps"], batch_size=v["batch_size"], seed=v["seed"]
   )
+  if v["order"]:  # all L2R or all random; without it, the default mix
+    settings = dataclasses.replace(settings, l2r_fraction=1.0 if v["order"] == "l2r" else 0.0)
   config, params, tokenizer = checkpoints.load_run(v["checkpoint"], v["weights"])
   print(f"fitting a draft head to {v['checkpoint']}'s {v['weights']} params", flush=True)
   with interrupts.on_interrupt(lambda: f"nothing was written to {v['workdir']}"):
