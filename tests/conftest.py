@@ -5,6 +5,7 @@ import os
 import shutil
 import tempfile
 
+import numpy as np
 import pytest
 
 # libtpu (the [tpu] extra, for the ahead-of-time compile tests) must not grab the TPU backend
@@ -182,3 +183,20 @@ def eos_export(tmp_path_factory):
     params,
     tok_lib.SentencePieceTokenizer(str(root / "tokenizer" / "sp_words_384.model")),
   )
+
+
+@pytest.fixture(scope="session")
+def corpus_file(tmp_path_factory):
+  """320 documents of varying length cut from the embedded corpus (5 shards of 64)."""
+  from ao_mdm.data import corpus
+
+  words = " ".join(corpus.sotu_documents("validation")[:4]).split(" ")
+  rng = np.random.default_rng(0)
+  docs, start = [], 0
+  for _ in range(320):
+    n = int(rng.integers(5, 120))
+    docs.append(" ".join(words[start : start + n]))
+    start = (start + n) % (len(words) - 200)
+  path = tmp_path_factory.mktemp("corpus") / "docs.txt"
+  path.write_text("\n".join(docs) + "\n", encoding="utf-8")
+  return path

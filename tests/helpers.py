@@ -125,3 +125,22 @@ def save_hf(model, path, fmt: str = "safetensors") -> str:
       sd[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
     torch.save(sd, os.path.join(path, "pytorch_model.bin"))
   return str(path)
+
+
+SHARD_DOCS = 64  # conftest's corpus_file is 5 shards of it
+
+
+def text_file_config(text_file, tfds_dir, prepared_dir):
+  """The data spec of a text file, its TFDS build and preparation under the given dirs."""
+  return specs.default().data.replace(
+    dataset="text_file",
+    text_file=str(text_file),
+    tfds_dir=str(tfds_dir),
+    prepared_dir=str(prepared_dir),
+  )
+
+
+def split_files(split):
+  """{file name: bytes} of a preparation's shards, counts and manifest."""
+  names = [s["file"] for s in split.manifest["shards"]] + ["token_counts.npy", "manifest.json"]
+  return {n: open(os.path.join(split.directory, n), "rb").read() for n in names}
