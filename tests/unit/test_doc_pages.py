@@ -9,8 +9,14 @@ import pytest
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 # Word budgets (as `wc -w` counts) of groups of pages; each group is one topic's pages.
-BUDGETS = {("sampling.md", "performance.md", "evaluation.md"): 6_500}
+BUDGETS = {
+  ("sampling.md", "performance.md", "evaluation.md"): 6_500,
+  ("design.md", "architecture.md", "reproducing.md", "launching.md", "checkpoints.md"): 8_500,
+}
 PAGES = sorted({page for group in BUDGETS for page in group})
+# Pages whose tables are all measurements; the others also hold reference tables (the shape
+# letters, the code map, the recipe, the key mapping).
+MEASURED = ("evaluation.md", "performance.md", "sampling.md")
 _HISTORY = re.compile(
   r"\b(previously|previous session|earlier (session|table|run|layout)|this session|"
   r"as first measured|before issue|issue \d+)\b",
@@ -31,7 +37,7 @@ def test_pages_fit_their_word_budget(group):
   assert sum(words.values()) <= BUDGETS[group], words
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", MEASURED)
 def test_every_table_is_dated_with_its_command(page):
   """A table's section, up to the table, holds a date and the command that produced it."""
   undated = []
