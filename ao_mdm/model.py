@@ -130,16 +130,8 @@ def _splash_kernel(t: int, heads: int, interpret: bool) -> Any:
   from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
   b = next(b for b in (512, 256, 128) if t % b == 0)
-  blocks = splash.BlockSizes(
-    block_q=b,
-    block_kv=b,
-    block_kv_compute=b,
-    block_q_dkv=b,
-    block_kv_dkv=b,
-    block_kv_dkv_compute=b,
-    block_q_dq=b,
-    block_kv_dq=b,
-  )
+  names = ("q", "kv", "kv_compute", "q_dkv", "kv_dkv", "kv_dkv_compute", "q_dq", "kv_dq")
+  blocks = splash.BlockSizes(**{f"block_{n}": b for n in names})
   mask = splash.MultiHeadMask([splash.CausalMask((t, t)) for _ in range(heads)])
   return splash.make_splash_mha(
     mask, block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret

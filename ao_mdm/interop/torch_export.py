@@ -5,7 +5,7 @@ The file is a `torch.save` dict: `model`, the state dict under their key names; 
 {decay, num_updates, shadow_params} with the same tensors in `model.parameters()` order (their
 sample_AOGPT.py reads its weights from there); `model_args`, what their AOGPTConfig takes
 (n_layer, n_head, n_embd, block_size, bias, vocab_size, dropout); `tokenizer`, the run's
-(torch_import.TOKENIZER), which their loaders never read and `import-torch` uses. Or, with
+(torch_layout.TOKENIZER), which their loaders never read and `import-torch` uses. Or, with
 `fmt="safetensors"`, the state dict alone under the same names, model_args and the tokenizer in
 its metadata. Parameters are float32 whatever the run computed in.
 """
@@ -21,7 +21,7 @@ import numpy as np
 from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.data import tokenizer as tok_lib
-from ao_mdm.interop import torch_import
+from ao_mdm.interop import torch_layout
 from ao_mdm.storage import fs, paths
 
 FORMATS = ("torch", "safetensors")
@@ -65,7 +65,7 @@ def export_torch(
   config, params = checkpoints.load_params(checkpoint, weights, log=log)
   name, sp_model = _saved_tokenizer(config, checkpoint)
   cfg = config.model
-  state = torch_import.to_torch_state_dict(params, cfg)
+  state = torch_layout.to_torch_state_dict(params, cfg)
   args = model_args(cfg)
   if fmt == "safetensors":
     from safetensors.numpy import save
@@ -74,10 +74,10 @@ def export_torch(
       "model_args": json.dumps(args),
       "variant": cfg.variant,
       "cond_dim": str(cfg.cond_dim),
-      torch_import.TOKENIZER: name,
+      torch_layout.TOKENIZER: name,
     }
     if sp_model is not None:
-      metadata[torch_import.TOKENIZER_MODEL] = base64.b64encode(sp_model).decode("ascii")
+      metadata[torch_layout.TOKENIZER_MODEL] = base64.b64encode(sp_model).decode("ascii")
     data = save(state, metadata=metadata)
   else:
     try:
@@ -85,7 +85,7 @@ def export_torch(
     except ImportError as e:
       raise ImportError("export-torch needs PyTorch: pip install -e '.[torch]'") from e
     tensors = {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
-    parameters = [tensors[r.key] for r in torch_import.reference_layout(cfg) if r.conv != "tied"]
+    parameters = [tensors[r.key] for r in torch_layout.reference_layout(cfg) if r.conv != "tied"]
     tokenizer: dict[str, Any] = {"name": name}
     if sp_model is not None:  # a tensor: loads with weights_only=True in any torch version
       tokenizer["model"] = torch.frombuffer(bytearray(sp_model), dtype=torch.uint8)
@@ -99,7 +99,7 @@ def export_torch(
           "num_updates": 0,
           "shadow_params": parameters,
         },
-        torch_import.TOKENIZER: tokenizer,
+        torch_layout.TOKENIZER: tokenizer,
       },
       buffer,
     )

@@ -3,9 +3,10 @@
 A reference checkpoint is a `torch.save` dict with `model` (state dict), `ema_model`
 ({decay, num_updates, shadow_params}: a list in `model.parameters()` order), `model_args`,
 `optimizer`, `iter_num` and `config`. `import_torch` maps it onto our parameter tree and writes
-an export (`<out>/0/{params, config}`); `to_torch_state_dict` is the inverse (reference layout).
+an export (`<out>/0/{params, config}`); the inverse, `torch_layout.to_torch_state_dict`, is what
+`export-torch` writes.
 It also takes the safetensors file of `export-torch --format=safetensors` (one set of weights,
-model_args in its metadata) and the tokenizer our exports carry (TOKENIZER).
+model_args in its metadata) and the tokenizer our exports carry (torch_layout.TOKENIZER).
 docs/checkpoints.md has the key mapping; docs/design.md, "Checkpoints", the formats.
 """
 
@@ -15,7 +16,7 @@ import io
 import json
 import re
 import tempfile
-from typing import Any, NamedTuple
+from typing import Any
 import zipfile
 
 from flax import traverse_util
@@ -29,6 +30,7 @@ from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.data import gpt2
 from ao_mdm.data import tokenizer as tok_lib
+from ao_mdm.interop import torch_layout
 from ao_mdm.storage import fs, paths
 
 TORCH_WEIGHTS = ("ema", "model")
@@ -37,133 +39,6 @@ _ORIG_MOD = "_orig_mod."
 _MODEL_ARGS = tuple(k for k in specs.ModelSpec.SHAPE if k not in ("variant", "cond_dim"))
 # A causal-mask buffer the reference registers only when PyTorch lacks scaled_dot_product_attention.
 _MASK_BUFFER = re.compile(r"transformer\.h\.\d+\.attn\.bias")
-# Where our exports name their tokenizer (the authors' loaders read only model, model_args and
-# ema_model): in a torch file the entry {"name": "gpt2"} or {"name": "sentencepiece", "model":
-# the .model protobuf as a uint8 tensor}; in a safetensors file's metadata, TOKENIZER (the name)
-# and TOKENIZER_MODEL (the protobuf, base64). GPT-2 BPE is named only: its files ship with us.
-TOKENIZER = "tokenizer"
-TOKENIZER_MODEL = "tokenizer_model"
-
-
-class _Row(NamedTuple):
-  """One reference tensor: state-dict key, torch shape, our param path, conversion, layer."""
-
-  key: str
-  shape: tuple
-  path: tuple
-  conv: str
-  layer: int | None = None
-
-
-def reference_layout(cfg: specs.ModelSpec, bias: bool = True) -> list[_Row]:
-  """The reference state dict of a model config, in state-dict (= parameters()) order.
-
-  `bias` is the reference's model_args.bias: without it the attention/MLP Linears (and the
-  sigma-GPT LayerNorms) have no bias; AdaLN layers and the AO-GPT head always have one.
-  sigma-GPT's `lm_head.weight` is tied to `transformer.wte.weight` (conv "tied"): it is in the
-  state dict but not in parameters().
-  """
-  d, h, v, t, c = cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.block_size, cfg.cond_dim
-  ao = cfg.variant == "ao"
-  rows = [
-    _Row("transformer.wte.weight", (v, d), ("token_embed",), "same"),
-    _Row("transformer.wpe.weight", (t + 1, d), ("pos_embed",), "same"),
-    _Row("transformer.wtpe.weight", (t, c if ao else d), ("target_embed",), "same"),
-    _Row("transformer.wnonee.weight", (1, d), ("none_embed",), "row"),
-  ]
-  block: list[tuple[str, tuple[int, ...], str, str, bool]] = [
-    ("ln_1.weight", (d,), "ln_1/scale", "same", True)
-  ]
-  block += [
-    ("ln_1.bias", (d,), "ln_1/bias", "same", not ao and bias),
-    ("attn.c_attn.weight", (3 * d, d), "qkv/kernel", "qkv", True),
-    ("attn.c_attn.bias", (3 * d,), "qkv/bias", "qkv_bias", bias),
-    ("attn.c_proj.weight", (d, d), "attn_out/kernel", "attn_out", True),
-    ("attn.c_proj.bias", (d,), "attn_out/bias", "same", bias),
-    ("attn.q_norm.weight", (d // h,), "q_norm/scale", "same", ao),
-    ("attn.k_norm.weight", (d // h,), "k_norm/scale", "same", ao),
-    ("ln_2.weight", (d,), "ln_2/scale", "same", True),
-    ("ln_2.bias", (d,), "ln_2/bias", "same", not ao and bias),
-    ("mlp.c_fc.weight", (4 * d, d), "mlp_in/kernel", "linear", True),
-    ("mlp.c_fc.bias", (4 * d,), "mlp_in/bias", "same", bias),
-    ("mlp.c_proj.weight", (d, 4 * d), "mlp_out/kernel", "linear", True),
-    ("mlp.c_proj.bias", (d,), "mlp_out/bias", "same", bias),
-    ("adaLN.1.weight", (6 * d, c), "adaln/kernel", "mod", ao),
-    ("adaLN.1.bias", (6 * d,), "adaln/bias", "mod_bias", ao),
-  ]
-  for i in range(cfg.n_layer):
-    rows += [
-      _Row(f"transformer.h.{i}.{key}", shape, ("blocks",) + tuple(path.split("/")), conv, i)
-      for key, shape, path, conv, present in block
-      if present
-    ]
-  if ao:
-    final = "transformer.final_layer."
-    rows += [
-      _Row(final + "ln_f.weight", (d,), ("ln_f", "scale"), "same"),
-      _Row(final + "adaLN_final.1.weight", (2 * d, c), ("final_adaln", "kernel"), "mod"),
-      _Row(final + "adaLN_final.1.bias", (2 * d,), ("final_adaln", "bias"), "mod_bias"),
-      _Row("lm_head.weight", (v, d), ("head", "kernel"), "linear"),
-      _Row("lm_head.bias", (v,), ("head", "bias"), "same"),
-    ]
-  else:
-    rows.append(_Row("transformer.ln_f.weight", (d,), ("ln_f", "scale"), "same"))
-    if bias:
-      rows.append(_Row("transformer.ln_f.bias", (d,), ("ln_f", "bias"), "same"))
-    rows.append(_Row("lm_head.weight", (v, d), ("token_embed",), "tied"))
-  return rows
-
-
-def _to_ours(row: _Row, w: np.ndarray, cfg: specs.ModelSpec) -> np.ndarray:
-  """A reference tensor (PyTorch Linear weights are [out, in]) in our layout."""
-  d, h = cfg.n_embd, cfg.n_head
-  if row.conv in ("same", "tied"):
-    return w
-  if row.conv == "row":  # [1, D] embedding table of the [None] token -> [D]
-    return w.reshape(d)
-  if row.conv == "linear":
-    return w.T
-  if row.conv == "qkv":  # [3D, D], rows (q|k|v, head, head dim) -> [D, 3, H, K]
-    return w.reshape(3, h, d // h, d).transpose(3, 0, 1, 2)
-  if row.conv == "qkv_bias":
-    return w.reshape(3, h, d // h)
-  if row.conv == "attn_out":  # [D, D] with input (head, head dim) -> [H, K, D]
-    return w.T.reshape(h, d // h, d)
-  if row.conv == "mod":  # [J D, C], J chunks along the output -> [C, J, D]
-    return w.reshape(-1, d, w.shape[-1]).transpose(2, 0, 1)
-  if row.conv == "mod_bias":
-    return w.reshape(-1, d)
-  raise ValueError(f"unknown conversion {row.conv!r} for {row.key}")
-
-
-def _to_reference(row: _Row, x: np.ndarray) -> np.ndarray:
-  """Our array of one reference tensor (per-layer slice already taken) in the reference layout."""
-  if row.conv in ("same", "tied"):
-    return x
-  if row.conv == "row":
-    return x.reshape(row.shape)
-  if row.conv == "linear":
-    return x.T
-  if row.conv == "qkv":
-    return x.transpose(1, 2, 3, 0).reshape(row.shape)
-  if row.conv == "attn_out":
-    return x.reshape(-1, x.shape[-1]).T
-  if row.conv == "mod":
-    return x.transpose(1, 2, 0).reshape(row.shape)
-  if row.conv in ("qkv_bias", "mod_bias"):
-    return x.reshape(row.shape)
-  raise ValueError(f"unknown conversion {row.conv!r} for {row.key}")
-
-
-def to_torch_state_dict(params: Any, cfg: specs.ModelSpec) -> dict[str, np.ndarray]:
-  """Our params (boxed or not) as a reference state dict (float32 numpy, reference key order)."""
-  flat = traverse_util.flatten_dict(jax.device_get(nn.unbox(params)))
-  out = {}
-  for row in reference_layout(cfg):
-    x = np.asarray(flat[row.path], np.float32)
-    x = x if row.layer is None else x[row.layer]
-    out[row.key] = np.ascontiguousarray(_to_reference(row, x))
-  return out
 
 
 def _few(items: list, limit: int = 4, sep: str = ", ") -> str:
@@ -210,13 +85,13 @@ def _load_safetensors(path: str) -> dict:
       f"{_names(metadata) or 'none'}"
     ) from None
   ckpt = {"model": state, "model_args": args}
-  if TOKENIZER in metadata:
-    model = metadata.get(TOKENIZER_MODEL)
+  if torch_layout.TOKENIZER in metadata:
+    model = metadata.get(torch_layout.TOKENIZER_MODEL)
     try:
       model = None if model is None else base64.b64decode(model, validate=True)
     except ValueError:
-      raise ValueError(f"{path!r}: metadata {TOKENIZER_MODEL} is not base64") from None
-    ckpt[TOKENIZER] = {"name": metadata[TOKENIZER], "model": model}
+      raise ValueError(f"{path!r}: metadata {torch_layout.TOKENIZER_MODEL} is not base64") from None
+    ckpt[torch_layout.TOKENIZER] = {"name": metadata[torch_layout.TOKENIZER], "model": model}
   return ckpt
 
 
@@ -324,7 +199,7 @@ def _detect_variant(state: dict, variant: str | None, path: str) -> str:
   return detected
 
 
-def _tensors(ckpt: dict, rows: list[_Row], weights: str, path: str) -> dict[str, Any]:
+def _tensors(ckpt: dict, rows: list[torch_layout.Row], weights: str, path: str) -> dict[str, Any]:
   """key -> tensor of the chosen weights, after checking keys and shapes against `rows`."""
   state = _strip_prefix(ckpt["model"], path)
   expected = {r.key for r in rows}
@@ -373,17 +248,17 @@ def _tensors(ckpt: dict, rows: list[_Row], weights: str, path: str) -> dict[str,
 
 def _tokenizer(ckpt: dict, given: str | None, path: str) -> tuple[str | None, bytes | None]:
   """(name, SentencePiece model bytes or None) of the tokenizer to import: `given` ("gpt2" or a
-  SentencePiece .model file), else the one the checkpoint carries (TOKENIZER); (None, None)
-  when neither names one, as in the authors' checkpoints (GPT-2 BPE)."""
+  SentencePiece .model file), else the one the checkpoint carries (torch_layout.TOKENIZER);
+  (None, None) when neither names one, as in the authors' checkpoints (GPT-2 BPE)."""
   if given:
     return ("gpt2", None) if given == "gpt2" else ("sentencepiece", fs.read_bytes(given))
-  entry = ckpt.get(TOKENIZER)
+  entry = ckpt.get(torch_layout.TOKENIZER)
   if entry is None:
     return None, None
   name = entry.get("name") if isinstance(entry, dict) else None
   if name not in tok_lib.TOKENIZERS:
     raise ValueError(
-      f"{path!r}: its {TOKENIZER!r} entry names no tokenizer of ours (accepted: "
+      f"{path!r}: its {torch_layout.TOKENIZER!r} entry names no tokenizer of ours (accepted: "
       f"{', '.join(tok_lib.TOKENIZERS)}); give --tokenizer=FILE|gpt2"
     )
   model = entry.get("model")
@@ -483,7 +358,7 @@ def import_torch(
       )
     )
   bias = bool(ckpt["model_args"].get("bias", True))
-  rows = reference_layout(config.model, bias)
+  rows = torch_layout.reference_layout(config.model, bias)
   tensors = _tensors(ckpt, rows, weights, checkpoint)
   del ckpt, state
   with tempfile.TemporaryDirectory(prefix="ao_mdm_import_") as tmp:
@@ -504,7 +379,9 @@ def import_torch(
   return config, params
 
 
-def _params(tensors: dict, rows: list[_Row], cfg: specs.ModelSpec, bias: bool, path: str) -> dict:
+def _params(
+  tensors: dict, rows: list[torch_layout.Row], cfg: specs.ModelSpec, bias: bool, path: str
+) -> dict:
   """Our parameter tree of the checked reference tensors (emptied as they are converted)."""
   tied = (
     tensors.pop("lm_head.weight")
@@ -522,7 +399,7 @@ def _params(tensors: dict, rows: list[_Row], cfg: specs.ModelSpec, bias: bool, p
   for row in rows:
     if row.conv == "tied":  # checked above; the token embedding is the head
       continue
-    x = _to_ours(row, _as_numpy(tensors.pop(row.key)), cfg)
+    x = torch_layout.to_ours(row, _as_numpy(tensors.pop(row.key)), cfg)
     if row.layer is None:
       flat[row.path] = x
     else:

@@ -3,7 +3,7 @@
 The one PyTorch forward of the project: the import tests check our key mapping against it, and
 `ao-mdm bench train --baseline=torch` trains it as the opponent of our train step. Its
 parameters carry the authors' state-dict names (scxue/AO-GPT-MDM) and are loaded from our params
-with `torch_import.to_torch_state_dict`, so both sides start from the same weights.
+with `torch_layout.to_torch_state_dict`, so both sides start from the same weights.
 
 Like the authors' model it runs T+1 slots (X in array names, docs/design.md "Shape letters"):
 slot 0 is the [None] token, slot s >= 1 holds the token at order[s-1] and predicts the token at
@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
-from ao_mdm.interop import torch_import
+from ao_mdm.interop import torch_layout
 from ao_mdm.train import state as train_state
 
 
@@ -157,7 +157,7 @@ class TorchAOGPT(nn.Module):
 def from_params(params: Any, cfg: specs.ModelSpec) -> TorchAOGPT:
   """The PyTorch model holding our params (boxed or not, on device or host), float32 on CPU."""
   model = TorchAOGPT(cfg)
-  state = torch_import.to_torch_state_dict(params, cfg)
+  state = torch_layout.to_torch_state_dict(params, cfg)
   model.load_state_dict({k: torch.tensor(v) for k, v in state.items()})  # a copy: v is read-only
   return model
 
@@ -274,7 +274,7 @@ def _decay_flags(params: Any, config: specs.Spec) -> dict[str, bool]:
   mask = model_lib.weight_decay_mask(params)
   filled = jax.tree.map(lambda p, m: np.full(np.shape(p), m, np.float32), params, mask)
   return {
-    k: bool(v.all()) for k, v in torch_import.to_torch_state_dict(filled, config.model).items()
+    k: bool(v.all()) for k, v in torch_layout.to_torch_state_dict(filled, config.model).items()
   }
 
 

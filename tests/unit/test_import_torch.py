@@ -16,7 +16,7 @@ from ao_mdm import model as model_lib
 from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.config import base_config
-from ao_mdm.interop import torch_import
+from ao_mdm.interop import torch_import, torch_layout
 from helpers import random_params
 
 torch = pytest.importorskip("torch")
@@ -42,12 +42,12 @@ def _reference_checkpoint(config, params, ema_params, bias: bool = True) -> dict
   """A full reference checkpoint dict as train_AOGPT_CL.py saves it."""
   sd = {
     k: torch.from_numpy(v)
-    for k, v in torch_import.to_torch_state_dict(params, config.model).items()
+    for k, v in torch_layout.to_torch_state_dict(params, config.model).items()
   }
   if config.model.variant == "sigma":
     sd["lm_head.weight"] = sd["transformer.wte.weight"]  # tied: one tensor, two keys
   model = {(f"_orig_mod.{k}" if i % 2 else k): v for i, (k, v) in enumerate(sd.items())}
-  ema_sd = torch_import.to_torch_state_dict(ema_params, config.model)
+  ema_sd = torch_layout.to_torch_state_dict(ema_params, config.model)
   shadow = [
     torch.from_numpy(v)
     for k, v in ema_sd.items()

@@ -12,7 +12,7 @@ import pytest
 from ao_mdm import model as model_lib
 from ao_mdm import orders, specs
 from ao_mdm.config import base_config
-from ao_mdm.interop import torch_import
+from ao_mdm.interop import torch_layout
 from ao_mdm.perf import bench_train
 from ao_mdm.train import step as train_step
 
@@ -107,15 +107,15 @@ def test_two_train_steps_match_ours(microbatches):
     torch_params, torch_ema = trainer.state_dicts()
     for name, ours in (("params", state.params), ("ema", state.ema_params)):
       got_sd = torch_params if name == "params" else torch_ema
-      want_sd = torch_import.to_torch_state_dict(ours, config.model)
+      want_sd = torch_layout.to_torch_state_dict(ours, config.model)
       assert sorted(got_sd) == sorted(want_sd)
       for key in want_sd:
         np.testing.assert_allclose(
           got_sd[key], want_sd[key], rtol=1e-4, atol=1e-5, err_msg=f"step {step} {name} {key}"
         )
   assert not np.array_equal(drawn[0], drawn[1])  # fresh orders each step
-  moved = torch_import.to_torch_state_dict(state.params, config.model)
-  start = torch_import.to_torch_state_dict(params, config.model)
+  moved = torch_layout.to_torch_state_dict(state.params, config.model)
+  start = torch_layout.to_torch_state_dict(params, config.model)
   assert np.abs(moved["lm_head.bias"] - start["lm_head.bias"]).max() > 1e-3  # it did train
 
 
