@@ -65,7 +65,7 @@ setup(
     "tpu": ["libtpu>=0.0.42.1"],  # the TPU runtime; also lets `ao-mdm compile` run on a CPU
     "cuda": ["jax[cuda12]>=0.10.2,<0.12"],  # NVIDIA GPUs: the CUDA 12 plugin of the same jax
     "torch": ["torch>=2.13,<3"],
-    "repro": ["matplotlib>=3.11.2,<4"],  # plots of scripts/reproduce.py
+    "repro": ["matplotlib>=3.11.2,<4"],  # plots of benchmarks/reproduce.py, compare_modes.py
     # `ao-mdm harness`, interop/harness.py (Jinja2: the fields a task's templates name)
     "harness": ["lm_eval>=0.4.13,<0.5", "Jinja2>=3.1.6,<4"],
     "wandb": ["wandb>=0.31,<0.32"],  # train.wandb_project: metrics to Weights & Biases too

@@ -1,4 +1,4 @@
-"""scripts/reproduce.py run whole (--smoke), then again: the second run finds every result and
+"""benchmarks/reproduce.py run whole (--smoke), then again: the second run finds every result and
 runs nothing."""
 
 import json
@@ -12,7 +12,7 @@ from helpers import ROOT
 
 @pytest.mark.slow
 def test_the_whole_script_runs_and_resumes(tmp_path):
-  cmd = [sys.executable, "scripts/reproduce.py", "--smoke", f"--out={tmp_path}"]
+  cmd = [sys.executable, "benchmarks/reproduce.py", "--smoke", f"--out={tmp_path}"]
   first = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1200)
   assert first.returncode == 0, first.stderr[-3000:]
   results = tmp_path / "results"

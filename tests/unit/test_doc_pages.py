@@ -23,7 +23,7 @@ _HISTORY = re.compile(
   re.IGNORECASE,
 )
 _DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
-_COMMAND = re.compile(r"ao-mdm [a-z]|scripts/[a-z0-9_]+\.(py|sh)")
+_COMMAND = re.compile(r"ao-mdm [a-z]|(scripts|benchmarks)/[a-z0-9_]+\.(py|sh)")
 
 
 def sections(text: str) -> list:

@@ -1,4 +1,4 @@
-"""scripts/draft_overlap.py: its early predictions are the any-order queries it claims to be."""
+"""benchmarks/draft_overlap.py: its early predictions are the any-order queries it claims to be."""
 
 import importlib.util
 import os
@@ -14,7 +14,7 @@ from ao_mdm import specs
 from helpers import ROOT
 
 spec = importlib.util.spec_from_file_location(
-  "draft_overlap", os.path.join(ROOT, "scripts", "draft_overlap.py")
+  "draft_overlap", os.path.join(ROOT, "benchmarks", "draft_overlap.py")
 )
 draft_overlap = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(draft_overlap)

@@ -1,4 +1,4 @@
-"""scripts/reproduce.py: paired statistics of the findings (the whole script runs in
+"""benchmarks/reproduce.py: paired statistics of the findings (the whole script runs in
 tests/integration/test_reproduce_cli.py)."""
 
 import importlib.util
@@ -10,7 +10,7 @@ import pytest
 from helpers import ROOT
 
 spec = importlib.util.spec_from_file_location(
-  "reproduce", os.path.join(ROOT, "scripts", "reproduce.py")
+  "reproduce", os.path.join(ROOT, "benchmarks", "reproduce.py")
 )
 reproduce = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(reproduce)

@@ -8,7 +8,7 @@ from helpers import ROOT
 
 
 def _sources():
-  for folder in ("ao_mdm", "tests", "scripts"):
+  for folder in ("ao_mdm", "tests", "scripts", "benchmarks"):
     yield from sorted((ROOT / folder).rglob("*.py"))
 
 

@@ -1,6 +1,6 @@
 """Quality vs wall time of the three decoding modes on one trained model (docs/sampling.md).
 
-Usage: .venv/bin/python scripts/compare_modes.py --checkpoint RUN --scorer L2R_RUN [--samples 32]
+Usage: .venv/bin/python benchmarks/compare_modes.py --checkpoint RUN --scorer L2R_RUN [--samples 32]
 
 Samples unconditionally at temperature 1 and top-p 1 with: parallel (random order) and
 confidence-ordered unmasking at S = T/8, T/4, T/2, T; self-speculative L2R at k = 2, 4, 8; plain

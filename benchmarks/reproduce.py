@@ -1,6 +1,6 @@
 """Small-scale reproduction of the paper's findings on a CPU (docs/reproducing.md).
 
-Usage: .venv/bin/python scripts/reproduce.py [--out runs/repro] [--seeds 0,1]
+Usage: .venv/bin/python benchmarks/reproduce.py [--out runs/repro] [--seeds 0,1]
 
 Trains configs/repro.py's runs (ar, random, mixed, sigma) for each seed, evaluates them on the
 same validation sequences with the same orders (so differences are paired), and writes one JSON

@@ -1,6 +1,6 @@
 """bf16 decoding against float32 on a trained model: greedy agreement and generative perplexity.
 
-  python scripts/bf16_decoding.py --checkpoint=RUN [--scorer=RUN] [--steps=16,64]
+  python benchmarks/bf16_decoding.py --checkpoint=RUN [--scorer=RUN] [--steps=16,64]
       [--num_samples=64] [--seed=0]
 
 For each S: greedy samples in both dtypes (same seeds, so the same random orders) and the

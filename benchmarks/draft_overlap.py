@@ -1,6 +1,6 @@
 """How well a model predicts a token without the token just before it (docs/sampling.md).
 
-Usage: .venv/bin/python scripts/draft_overlap.py --checkpoint RUN [--samples 64] [--ahead 1]
+Usage: .venv/bin/python benchmarks/draft_overlap.py --checkpoint RUN [--samples 64] [--ahead 1]
 
 Any exact decoder that emits x_n and x_{n+1} from one forward must have guessed x_n before that
 forward, from what the model knows without it. This measures that guess on the model's own L2R

@@ -1,6 +1,6 @@
 """What `ao-mdm sample` costs before its first sample: bytes read, peak RSS, seconds.
 
-  python scripts/restore_cost.py --checkpoint=RUN [--steps=16]
+  python benchmarks/restore_cost.py --checkpoint=RUN [--steps=16]
 
 Loads the EMA params and tokenizer of RUN as `ao-mdm sample` does, then draws one sample, and
 prints one JSON line: bytes read by the load (/proc/self/io rchar), the size of the params,

@@ -1,6 +1,6 @@
 """The cached sampler compiled for one TPU chip, as a table: memory and roofline projection.
 
-  python scripts/sampler_tpu_table.py [--models=ao_small,ao_medium] [--topologies=v5e:1,v6e:1]
+  python benchmarks/sampler_tpu_table.py [--models=ao_small,ao_medium] [--topologies=v5e:1,v6e:1]
       [--batches=1,8] [--steps=16,64,256,1024] [--dtypes=float32,bfloat16]
 
 Runs `ao-mdm compile --program=sample` (aot.compile_sampler) for every combination, unconditional

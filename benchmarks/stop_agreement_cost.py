@@ -4,7 +4,8 @@ steps with the agreement at every boundary against blocks without, alternating, 
 agreement alone back to back (its latency when no step hides it); process 0 prints one JSON
 line (docs/performance.md, "Multi-process runs").
 
-  python scripts/stop_agreement_cost.py [--config=configs/bench_train.py] [--steps=40] [--rounds=4]
+  python benchmarks/stop_agreement_cost.py [--config=configs/bench_train.py] [--steps=40]
+      [--rounds=4]
 """
 
 import argparse

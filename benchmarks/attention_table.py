@@ -2,16 +2,13 @@
 topologies with XLA and with splash attention, and with splash at fewer micro-batches: the table
 of docs/performance.md ("Splash attention"). Needs libtpu (the [tpu] extra), no TPU.
 
-  python scripts/attention_table.py [--names=ao_small,ao_medium] [--topologies=v5e:4x4,v6e:4x4]
+  python benchmarks/attention_table.py [--names=ao_small,ao_medium] [--topologies=v5e:4x4,v6e:4x4]
 """
 
 import argparse
 import contextlib
 import io
 import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 steps per token: lengths, forwards per generated token and generative perplexity
 (docs/sampling.md, "Until EOS").
 
-Usage: .venv/bin/python scripts/until_eos.py --checkpoint runs/demo [--samples 64]
+Usage: .venv/bin/python benchmarks/until_eos.py --checkpoint runs/demo [--samples 64]
        [--batch_size 16] [--prompt TEXT ...]
 
 For each prompt ("" is unconditional), at temperature 1, top-p 1, seed 0 and the same batches:
