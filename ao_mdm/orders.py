@@ -19,27 +19,42 @@ def random_orders(key: jax.Array, batch: int, t: int) -> jax.Array:
   return jnp.argsort(jax.random.uniform(key, (batch, t)), axis=1).astype(jnp.int32)
 
 
+def _mixed(cfg: specs.OrderSpec, t: int) -> OrderFn:
+  """Random orders with probability random_ratio per row, else L2R; the probability grows from 0
+  over ramp_steps training steps (a curriculum from L2R)."""
+  ratio, ramp = float(cfg.random_ratio), int(cfg.ramp_steps)
+
+  def mixed(key, batch, step=0):
+    k_perm, k_coin = jax.random.split(key)
+    p = ratio if ramp <= 0 else ratio * jnp.clip(step / ramp, 0.0, 1.0)
+    use_random_B1 = jax.random.bernoulli(k_coin, p, (batch, 1))
+    return jnp.where(use_random_B1, random_orders(k_perm, batch, t), identity(batch, t))
+
+  return mixed
+
+
+def _one_permutation(cfg: specs.OrderSpec, t: int) -> OrderFn:
+  """The spec's one permutation (fixed or blockwise) for every row."""
+  perm = cfg.permutation(t)
+  return lambda key, batch, step=0: jnp.broadcast_to(jnp.asarray(perm), (batch, t))
+
+
+# Each order kind (order.kind) by name: (spec, t) -> fn(key, batch, step=0) -> [batch, t] orders.
+ORDERS: dict[str, Callable[[specs.OrderSpec, int], OrderFn]] = {
+  "random": lambda cfg, t: lambda key, batch, step=0: random_orders(key, batch, t),
+  "l2r": lambda cfg, t: lambda key, batch, step=0: identity(batch, t),
+  "mixed": _mixed,
+  "fixed": _one_permutation,
+  "blockwise": _one_permutation,
+}
+
+
 def make_order_fn(cfg: specs.OrderSpec, t: int) -> OrderFn:
   """Return fn(key, batch, step=0) -> [batch, t] int32 orders for an order spec.
 
   Only mixed orders depend on the training step (order.ramp_steps: a curriculum from L2R).
   """
-  if cfg.kind == "random":
-    return lambda key, batch, step=0: random_orders(key, batch, t)
-  if cfg.kind == "l2r":
-    return lambda key, batch, step=0: identity(batch, t)
-  if cfg.kind == "mixed":
-    ratio, ramp = float(cfg.random_ratio), int(cfg.ramp_steps)
-
-    def mixed(key, batch, step=0):
-      k_perm, k_coin = jax.random.split(key)
-      p = ratio if ramp <= 0 else ratio * jnp.clip(step / ramp, 0.0, 1.0)
-      use_random_B1 = jax.random.bernoulli(k_coin, p, (batch, 1))
-      return jnp.where(use_random_B1, random_orders(k_perm, batch, t), identity(batch, t))
-
-    return mixed
-  perm = cfg.permutation(t)  # fixed or blockwise: one permutation for every row
-  return lambda key, batch, step=0: jnp.broadcast_to(jnp.asarray(perm), (batch, t))
+  return ORDERS[cfg.kind](cfg, t)
 
 
 def is_identity(order_BT: jax.Array) -> jax.Array:

@@ -58,6 +58,10 @@ def test_fixed_and_blockwise():
     np.testing.assert_array_equal(block[:, 4 * b : 4 * b + 4], 4 * b + np.array([[0, 2, 3, 1]] * 2))
 
 
+def test_the_order_registry_holds_the_specs_kinds():
+  assert list(orders.ORDERS) == list(specs.ORDER_KINDS)
+
+
 def test_random_orders_differ_per_row():
   out = np.asarray(orders.random_orders(jax.random.key(0), 8, 64))
   assert len({tuple(r) for r in out}) == 8
