@@ -12,6 +12,7 @@ table and each slot's target position. An AdaLN layer's output depends on the ta
 only, so it is computed on the T table rows and gathered whenever that is fewer rows than B x W.
 """
 
+import functools
 import math
 from typing import Any, cast
 
@@ -20,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ao_mdm import config as config_lib
 from ao_mdm import specs
 
 REMAT = {
@@ -28,13 +28,13 @@ REMAT = {
   "full": jax.checkpoint_policies.nothing_saveable,
   "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-DTYPES = {name: jnp.dtype(name) for name in config_lib.DTYPES}
+DTYPES = {name: jnp.dtype(name) for name in specs.DTYPES}
 NORM_EPS = 1e-5
 
 
 def _init(cfg, std: float, names: tuple):
-  """Truncated normal cut at +-3 std (AO-GPT) or plain normal (sigma-GPT), with logical axes."""
-  if cfg.variant == "ao":
+  """Truncated normal cut at +-3 std or plain normal (cfg.arch), with logical axes."""
+  if cfg.arch.truncated_init:
     init = nn.initializers.truncated_normal(std, lower=-3.0, upper=3.0)
   else:
     init = nn.initializers.normal(std)
@@ -50,7 +50,7 @@ def _ones(names: tuple):
 
 
 class Norm(nn.Module):
-  """RMSNorm (AO-GPT) or LayerNorm with bias (sigma-GPT), computed in float32."""
+  """RMSNorm or LayerNorm with bias (cfg.arch), computed in float32."""
 
   cfg: specs.ModelSpec
   axis_name: str = "embed"
@@ -60,7 +60,7 @@ class Norm(nn.Module):
     dim = x.shape[-1]
     scale = self.param("scale", _ones((self.axis_name,)), (dim,), jnp.float32)
     x32 = x.astype(jnp.float32)
-    if self.cfg.variant == "ao":
+    if self.cfg.arch.rms_norm:
       y = x32 * jax.lax.rsqrt(jnp.mean(x32**2, axis=-1, keepdims=True) + NORM_EPS) * scale
     else:
       bias = self.param("bias", _zeros((self.axis_name,)), (dim,), jnp.float32)
@@ -71,9 +71,9 @@ class Norm(nn.Module):
 
 
 def attention(
-  q_BWHK, k_BWHK, v_BWHK, mask_WW, cache_k_BHKT=None, cache_v_BHTK=None, cache_mask_WP=None
+  q_BWHK, k_BWHK, v_BWHK, mask_WW=None, cache_k_BHKT=None, cache_v_BHTK=None, cache_mask_WP=None
 ):
-  """Softmax attention of W queries over W new keys and, when decoding, the first P cached keys.
+  """Softmax attention of W queries over W new keys (causal without mask_WW) and P cached keys.
 
   The cache is heads-major with the keys transposed (k [B, H, K, T], v [B, H, T, K]), so that
   both products with it are plain batched matmuls over a contiguous axis; P is the cache mask's
@@ -84,6 +84,8 @@ def attention(
   dtype = q_BWHK.dtype
   scale = q_BWHK.shape[-1] ** -0.5
   s_BHWW = jnp.einsum("bqhk,bshk->bhqs", q_BWHK, k_BWHK).astype(jnp.float32) * scale
+  w = q_BWHK.shape[1]
+  mask_WW = jnp.tril(jnp.ones((w, w), bool)) if mask_WW is None else mask_WW
   s_BHWW = jnp.where(mask_WW, s_BHWW, -jnp.inf)
   if cache_k_BHKT is None:
     p_BHWW = jax.nn.softmax(s_BHWW, axis=-1)
@@ -131,7 +133,7 @@ def _splash_kernel(t: int, heads: int, interpret: bool) -> Any:
 
   b = next(b for b in (512, 256, 128) if t % b == 0)
   names = ("q", "kv", "kv_compute", "q_dkv", "kv_dkv", "kv_dkv_compute", "q_dq", "kv_dq")
-  blocks = splash.BlockSizes(**{f"block_{n}": b for n in names})
+  blocks = splash.BlockSizes(**{f"block_{n}": cast(Any, b) for n in names})
   mask = splash.MultiHeadMask([splash.CausalMask((t, t)) for _ in range(heads)])
   return splash.make_splash_mha(
     mask, block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret
@@ -179,6 +181,14 @@ def splash_fits(q_BTHK) -> bool:
     if size % math.prod(mesh.shape[a] for a in axes):
       return False
   return True
+
+
+# Causal attention over all T slots, of training and scoring, by kind (attention_kind).
+ATTENTION = {
+  "xla": attention,
+  "cudnn": functools.partial(jax.nn.dot_product_attention, is_causal=True, implementation="cudnn"),
+  "splash": splash_attention,
+}
 
 
 class Dense(nn.Module):
@@ -236,7 +246,7 @@ class Block(nn.Module):
     k_dim = d // h
     resid_std = 0.02 / (2 * cfg.n_layer) ** 0.5
 
-    if cfg.variant == "ao":
+    if cfg.arch.adaln:
       shift1, scale1, gate1, shift2, scale2, gate2 = per_slot(
         Dense(cfg, (6, d), ("cond", None, "embed"), name="adaln"), cond
       )
@@ -249,25 +259,17 @@ class Block(nn.Module):
     y = modulate(Norm(cfg, name="ln_1")(x_BWD), shift1, scale1)
     qkv = Dense(cfg, (3, h, k_dim), ("embed", None, "heads", "kv"), name="qkv")(y)
     q_BWHK, k_BWHK, v_BWHK = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    if cfg.variant == "ao":
+    if cfg.arch.qk_norm:
       q_BWHK = Norm(cfg, "kv", name="q_norm")(q_BWHK)
       k_BWHK = Norm(cfg, "kv", name="k_norm")(k_BWHK)
-    w = x_BWD.shape[1]
-    full = cache is None and mask is None and not self.return_kv  # training and scoring
-    kind = attention_kind(cfg, platform(), w) if full else "xla"  # the decoders keep theirs
-    if kind == "splash" and not splash_fits(q_BWHK):
-      kind = "xla"
-    if kind == "cudnn":
-      a_BWHK = jax.nn.dot_product_attention(
-        q_BWHK, k_BWHK, v_BWHK, is_causal=True, implementation="cudnn"
-      )
-    elif kind == "splash":
-      a_BWHK = splash_attention(q_BWHK, k_BWHK, v_BWHK)
-    elif cache is None:
-      mask_WW = jnp.tril(jnp.ones((w, w), bool)) if mask is None else mask["new"]
-      a_BWHK = attention(q_BWHK, k_BWHK, v_BWHK, mask_WW)
-    else:
-      a_BWHK = attention(q_BWHK, k_BWHK, v_BWHK, mask["new"], cache["k"], cache["v"], mask["cache"])
+    if cache is None and mask is None and not self.return_kv:  # training and scoring
+      kind = attention_kind(cfg, platform(), x_BWD.shape[1])
+      if kind == "splash" and not splash_fits(q_BWHK):
+        kind = "xla"
+      a_BWHK = ATTENTION[kind](q_BWHK, k_BWHK, v_BWHK)
+    else:  # the decoders keep XLA's
+      cached = () if cache is None else (cache["k"], cache["v"], mask["cache"])
+      a_BWHK = attention(q_BWHK, k_BWHK, v_BWHK, None if mask is None else mask["new"], *cached)
     a_BWD = Dense(cfg, (d,), ("heads", "kv", "embed"), resid_std, n_in=2, name="attn_out")(a_BWHK)
     x_BWD = x_BWD + gate1 * a_BWD
     x_BWD = nn.with_logical_constraint(x_BWD, ("batch", "length", "embed"))
@@ -283,7 +285,7 @@ class Block(nn.Module):
 
 
 class AOGPT(nn.Module):
-  """AO-GPT (cfg.variant="ao") or sigma-GPT (cfg.variant="sigma") over T order slots.
+  """AO-GPT or sigma-GPT (cfg.variant, built as cfg.arch says) over T order slots.
 
   With decode=True the layer stack also takes a per-layer KV cache and returns the new K/V.
   """
@@ -301,11 +303,10 @@ class AOGPT(nn.Module):
       "pos_embed", _init(cfg, 0.02, (None, "embed")), (t + 1, d), jnp.float32
     )
     self.none_embed = self.param("none_embed", _init(cfg, 0.02, ("embed",)), (d,), jnp.float32)
-    target_width = cfg.cond_dim if cfg.variant == "ao" else d
     self.target_embed = self.param(
       "target_embed",
-      _init(cfg, 0.02, (None, "cond" if cfg.variant == "ao" else "embed")),
-      (t, target_width),
+      _init(cfg, 0.02, (None, "cond" if cfg.arch.adaln else "embed")),
+      (t, cfg.cond_dim if cfg.arch.adaln else d),
       jnp.float32,
     )
     block = (
@@ -324,21 +325,22 @@ class AOGPT(nn.Module):
     )
     self.blocks = blocks(cfg, return_kv=self.decode, name="blocks")
     self.ln_f = Norm(cfg)
-    if cfg.variant == "ao":
+    if cfg.arch.adaln:
       self.final_adaln = Dense(cfg, (2, d), ("cond", None, "embed"))
+    if not cfg.arch.tied_head:
       self.head = Dense(cfg, (cfg.vocab_size,), ("embed", "vocab"), float32_out=True)
 
   def embed(self, prev_tok_BW, prev_pos_BW, target_pos_BW):
     """Slot inputs (token + position of the previous order entry, -1 for [None]) and targets.
 
-    Returns x_BWD in the compute dtype and the conditioning `cond` (None for sigma-GPT, whose
+    Returns x_BWD in the compute dtype and the conditioning `cond` (None without AdaLN: the
     target embedding is added to the input instead).
     """
     dtype = DTYPES[self.cfg.dtype]
     tok_BWD = jnp.take(self.token_embed, prev_tok_BW, axis=0)
     tok_BWD = jnp.where((prev_pos_BW < 0)[..., None], self.none_embed, tok_BWD)
     x_BWD = tok_BWD + jnp.take(self.pos_embed, prev_pos_BW + 1, axis=0)
-    if self.cfg.variant == "sigma":
+    if not self.cfg.arch.adaln:
       return (x_BWD + jnp.take(self.target_embed, target_pos_BW, axis=0)).astype(dtype), None
     return x_BWD.astype(dtype), (nn.silu(self.target_embed.astype(dtype)), target_pos_BW)
 
@@ -351,11 +353,12 @@ class AOGPT(nn.Module):
     """Final (modulated) norm and the output head; float32 logits (a bf16 model's head
     accumulates in float32)."""
     y = self.ln_f(h_BWD)
-    if self.cfg.variant == "ao":
+    if self.cfg.arch.adaln:
       shift, scale = per_slot(self.final_adaln, cond)
       y = y * (1 + scale) + shift
+    if not self.cfg.arch.tied_head:
       out = self.head(y)
-    else:
+    else:  # the token embedding is the head
       out = jnp.einsum(
         "bwd,vd->bwv", y, self.token_embed.astype(y.dtype), preferred_element_type=jnp.float32
       )
@@ -447,10 +450,9 @@ def flops_per_token(cfg: specs.ModelSpec, n_params: int) -> float:
   Attention: 12 * L * D * T (QK^T and AV, forward and backward, full T x T as computed here).
   """
   t, d = cfg.block_size, cfg.n_embd
-  if cfg.variant == "ao":
-    n_lookup = (cfg.vocab_size + t + 2) * d + t * cfg.cond_dim
-  else:  # the tied token embedding is also the head, so its matmul counts
-    n_lookup = (2 * t + 2) * d
+  # The token embedding, when tied, is also the head: its matmul counts.
+  n_lookup = (t + 2) * d + t * (cfg.cond_dim if cfg.arch.adaln else d)
+  n_lookup += 0 if cfg.arch.tied_head else cfg.vocab_size * d
   return 6 * (n_params - n_lookup) + 12 * cfg.n_layer * d * t
 
 

@@ -1,60 +1,130 @@
-"""Typed specs: a config parsed once, where it enters (the command line, a checkpoint's saved
-config, a test), into frozen and hashable dataclasses, one per section, each checked where it
-is built. The library takes these, never the ml_collections config; free of JAX.
+"""The config, defined once: every field of a run with its type, default, accepted values and
+help line, in frozen and hashable dataclasses, one per section, each checked where it is built.
+A config is parsed once where it enters (the command line, a checkpoint's saved config, a test);
+the library takes these specs, never the ml_collections config; free of JAX.
 
 Config files, `--config.x.y=...` overrides and the configs saved in checkpoints stay
-ml_collections / JSON with the keys of config.base_config(); `Spec.to_dict()` gives them back.
+ml_collections / JSON with the keys of `defaults()` (config.base_config() is them as a
+ConfigDict); `Spec.to_dict()` gives them back.
 """
 
+from collections.abc import Collection, Iterable, Mapping
 import dataclasses
 import difflib
 import functools
 import json
 import os
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
-from ao_mdm import config as config_lib
-
-VARIANTS = ("ao", "sigma")
-REMAT = ("none", "full", "dots")
-ATTENTION = ("auto", "xla", "cudnn", "splash")  # of training and scoring (model.py)
-ORDER_KINDS = ("random", "l2r", "mixed", "fixed", "blockwise")
+DTYPES = ("float32", "bfloat16")  # model.dtype (compute) and the decoding dtypes
 MESH_AXES = ("data", "fsdp", "tensor")
 PAPER_ORDERS_FILE = os.path.join(os.path.dirname(__file__), "data", "paper_orders.json")
 
 
-def _one_of(name: str, value: Any, accepted: tuple) -> None:
-  if value not in accepted:
-    raise ValueError(f"{name}={value!r}; accepted: {', '.join(accepted)}")
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """What a model variant is built of: model.py reads these, never the variant's name."""
+
+  rms_norm: bool  # RMSNorm, else LayerNorm with a bias
+  truncated_init: bool  # normal init cut at +-3 std, else plain normal
+  adaln: bool  # the target position modulates the norms (AdaLN), else is added to the input
+  qk_norm: bool  # queries and keys normed per head
+  tied_head: bool  # the output head is the token embedding, else its own layer
 
 
-def _at_least(section: str, obj: Any, names: tuple, low: float, strict: bool = False) -> None:
-  for name in names:
-    value = getattr(obj, name)
-    if (value <= low) if strict else not value >= low:
-      raise ValueError(
-        f"{section}.{name}={value} must be {'>' if strict else '>='} "
-        f"{low:g}" + (" (0: num_steps)" if name == "lr_decay_steps" else "")
-      )
+VARIANTS = {
+  "ao": Variant(rms_norm=True, truncated_init=True, adaln=True, qk_norm=True, tied_head=False),
+  "sigma": Variant(
+    rms_norm=False, truncated_init=False, adaln=False, qk_norm=False, tied_head=True
+  ),
+}
+# The names of registries that hold JAX code (tests/unit/test_model.py and test_orders.py check
+# that the keys are these).
+ATTENTION = ("auto", "xla", "cudnn", "splash")  # model.ATTENTION's, and auto
+REMAT = ("none", "full", "dots")  # model.REMAT's
+ORDER_KINDS = ("random", "l2r", "mixed", "fixed", "blockwise")  # orders.ORDERS'
+
+
+def field(default: Any, help: str, choices: Collection[str] = (), bounds: str = "") -> Any:
+  """A config field: its default, its help line and what it accepts (`choices`: names or a
+  registry's keys; or `bounds`: '>= 1', '> 0' or an interval such as '[0, 1)'), checked as its
+  section is built."""
+  return dataclasses.field(
+    default=default, metadata={"help": help, "choices": choices, "bounds": bounds}
+  )
+
+
+def _within(value: float, bounds: str) -> bool:
+  """Whether `value` lies in `bounds` (see `field`)."""
+  if bounds.startswith(">"):
+    low = float(bounds.lstrip(">= "))
+    return value >= low if bounds.startswith(">=") else value > low
+  low, high = (float(x) for x in bounds[1:-1].split(","))
+  above = value >= low if bounds[0] == "[" else value > low
+  return above and (value <= high if bounds[-1] == "]" else value < high)
+
+
+def _check(name: str, value: Any, meta: Mapping) -> None:
+  if meta.get("choices") and value not in meta["choices"]:
+    raise ValueError(f"{name}={value!r}; accepted: {', '.join(meta['choices'])}")
+  bounds = meta.get("bounds")
+  if bounds and not _within(value, bounds):
+    raise ValueError(f"{name}={value} must be {'' if bounds[0] == '>' else 'in '}{bounds}")
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSpec:
+class Section:
+  """A config section: each field checked against its declaration, then `check`'s rules across
+  fields."""
+
+  NAME: ClassVar[str]
+
+  def __post_init__(self) -> None:
+    for f in dataclasses.fields(self):
+      _check(f"{self.NAME}.{f.name}", getattr(self, f.name), f.metadata)
+    self.check()
+
+  def check(self) -> None:
+    """The rules across fields (none here)."""
+
+  def replace(self, **changes: Any) -> Self:
+    return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec(Section):
   """The network: its shape (SHAPE, what params and checkpoints depend on) and how it computes."""
 
-  variant: str
-  vocab_size: int
-  block_size: int
-  n_layer: int
-  n_head: int
-  n_embd: int
-  cond_dim: int
-  dtype: str
-  unroll_layers: bool
-  remat: str
-  attention: str
+  NAME: ClassVar[str] = "model"
+  variant: str = field(
+    "ao", "ao (AO-GPT, AdaLN target conditioning) or sigma (the sigma-GPT baseline)", VARIANTS
+  )
+  vocab_size: int = field(
+    2048, "V, a multiple of 128; the SentencePiece tokenizer is trained to this size", bounds=">= 1"
+  )
+  block_size: int = field(128, "T, positions of a sequence", bounds=">= 1")
+  n_layer: int = field(4, "L, blocks", bounds=">= 1")
+  n_head: int = field(4, "H, attention heads", bounds=">= 1")
+  n_embd: int = field(128, "D, the width", bounds=">= 1")
+  cond_dim: int = field(
+    128, "C, width of the target-position conditioning (AO-GPT only)", bounds=">= 1"
+  )
+  dtype: str = field("float32", "compute dtype; params are always float32", DTYPES)
+  unroll_layers: bool = field(
+    False,
+    "training/scoring: unroll the layer scan, ~15% faster steps on CPU (no stacked residuals) "
+    "but longer compiles; the cached decoders always loop (faster there)",
+  )
+  remat: str = field("none", "rematerialise each block in the backward pass", REMAT)
+  attention: str = field(
+    "auto",
+    "attention of training and scoring (the cached decoders keep their own): auto is splash on "
+    "TPU (T a multiple of 128), cudnn on GPU (bfloat16), else xla; splash is the Pallas TPU "
+    "kernel, interpreted (slowly) elsewhere",
+    ATTENTION,
+  )
   SHAPE: ClassVar[tuple] = (
     "variant",
     "vocab_size",
@@ -65,14 +135,7 @@ class ModelSpec:
     "cond_dim",
   )
 
-  def __post_init__(self):
-    _one_of("model.variant", self.variant, VARIANTS)
-    _one_of("model.dtype", self.dtype, config_lib.DTYPES)
-    _one_of("model.remat", self.remat, REMAT)
-    _one_of("model.attention", self.attention, ATTENTION)
-    _at_least(
-      "model", self, ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "cond_dim"), 1
-    )
+  def check(self) -> None:
     if self.n_embd % self.n_head:
       raise ValueError(f"model.n_embd={self.n_embd} is not divisible by model.n_head={self.n_head}")
     if self.attention == "splash" and self.block_size % 128:
@@ -80,6 +143,11 @@ class ModelSpec:
         f"model.attention='splash' needs model.block_size a multiple of 128 (the "
         f"kernel's blocks); got {self.block_size}: use 'auto' or 'xla'"
       )
+
+  @property
+  def arch(self) -> Variant:
+    """What the variant is built of."""
+    return VARIANTS[self.variant]
 
   def shape_differences(
     self, other: "ModelSpec", mine: str = "checkpoint", theirs: str = "config", keys: tuple = SHAPE
@@ -91,9 +159,6 @@ class ModelSpec:
       if getattr(self, k) != getattr(other, k)
     ]
 
-  def replace(self, **changes) -> "ModelSpec":
-    return dataclasses.replace(self, **changes)
-
 
 @functools.cache
 def paper_orders() -> dict:
@@ -103,21 +168,27 @@ def paper_orders() -> dict:
 
 
 @dataclasses.dataclass(frozen=True)
-class OrderSpec:
+class OrderSpec(Section):
   """How training draws its generation orders (orders.py makes them)."""
 
-  kind: str
-  random_ratio: float
-  ramp_steps: int
-  fixed: str
-  block: int
-  pattern: tuple
+  NAME: ClassVar[str] = "order"
+  kind: str = field("mixed", "the orders of training (orders.ORDERS)", ORDER_KINDS)
+  random_ratio: float = field(
+    0.9, "mixed: probability of a random order per sequence", bounds="[0, 1]"
+  )
+  ramp_steps: int = field(
+    0, "mixed: the probability grows linearly from 0 over these steps", bounds=">= 0"
+  )
+  fixed: str = field(
+    "seed:0",
+    "fixed: seed:N draws the permutation from seed N; order1..order3 are the authors' literal "
+    "permutations of the order study (ao_mdm/data/paper_orders.json, T=1024)",
+  )
+  block: int = field(4, "blockwise: block length b", bounds=">= 1")
+  pattern: tuple = field((0, 2, 3, 1), "blockwise: order within each block")
 
-  def __post_init__(self):
-    _one_of("order.kind", self.kind, ORDER_KINDS)
-    if self.kind == "mixed" and not 0.0 <= self.random_ratio <= 1.0:
-      raise ValueError(f"order.random_ratio={self.random_ratio} must be in [0, 1]")
-    if self.ramp_steps < 0 or (self.ramp_steps > 0 and self.kind != "mixed"):
+  def check(self) -> None:
+    if self.ramp_steps > 0 and self.kind != "mixed":
       raise ValueError(
         f"order.ramp_steps={self.ramp_steps} must be 0, or >= 1 with "
         f"order.kind='mixed' (got kind={self.kind!r})"
@@ -127,13 +198,10 @@ class OrderSpec:
         raise ValueError(
           f"order.fixed={self.fixed!r}; accepted: seed:N or one of {', '.join(paper_orders())}"
         )
-    if self.kind == "blockwise":
-      if self.block < 1:
-        raise ValueError(f"order.block={self.block} must be >= 1 and divide block_size")
-      if sorted(self.pattern) != list(range(self.block)):
-        raise ValueError(
-          f"order.pattern={tuple(self.pattern)} must be a permutation of 0..{self.block - 1}"
-        )
+    if self.kind == "blockwise" and sorted(self.pattern) != list(range(self.block)):
+      raise ValueError(
+        f"order.pattern={tuple(self.pattern)} must be a permutation of 0..{self.block - 1}"
+      )
 
   def permutation(self, t: int) -> np.ndarray:
     """The one permutation of a `fixed` or `blockwise` order over t positions."""
@@ -154,86 +222,95 @@ class OrderSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class DataSpec:
-  """Where the text comes from and how it is tokenized and prepared ("" dirs: the defaults)."""
+class DataSpec(Section):
+  """Where the text comes from and how it is tokenized and prepared."""
 
-  dataset: str
-  text_file: str
-  tokenizer: str
-  tfds_dir: str
-  prepared_dir: str
-
-  def replace(self, **changes) -> "DataSpec":
-    return dataclasses.replace(self, **changes)
+  NAME: ClassVar[str] = "data"
+  dataset: str = field("sotu", "a registry name (ao_mdm.data.datasets) or text_file")
+  text_file: str = field("", "with dataset=text_file: a local UTF-8 file, one document per line")
+  tokenizer: str = field("sentencepiece", "sentencepiece (trained for each run) or gpt2")
+  tfds_dir: str = field("", "TFDS data; empty: $TFDS_DATA_DIR or ~/tensorflow_datasets")
+  prepared_dir: str = field(
+    "",
+    "where `ao-mdm prepare` (or train/eval, when missing) writes token shards; empty: "
+    "<tfds_dir>/ao_mdm_prepared",
+  )
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainSpec:
+class TrainSpec(Section):
   """The optimisation and the loop's schedule of logs, validations and checkpoints."""
 
-  batch_size: int
-  num_steps: int
-  learning_rate: float
-  min_lr: float
-  warmup_steps: int
-  lr_decay_steps: int
-  weight_decay: float
-  b1: float
-  b2: float
-  grad_clip: float
-  ema_decay: float
-  microbatches: int
-  log_every: int
-  checkpoint_every: int
-  keep_checkpoints: int
-  eval_every: int
-  eval_batches: int
-  peak_flops_per_device: float
-  profile_start_step: int
-  profile_steps: int
-  wandb_project: str
+  NAME: ClassVar[str] = "train"
+  batch_size: int = field(16, "global batch, sequences per step", bounds=">= 1")
+  num_steps: int = field(400, "train steps", bounds=">= 1")
+  learning_rate: float = field(3e-3, "peak learning rate, after the warm-up", bounds="> 0")
+  min_lr: float = field(3e-4, "learning rate at the end of the cosine", bounds=">= 0")
+  warmup_steps: int = field(40, "linear warm-up from 0", bounds=">= 0")
+  lr_decay_steps: int = field(0, "end of the cosine (reaches min_lr); 0: num_steps", bounds=">= 0")
+  weight_decay: float = field(0.05, "AdamW's, of kernels and embeddings", bounds=">= 0")
+  b1: float = field(0.9, "Adam's beta1", bounds="[0, 1)")
+  b2: float = field(0.95, "Adam's beta2", bounds="[0, 1)")
+  grad_clip: float = field(1.0, "clip of the global gradient norm", bounds="> 0")
+  ema_decay: float = field(0.999, "decay of the EMA params", bounds="[0, 1)")
+  microbatches: int = field(1, "gradient accumulation: micro-batches per step", bounds=">= 1")
+  log_every: int = field(50, "steps between metrics lines", bounds=">= 1")
+  checkpoint_every: int = field(200, "steps between checkpoints", bounds=">= 1")
+  keep_checkpoints: int = field(3, "checkpoints kept", bounds=">= 1")
+  eval_every: int = field(
+    200, "validation loss with the EMA params every N steps (0: at the end only)", bounds=">= 0"
+  )
+  eval_batches: int = field(8, "validation batches for the L2R / random-order loss", bounds=">= 1")
+  peak_flops_per_device: float = field(
+    0.0,
+    "FLOP/s of one device, for MFU (0: measured on CPU, hardware.PEAK_FLOPS on TPUs and GPUs)",
+    bounds=">= 0",
+  )
+  profile_start_step: int = field(
+    10,
+    "first step of a jax.profiler trace into WORKDIR/profile (after the first steps' compiles)",
+    bounds=">= 0",
+  )
+  profile_steps: int = field(0, "steps traced (0: no trace)", bounds=">= 0")
+  wandb_project: str = field(
+    "",
+    "Weights & Biases: the logged metrics also go to this project (the [wandb] extra; WANDB_MODE "
+    "and the other WANDB_* variables as wandb reads them); empty: not at all",
+  )
 
-  def __post_init__(self):
-    _at_least("train", self, ("batch_size", "num_steps", "microbatches", "log_every"), 1)
-    _at_least("train", self, ("lr_decay_steps",), 0)
+  def check(self) -> None:
     if self.batch_size % self.microbatches:
       raise ValueError(
         f"train.batch_size={self.batch_size} is not divisible by "
         f"train.microbatches={self.microbatches}"
       )
-    if not 0.0 <= self.ema_decay < 1.0:
-      raise ValueError(f"train.ema_decay={self.ema_decay} must be in [0, 1)")
-    _at_least("train", self, ("learning_rate", "grad_clip"), 0, strict=True)
-    _at_least(
-      "train",
-      self,
-      (
-        "min_lr",
-        "weight_decay",
-        "warmup_steps",
-        "eval_every",
-        "peak_flops_per_device",
-        "profile_start_step",
-        "profile_steps",
-      ),
-      0,
-    )
-    for name in ("b1", "b2"):
-      if not 0 <= getattr(self, name) < 1:
-        raise ValueError(f"train.{name}={getattr(self, name)} must be in [0, 1)")
-    _at_least("train", self, ("checkpoint_every", "keep_checkpoints", "eval_batches"), 1)
 
 
 @dataclasses.dataclass(frozen=True)
-class MeshSpec:
-  """The ('data', 'fsdp', 'tensor') mesh: ICI sizes within a slice, DCN sizes across slices (one
-  -1 fills the rest), and the logical axis rules."""
+class MeshSpec(Section):
+  """The ('data', 'fsdp', 'tensor') mesh and the logical axis rules."""
 
-  ici: tuple
-  dcn: tuple
-  rules: tuple
+  NAME: ClassVar[str] = "mesh"
+  ici: tuple = field(
+    (-1, 1, 1), "axis sizes within a slice or host group; -1 fills the remaining devices"
+  )
+  dcn: tuple = field((1, 1, 1), "axis sizes across slices or host groups")
+  rules: tuple = field(
+    (
+      ("batch", ("data", "fsdp")),
+      ("length", None),
+      ("embed", "fsdp"),
+      ("heads", "tensor"),
+      ("kv", None),
+      ("mlp", "tensor"),
+      ("vocab", "tensor"),
+      ("cond", None),
+      ("layers", None),
+    ),
+    "logical axis names to mesh axes (docs/design.md, Sharding)",
+  )
 
-  def __post_init__(self):
+  def check(self) -> None:
     for name in ("ici", "dcn"):
       sizes = getattr(self, name)
       if (
@@ -249,12 +326,12 @@ class MeshSpec:
 class Spec:
   """A whole run: its seed and every section."""
 
-  seed: int
-  model: ModelSpec
-  order: OrderSpec
-  data: DataSpec
-  train: TrainSpec
-  mesh: MeshSpec
+  seed: int = field(0, "seed of the initial params and of the data's and orders' draws")
+  model: ModelSpec = dataclasses.field(default_factory=ModelSpec)
+  order: OrderSpec = dataclasses.field(default_factory=OrderSpec)
+  data: DataSpec = dataclasses.field(default_factory=DataSpec)
+  train: TrainSpec = dataclasses.field(default_factory=TrainSpec)
+  mesh: MeshSpec = dataclasses.field(default_factory=MeshSpec)
 
   def __post_init__(self):
     if self.order.kind in ("fixed", "blockwise"):
@@ -278,6 +355,11 @@ SECTIONS = {
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
+def defaults() -> dict:
+  """Every config key and its default, by section: what config.base_config() holds."""
+  return dataclasses.asdict(Spec())
+
+
 def _frozen(value: Any) -> Any:
   """Lists (as JSON gives them) and tuples, nested, as tuples: hashable."""
   return tuple(map(_frozen, value)) if isinstance(value, (list, tuple)) else value
@@ -298,53 +380,56 @@ def _value(kind: str, value: Any, name: str) -> Any:
 
 def _section(cls: type, node: Any, name: str) -> Any:
   values = {}
-  for field in dataclasses.fields(cls):
-    values[field.name] = _value(
-      field.type if isinstance(field.type, str) else field.type.__name__,
-      node[field.name],
-      f"{name}.{field.name}",
-    )
+  for f in dataclasses.fields(cls):
+    kind = f.type if isinstance(f.type, str) else f.type.__name__
+    values[f.name] = _value(kind, node[f.name], f"{name}.{f.name}")
   return cls(**values)
 
 
-def check_keys(config: Any, base: Any = None, prefix: str = "") -> None:
-  """Refuses a key that base_config() does not have (a misspelt field would be ignored and its
+def closest(key: str, keys: Iterable[str]) -> str | None:
+  """The known key nearest a misspelt one, if one is near."""
+  close = difflib.get_close_matches(key, list(keys), n=1)
+  return close[0] if close else None
+
+
+def check_keys(config: Any, base: Mapping | None = None, prefix: str = "") -> None:
+  """Refuses a key that the specs do not have (a misspelt field would be ignored and its
   default used), naming the closest one; a benchmark's own `bench` section aside."""
-  base = config_lib.base_config() if base is None else base
+  base = defaults() if base is None else base
   for key in config.keys():
     if not prefix and key == "bench":
       continue
     name = f"{prefix}{key}"
     if key not in base:
-      close = difflib.get_close_matches(key, list(base.keys()), n=1)
+      near = closest(key, base.keys())
       hint = (
-        f"; did you mean {prefix}{close[0]}?"
-        if close
+        f"; did you mean {prefix}{near}?"
+        if near
         else (f"; {prefix.rstrip('.') or 'the config'} has {', '.join(sorted(base.keys()))}")
       )
       raise ValueError(f"the --config file sets {name}, which is no config key{hint}")
-    if hasattr(base[key], "keys"):
+    if isinstance(base[key], dict):
       check_keys(config[key], base[key], f"{name}.")
 
 
 def parse(config: Any) -> Spec:
-  """The Spec of an ml_collections config (or a dict of the same keys): every key is one of
-  base_config()'s, every section is checked as it is built."""
+  """The Spec of an ml_collections config (or a dict of the same keys): every key is one of the
+  specs', every section is checked as it is built."""
   check_keys(config)
   sections = {name: _section(cls, config[name], name) for name, cls in SECTIONS.items()}
   return Spec(seed=_value("int", config["seed"], "seed"), **sections)
 
 
 def with_defaults(saved: dict) -> Spec:
-  """A saved config (a checkpoint's) on top of base_config(): keys added since it was written
+  """A saved config (a checkpoint's) on top of the defaults: keys added since it was written
   get their defaults; keys that are gone are dropped."""
-  config = config_lib.base_config()
+  config = defaults()
 
   def merge(base, values):
     for key, value in values.items():
       if key not in base:
         continue
-      if isinstance(value, dict) and hasattr(base[key], "keys"):
+      if isinstance(value, dict) and isinstance(base[key], dict):
         merge(base[key], value)
       else:
         base[key] = value
@@ -354,10 +439,10 @@ def with_defaults(saved: dict) -> Spec:
 
 
 def default() -> Spec:
-  """base_config() as a Spec: the tiny CPU demo model."""
-  return parse(config_lib.base_config())
+  """The defaults as a Spec: the tiny CPU demo model."""
+  return Spec()
 
 
 def single_device_mesh() -> MeshSpec:
-  """The mesh of base_config(): one process's devices along the data axis."""
-  return default().mesh
+  """The default mesh: one process's devices along the data axis."""
+  return MeshSpec()

@@ -134,6 +134,8 @@ def config_flag_error(argv: list, e: Exception) -> str:
 
   import ml_collections
 
+  from ao_mdm import specs
+
   path = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), None)
   if path is None:
     return str(e)
@@ -169,6 +171,8 @@ def config_flag_error(argv: list, e: Exception) -> str:
       if not hasattr(node, "keys") or key not in node:
         where = "config." + ".".join(keys[:i]) if i else "the config"
         known = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "none (a value)"
-        return f"--{name}: {where} has no key {key!r}; its keys: {known}"
+        near = specs.closest(key, node.keys()) if hasattr(node, "keys") else None
+        hint = f"did you mean --{'.'.join(['config', *keys[:i], near])}?" if near else ""
+        return f"--{name}: {where} has no key {key!r}; {hint or 'its keys: ' + known}"
       node = node[key]
   return str(e)

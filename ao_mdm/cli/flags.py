@@ -7,7 +7,7 @@ A command module defines its flags on the FlagValues it is given (`define(fv)`),
 from absl import flags
 from ml_collections import config_flags
 
-from ao_mdm.config import DTYPES
+from ao_mdm.specs import DTYPES
 
 # Flags that name a path: each may be local or gs://BUCKET/..., with ~ expanded
 # (storage/paths.py checks their form before anything else).

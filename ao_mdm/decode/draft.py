@@ -60,9 +60,7 @@ class DraftHead(nn.Module):
 def init_head(cfg: specs.ModelSpec, key: jax.Array) -> Any:
   """Initial (unboxed) params of a head for the base model `cfg`."""
   t, d = cfg.block_size, cfg.n_embd
-  cond = (
-    (jnp.zeros((t, cfg.cond_dim)), jnp.zeros((1, t), jnp.int32)) if cfg.variant == "ao" else None
-  )
+  cond = (jnp.zeros((t, cfg.cond_dim)), jnp.zeros((1, t), jnp.int32)) if cfg.arch.adaln else None
   x = jnp.zeros((1, t, d))
   return nn.unbox(DraftHead(cfg).init(key, x, x, cond)["params"])
 

@@ -67,7 +67,7 @@ def weight_counts(cfg: specs.ModelSpec) -> tuple[int, int]:
   """(block weights, head weights: final AdaLN and head, or the tied embedding) of a model."""
   shapes = nn.unbox(jax.eval_shape(lambda k: model_lib.init_params(cfg, k), jax.random.key(0)))
   n_blocks = model_lib.count_params(shapes["blocks"])
-  if cfg.variant == "sigma":
+  if cfg.arch.tied_head:
     return n_blocks, cfg.vocab_size * cfg.n_embd
   return n_blocks, model_lib.count_params({k: shapes[k] for k in ("final_adaln", "head")})
 

@@ -131,6 +131,7 @@ BAD_INPUTS = [
   (["info", "--config=configs/paper.py:bogus"], "unknown paper config 'bogus'; accepted: ao_small"),
   (["info", TINY, "--config.train.bogus=1"], "config.train has no key 'bogus'; its keys: b1"),
   (["info", TINY, "--config.trian.steps=1"], "the config has no key 'trian'"),
+  (["info", TINY, "--config.model.n_embed=64"], "did you mean --config.model.n_embd?"),
   (["info", TINY, "--config.train.num_steps=abc"], "--config.train.num_steps=abc"),
   (["info", TINY, "--config.model.n_layer=0"], "model.n_layer=0 must be >= 1"),
   (["info", TINY, "--config.model.n_embd=130"], "model.n_embd=130 is not divisible"),

@@ -1,5 +1,7 @@
 """The model against docs/design.md, "The model": sizes, causality in order space, slots."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -140,6 +142,33 @@ def test_bad_model_config():
     small_cfg().replace(n_embd=30)
   with pytest.raises(ValueError, match="model.variant='bert'"):
     small_cfg().replace(variant="bert")
+
+
+def test_the_attention_and_remat_registries_hold_the_specs_names():
+  assert list(model_lib.ATTENTION) == [a for a in specs.ATTENTION if a != "auto"]
+  assert list(model_lib.REMAT) == list(specs.REMAT)
+
+
+def test_a_variant_is_one_registry_entry(monkeypatch):
+  """AO-GPT with its token embedding as the head, added as one entry of specs.VARIANTS: the
+  params of AO-GPT but the head, the logits of AO-GPT whose head is the embedding (no bias),
+  the FLOPs of the same matmuls."""
+  tied = dataclasses.replace(specs.VARIANTS["ao"], tied_head=True)
+  monkeypatch.setitem(specs.VARIANTS, "ao_tied", tied)
+  cfg, ao_cfg = small_cfg("ao_tied"), small_cfg("ao")
+  params = nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
+  ao = nn.unbox(model_lib.init_params(ao_cfg, jax.random.key(0)))
+  assert set(ao) - set(params) == {"head"} and set(params) <= set(ao)
+  ao["head"] = {"kernel": ao["token_embed"].T, "bias": jnp.zeros(cfg.vocab_size)}
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 16)), jnp.int32)
+  order = orders.random_orders(jax.random.key(1), 2, 16)
+  np.testing.assert_allclose(
+    _forward(cfg, params, tokens, order), _forward(ao_cfg, ao, tokens, order), atol=1e-6
+  )
+  n, n_ao = model_lib.count_params(params), model_lib.count_params(ao)
+  assert n_ao - n == cfg.vocab_size * (cfg.n_embd + 1)
+  fpt = model_lib.flops_per_token
+  assert fpt(cfg, n) == fpt(ao_cfg, n_ao) - 6 * cfg.vocab_size  # less the head's bias
 
 
 def test_sequence_longer_than_block_size():
