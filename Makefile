@@ -35,11 +35,14 @@ demo: $(STAMP)
 	$(BIN)/ao-mdm sample --checkpoint=runs/demo --num_samples=1 --mode=speculative --draft=4 --seed=4 \
 	  --prompt="Fellow citizens of the Senate and House of Representatives:"
 
-# Test files run on TEST_JOBS processes (pytest-xdist, whole files per process, one XLA
-# compilation cache for all of them: tests/conftest.py); the slow stage runs in one.
+# The default stage: tests/unit and tests/integration but the tests marked slow, test files on
+# TEST_JOBS processes (pytest-xdist, whole files per process). Every process of both stages
+# compiles into one XLA cache kept in .venv (tests/conftest.py takes JAX_COMPILATION_CACHE_DIR),
+# so the slow stage loads what the default stage compiled.
 TEST_JOBS ?= 2
+PYTEST := JAX_COMPILATION_CACHE_DIR=$(CURDIR)/$(VENV)/xla-cache-tests $(BIN)/python -m pytest -q
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
+	$(PYTEST) -n $(TEST_JOBS) --dist loadfile
 
 # ruff (lint, then format: a file that would change fails) and mypy over ao_mdm/.
 lint: $(TEST_STAMP)
@@ -47,8 +50,11 @@ lint: $(TEST_STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The slow stage (CI runs it after `make test`): the tests marked slow on TEST_JOBS processes,
+# then those also marked serial (each times a bounded detection) one at a time.
 test-slow: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q -m "slow or not slow" tests
+	$(PYTEST) -n $(TEST_JOBS) --dist loadfile -m "slow and not serial"
+	$(PYTEST) -m "slow and serial"
 
 clean:
 	rm -rf $(VENV) runs

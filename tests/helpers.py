@@ -10,12 +10,22 @@ from flax import linen, traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
 from ao_mdm.config import base_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def default_stage_keeps(cases: list, keep: list) -> list:
+  """A parametrize grid whose cases in `keep` run in the default stage and the rest are marked
+  slow: `make test` samples the grid, CI's slow stage runs all of it. A tuple is a case's values
+  for several names (wrap a tuple value of one name in a 1-tuple)."""
+  values = lambda c: c if isinstance(c, tuple) else (c,)
+  return [pytest.param(*values(c), marks=() if c in keep else pytest.mark.slow) for c in cases]
+
 
 # Set by conftest for a faster compile; a test of float tolerances between two programs drops
 # them (default_compiler_flags) to see the numerics users get.

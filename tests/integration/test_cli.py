@@ -377,6 +377,7 @@ def _snapshot(root: str) -> dict:
   return out
 
 
+@pytest.mark.slow  # about 55 processes (two minutes here)
 def test_every_bad_input_gives_one_error_line_and_changes_nothing(files):
   assert len(BAD_INPUTS) >= 40
   before = _snapshot(files["root"])
@@ -400,6 +401,7 @@ def test_every_bad_input_gives_one_error_line_and_changes_nothing(files):
   assert after == before, sorted(set(after.items()) ^ set(before.items()))
 
 
+@pytest.mark.slow  # reads the module's trained run
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous_step(files, tmp_path):
   run = str(tmp_path / "run")
   shutil.copytree(files["run"], run)
@@ -417,6 +419,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_step(files, tmp_pa
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow  # reads the module's trained run
 def test_sample_reads_the_run_quietly_and_writes_nothing_into_it(files, tmp_path):
   before = _snapshot(files["run"])
   path = tmp_path / "new" / "dir" / "samples.jsonl"  # missing directories are made
@@ -444,6 +447,7 @@ def test_sample_reads_the_run_quietly_and_writes_nothing_into_it(files, tmp_path
   assert os.listdir(path.parent) == ["samples.jsonl"]  # no .partial left
 
 
+@pytest.mark.slow  # reads the module's trained run
 def test_sample_texts_library_call(files):
   """The library function behind `ao-mdm sample`: batches, prompt kept, ids within the vocab."""
   from ao_mdm.data import tokenizer as tok_lib
@@ -472,14 +476,8 @@ def test_sample_texts_library_call(files):
     assert len(r["tokens"]) == config.model.block_size and max(r["tokens"]) < tokenizer.vocab_size
 
 
-@pytest.mark.parametrize(
-  "mode",
-  [
-    "parallel",
-    pytest.param("speculative", marks=pytest.mark.slow),
-    pytest.param("confidence", marks=pytest.mark.slow),
-  ],
-)
+@pytest.mark.slow  # reads the module's trained run
+@pytest.mark.parametrize("mode", ["parallel", "speculative", "confidence"])
 def test_an_infill_ends_at_its_text(files, mode):
   """Only the [MASK] spans are drawn: the record ends where the text ends (a text ending in
   [MASK] is continued by --infill_span tokens), the known tokens where the text puts them."""

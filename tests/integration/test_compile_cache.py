@@ -100,6 +100,7 @@ def test_where_the_cache_lives(monkeypatch, tmp_path):
   assert compile_cache.where(str(tmp_path / "d"), "run") == str(tmp_path / "d")
 
 
+@pytest.mark.slow  # two trainings (about 40 s)
 def test_train_keeps_its_cache_in_the_work_dir_and_off_writes_nothing(data_dir, tmp_path):
   env = {
     k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", compile_cache.ENV)

@@ -15,6 +15,9 @@ from ao_mdm.eval import perplexity, scoring
 from ao_mdm.train import loop
 from helpers import ROOT
 
+# Every test reads a run the module trains first (about a minute in all): in the slow stage.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def checkpoint(data_dir, tmp_path_factory):

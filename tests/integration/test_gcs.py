@@ -255,6 +255,7 @@ def _config(tfds_dir, steps):
   return c
 
 
+@pytest.mark.slow  # a run, its resume, export, sample and eval in the bucket (about a minute)
 def test_a_run_in_a_bucket_resumes_exactly_and_serves_export_sample_eval(
   gcs_server, data_dir, tmp_path
 ):
@@ -372,6 +373,7 @@ def _steps(run) -> list:
 
 
 @pytest.mark.slow  # seven two-process runs, about four minutes
+@pytest.mark.serial  # two processes that take each other for lost when starved of CPU
 def test_two_processes_prepare_and_train_in_a_bucket_and_resume_exactly_after_sigkill(
   gcs_server, data_dir, tmp_path
 ):
@@ -520,6 +522,7 @@ def test_gs_paths_without_credentials_are_one_error_line(tmp_path):
 
 
 @pytest.mark.slow  # a training run against its own server, stopped mid-run (about 40 s)
+@pytest.mark.serial  # times its error line
 def test_a_server_that_stops_answering_ends_training_with_one_line_in_bounded_time(data_dir):
   """The server SIGSTOPped at step 12 (connections open, nothing answered), then SIGTERM to
   the run: it ends with one error line naming the newest complete step, within the bound

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
+@pytest.mark.slow  # a GPT-2 scoring process (about 15 s)
 def test_cli_scores_other_tokenizers_samples_as_gpt2_text(tmp_path):
   """`import-gpt2` then `eval --generated --scorer`: SentencePiece samples are re-tokenized."""
   from ao_mdm.data import gpt2

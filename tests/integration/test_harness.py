@@ -121,6 +121,7 @@ def _l2r_logprob(scorer, ids: list, n: int) -> float:
   return -float(scoring.l2r_nll(scorer, row)[0, len(ids) - n : len(ids)].sum())
 
 
+@pytest.mark.slow  # reads the module's trained run
 def test_multiple_choice_equals_our_l2r_scorer(lm, tasks, run):
   scorer, tok, _, _ = run
   out = _evaluate(lm, tasks, ["local_mc"])
@@ -139,6 +140,7 @@ def test_multiple_choice_equals_our_l2r_scorer(lm, tasks, run):
   assert out["results"]["local_mc"]["acc,none"] == pytest.approx(np.mean(expected_acc))
 
 
+@pytest.mark.slow  # reads the module's trained run
 def test_rolling_loglikelihood_is_the_sum_over_independent_windows(lm, tasks, run):
   scorer, tok, _, _ = run
   out = _evaluate(lm, tasks, ["local_docs"])
@@ -159,6 +161,7 @@ def test_rolling_loglikelihood_is_the_sum_over_independent_windows(lm, tasks, ru
   )
 
 
+@pytest.mark.slow  # reads the module's trained run
 def test_an_infill_context_is_scored_given_both_sides(lm, tasks, run):
   scorer, tok, _, _ = run
   out = _evaluate(lm, tasks, ["local_infill"])
@@ -179,6 +182,7 @@ def test_an_infill_context_is_scored_given_both_sides(lm, tasks, run):
   assert not np.allclose(l2r, want)  # the suffix is seen
 
 
+@pytest.mark.slow  # reads the module's trained run
 def test_greedy_generation_equals_a_naive_argmax_loop(lm, run):
   scorer, tok, params, config = run
   model = model_lib.make_model(config.model)
@@ -206,6 +210,7 @@ def test_greedy_generation_equals_a_naive_argmax_loop(lm, run):
   del scorer
 
 
+@pytest.mark.slow  # reads the module's trained run
 def test_parallel_generation_and_errors(checkpoint, lm):
   par = harness.AoMdm(checkpoint, mode="parallel", steps=4)
   out = par.generate_until([Instance("generate_until", {}, ("We hold", {"max_gen_toks": 6}), 0)])

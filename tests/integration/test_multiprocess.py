@@ -13,8 +13,9 @@ import pytest
 
 from helpers import ROOT
 
-# Two processes, about a minute on 2 cores: in CI's slow stage (make test-slow).
-pytestmark = pytest.mark.slow
+# Two processes, about a minute on 2 cores: in the slow stage (make test-slow), alone, since a
+# process starved of CPU by another test misses its heartbeats and is taken for lost.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 WORKER = pathlib.Path(__file__).resolve().parent / "multiprocess_worker.py"
 TIMEOUT_S = 240

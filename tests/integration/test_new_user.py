@@ -22,6 +22,10 @@ from ao_mdm.storage import fs
 from ao_mdm.train import loop
 from helpers import ROOT, ao_mdm, tiny_config
 
+# Trainings, samples and exports in processes of their own (about two minutes in all): in the slow
+# stage.
+pytestmark = pytest.mark.slow
+
 SMALL = [
   "--config.model.vocab_size=512",
   "--config.model.block_size=32",

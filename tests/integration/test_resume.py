@@ -169,6 +169,7 @@ def _small_config(tfds_dir, steps):
   return c
 
 
+@pytest.mark.slow  # trains a run first (15-25 s)
 def test_workdir_with_other_model_shape_is_refused(data_dir, tmp_path):
   workdir = str(tmp_path / "run")
   loop.train_and_evaluate(specs.parse(_small_config(data_dir, 2)), workdir)
@@ -200,6 +201,7 @@ def _steps_in(directory):
   return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
 
 
+@pytest.mark.slow  # trains a run first (15-25 s)
 def test_unreadable_and_foreign_steps_are_set_aside_and_saving_goes_on(data_dir, tmp_path, capsys):
   workdir = str(tmp_path / "run")
   loop.train_and_evaluate(specs.parse(_small_config(data_dir, 4)), workdir)
@@ -231,6 +233,7 @@ def test_unreadable_and_foreign_steps_are_set_aside_and_saving_goes_on(data_dir,
   assert steps == [1, 2, 3, 4, 5, 6]  # the first run's steps 3-4 were dropped on resume
 
 
+@pytest.mark.slow  # trains a run first (15-25 s)
 def test_every_checkpoint_unreadable_stops_unless_start_over(data_dir, tmp_path):
   workdir = str(tmp_path / "run")
   loop.train_and_evaluate(specs.parse(_small_config(data_dir, 2)), workdir)

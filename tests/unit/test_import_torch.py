@@ -17,7 +17,7 @@ from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.config import base_config
 from ao_mdm.interop import torch_import, torch_layout
-from helpers import random_params
+from helpers import default_stage_keeps, random_params
 
 torch = pytest.importorskip("torch")
 from ao_mdm.interop import torch_reference  # needs torch
@@ -306,7 +306,7 @@ def test_untied_sigma_head_refused(tmp_path):
   )
 
 
-@pytest.mark.parametrize("variant", ["ao", "sigma"])
+@pytest.mark.parametrize("variant", default_stage_keeps(["ao", "sigma"], ["sigma"]))
 def test_export_torch_loads_in_the_reference_and_imports_back_bitwise(tmp_path, variant):
   """`export-torch` of an export of a bfloat16 run: float32 tensors under the authors' names;
   their module tree (torch_reference) gives our logits; import-torch gives our params back
@@ -378,7 +378,7 @@ def _greedy(path):
   ]
 
 
-@pytest.mark.parametrize("fmt", ["torch", "safetensors"])
+@pytest.mark.parametrize("fmt", default_stage_keeps(["torch", "safetensors"], ["safetensors"]))
 def test_export_torch_of_a_sentencepiece_model_imports_back_with_the_same_greedy_samples(
   tmp_path, sp_export, fmt, capsys
 ):

@@ -12,7 +12,7 @@ from scipy import stats
 from ao_mdm import model as model_lib
 from ao_mdm import specs
 from ao_mdm.decode import common, options, parallel, text
-from helpers import naive_greedy
+from helpers import default_stage_keeps, naive_greedy
 
 T = 32
 
@@ -50,7 +50,12 @@ EQUALITY = [
 ] + [("sigma", case, 4, sched) for case in CASES for sched in options.SCHEDULES]
 
 
-@pytest.mark.parametrize("variant,case,steps_div,schedule", EQUALITY)
+@pytest.mark.parametrize(
+  "variant,case,steps_div,schedule",
+  default_stage_keeps(
+    EQUALITY, [("ao", "prefix", 16, "linear"), ("sigma", "unconditional", 4, "cosine")]
+  ),
+)
 def test_cached_equals_naive(variant, case, steps_div, schedule):
   cfg, params = cached_model(variant)
   mode, positions = CASES[case]
@@ -127,6 +132,7 @@ def test_decoding_stops_at_end_and_equals_naive(decoder, mode):
     )
 
 
+@pytest.mark.slow  # T sequential steps (about 15 s); greedy speculative tests also check L2R
 def test_l2r_full_steps_is_autoregressive_decoding():
   cfg, params = cached_model("ao")
   out = parallel.sample(
@@ -214,9 +220,11 @@ def test_schedule_counts_equal_the_authors_formula_for_every_step_count(schedule
     )
 
 
-@pytest.mark.parametrize("schedule", options.SCHEDULES)
-@pytest.mark.parametrize("known", [0, 5])
-def test_schedule_counts_and_fill(schedule, known):
+@pytest.mark.parametrize(
+  "known,schedule",
+  default_stage_keeps([(k, s) for k in (0, 5) for s in options.SCHEDULES], [(5, "cosine")]),
+)
+def test_schedule_counts_and_fill(known, schedule):
   cfg, params = cached_model("ao")
   for steps in (1, 3, 9, T - known):
     counts = parallel.schedule_counts(T, known, steps, schedule)

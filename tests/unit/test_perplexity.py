@@ -61,6 +61,7 @@ def naive_ensemble(scorer, x, order, m, seed):
   return -np.log(np.exp(logp).mean(-1)), logp
 
 
+@pytest.mark.slow  # an ensemble of orders against its naive sum (about 18 s)
 def test_ensemble_matches_naive_and_jensen(scorer):
   x = tokens(2, seed=1)
   order = perplexity.random_orders(5, 2, T)

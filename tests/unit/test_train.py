@@ -87,6 +87,7 @@ def test_export_roundtrip(data_dir, tmp_path):
     checkpoints.export(workdir, out)
 
 
+@pytest.mark.slow  # a training run of its own (10-25 s)
 def test_checkpoints_keep_the_ema_apart_and_older_ones_still_load(data_dir, tmp_path):
   """A step holds `ema` beside `state` (the rest of the train state); `load_params` reads only
   the set it is asked for, and a checkpoint with the EMA inside `state` (before the split) loads
@@ -213,6 +214,7 @@ def test_cosine_horizon_past_num_steps():
   assert float(train_state.learning_rate_schedule(c)(100)) == pytest.approx(0.0, abs=1e-6)
 
 
+@pytest.mark.slow  # a training run of its own (10-25 s)
 def test_a_profile_window_writes_a_trace_that_names_the_train_steps(data_dir, tmp_path):
   import glob
   import gzip
@@ -228,6 +230,7 @@ def test_a_profile_window_writes_a_trace_that_names_the_train_steps(data_dir, tm
   assert steps == ["1", "2"]  # steps 0-based: the window's two, each annotated
 
 
+@pytest.mark.slow  # a training run of its own (10-25 s)
 def test_logged_metrics_are_the_means_of_their_window(data_dir, tmp_path, capsys):
   """A step logged every 4 shows the mean of its 4 steps' metrics (clu.metrics; loss_l2r over
   the steps whose batch held L2R sequences), checked against the same run logged every step;
@@ -286,6 +289,7 @@ def _wandb_history(path: str) -> list:
   return rows
 
 
+@pytest.mark.slow  # a training run of its own (10-25 s)
 def test_wandb_gets_the_logged_metrics(data_dir, tmp_path, monkeypatch):
   """train.wandb_project with WANDB_MODE=offline: the run file under WORKDIR/wandb holds every
   logged step's metrics, equal to metrics.jsonl's."""

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ao_mdm.decode import generate, options, parallel, speculative
-from helpers import EOS, eos_model
+from helpers import EOS, default_stage_keeps, eos_model
 
 T = 32  # helpers.eos_model's length
 
@@ -27,7 +27,10 @@ def first_eos_lengths(tokens_BT, start):
 
 @pytest.mark.parametrize(
   "order,block_len,prompt",
-  [("random", 8, ()), ("l2r", 8, (5, 6, 7)), ("random", 5, (5, 6, 7)), ("l2r", None, ())],
+  default_stage_keeps(
+    [("random", 8, ()), ("l2r", 8, (5, 6, 7)), ("random", 5, (5, 6, 7)), ("l2r", None, ())],
+    [("random", 8, ())],
+  ),
 )
 def test_parallel_until_eos_is_the_fixed_length_sample_up_to_its_first_eos(
   model, order, block_len, prompt
@@ -98,7 +101,7 @@ def test_block_counts_spread_the_steps_by_block_size():
     parallel.block_counts(T, 2, 8, "linear", 0)
 
 
-@pytest.mark.parametrize("prompt", [(), (5, 6, 7)])
+@pytest.mark.parametrize("prompt", default_stage_keeps([((),), ((5, 6, 7),)], [((),)]))
 def test_speculative_until_eos_stops_each_row_at_its_first_eos(model, prompt):
   cfg, params = model
   kw = dict(
