@@ -392,8 +392,11 @@ def test_a_second_ctrl_c_during_the_save_exits_at_once(monkeypatch):
 
   exits = []
   monkeypatch.setattr(interrupts.os, "_exit", exits.append)
+  # What the process had (SIG_IGN where a non-interactive shell started it in the background).
+  before = signal.getsignal(signal.SIGINT)
   stop = interrupts.StopRequest()
   try:
+    assert signal.getsignal(signal.SIGINT) == stop._handle
     stop._handle(signal.SIGTERM, None)
     assert stop.requested and stop.exit_code == 0 and not exits  # preemption: save, exit 0
     stop._handle(signal.SIGINT, None)
@@ -406,7 +409,7 @@ def test_a_second_ctrl_c_during_the_save_exits_at_once(monkeypatch):
     assert stop.requested and stop.exit_code == 130 and exits == [130]
   finally:
     stop.restore()
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_a_sigterm_before_the_loop_is_held_for_it(monkeypatch):
