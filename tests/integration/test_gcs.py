@@ -459,6 +459,7 @@ def test_two_processes_prepare_and_train_in_a_bucket_and_resume_exactly_after_si
 
 
 @pytest.mark.slow  # three CLI runs and an export, about a minute
+@pytest.mark.serial  # a Ctrl-C sent after a delay must find the export under way
 def test_in_a_bucket_an_unreadable_step_is_set_aside_and_ctrl_c_leaves_no_export(
   gcs_server, data_dir
 ):
