@@ -373,7 +373,6 @@ def _steps(run) -> list:
 
 
 @pytest.mark.slow  # seven two-process runs, about four minutes
-@pytest.mark.serial  # two processes that take each other for lost when starved of CPU
 def test_two_processes_prepare_and_train_in_a_bucket_and_resume_exactly_after_sigkill(
   gcs_server, data_dir, tmp_path
 ):
@@ -459,7 +458,6 @@ def test_two_processes_prepare_and_train_in_a_bucket_and_resume_exactly_after_si
 
 
 @pytest.mark.slow  # three CLI runs and an export, about a minute
-@pytest.mark.serial  # a Ctrl-C sent after a delay must find the export under way
 def test_in_a_bucket_an_unreadable_step_is_set_aside_and_ctrl_c_leaves_no_export(
   gcs_server, data_dir
 ):
@@ -523,7 +521,6 @@ def test_gs_paths_without_credentials_are_one_error_line(tmp_path):
 
 
 @pytest.mark.slow  # a training run against its own server, stopped mid-run (about 40 s)
-@pytest.mark.serial  # times its error line
 def test_a_server_that_stops_answering_ends_training_with_one_line_in_bounded_time(data_dir):
   """The server SIGSTOPped at step 12 (connections open, nothing answered), then SIGTERM to
   the run: it ends with one error line naming the newest complete step, within the bound

@@ -13,9 +13,9 @@ import pytest
 
 from helpers import ROOT
 
-# Two processes, about a minute on 2 cores: in the slow stage (make test-slow), alone, since a
-# process starved of CPU by another test misses its heartbeats and is taken for lost.
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+# Two processes, about a minute on 2 cores: in the slow stage (make test-slow), which runs one
+# test at a time: a process starved of CPU by another test misses its heartbeats.
+pytestmark = pytest.mark.slow
 
 WORKER = pathlib.Path(__file__).resolve().parent / "multiprocess_worker.py"
 TIMEOUT_S = 240

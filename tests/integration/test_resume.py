@@ -303,7 +303,6 @@ def test_a_second_run_in_the_same_workdir_is_refused(data_dir, tmp_path):
 
 
 @pytest.mark.slow  # several processes, each interrupted at another moment
-@pytest.mark.serial  # the delays must find a sample finished (beside another test: none was)
 def test_ctrl_c_elsewhere_exits_130_and_leaves_no_partial_output(data_dir, tmp_path):
   """export and sample, interrupted at growing delays: each run either finished (exit 0) or
   stopped (130), never with a traceback, and whatever output exists is whole (an export that

@@ -17,9 +17,9 @@ from helpers import default_compiler_flags
 WORKER = pathlib.Path(__file__).resolve().parent / "sharding_worker.py"
 TIMEOUT_S = 240
 
-# An 8-device worker that trains on several meshes (about 1.5 min): in CI's slow stage, alone (its
-# 8 simulated devices want both cores; beside another test it ran past its 240 s bound).
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+# An 8-device worker that trains on several meshes (about 1.5 min): in the slow stage, which runs
+# one test at a time (beside another test the worker ran past its 240 s bound).
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -26,9 +26,6 @@ from ao_mdm.storage import fs
 from ao_mdm.train import loop
 from helpers import ROOT
 
-# Each case times its error line against BOUND_S: in the slow stage's pass of its own.
-pytestmark = pytest.mark.serial
-
 BOUND_S = 10  # --storage_timeout of every case
 SMALL = {
   "model.vocab_size": 512,
