@@ -27,6 +27,19 @@ def default_stage_keeps(cases: list, keep: list) -> list:
   return [pytest.param(*values(c), marks=() if c in keep else pytest.mark.slow) for c in cases]
 
 
+# `ao-mdm train` flags of a small model and short steps, which the process tests extend.
+SMALL_TRAIN_FLAGS = (
+  "--config.model.vocab_size=512",
+  "--config.model.block_size=32",
+  "--config.model.n_layer=2",
+  "--config.model.n_embd=32",
+  "--config.model.n_head=2",
+  "--config.train.batch_size=8",
+  "--config.train.warmup_steps=2",
+  "--config.train.log_every=1",
+  "--config.train.eval_batches=1",
+)
+
 # Set by conftest for a faster compile; a test of float tolerances between two programs drops
 # them (default_compiler_flags) to see the numerics users get.
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")

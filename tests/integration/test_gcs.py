@@ -21,7 +21,7 @@ from ao_mdm.data import prepare, prepared
 from ao_mdm.storage import fs, paths
 from ao_mdm.storage import lease as lease_lib
 from ao_mdm.train import loop, records
-from helpers import ROOT, ao_mdm, error_lines
+from helpers import ROOT, SMALL_TRAIN_FLAGS, ao_mdm, error_lines
 
 TINY = f"--config={ROOT}/configs/tiny.py"
 
@@ -293,19 +293,7 @@ def test_a_run_in_a_bucket_resumes_exactly_and_serves_export_sample_eval(
   )
 
 
-SMALL = [
-  "--config.model.vocab_size=512",
-  "--config.model.block_size=32",
-  "--config.model.n_layer=2",
-  "--config.model.n_embd=32",
-  "--config.model.n_head=2",
-  "--config.train.batch_size=8",
-  "--config.train.warmup_steps=2",
-  "--config.train.log_every=1",
-  "--config.train.eval_batches=1",
-  "--config.train.eval_every=0",
-  "--config.train.lr_decay_steps=6",
-]
+SMALL = [*SMALL_TRAIN_FLAGS, "--config.train.eval_every=0", "--config.train.lr_decay_steps=6"]
 
 
 def _free_port() -> int:

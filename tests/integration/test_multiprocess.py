@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, SMALL_TRAIN_FLAGS
 
 # Two processes, about a minute on 2 cores: in the slow stage (make test-slow), which runs one
 # test at a time: a process starved of CPU by another test misses its heartbeats.
@@ -76,17 +76,7 @@ def test_two_processes_match_one(tmp_path):
 # `ao-mdm train` as two processes of 2 CPU devices each, joined through a coordinator on
 # 127.0.0.1: signals to one or both, a process killed, each stop resumed to the end and compared
 # with a run that was never stopped.
-SMALL = [
-  "--config.model.vocab_size=512",
-  "--config.model.block_size=32",
-  "--config.model.n_layer=2",
-  "--config.model.n_embd=32",
-  "--config.model.n_head=2",
-  "--config.train.batch_size=8",
-  "--config.train.warmup_steps=2",
-  "--config.train.log_every=1",
-  "--config.train.eval_batches=1",
-]
+SMALL = SMALL_TRAIN_FLAGS
 STEPS = 12
 
 

@@ -17,20 +17,9 @@ from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.config import base_config
 from ao_mdm.train import loop
-from helpers import ROOT
+from helpers import ROOT, SMALL_TRAIN_FLAGS
 
-SMALL = [
-  "--config.model.vocab_size=512",
-  "--config.model.block_size=32",
-  "--config.model.n_layer=2",
-  "--config.model.n_embd=32",
-  "--config.model.n_head=2",
-  "--config.train.batch_size=8",
-  "--config.train.warmup_steps=2",
-  "--config.train.log_every=1",
-  "--config.train.eval_batches=1",
-  "--config.train.eval_every=0",
-]
+SMALL = [*SMALL_TRAIN_FLAGS, "--config.train.eval_every=0"]
 
 
 def _command(workdir, tfds_dir, steps, every):
