@@ -88,6 +88,7 @@ def test_misspelt_urls_are_refused_and_no_local_gs_directory_is_made(tmp_path):
   assert "did you mean gs://BUCKET/PATH" in out.stderr and os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow  # a timed wait: beside another test (make test's 2 processes) it took 11.5 s
 def test_a_missing_bucket_or_no_server_is_one_error_line_in_bounded_time(gcs_server, tmp_path):
   out = ao_mdm("train", TINY, "--workdir=gs://no-such-bucket/run")
   assert out.returncode == 2 and error_lines(out) == [
