@@ -1,12 +1,7 @@
-"""What the three decoders (sampling, speculative, confidence) share: slot inputs, the K/V
-cache, the draw from filtered probabilities, cache-length buckets, known-token inputs.
+"""What the decoders share besides the model's decode interface (engine.py): the draw from
+filtered probabilities, orders, cache-length buckets, known-token inputs, the output."""
 
-The cache is a plain dict of heads-major arrays, "k" [L, B, H, K, T] (keys transposed) and "v"
-[L, B, H, T, K], so that attention multiplies each with a plain batched matmul (model.attention);
-the layer stack returns a chunk's K/V as [L, B, W, H, K].
-"""
-
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 import dataclasses
 from typing import Any
 
@@ -24,6 +19,11 @@ class SampleOutput:
   order: np.ndarray  # [B, T] int32: the generation order (known positions first)
   logits: np.ndarray | None = None  # [B, T, V] float32: logits each position was drawn from
   stats: dict | None = None  # mode-specific counts (speculative: forwards, accepted per row)
+  # Per position: the log-prob its token was drawn with (after temperature, top-p, top-k), the
+  # model's own log-prob of it, and the step that drew it (-1: known). Engine decoders only.
+  logprobs: np.ndarray | None = None  # [B, T] float32
+  raw_logprobs: np.ndarray | None = None  # [B, T] float32
+  steps: np.ndarray | None = None  # [B, T] int32
 
 
 def with_dtype(params: Any, cfg: specs.ModelSpec, dtype: str) -> tuple:
@@ -57,7 +57,8 @@ def filter_logits(
   """
   v = logits_NV.shape[-1]  # any leading axes (speculative decoding filters [B, W, V])
   sorted_NV = jnp.sort(logits_NV, axis=-1)[..., ::-1]
-  kth = jnp.take(sorted_NV, jnp.clip(top_k - 1, 0, v - 1), axis=-1)[..., None]
+  top_k = jnp.broadcast_to(jnp.asarray(top_k), sorted_NV.shape[:-1] + (1,))  # per row or shared
+  kth = jnp.take_along_axis(sorted_NV, jnp.clip(top_k - 1, 0, v - 1), axis=-1)
   logits_NV = jnp.where((top_k > 0) & (logits_NV < kth), -jnp.inf, logits_NV)
   sorted_NV = jnp.where((top_k > 0) & (sorted_NV < kth), -jnp.inf, sorted_NV)
   probs_NV = jax.nn.softmax(sorted_NV, axis=-1)
@@ -157,72 +158,6 @@ def make_orders(
     block_BT = jnp.where(after_T, t, block_BT)
     rest = jnp.where(after_T, pos, rest)
   return jnp.lexsort((jnp.where(known_BT, pos, rest), block_BT), axis=1).astype(jnp.int32)
-
-
-def slot_inputs(tokens_BT: jax.Array, order_BT: jax.Array, slots_BW: jax.Array) -> tuple:
-  """(token, position) fed at the given slots: model.slot_inputs read at those slots."""
-  prev_tok_BT, prev_pos_BT = model_lib.slot_inputs(tokens_BT, order_BT)
-  slots_BW = jnp.clip(slots_BW, 0, order_BT.shape[1] - 1)
-  return (
-    jnp.take_along_axis(prev_tok_BT, slots_BW, axis=1),
-    jnp.take_along_axis(prev_pos_BT, slots_BW, axis=1),
-  )
-
-
-def embed_stack(
-  module: Any,
-  prev_tok: jax.Array,
-  prev_pos: jax.Array,
-  target: jax.Array,
-  cache: dict | None,
-  mask: dict | None,
-) -> tuple:
-  """(hidden, conditioning, chunk K/V) of the decode model (a `method=` of model.apply)."""
-  x, c = module.embed(prev_tok, prev_pos, target)
-  h, kv = module.stack(x, c, cache, mask)
-  return h, c, kv
-
-
-def stack_fn(model: Any, params: Any) -> Callable:
-  """`apply(prev_tok, prev_pos, target, cache, mask)`: embed_stack of the decode model."""
-  return lambda *args: model.apply({"params": params}, *args, method=embed_stack)
-
-
-def write_cache(cache: dict, kv: dict, slots: jax.Array) -> dict:
-  """The cache with the chunk's first W slots of K/V ([L, B, W', H, K], W' >= W) written at
-  cache slots `slots`: [W] shared by the batch or [B, W] per row; slots >= T are dropped."""
-  out = {}
-  for name, c in cache.items():
-    new_LBWHK = kv[name][:, :, : slots.shape[-1]].astype(c.dtype)
-    if slots.ndim == 1:
-      axes = (0, 1, 3, 4, 2) if name == "k" else (0, 1, 3, 2, 4)
-      at = c.at[..., slots] if name == "k" else c.at[:, :, :, slots]
-      out[name] = at.set(new_LBWHK.transpose(axes), mode="drop")
-    else:  # advanced indices split by the head axis: the result's axes are [L, B, W, H, K]
-      layers = jnp.arange(c.shape[0])[:, None, None]
-      rows = jnp.arange(c.shape[1])[None, :, None]
-      at = (
-        c.at[layers, rows, :, :, slots[None]] if name == "k" else c.at[layers, rows, :, slots[None]]
-      )
-      out[name] = at.set(new_LBWHK, mode="drop")
-  return out
-
-
-def prefilled_cache(
-  apply: Callable, cfg: specs.ModelSpec, tokens_BT: jax.Array, order_BT: jax.Array, known: int
-) -> dict:
-  """The empty K/V cache (k [L, B, H, K, T], v [L, B, H, T, K]) with slots 0..known-1 (the
-  known tokens) written; `apply` is stack_fn(model, params)."""
-  dtype = model_lib.DTYPES[cfg.dtype]
-  b, t = tokens_BT.shape
-  lbh = (cfg.n_layer, b, cfg.n_head)
-  k_dim = cfg.n_embd // cfg.n_head
-  cache = {"k": jnp.zeros(lbh + (k_dim, t), dtype), "v": jnp.zeros(lbh + (t, k_dim), dtype)}
-  if known:  # the slots of the known tokens are real and all their inputs are known
-    slots = jnp.broadcast_to(jnp.arange(known), (b, known))
-    _, _, kv = apply(*slot_inputs(tokens_BT, order_BT, slots), order_BT[:, :known], None, None)
-    cache = write_cache(cache, kv, jnp.arange(known))
-  return cache
 
 
 def eos_lengths(tokens_BT: np.ndarray, start: int, eos_id: int) -> np.ndarray:

@@ -10,15 +10,14 @@ committed slots enter the cache one step late: step i's real slots are those of 
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ao_mdm import model as model_lib
 from ao_mdm import specs
-from ao_mdm.decode import common, options, parallel
+from ao_mdm.decode import common, engine, options, parallel
 
 QUERY_BUCKETS = 4  # decode loops, each with a query width for the unknown positions it can have
 
@@ -47,7 +46,7 @@ class Carry(NamedTuple):
   tokens_BT: jax.Array
   closed_BT: jax.Array  # known, committed, or at/after the end slot
   order_BT: jax.Array
-  cache: dict
+  cache: engine.KVCache
 
 
 @functools.lru_cache(maxsize=16)
@@ -55,7 +54,7 @@ def decoder(spec: DecoderSpec):
   """The jitted confidence-ordered loop of a spec: run(params, tokens, known, key, temperature,
   top_p, top_k) -> (tokens, order)."""
   cfg, counts = spec.model, spec.counts
-  model = model_lib.make_model(cfg, decode=True)
+  dm = engine.DecodeModel.of(cfg)
   t = cfg.block_size
   known = counts[0]
   commits = np.diff(counts)
@@ -70,9 +69,9 @@ def decoder(spec: DecoderSpec):
     b = tokens_BT.shape[0]
     order_BT = common.make_orders(key, known_BT, "l2r")  # known first; the rest is chosen below
     closed_BT = known_BT | (jnp.arange(t) >= end)[None, :]  # no candidates at or after end
-    apply = common.stack_fn(model, params)
     draw = common.Draw(temperature, top_p, top_k, spec.draw)
-    cache = common.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
+    known_B = jnp.full((b,), known, jnp.int32)
+    cache = dm.prefill(params, engine.KVCache.empty(cfg, b), tokens_BT, order_BT, known_B, known)
     rows_B1 = jnp.arange(b)[:, None]
 
     def step(i, carry: Carry, u_width: int) -> Carry:
@@ -83,27 +82,22 @@ def decoder(spec: DecoderSpec):
       # position (ascending), each a copy of slot n's input.
       real_R = c + jnp.arange(r_width)
       slots_W = jnp.concatenate([jnp.minimum(real_R, t - 1), jnp.full((u_width,), n)])
-      prev_tok, prev_pos = common.slot_inputs(
+      prev_tok, prev_pos = engine.slot_inputs(
         tokens_BT, order_BT, jnp.broadcast_to(slots_W, (b, w))
       )
       cand_BU = jnp.argsort(closed_BT, axis=1, stable=True)[:, :u_width].astype(jnp.int32)
       target_BW = jnp.concatenate(
         [jnp.take(order_BT, jnp.minimum(real_R, t - 1), axis=1), cand_BU], axis=1
       )
-      j = jnp.arange(w)
-      is_real, real_ok = j < r_width, j < n - c
-      # Every slot sees itself (a padding slot too: an all-masked row would be NaN); no slot
-      # sees a padding slot.
-      new = (j[None, :] == j[:, None]) | (
-        real_ok[None, :] & ((j[None, :] <= j[:, None]) | ~is_real[:, None])
+      # A real slot sees the real slots before it; a query, every real slot in place.
+      sees_W = jnp.where(jnp.arange(w) < r_width, jnp.arange(w), n - c)
+      chunk = engine.Chunk(
+        prev_tok, prev_pos, target_BW, jnp.broadcast_to(sees_W, (b, w)), jnp.full((b,), c)
       )
-      masks = {"new": new, "cache": jnp.broadcast_to(jnp.arange(t)[None, :] < c, (w, t))}
-      hidden, cond, kv = apply(prev_tok, prev_pos, target_BW, cache, masks)
-      cache = common.write_cache(cache, kv, jnp.where(real_R < n, real_R, t))
-      q_cond = (cond[0], cond[1][:, r_width:])
-      logits_BUV = cast(
-        jax.Array, model.apply({"params": params}, hidden[:, r_width:], q_cond, method="logits")
-      )
+      hidden, cond, kv = dm.forward(params, cache, chunk, t)
+      cache = cache.write(kv, jnp.broadcast_to(jnp.where(real_R < n, real_R, t), (b, r_width)))
+      cols_BU = jnp.broadcast_to(r_width + jnp.arange(u_width), (b, u_width))
+      logits_BUV = dm.logits(params, hidden, cond, cols_BU)
       conf_BU = jnp.where(
         jnp.arange(u_width)[None, :] < end - n, confidence_score(logits_BUV, spec.score), -jnp.inf
       )

@@ -12,15 +12,14 @@ the block that holds a row's first EOS once every row has one (docs/sampling.md,
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ao_mdm import model as model_lib
 from ao_mdm import specs
-from ao_mdm.decode import common, options
+from ao_mdm.decode import common, engine, options
 
 CACHE_BUCKETS = 4  # decode loops, each reading only the cache prefix its steps can see
 
@@ -114,21 +113,6 @@ class Plan:
     )
 
 
-def _chunk_masks(plan: Plan, n: jax.Array, c: jax.Array, cache_len: int) -> dict:
-  """Attention masks of one chunk (real slots c.., then phantoms) over itself and the cache."""
-  w_r, w = plan.real_width, plan.real_width + plan.phantom_width
-  j = jnp.arange(w)
-  is_real = j < w_r
-  real_slot = jnp.where(is_real, c + j, plan.counts[-1] + 1)
-  # A real query sees the real keys up to itself; a phantom, the real keys before slot n and itself.
-  new = jnp.where(
-    is_real[:, None],
-    is_real[None, :] & (j[None, :] <= j[:, None]),
-    (real_slot[None, :] < n) | (j[None, :] == j[:, None]),
-  )
-  return {"new": new, "cache": jnp.broadcast_to(jnp.arange(cache_len)[None, :] < c, (w, cache_len))}
-
-
 @dataclasses.dataclass(frozen=True)
 class DecoderSpec:
   """What one jitted decode loop is made for (hashable: the key of its cache)."""
@@ -143,96 +127,193 @@ class DecoderSpec:
   eos_id: int | None = None  # stop after the block holding each row's first EOS
 
 
-class Carry(NamedTuple):
-  """The decode loop's state between steps."""
+class PlanRows(NamedTuple):
+  """The parallel policy's state per row: its plan (counts n_0..n_S, padded with n_S) and where
+  it is in it."""
 
-  tokens_BT: jax.Array
-  cache: dict | None
+  counts_BS: jax.Array
+  bounds_BS: jax.Array  # a row is done before step i when an EOS sits at order slots [known, bound)
+  known_B: jax.Array
+  step_B: jax.Array
+
+
+class State(NamedTuple):
+  """The decode state between steps: the rows, the cache, the policy's per-row plans."""
+
+  rows: engine.Rows
+  cache: engine.KVCache | None
+  plan: PlanRows
   logits_BTV: jax.Array | None
-  forwards_B: jax.Array  # steps each row took part in before it was done
+
+
+def plan_rows(spec: DecoderSpec, counts: Any, known: int, steps: int) -> tuple:
+  """(counts, bounds) of one row's plan padded to `steps` steps: the EOS check's bound before
+  each step is the end of the blocks before it (L2R: every slot decoded)."""
+  block = spec.block_len or spec.model.block_size
+  counts = list(counts) + [counts[-1]] * (steps + 1 - len(counts))
+  bounds = [n if spec.order == "l2r" else known + (n - known) // block * block for n in counts]
+  return counts, bounds
+
+
+def empty(spec: DecoderSpec, batch: int, steps: int) -> State:
+  """A state of `batch` free rows, whose plans may have up to `steps` steps."""
+  b, t, v = batch, spec.model.block_size, spec.model.vocab_size
+  zeros_BT, zeros_B = jnp.zeros((b, t), jnp.int32), jnp.zeros((b,), jnp.int32)
+  rows = engine.new_rows(
+    zeros_BT,
+    zeros_BT,
+    zeros_B,
+    engine.row_keys(jax.random.key(0), b),
+    zeros_B * 0.0,
+    zeros_B * 0.0,
+    zeros_B,
+  )._replace(active_B=jnp.zeros((b,), bool))
+  cache = engine.KVCache.empty(spec.model, b) if spec.use_cache else None
+  zeros_BS = jnp.zeros((b, steps + 1), jnp.int32)
+  logits_BTV = jnp.zeros((b, t, v), jnp.float32) if spec.return_logits else None
+  return State(rows, cache, PlanRows(zeros_BS, zeros_BS, zeros_B, zeros_B), logits_BTV)
+
+
+def insert(
+  spec: DecoderSpec,
+  dm: engine.DecodeModel,
+  params: Any,
+  s: State,
+  rows_R: jax.Array,
+  tokens_RT: jax.Array,
+  order_RT: jax.Array,
+  counts_RS: jax.Array,
+  bounds_RS: jax.Array,
+  keys_R: jax.Array,
+  draw_R: tuple,
+  width: int,
+) -> State:
+  """The state with rows rows_R starting new requests: their tokens (the known ones at the
+  first counts_RS[:, 0] slots of their orders), plans, draw keys and settings (temperature,
+  top_p, top_k per row); each row's known slots are prefilled by one forward of `width` >= its
+  known count slots."""
+  known_R = counts_RS[:, 0]
+  new = engine.new_rows(tokens_RT, order_RT, known_R, keys_R, *draw_R)
+  put = lambda old, x: old.at[rows_R].set(x)
+  rows = jax.tree.map(put, s.rows, new)
+  cache = s.cache
+  if cache is not None:
+    cache = dm.prefill(params, cache, tokens_RT, order_RT, known_R, width, rows_R)
+  else:
+    rows = rows._replace(cached_B=rows.cached_B.at[rows_R].set(0))
+  plan = PlanRows(
+    put(s.plan.counts_BS, counts_RS),
+    put(s.plan.bounds_BS, bounds_RS),
+    put(s.plan.known_B, known_R),
+    put(s.plan.step_B, jnp.zeros_like(known_R)),
+  )
+  logits_BTV = None if s.logits_BTV is None else s.logits_BTV.at[rows_R].set(0.0)
+  return State(rows, cache, plan, logits_BTV)
+
+
+def step(spec: DecoderSpec, dm: engine.DecodeModel, params: Any, s: State, cache_len: int) -> State:
+  """One parallel step of every active row: its real slots from the cached count to n (their
+  K/V join the cache), then one phantom per extra target (a copy of slot n's input); slot n and
+  the phantoms draw the tokens of order slots n .. n_next - 1."""
+  rows, plan = s.rows, s.plan
+  tokens_BT, order_BT = rows.tokens_BT, rows.order_BT
+  b, t = tokens_BT.shape
+  w_r, w_p = spec.plan.real_width, spec.plan.phantom_width
+  at = lambda x_BS, i_B: jnp.take_along_axis(x_BS, i_B[:, None], axis=1)[:, 0]
+  i_B, n_B = plan.step_B, rows.filled_B
+  n_next_B = at(plan.counts_BS, jnp.minimum(i_B + 1, plan.counts_BS.shape[1] - 1))
+  active_B = rows.active_B
+  c_B = rows.cached_B if spec.use_cache else jnp.zeros_like(n_B)
+  real_BR = c_B[:, None] + jnp.arange(w_r)
+  n_B1 = n_B[:, None]
+  tok, pos = engine.slot_inputs(
+    tokens_BT, order_BT, jnp.concatenate([jnp.minimum(real_BR, n_B1), jnp.repeat(n_B1, w_p, 1)], 1)
+  )
+  targets = jnp.minimum(jnp.concatenate([real_BR, n_B1 + 1 + jnp.arange(w_p)], 1), t - 1)
+  sees = jnp.concatenate(
+    [jnp.broadcast_to(jnp.arange(w_r), (b, w_r)), jnp.repeat((n_B - c_B)[:, None], w_p, 1)], 1
+  )
+  chunk = engine.Chunk(tok, pos, jnp.take_along_axis(order_BT, targets, 1), sees, c_B)
+  cache = s.cache
+  hidden, cond, kv = dm.forward(params, cache, chunk, cache_len if cache is not None else None)
+  if cache is not None:  # the real slots' K/V join the cache; padding columns are dropped
+    cache = cache.write(kv, jnp.where((real_BR <= n_B1) & active_B[:, None], real_BR, t))
+  cols_BQ = jnp.concatenate(
+    [(n_B - c_B)[:, None], jnp.broadcast_to(w_r + jnp.arange(w_p), (b, w_p))], 1
+  )
+  logits_BQV = dm.logits(params, hidden, cond, cols_BQ)
+  tok_BQ, lp_BQ, raw_BQ = engine.draw(rows, spec.draw, logits_BQV, i_B)
+  q_slots = n_B1 + jnp.arange(1 + w_p)
+  live = (q_slots < n_next_B[:, None]) & active_B[:, None]  # padding queries write nothing
+  pos_BQ = jnp.where(live, jnp.take_along_axis(order_BT, jnp.minimum(q_slots, t - 1), 1), t)
+  rows = engine.commit(rows, pos_BQ, tok_BQ, lp_BQ, raw_BQ, i_B)
+  logits_BTV = s.logits_BTV
+  if logits_BTV is not None:  # spec.return_logits
+    logits_BTV = logits_BTV.at[jnp.arange(b)[:, None], pos_BQ].set(logits_BQV, mode="drop")
+  filled_B = jnp.where(active_B, n_next_B, n_B)
+  rows = rows._replace(
+    filled_B=filled_B,
+    cached_B=jnp.where(active_B & spec.use_cache, n_B + 1, rows.cached_B),
+    active_B=active_B & (filled_B < plan.counts_BS[:, -1]),
+    forwards_B=rows.forwards_B + active_B,
+  )
+  plan = plan._replace(step_B=i_B + active_B)
+  if spec.eos_id is not None:  # done once an EOS sits in a block before the next step's
+    slot_1T = jnp.arange(t)[None, :]
+    eos_BT = jnp.take_along_axis(rows.tokens_BT, order_BT, axis=1) == spec.eos_id
+    bound_B1 = at(plan.bounds_BS, plan.step_B)[:, None]
+    done_B = jnp.any(eos_BT & (slot_1T >= plan.known_B[:, None]) & (slot_1T < bound_B1), 1)
+    rows = rows._replace(active_B=rows.active_B & ~done_B)
+  return State(rows, cache, plan, logits_BTV)
+
+
+def request_keys(key: jax.Array, known_BT: jax.Array, spec: DecoderSpec, end: int) -> tuple:
+  """(orders, per-row draw keys) of a batch drawn with `key`: the orders from one split of it
+  (common.make_orders of the batch), row r's draws from fold_in(the other, r)."""
+  k_order, k_steps = jax.random.split(key)
+  order_BT = common.make_orders(k_order, known_BT, spec.order, spec.block_len, end)
+  return order_BT, engine.row_keys(k_steps, known_BT.shape[0])
 
 
 @functools.lru_cache(maxsize=32)
 def decoder(spec: DecoderSpec):
   """The jitted decode loop of a spec: run(params, tokens, known, key, temperature, top_p,
-  top_k) -> (tokens, order, logits, forwards); compiled once per batch shape."""
-  cfg, plan = spec.model, spec.plan
-  model = model_lib.make_model(cfg, decode=True)
-  t, v = cfg.block_size, cfg.vocab_size
-  counts = jnp.asarray(plan.counts, jnp.int32)
-  starts = jnp.asarray(plan.starts, jnp.int32)
-  w_r, w_p = plan.real_width, plan.phantom_width
-  known = plan.counts[0]
-  # A row is done before step i when an EOS sits at order slots [known, bound_i): the slots of
-  # the blocks before step i's, or (L2R) every slot already decoded.
-  block = spec.block_len or t
-  bounds = jnp.asarray(
-    [n if spec.order == "l2r" else known + (n - known) // block * block for n in plan.counts[:-1]],
-    jnp.int32,
-  )
+  top_k) -> State after every step; compiled once per batch shape."""
+  dm = engine.DecodeModel.of(spec.model)
 
   def run(params, tokens_BT, known_BT, key, temperature, top_p, top_k):
     b = tokens_BT.shape[0]
-    k_order, k_steps = jax.random.split(key)
-    draw = common.Draw(temperature, top_p, top_k, spec.draw)
-    order_BT = common.make_orders(k_order, known_BT, spec.order, spec.block_len, plan.counts[-1])
-    apply = common.stack_fn(model, params)
-    cache = (
-      common.prefilled_cache(apply, cfg, tokens_BT, order_BT, known) if spec.use_cache else None
+    plan = spec.plan
+    known, steps = plan.counts[0], len(plan.counts) - 1
+    counts, bounds = plan_rows(spec, plan.counts, known, steps)
+    rows = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.int32), (b, len(x)))
+    full = lambda x: jnp.full((b,), x)
+    order_BT, keys_B = request_keys(key, known_BT, spec, plan.counts[-1])
+    draw_B = (full(temperature), full(top_p), full(top_k))
+    tokens_BT = jnp.where(known_BT, tokens_BT, 0)
+    s = empty(spec, b, steps)
+    s = insert(
+      spec,
+      dm,
+      params,
+      s,
+      jnp.arange(b),
+      tokens_BT,
+      order_BT,
+      rows(counts),
+      rows(bounds),
+      keys_B,
+      draw_B,
+      known,
     )
-
-    def step(i, carry: Carry, cache_len: int) -> Carry:
-      tokens_BT, cache, logits_BTV, forwards_B = carry
-      n, n_next, c = counts[i], counts[i + 1], starts[i]
-      real_R = c + jnp.arange(w_r)
-      slots_W = jnp.concatenate([jnp.minimum(real_R, n), jnp.full((w_p,), n)])
-      targets_W = jnp.minimum(jnp.concatenate([real_R, n + 1 + jnp.arange(w_p)]), t - 1)
-      prev_tok, prev_pos = common.slot_inputs(
-        tokens_BT, order_BT, jnp.broadcast_to(slots_W, (b, w_r + w_p))
-      )
-      target_pos = jnp.take(order_BT, targets_W, axis=1)
-      masks = _chunk_masks(plan, n, c, cache_len)
-      if spec.use_cache:
-        hidden, cond, kv = apply(prev_tok, prev_pos, target_pos, cache, masks)  # reads cache_len
-      else:
-        hidden, cond, kv = apply(prev_tok, prev_pos, target_pos, None, {"new": masks["new"]})
-      if cache is not None:  # the real slots' K/V join the cache; padding rows are dropped
-        cache = common.write_cache(cache, kv, jnp.where(real_R <= n, real_R, t))
-      rows_Q = jnp.concatenate([(n - c)[None], w_r + jnp.arange(w_p)])  # slot n, then phantoms
-      h_BQD = jnp.take(hidden, rows_Q, axis=1)
-      cond_Q = None if cond is None else (cond[0], jnp.take(cond[1], rows_Q, axis=1))
-      logits_BQV = cast(jax.Array, model.apply({"params": params}, h_BQD, cond_Q, method="logits"))
-      picked_BQ = draw.tokens(jax.random.fold_in(k_steps, i), logits_BQV.reshape(-1, v)).reshape(
-        b, 1 + w_p
-      )
-      q_slots = n + jnp.arange(1 + w_p)
-      pos_BQ = jnp.take(order_BT, jnp.minimum(q_slots, t - 1), axis=1)
-      pos_BQ = jnp.where(q_slots < n_next, pos_BQ, t)  # padding queries write nothing
-      rows_B1 = jnp.arange(b)[:, None]
-      tokens_BT = tokens_BT.at[rows_B1, pos_BQ].set(picked_BQ, mode="drop")
-      if logits_BTV is not None:  # spec.return_logits
-        logits_BTV = logits_BTV.at[rows_B1, pos_BQ].set(logits_BQV, mode="drop")
-      return Carry(tokens_BT, cache, logits_BTV, forwards_B)
-
-    def counted_step(i, carry: Carry, cache_len: int) -> Carry:
-      """step i for the rows not done (with eos_id: nothing once every row is done)."""
-      done_B = jnp.zeros((b,), bool)
-      if spec.eos_id is not None:
-        slots_T = jnp.arange(t)
-        eos_BT = jnp.take_along_axis(carry.tokens_BT, order_BT, axis=1) == spec.eos_id
-        done_B = jnp.any(eos_BT & (slots_T >= known) & (slots_T < bounds[i]), axis=1)
-      carry = carry._replace(forwards_B=carry.forwards_B + ~done_B)
-      if spec.eos_id is None:
-        return step(i, carry, cache_len)
-      return jax.lax.cond(jnp.all(done_B), lambda c: c, lambda c: step(i, c, cache_len), carry)
-
-    logits_BTV = jnp.zeros((b, t, v), jnp.float32) if spec.return_logits else None
-    carry = Carry(jnp.where(known_BT, tokens_BT, 0), cache, logits_BTV, jnp.zeros((b,), jnp.int32))
-    for first, end, cache_len in plan.segments:
-      carry = jax.lax.fori_loop(
-        first, end, functools.partial(counted_step, cache_len=cache_len), carry
-      )
-    return carry.tokens_BT, order_BT, carry.logits_BTV, carry.forwards_B
+    for first, end, cache_len in spec.plan.segments:
+      body = lambda i, s, cache_len=cache_len: step(spec, dm, params, s, cache_len)
+      if spec.eos_id is not None:  # nothing to do once every row is done
+        body = lambda i, s, cache_len=cache_len: jax.lax.cond(
+          jnp.any(s.rows.active_B), lambda s: step(spec, dm, params, s, cache_len), lambda s: s, s
+        )
+      s = jax.lax.fori_loop(first, end, body, s)
+    return s
 
   return jax.jit(run)
 
@@ -319,11 +400,21 @@ def sample(
     jnp.float32(top_p),
     jnp.int32(top_k),
   )
-  tokens_BT, order_BT, logits_BTV, forwards_B = jax.device_get(out)
+  rows = jax.device_get(out.rows)
+  tokens_BT = np.asarray(rows.tokens_BT)
   stats = None
   if eos_id is not None:
     stats = {
-      "forwards": np.asarray(forwards_B),
+      "forwards": np.asarray(rows.forwards_B),
       "length": common.eos_lengths(tokens_BT, known, int(eos_id)),
     }
-  return common.SampleOutput(tokens_BT, order_BT, logits_BTV, stats)
+  logits = None if out.logits_BTV is None else np.asarray(out.logits_BTV)
+  return common.SampleOutput(
+    tokens_BT,
+    np.asarray(rows.order_BT),
+    logits,
+    stats,
+    np.asarray(rows.logprob_BT),
+    np.asarray(rows.raw_logprob_BT),
+    np.asarray(rows.step_BT),
+  )

@@ -26,30 +26,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ao_mdm import model as model_lib
 from ao_mdm import specs
-from ao_mdm.decode import common, options
+from ao_mdm.decode import common, engine, options
 from ao_mdm.decode import draft as draft_lib
 
 
 def _layout(k: int, phantoms: bool = True) -> dict:
-  """Static slot layout of one forward: k + 1 real slots, then (self-drafting) k phantoms of
-  real slot k.
-
-  Slot w copies the input of real slot `base[w]` and targets `base[w] + ahead[w]`; a real slot
-  attends to the real slots up to itself, a phantom to the real slots before k and itself.
-  """
+  """Static column layout of one forward: k + 1 real slots, then (self-drafting) k phantoms of
+  real slot k. Column w copies the input of real slot `base[w]`, targets `base[w] + ahead[w]`
+  and sees `sees[w]` columns before it (engine.Chunk): a real slot the real slots before it, a
+  phantom the real slots before k."""
   n_ph = k if phantoms else 0
   base = np.concatenate([np.arange(k + 1), np.full(n_ph, k)])
   ahead = np.concatenate([np.zeros(k + 1, int), np.arange(1, n_ph + 1)])
-  is_real = np.arange(k + 1 + n_ph) < k + 1
-  j = np.arange(k + 1 + n_ph)
-  new = np.where(
-    is_real[:, None],
-    is_real[None, :] & (j[None, :] <= j[:, None]),
-    (is_real[None, :] & (j[None, :] < base[:, None])) | (j[None, :] == j[:, None]),
-  )
-  return {"base": base, "ahead": ahead, "new": new}
+  return {"base": base, "ahead": ahead, "sees": base}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +61,7 @@ class Loop(NamedTuple):
   """The speculative loop's state between iterations (per row: n_B known slots so far)."""
 
   tokens_BT: jax.Array
-  cache: dict
+  cache: engine.KVCache
   n_B: jax.Array
   drafts_BG: jax.Array  # the k drafts of order slots n+1..n+k
   q_BGV: jax.Array  # their proposals
@@ -85,12 +75,13 @@ def decoder(spec: DecoderSpec):
   temperature, top_p, top_k) -> (tokens, order, stats, iterations); head_params is None unless
   spec.head."""
   cfg, k, known, head = spec.model, spec.k, spec.known, spec.head
-  model = model_lib.make_model(cfg, decode=True)
+  dm = engine.DecodeModel.of(cfg)
+  model = dm.module
   t = cfg.block_size
   end = t if spec.end is None else spec.end
   lay = _layout(k, phantoms=not head)
   base_W, ahead_W = jnp.asarray(lay["base"]), jnp.asarray(lay["ahead"])
-  new_WW = jnp.asarray(lay["new"])
+  sees_W = jnp.asarray(lay["sees"])
 
   def head_drafts(
     params, head_params, hidden_BWD, a_B, n_B, fix_B, order_BT, u_GB, temperature, probs
@@ -120,9 +111,9 @@ def decoder(spec: DecoderSpec):
     if spec.order == "random":  # an L2R order needs no key (and keeps its draws)
       k_order, key = jax.random.split(key)
     order_BT = common.make_orders(k_order, known_BT, spec.order, end=spec.end)
-    apply = common.stack_fn(model, params)
     probs = common.Draw(temperature, top_p, top_k, spec.draw).probs
-    cache = common.prefilled_cache(apply, cfg, tokens_BT, order_BT, known)
+    known_B = jnp.full((b,), known, jnp.int32)
+    cache = dm.prefill(params, engine.KVCache.empty(cfg, b), tokens_BT, order_BT, known_B, known)
     rows_B1 = jnp.arange(b)[:, None]
     k_loop, k_first = jax.random.split(key)
 
@@ -135,15 +126,17 @@ def decoder(spec: DecoderSpec):
       u_BG, u_fix_B, u_draw_BU = u_BU[:, :k], u_BU[:, k], u_BU[:, k + 1 :]
       # Inputs of the real slots n..n+k: the last known token, then the drafts.
       slot_BW = n_B[:, None] + base_W[None, :]
-      prev_tok_BW, prev_pos_BW = common.slot_inputs(tokens_BT, order_BT, slot_BW)
+      prev_tok_BW, prev_pos_BW = engine.slot_inputs(tokens_BT, order_BT, slot_BW)
       draft_in_BW = jnp.take_along_axis(
         drafts_BG, jnp.clip(base_W - 1, 0, k - 1)[None, :].repeat(b, 0), axis=1
       )
       prev_tok_BW = jnp.where(base_W[None, :] > 0, draft_in_BW, prev_tok_BW)
       target_BW = jnp.take_along_axis(order_BT, jnp.minimum(slot_BW + ahead_W, t - 1), axis=1)
-      masks = {"new": new_WW, "cache": (jnp.arange(t)[None, :] < n_B[:, None])[:, None, None, :]}
-      hidden, cond, kv = apply(prev_tok_BW, prev_pos_BW, target_BW, cache, masks)
-      probs_BWV = probs(model.apply({"params": params}, hidden, cond, method="logits"))
+      sees_BW = jnp.broadcast_to(sees_W, slot_BW.shape)
+      chunk = engine.Chunk(prev_tok_BW, prev_pos_BW, target_BW, sees_BW, n_B)
+      hidden, cond, kv = dm.forward(params, cache, chunk, t)
+      cols_BW = jnp.broadcast_to(jnp.arange(slot_BW.shape[1]), slot_BW.shape)
+      probs_BWV = probs(dm.logits(params, hidden, cond, cols_BW))
       p_BRV = probs_BWV[:, : k + 1]  # the conditionals at order slots n..n+k
       # Verify: accept the longest prefix of drafts, each with probability min(1, p/q).
       p_d = jnp.take_along_axis(p_BRV[:, :k], drafts_BG[..., None], axis=2)[..., 0]
@@ -170,7 +163,7 @@ def decoder(spec: DecoderSpec):
       pos_new = jnp.where(live, jnp.take_along_axis(order_BT, jnp.minimum(slot_new, t - 1), 1), t)
       tokens_BT = tokens_BT.at[rows_B1, pos_new].set(new_tok, mode="drop")
       # Real slots n..n+a had correct inputs: their K/V join the cache.
-      cache = common.write_cache(cache, kv, jnp.where(live, slot_new, t))
+      cache = cache.write(kv, jnp.where(live, slot_new, t))
       if head:  # the head drafts n+a+1 .. n+a+k from real slot n+a, which drew the new token
         drafts_next, q_next = head_drafts(
           params, head_params, hidden, a_B, n_B, fix_B, order_BT, u_draw_BU.T, temperature, probs

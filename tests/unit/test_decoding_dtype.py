@@ -8,7 +8,7 @@ import pytest
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
-from ao_mdm.decode import common, confidence, parallel, speculative
+from ao_mdm.decode import common, confidence, engine, parallel, speculative
 
 T, V = 32, 16
 
@@ -49,11 +49,14 @@ def test_with_dtype_casts_params_and_config():
 def test_bf16_cache_is_bf16():
   cfg, params = clear_margin_model()
   p16, c16 = common.with_dtype(params, cfg, "bfloat16")
-  apply = common.stack_fn(model_lib.make_model(c16, decode=True), p16)
   tokens = jnp.zeros((2, T), jnp.int32)
   order = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (2, T))
-  cache = common.prefilled_cache(apply, c16, tokens, order, 4)
-  assert cache["k"].dtype == jnp.bfloat16 and cache["v"].dtype == jnp.bfloat16
+  known = jnp.full((2,), 4, jnp.int32)
+  cache = engine.DecodeModel.of(c16).prefill(
+    p16, engine.KVCache.empty(c16, 2), tokens, order, known, 4
+  )
+  assert cache.k.dtype == jnp.bfloat16 and cache.v.dtype == jnp.bfloat16
+  assert bool(jnp.any(cache.k[..., :4] != 0)) and not bool(jnp.any(cache.k[..., 4:] != 0))
 
 
 def test_bf16_greedy_equals_fp32_greedy_where_margins_are_clear():

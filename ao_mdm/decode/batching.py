@@ -1,0 +1,143 @@
+"""Continuous batching (docs/sampling.md, "The engine"): requests join free rows of a running
+batch between steps and leave when done, each with its own plan, key and draw settings, all
+rows advancing in one jitted step. Row r of `parallel.sample(seed=s)` decodes as a request
+with key fold_in(key(s), r), so a request with seed s decodes as `sample(batch_size=1, seed=s)`.
+"""
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ao_mdm import specs
+from ao_mdm.decode import common, engine, parallel
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """One sequence to decode: known tokens (positions and ids), its plan and its draw."""
+
+  positions: tuple = ()
+  token_ids: tuple = ()
+  steps: int = 1
+  schedule: str = "linear"
+  end: int | None = None  # only the positions before it are drawn
+  seed: int = 0
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+
+
+@dataclasses.dataclass
+class Finished:
+  """A request's result: tokens [T], order [T], per position the log-probs its token was drawn
+  with (after filtering, and the model's own) and the step that drew it; the forwards it took."""
+
+  request: Request
+  tokens: np.ndarray
+  order: np.ndarray
+  logprobs: np.ndarray
+  raw_logprobs: np.ndarray
+  steps: np.ndarray
+  forwards: int
+
+
+class Batcher:
+  """A batch of `batch` rows decoding by the parallel policy; `add` starts a request in a free
+  row, `step` advances every row once and returns the requests that finished."""
+
+  def __init__(
+    self,
+    params: Any,
+    cfg: specs.ModelSpec,
+    *,
+    batch: int,
+    max_steps: int,
+    real_width: int,
+    phantom_width: int,
+    order: str = "l2r",
+    block_len: int | None = None,
+    eos_id: int | None = None,
+    rule: common.DrawRule | None = None,
+  ):
+    widths = parallel.Plan((), (), real_width, phantom_width, ())
+    rule = rule or common.DrawRule()
+    self.spec = parallel.DecoderSpec(cfg, widths, order, rule, block_len=block_len, eos_id=eos_id)
+    self.params, self.max_steps = params, max_steps
+    dm = engine.DecodeModel.of(cfg)
+    self.state = parallel.empty(self.spec, batch, max_steps)
+    self._step = jax.jit(functools.partial(parallel.step, self.spec, dm), static_argnums=2)
+    self._insert = jax.jit(
+      functools.partial(parallel.insert, self.spec, dm), static_argnames="width"
+    )
+    self._keys = jax.jit(
+      functools.partial(parallel.request_keys, spec=self.spec), static_argnames="end"
+    )
+    self.requests: list[Request | None] = [None] * batch
+    self.buckets = common.bucket_bounds(cfg.block_size, parallel.CACHE_BUCKETS)
+
+  def free_rows(self) -> int:
+    return self.requests.count(None)
+
+  def add(self, request: Request) -> int:
+    """Start `request` in a free row (its index); ValueError when its plan needs wider chunks
+    than the batch was built for, or more steps."""
+    row = self.requests.index(None)  # ValueError when full
+    cfg = self.spec.model
+    tokens, mask = common.known_inputs(cfg, 1, request.positions, request.token_ids, None)
+    end = common.decode_end(request.end, mask[0])
+    known = int(mask[0].sum())
+    counts = parallel.block_counts(end, known, request.steps, request.schedule, self.spec.block_len)
+    plan = parallel.Plan.make(counts)
+    if (plan.real_width, plan.phantom_width) > (
+      self.spec.plan.real_width,
+      self.spec.plan.phantom_width,
+    ) or len(counts) - 1 > self.max_steps:
+      raise ValueError(f"{request} needs chunks of {plan.real_width} + {plan.phantom_width}")
+    counts, bounds = parallel.plan_rows(self.spec, counts.tolist(), known, self.max_steps)
+    per_row = lambda x, dtype=jnp.int32: jnp.asarray([x], dtype)
+    order, keys = self._keys(jax.random.key(request.seed), jnp.asarray(mask), end=end)
+    self.state = self._insert(
+      self.params,
+      self.state,
+      per_row(row),
+      jnp.asarray(tokens),
+      order,
+      per_row(counts),
+      per_row(bounds),
+      keys,
+      (
+        per_row(request.temperature, jnp.float32),
+        per_row(request.top_p, jnp.float32),
+        per_row(request.top_k),
+      ),
+      width=known,
+    )
+    self.requests[row] = request
+    return row
+
+  def step(self) -> list[Finished]:
+    """One step of every active row; the requests that finished leave their rows."""
+    cached = np.asarray(self.state.rows.cached_B)[np.asarray(self.state.rows.active_B)]
+    cache_len = min(b for b in self.buckets if b >= cached.max(initial=0))
+    self.state = self._step(self.params, self.state, cache_len)
+    rows = jax.device_get(self.state.rows)
+    done = []
+    for r, request in enumerate(self.requests):
+      if request is not None and not rows.active_B[r]:
+        done.append(
+          Finished(
+            request,
+            rows.tokens_BT[r],
+            rows.order_BT[r],
+            rows.logprob_BT[r],
+            rows.raw_logprob_BT[r],
+            rows.step_BT[r],
+            int(rows.forwards_B[r]),
+          )
+        )
+        self.requests[r] = None
+    return done

@@ -1,0 +1,240 @@
+"""The model's decode interface (docs/sampling.md, "The engine"): one K/V cache layout, one chunk
+of slots per row run against it, and one mask rule. Every decoder builds its forwards from these
+and nothing else of the model.
+
+A chunk is W columns per row. Column w feeds a token and its position (the slot input), targets
+a position, and sees the first `sees[w]` columns of the chunk and itself, plus the first
+`cached` slots of the cache: a real slot sees the real slots before it (sees = w), a phantom (a
+copy of a real slot's input with another target) the real slots before the one it copies.
+"""
+
+from typing import Any, NamedTuple, cast
+
+import jax
+import jax.numpy as jnp
+
+from ao_mdm import model as model_lib
+from ao_mdm import specs
+from ao_mdm.decode import common
+
+
+class KVCache(NamedTuple):
+  """Heads-major K/V of every layer: k [L, B, H, K, T] (keys transposed), v [L, B, H, T, K], so
+  that attention multiplies each with a plain batched matmul (model.attention)."""
+
+  k: jax.Array
+  v: jax.Array
+
+  @staticmethod
+  def empty(cfg: specs.ModelSpec, batch: int) -> "KVCache":
+    dtype = model_lib.DTYPES[cfg.dtype]
+    lbh, k_dim, t = (cfg.n_layer, batch, cfg.n_head), cfg.n_embd // cfg.n_head, cfg.block_size
+    return KVCache(jnp.zeros(lbh + (k_dim, t), dtype), jnp.zeros(lbh + (t, k_dim), dtype))
+
+  def write(self, kv: dict, slots_BW: jax.Array, rows_B: jax.Array | None = None) -> "KVCache":
+    """The cache with a chunk's K/V ([L, B, W', H, K], W' >= W) written at cache slots
+    slots_BW of rows rows_B (default: every row, in order); slots >= T are dropped."""
+    rows_B = jnp.arange(slots_BW.shape[0]) if rows_B is None else rows_B
+    layers, rows = jnp.arange(self.k.shape[0])[:, None, None], rows_B[None, :, None]
+    w = slots_BW.shape[1]
+    # Advanced indices split by the head axis: the indexed result's axes are [L, B, W, H, K].
+    k = self.k.at[layers, rows, :, :, slots_BW[None]].set(
+      kv["k"][:, :, :w].astype(self.k.dtype), mode="drop"
+    )
+    v = self.v.at[layers, rows, :, slots_BW[None]].set(
+      kv["v"][:, :, :w].astype(self.v.dtype), mode="drop"
+    )
+    return KVCache(k, v)
+
+
+class Chunk(NamedTuple):
+  """One forward's W columns per row (module docstring)."""
+
+  tok_BW: jax.Array  # token fed (the slot input)
+  pos_BW: jax.Array  # its position (-1: the [None] token of slot 0)
+  target_BW: jax.Array  # the position the column predicts
+  sees_BW: jax.Array  # columns before this many are visible, besides itself
+  cached_B: jax.Array  # cache slots visible
+
+
+def masks(chunk: Chunk, cache_len: int) -> dict:
+  """Attention masks of a chunk: "new" [B, 1, W, W] over the chunk, "cache" [B, 1, W, P] over
+  the first P = cache_len cache slots (the prefix attention reads)."""
+  w = chunk.tok_BW.shape[1]
+  j = jnp.arange(w)
+  new = (j[None, None, :] < chunk.sees_BW[:, :, None]) | (j[None, :, None] == j[None, None, :])
+  cache = jnp.arange(cache_len)[None, None, :] < chunk.cached_B[:, None, None]
+  b = cache.shape[0]
+  return {"new": new[:, None], "cache": jnp.broadcast_to(cache, (b, w, cache_len))[:, None]}
+
+
+def slot_inputs(tokens_BT: jax.Array, order_BT: jax.Array, slots_BW: jax.Array) -> tuple:
+  """(token, position) fed at order slots slots_BW: model.slot_inputs read at those slots."""
+  prev_tok_BT, prev_pos_BT = model_lib.slot_inputs(tokens_BT, order_BT)
+  slots_BW = jnp.clip(slots_BW, 0, order_BT.shape[1] - 1)
+  return (
+    jnp.take_along_axis(prev_tok_BT, slots_BW, axis=1),
+    jnp.take_along_axis(prev_pos_BT, slots_BW, axis=1),
+  )
+
+
+def _embed_stack(module: Any, tok, pos, target, cache, mask) -> tuple:
+  x, c = module.embed(tok, pos, target)
+  h, kv = module.stack(x, c, cache, mask)
+  return h, c, kv
+
+
+class DecodeModel(NamedTuple):
+  """A model's decode forwards: `forward` runs a chunk against the cache, `logits` reads the
+  head at chosen columns, `prefill` fills cache rows with their known slots."""
+
+  cfg: specs.ModelSpec
+  module: Any
+
+  @staticmethod
+  def of(cfg: specs.ModelSpec) -> "DecodeModel":
+    return DecodeModel(cfg, model_lib.make_model(cfg, decode=True))
+
+  def forward(
+    self, params: Any, cache: KVCache | None, chunk: Chunk, cache_len: int | None
+  ) -> tuple:
+    """(hidden [B, W, D], conditioning, chunk K/V [L, B, W, H, K]); cache None: no cache read
+    (cache_len None), the chunk alone."""
+    m = masks(chunk, cache_len or 0)
+    layers = None
+    if cache is not None:
+      layers = {"k": cache.k, "v": cache.v}
+    else:
+      m = {"new": m["new"]}
+    return self.module.apply(
+      {"params": params},
+      chunk.tok_BW,
+      chunk.pos_BW,
+      chunk.target_BW,
+      layers,
+      m,
+      method=_embed_stack,
+    )
+
+  def logits(self, params: Any, hidden_BWD: jax.Array, cond: Any, cols_BQ: jax.Array) -> jax.Array:
+    """float32 logits [B, Q, V] of the chunk columns cols_BQ."""
+    h_BQD = jnp.take_along_axis(hidden_BWD, cols_BQ[..., None], axis=1)
+    cond_Q = None if cond is None else (cond[0], jnp.take_along_axis(cond[1], cols_BQ, axis=1))
+    out = self.module.apply({"params": params}, h_BQD, cond_Q, method="logits")
+    return cast(jax.Array, out)
+
+  def prefill(
+    self,
+    params: Any,
+    cache: KVCache,
+    tokens_BT: jax.Array,
+    order_BT: jax.Array,
+    known_B: jax.Array,
+    width: int,
+    rows_B: jax.Array | None = None,
+  ) -> KVCache:
+    """The cache with rows rows_B's slots 0..known-1 written (their inputs are known tokens):
+    one causal forward of `width` >= max(known) slots; the slots past a row's known count are
+    computed and dropped."""
+    if width == 0:
+      return cache
+    b = tokens_BT.shape[0]
+    slots_BW = jnp.broadcast_to(jnp.arange(width), (b, width))
+    tok, pos = slot_inputs(tokens_BT, order_BT, slots_BW)
+    _, _, kv = self.module.apply(
+      {"params": params}, tok, pos, order_BT[:, :width], None, None, method=_embed_stack
+    )
+    t = order_BT.shape[1]
+    return cache.write(kv, jnp.where(slots_BW < known_B[:, None], slots_BW, t), rows_B)
+
+
+class Rows(NamedTuple):
+  """What every policy keeps per row: the sequence, its order, how far it is decoded, its own
+  key and draw settings, and per position the log-probabilities its token was drawn with."""
+
+  tokens_BT: jax.Array
+  order_BT: jax.Array  # order slot -> position (known positions first)
+  filled_B: jax.Array  # order slots whose tokens are known (n)
+  cached_B: jax.Array  # slots whose K/V are in the cache
+  active_B: jax.Array  # holds a request that is not done
+  key_B: jax.Array  # the row's own key: its draws do not depend on the other rows
+  temperature_B: jax.Array
+  top_p_B: jax.Array
+  top_k_B: jax.Array
+  logprob_BT: jax.Array  # log-prob of each drawn token under the distribution it was drawn from
+  raw_logprob_BT: jax.Array  # ... under the model's own (temperature 1, no top-p/top-k)
+  step_BT: jax.Array  # the row's step that drew each position (-1: known)
+  forwards_B: jax.Array  # steps the row took part in
+
+
+def new_rows(
+  tokens_BT: jax.Array,
+  order_BT: jax.Array,
+  known_B: jax.Array,
+  key_B: jax.Array,
+  temperature_B: jax.Array,
+  top_p_B: jax.Array,
+  top_k_B: jax.Array,
+) -> Rows:
+  """Rows that start decoding with known_B tokens (the first known_B order slots) in place."""
+  b, t = tokens_BT.shape
+  zeros_BT = jnp.zeros((b, t), jnp.float32)
+  return Rows(
+    tokens_BT,
+    order_BT,
+    known_B,
+    known_B,
+    jnp.ones((b,), bool),
+    key_B,
+    temperature_B,
+    top_p_B,
+    top_k_B,
+    zeros_BT,
+    zeros_BT,
+    jnp.full((b, t), -1, jnp.int32),
+    jnp.zeros((b,), jnp.int32),
+  )
+
+
+def row_keys(key: jax.Array, batch: int) -> jax.Array:
+  """The keys of a batch's rows: row r of a batch drawn with `key` decodes as a request of its
+  own with key fold_in(key, r)."""
+  return jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(batch))
+
+
+def draw(
+  rows: Rows, rule: Any, logits_BQV: jax.Array, step_B: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(tokens, log-probs as drawn, raw log-probs) [B, Q] of one draw per query: each row with
+  its own settings and key (folded with the row's step)."""
+  d = common.Draw(
+    rows.temperature_B[:, None, None],
+    rows.top_p_B[:, None, None],
+    rows.top_k_B[:, None, None],
+    rule,
+  )
+  scaled = d.scaled(logits_BQV)
+  gumbel = jax.vmap(lambda k, i: jax.random.gumbel(jax.random.fold_in(k, i), scaled.shape[1:]))
+  drawn = scaled + gumbel(rows.key_B, step_B)
+  picked = common.first_argmax(jnp.where(d.temperature > 0, drawn, d.limited(logits_BQV)))
+  at = lambda x: jnp.take_along_axis(x, picked[..., None], axis=-1)[..., 0]
+  lp = jnp.where(
+    d.temperature[..., 0] > 0, at(jax.nn.log_softmax(scaled, axis=-1)), 0.0
+  )  # greedy: 0
+  raw = at(jax.nn.log_softmax(logits_BQV.astype(jnp.float32), axis=-1))
+  return picked, lp, raw
+
+
+def commit(
+  rows: Rows, pos_BQ: jax.Array, tok_BQ: jax.Array, lp_BQ: jax.Array, raw_BQ: jax.Array, step_B
+) -> Rows:
+  """Rows with tokens written at positions pos_BQ (T: nothing), with their log-probs and step."""
+  b, q = pos_BQ.shape
+  r = jnp.arange(b)[:, None]
+  put = lambda x, v: x.at[r, pos_BQ].set(v, mode="drop")
+  return rows._replace(
+    tokens_BT=put(rows.tokens_BT, tok_BQ),
+    logprob_BT=put(rows.logprob_BT, lp_BQ),
+    raw_logprob_BT=put(rows.raw_logprob_BT, raw_BQ),
+    step_BT=put(rows.step_BT, jnp.broadcast_to(step_B[:, None], (b, q))),
+  )

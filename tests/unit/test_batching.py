@@ -1,0 +1,94 @@
+"""Continuous batching: rows that join and leave a running batch decode as they do alone."""
+
+import numpy as np
+import pytest
+from scipy import stats
+from scipy.special import logsumexp
+from test_parallel import T, cached_model, tiny_model
+
+from ao_mdm.decode import batching, parallel
+
+# (known positions, steps, end): prompts of 0, 3 and 7 tokens, an infill that ends at its text,
+# plans of T, T/4 and T/8 steps.
+REQUESTS = [
+  ((), T, None),
+  (tuple(range(3)), 8, None),
+  (tuple(range(7)), T - 7, None),
+  ((0, 1, 5, 6), 4, 12),
+  ((), 4, None),
+  (tuple(range(3)), T - 3, None),
+]
+ARRIVALS = [0, 0, 1, 3, 3, 9]  # the engine step each request arrives at
+
+
+def alone(params, cfg, req, order):
+  return parallel.sample(
+    params,
+    cfg,
+    batch_size=1,
+    steps=req.steps,
+    seed=req.seed,
+    temperature=req.temperature,
+    known_positions=req.positions,
+    known_tokens=req.token_ids,
+    order=order,
+    end=req.end,
+  )
+
+
+@pytest.mark.parametrize("order,temperature", [("l2r", 0.0), ("random", 0.0), ("random", 1.0)])
+def test_rows_that_join_and_leave_decode_as_they_do_alone(order, temperature):
+  cfg, params = cached_model("ao")
+  prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, T)
+  reqs = [
+    batching.Request(
+      pos, tuple(int(prompt[p]) for p in pos), steps, end=end, seed=i, temperature=temperature
+    )
+    for i, (pos, steps, end) in enumerate(REQUESTS)
+  ]
+  plans = [
+    parallel.Plan.make(parallel.block_counts(r.end or T, len(r.positions), r.steps, "linear"))
+    for r in reqs
+  ]
+  engine = batching.Batcher(
+    params,
+    cfg,
+    batch=3,
+    max_steps=T,
+    order=order,
+    real_width=max(p.real_width for p in plans),
+    phantom_width=max(p.phantom_width for p in plans),
+  )
+  pending, finished, step = list(zip(ARRIVALS, reqs)), {}, 0
+  while pending or any(r is not None for r in engine.requests):
+    while pending and pending[0][0] <= step and engine.free_rows():
+      engine.add(pending.pop(0)[1])
+    for f in engine.step():
+      finished[f.request.seed] = f
+    step += 1
+  assert sorted(finished) == list(range(len(reqs)))
+  lengths = {f.forwards for f in finished.values()}
+  assert len(lengths) > 2  # rows finished at different lengths
+  for i, req in enumerate(reqs):
+    ref = alone(params, cfg, req, order)
+    got = finished[i]
+    np.testing.assert_array_equal(got.order, ref.order[0])
+    np.testing.assert_array_equal(got.tokens, ref.tokens[0])
+    np.testing.assert_allclose(got.logprobs, ref.logprobs[0], atol=1e-5)
+    assert got.forwards == req.steps
+
+
+def test_the_tokens_of_one_step_are_independent_draws_of_their_conditionals():
+  """Chi-square on counts, for the per-row draw keys: in L2R with two tokens per step, step 0
+  draws positions 0 and 1 from the [None] slot alone, so over 4000 rows their pairs follow the
+  product of the two conditionals."""
+  cfg, params = tiny_model(vocab=4)
+  out = parallel.sample(
+    params, cfg, batch_size=4000, steps=T // 2, order="l2r", seed=7, return_logits=True
+  )
+  logits = out.logits[0, :2].astype(np.float64)
+  p0, p1 = np.exp(logits - logsumexp(logits, axis=-1, keepdims=True))
+  np.testing.assert_allclose(out.logits[:, :2], np.broadcast_to(out.logits[:1, :2], (4000, 2, 4)))
+  pairs = np.bincount(out.tokens[:, 0] * 4 + out.tokens[:, 1], minlength=16)
+  expected = np.outer(p0, p1).ravel()
+  assert stats.chisquare(pairs, expected / expected.sum() * 4000).pvalue > 1e-3
