@@ -133,9 +133,9 @@ class Batcher:
             request,
             rows.tokens_BT[r],
             rows.order_BT[r],
-            rows.logprob_BT[r],
-            rows.raw_logprob_BT[r],
-            rows.step_BT[r],
+            rows.drawn.logprob_BT[r],
+            rows.drawn.raw_logprob_BT[r],
+            rows.drawn.step_BT[r],
             int(rows.forwards_B[r]),
           )
         )

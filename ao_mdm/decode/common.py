@@ -19,11 +19,20 @@ class SampleOutput:
   order: np.ndarray  # [B, T] int32: the generation order (known positions first)
   logits: np.ndarray | None = None  # [B, T, V] float32: logits each position was drawn from
   stats: dict | None = None  # mode-specific counts (speculative: forwards, accepted per row)
-  # Per position: the log-prob its token was drawn with (after temperature, top-p, top-k), the
-  # model's own log-prob of it, and the step that drew it (-1: known). Engine decoders only.
+  # Per position (engine.Drawn): the log-prob its token was drawn with (after temperature, top-p,
+  # top-k; 0 when greedy), the model's own, and the step (speculative: iteration) that drew it.
   logprobs: np.ndarray | None = None  # [B, T] float32
   raw_logprobs: np.ndarray | None = None  # [B, T] float32
   steps: np.ndarray | None = None  # [B, T] int32
+
+
+def drawn_arrays(drawn: Any) -> dict:
+  """SampleOutput's logprobs, raw_logprobs and steps from an engine.Drawn (fetched)."""
+  return {
+    "logprobs": np.asarray(drawn.logprob_BT),
+    "raw_logprobs": np.asarray(drawn.raw_logprob_BT),
+    "steps": np.asarray(drawn.step_BT),
+  }
 
 
 def with_dtype(params: Any, cfg: specs.ModelSpec, dtype: str) -> tuple:

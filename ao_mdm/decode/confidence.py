@@ -47,6 +47,7 @@ class Carry(NamedTuple):
   closed_BT: jax.Array  # known, committed, or at/after the end slot
   order_BT: jax.Array
   cache: engine.KVCache
+  drawn: engine.Drawn
 
 
 @functools.lru_cache(maxsize=16)
@@ -75,7 +76,7 @@ def decoder(spec: DecoderSpec):
     rows_B1 = jnp.arange(b)[:, None]
 
     def step(i, carry: Carry, u_width: int) -> Carry:
-      tokens_BT, closed_BT, order_BT, cache = carry
+      tokens_BT, closed_BT, order_BT, cache, drawn = carry
       n, c, m = counts_j[i], prev_j[i], counts_j[i + 1] - counts_j[i]
       w = r_width + u_width
       # Real slots c..n-1 (committed last step, targets now known), then one query per unknown
@@ -102,22 +103,25 @@ def decoder(spec: DecoderSpec):
         jnp.arange(u_width)[None, :] < end - n, confidence_score(logits_BUV, spec.score), -jnp.inf
       )
       rank_BA = jnp.argsort(-conf_BU, axis=1, stable=True)[:, :m_width]  # ties: lower position
-      picked = draw.tokens(
-        jax.random.fold_in(key, i),
-        jnp.take_along_axis(logits_BUV, rank_BA[..., None], axis=1).reshape(b * m_width, -1),
-      ).reshape(b, m_width)
+      logits_BAV = jnp.take_along_axis(logits_BUV, rank_BA[..., None], axis=1)
+      picked = draw.tokens(jax.random.fold_in(key, i), logits_BAV.reshape(b * m_width, -1)).reshape(
+        b, m_width
+      )
+      lp, raw = engine.logprobs(draw.scaled(logits_BAV), logits_BAV, picked, temperature)
       live = jnp.arange(m_width)[None, :] < m
       pos_BA = jnp.where(live, jnp.take_along_axis(cand_BU, rank_BA, axis=1), t)
       tokens_BT = tokens_BT.at[rows_B1, pos_BA].set(picked, mode="drop")
       closed_BT = closed_BT.at[rows_B1, pos_BA].set(True, mode="drop")
       slot_BA = jnp.where(live, n + jnp.arange(m_width)[None, :], t)
       order_BT = order_BT.at[rows_B1, slot_BA].set(pos_BA, mode="drop")
-      return Carry(tokens_BT, closed_BT, order_BT, cache)
+      return Carry(tokens_BT, closed_BT, order_BT, cache, drawn.put(pos_BA, lp, raw, i))
 
-    carry = Carry(jnp.where(known_BT, tokens_BT, 0), closed_BT, order_BT, cache)
+    carry = Carry(
+      jnp.where(known_BT, tokens_BT, 0), closed_BT, order_BT, cache, engine.Drawn.empty(b, t)
+    )
     for first, last, u_width in segments:
       carry = jax.lax.fori_loop(first, last, functools.partial(step, u_width=u_width), carry)
-    return carry.tokens_BT, carry.order_BT
+    return carry.tokens_BT, carry.order_BT, carry.drawn
 
   return jax.jit(run)
 
@@ -170,5 +174,5 @@ def sample(
     jnp.float32(top_p),
     jnp.int32(top_k),
   )
-  tokens_BT, order_BT = jax.device_get(out)
-  return common.SampleOutput(tokens_BT, order_BT)
+  tokens_BT, order_BT, drawn = jax.device_get(out)
+  return common.SampleOutput(tokens_BT, order_BT, **common.drawn_arrays(drawn))

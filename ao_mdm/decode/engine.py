@@ -148,6 +148,29 @@ class DecodeModel(NamedTuple):
     return cache.write(kv, jnp.where(slots_BW < known_B[:, None], slots_BW, t), rows_B)
 
 
+class Drawn(NamedTuple):
+  """Per position: the log-prob its token was drawn with (after temperature, top-p, top-k; 0
+  when greedy), the model's own log-prob of it, and the step that drew it (-1: known)."""
+
+  logprob_BT: jax.Array
+  raw_logprob_BT: jax.Array
+  step_BT: jax.Array
+
+  @staticmethod
+  def empty(batch: int, t: int) -> "Drawn":
+    zeros_BT = jnp.zeros((batch, t), jnp.float32)
+    return Drawn(zeros_BT, zeros_BT, jnp.full((batch, t), -1, jnp.int32))
+
+  def put(self, pos_BQ: jax.Array, lp_BQ: jax.Array, raw_BQ: jax.Array, step_B) -> "Drawn":
+    """Written at positions pos_BQ (T: nothing), each drawn at its row's step step_B."""
+    r = jnp.arange(pos_BQ.shape[0])[:, None]
+    put = lambda x, v: x.at[r, pos_BQ].set(v, mode="drop")
+    step_BQ = jnp.broadcast_to(jnp.asarray(step_B).reshape(-1, 1), pos_BQ.shape)
+    return Drawn(
+      put(self.logprob_BT, lp_BQ), put(self.raw_logprob_BT, raw_BQ), put(self.step_BT, step_BQ)
+    )
+
+
 class Rows(NamedTuple):
   """What every policy keeps per row: the sequence, its order, how far it is decoded, its own
   key and draw settings, and per position the log-probabilities its token was drawn with."""
@@ -161,9 +184,7 @@ class Rows(NamedTuple):
   temperature_B: jax.Array
   top_p_B: jax.Array
   top_k_B: jax.Array
-  logprob_BT: jax.Array  # log-prob of each drawn token under the distribution it was drawn from
-  raw_logprob_BT: jax.Array  # ... under the model's own (temperature 1, no top-p/top-k)
-  step_BT: jax.Array  # the row's step that drew each position (-1: known)
+  drawn: Drawn
   forwards_B: jax.Array  # steps the row took part in
 
 
@@ -178,7 +199,6 @@ def new_rows(
 ) -> Rows:
   """Rows that start decoding with known_B tokens (the first known_B order slots) in place."""
   b, t = tokens_BT.shape
-  zeros_BT = jnp.zeros((b, t), jnp.float32)
   return Rows(
     tokens_BT,
     order_BT,
@@ -189,9 +209,7 @@ def new_rows(
     temperature_B,
     top_p_B,
     top_k_B,
-    zeros_BT,
-    zeros_BT,
-    jnp.full((b, t), -1, jnp.int32),
+    Drawn.empty(b, t),
     jnp.zeros((b,), jnp.int32),
   )
 
@@ -217,24 +235,22 @@ def draw(
   gumbel = jax.vmap(lambda k, i: jax.random.gumbel(jax.random.fold_in(k, i), scaled.shape[1:]))
   drawn = scaled + gumbel(rows.key_B, step_B)
   picked = common.first_argmax(jnp.where(d.temperature > 0, drawn, d.limited(logits_BQV)))
+  return (picked, *logprobs(scaled, logits_BQV, picked, d.temperature[..., 0]))
+
+
+def logprobs(scaled: jax.Array, logits: jax.Array, picked: jax.Array, temperature: Any) -> tuple:
+  """(log-prob of `picked` under softmax(scaled), the distribution it was drawn from, 0 when
+  greedy; its log-prob under the model's own softmax(logits)): [...] from [..., V]."""
   at = lambda x: jnp.take_along_axis(x, picked[..., None], axis=-1)[..., 0]
-  lp = jnp.where(
-    d.temperature[..., 0] > 0, at(jax.nn.log_softmax(scaled, axis=-1)), 0.0
-  )  # greedy: 0
-  raw = at(jax.nn.log_softmax(logits_BQV.astype(jnp.float32), axis=-1))
-  return picked, lp, raw
+  lp = jnp.where(temperature > 0, at(jax.nn.log_softmax(scaled, axis=-1)), 0.0)
+  return lp, at(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
 
 
 def commit(
   rows: Rows, pos_BQ: jax.Array, tok_BQ: jax.Array, lp_BQ: jax.Array, raw_BQ: jax.Array, step_B
 ) -> Rows:
   """Rows with tokens written at positions pos_BQ (T: nothing), with their log-probs and step."""
-  b, q = pos_BQ.shape
-  r = jnp.arange(b)[:, None]
-  put = lambda x, v: x.at[r, pos_BQ].set(v, mode="drop")
-  return rows._replace(
-    tokens_BT=put(rows.tokens_BT, tok_BQ),
-    logprob_BT=put(rows.logprob_BT, lp_BQ),
-    raw_logprob_BT=put(rows.raw_logprob_BT, raw_BQ),
-    step_BT=put(rows.step_BT, jnp.broadcast_to(step_B[:, None], (b, q))),
+  tokens_BT = rows.tokens_BT.at[jnp.arange(pos_BQ.shape[0])[:, None], pos_BQ].set(
+    tok_BQ, mode="drop"
   )
+  return rows._replace(tokens_BT=tokens_BT, drawn=rows.drawn.put(pos_BQ, lp_BQ, raw_BQ, step_B))

@@ -414,7 +414,5 @@ def sample(
     np.asarray(rows.order_BT),
     logits,
     stats,
-    np.asarray(rows.logprob_BT),
-    np.asarray(rows.raw_logprob_BT),
-    np.asarray(rows.step_BT),
+    **common.drawn_arrays(rows.drawn),
   )

@@ -67,6 +67,7 @@ class Loop(NamedTuple):
   q_BGV: jax.Array  # their proposals
   it: jax.Array
   stats: dict
+  drawn: engine.Drawn
 
 
 @functools.lru_cache(maxsize=16)
@@ -111,14 +112,15 @@ def decoder(spec: DecoderSpec):
     if spec.order == "random":  # an L2R order needs no key (and keeps its draws)
       k_order, key = jax.random.split(key)
     order_BT = common.make_orders(k_order, known_BT, spec.order, end=spec.end)
-    probs = common.Draw(temperature, top_p, top_k, spec.draw).probs
+    draw = common.Draw(temperature, top_p, top_k, spec.draw)
+    probs = draw.probs
     known_B = jnp.full((b,), known, jnp.int32)
     cache = dm.prefill(params, engine.KVCache.empty(cfg, b), tokens_BT, order_BT, known_B, known)
     rows_B1 = jnp.arange(b)[:, None]
     k_loop, k_first = jax.random.split(key)
 
     def body(carry: Loop) -> Loop:
-      tokens_BT, cache, n_B, drafts_BG, q_BGV, it, stats = carry
+      tokens_BT, cache, n_B, drafts_BG, q_BGV, it, stats, committed = carry
       m_B = jnp.clip(end - n_B, 0, k)  # drafts that fall inside the sequence
       # Every uniform of the iteration in one call: k to accept, 1 for the new token, the rest
       # for the drafts (the head's k, or the k + 1 candidates of real slot n+k and the phantoms).
@@ -136,7 +138,9 @@ def decoder(spec: DecoderSpec):
       chunk = engine.Chunk(prev_tok_BW, prev_pos_BW, target_BW, sees_BW, n_B)
       hidden, cond, kv = dm.forward(params, cache, chunk, t)
       cols_BW = jnp.broadcast_to(jnp.arange(slot_BW.shape[1]), slot_BW.shape)
-      probs_BWV = probs(dm.logits(params, hidden, cond, cols_BW))
+      logits_BWV = dm.logits(params, hidden, cond, cols_BW)
+      scaled_BWV = draw.scaled(logits_BWV)
+      probs_BWV = jax.nn.softmax(scaled_BWV, axis=-1)
       p_BRV = probs_BWV[:, : k + 1]  # the conditionals at order slots n..n+k
       # Verify: accept the longest prefix of drafts, each with probability min(1, p/q).
       p_d = jnp.take_along_axis(p_BRV[:, :k], drafts_BG[..., None], axis=2)[..., 0]
@@ -162,6 +166,11 @@ def decoder(spec: DecoderSpec):
       live = (j_1R <= a_B[:, None]) & (slot_new < end)
       pos_new = jnp.where(live, jnp.take_along_axis(order_BT, jnp.minimum(slot_new, t - 1), 1), t)
       tokens_BT = tokens_BT.at[rows_B1, pos_new].set(new_tok, mode="drop")
+      # Each new token's log-prob at its slot n + j, as drawn (0 when greedy) and the model's own.
+      lp, raw = engine.logprobs(
+        scaled_BWV[:, : k + 1], logits_BWV[:, : k + 1], new_tok, temperature
+      )
+      committed = committed.put(pos_new, lp, raw, it)
       # Real slots n..n+a had correct inputs: their K/V join the cache.
       cache = cache.write(kv, jnp.where(live, slot_new, t))
       if head:  # the head drafts n+a+1 .. n+a+k from real slot n+a, which drew the new token
@@ -194,7 +203,7 @@ def decoder(spec: DecoderSpec):
         "first_accepted": stats["first_accepted"] + (first & (a_B > 0)),
         "first_overlap": stats["first_overlap"] + jnp.where(first, overlap_B, 0.0),
       }
-      return Loop(tokens_BT, cache, n_next, drafts_next, q_next, it + 1, stats)
+      return Loop(tokens_BT, cache, n_next, drafts_next, q_next, it + 1, stats, committed)
 
     tokens_BT = jnp.where(known_BT, tokens_BT, 0)
     zeros_B = jnp.zeros((b,), jnp.int32)
@@ -218,9 +227,10 @@ def decoder(spec: DecoderSpec):
         "first_accepted": zeros_B,
         "first_overlap": jnp.zeros((b,), jnp.float32),
       },
+      engine.Drawn.empty(b, t),
     )
     carry = jax.lax.while_loop(lambda c: jnp.any(c.n_B < end), body, carry)
-    return carry.tokens_BT, order_BT, carry.stats, carry.it
+    return carry.tokens_BT, order_BT, carry.stats, carry.it, carry.drawn
 
   return jax.jit(run)
 
@@ -301,8 +311,8 @@ def sample(
     jnp.float32(top_p),
     jnp.int32(top_k),
   )
-  tokens_BT, order_BT, stats, iterations = jax.device_get(out)
+  tokens_BT, order_BT, stats, iterations, drawn = jax.device_get(out)
   stats = {**{name: np.asarray(v) for name, v in stats.items()}, "iterations": int(iterations)}
   if eos_id is not None:
     stats["length"] = common.eos_lengths(tokens_BT, known, int(eos_id))
-  return common.SampleOutput(tokens_BT, order_BT, stats=stats)
+  return common.SampleOutput(tokens_BT, order_BT, stats=stats, **common.drawn_arrays(drawn))

@@ -7,7 +7,7 @@ import pytest
 from test_parallel import T, cached_model
 
 from ao_mdm import model as model_lib
-from ao_mdm.decode import parallel
+from ao_mdm.decode import confidence, parallel, speculative
 
 
 def naive_logprobs(cfg, params, out) -> np.ndarray:
@@ -85,3 +85,43 @@ def test_filtered_logprobs_are_those_of_the_distribution_drawn_from():
   )[..., 0]
   np.testing.assert_allclose(out.raw_logprobs, raw, atol=1e-6, rtol=0)
   assert np.all(out.logprobs > out.raw_logprobs - 1e-6)  # filtering moves mass onto the kept
+
+
+@pytest.mark.parametrize("order,known", [("l2r", (0, 1, 2)), ("random", ())])
+def test_speculative_logprobs_equal_a_teacher_forced_forward_along_the_order(order, known):
+  """Speculative decoding draws from the sequential distribution along its order: each token's
+  log-prob is the training forward's at its slot, whichever iteration drew it."""
+  cfg, params = cached_model("ao")
+  out = speculative.sample(
+    params,
+    cfg,
+    batch_size=2,
+    draft=4,
+    seed=2,
+    order=order,
+    known_positions=known,
+    known_tokens=[5] * len(known),
+  )
+  logits = model_lib.make_model(cfg).apply(
+    {"params": params}, jnp.asarray(out.tokens), jnp.asarray(out.order)
+  )
+  labels_BT = np.take_along_axis(out.tokens, out.order, axis=1)
+  logp_BT = np.take_along_axis(
+    np.asarray(jax.nn.log_softmax(logits, axis=-1)), labels_BT[..., None], axis=-1
+  )[..., 0]
+  expected = np.zeros_like(logp_BT)
+  np.put_along_axis(expected, out.order, logp_BT, axis=1)  # slot s -> position order[s]
+  drawn = out.steps >= 0
+  assert drawn.sum() == 2 * (T - len(known)) and out.steps.max() < T - len(known)
+  np.testing.assert_allclose(out.raw_logprobs[drawn], expected[drawn], atol=1e-5, rtol=0)
+  np.testing.assert_array_equal(out.logprobs, out.raw_logprobs)  # temperature 1, no filter
+
+
+@pytest.mark.parametrize("score", ["max_prob", "entropy"])
+def test_confidence_logprobs_equal_a_forward_on_the_earlier_steps_only(score):
+  cfg, params = cached_model("ao")
+  out = confidence.sample(params, cfg, batch_size=2, steps=T // 4, seed=4, score=score)
+  drawn = out.steps >= 0
+  assert drawn.all()
+  np.testing.assert_allclose(out.raw_logprobs, naive_logprobs(cfg, params, out), atol=1e-5, rtol=0)
+  np.testing.assert_array_equal(out.logprobs, out.raw_logprobs)
