@@ -8,6 +8,7 @@ from test_parallel import T, cached_model
 
 from ao_mdm import model as model_lib
 from ao_mdm.decode import confidence, parallel, speculative
+from helpers import default_stage_keeps
 
 
 def naive_logprobs(cfg, params, out) -> np.ndarray:
@@ -36,7 +37,11 @@ def naive_logprobs(cfg, params, out) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-  "order,steps,known", [("l2r", T, ()), ("random", T // 4, ()), ("random", 6, (0, 1, 2, 9))]
+  "order,steps,known",
+  default_stage_keeps(
+    [("l2r", T, ()), ("random", T // 4, ()), ("random", 6, (0, 1, 2, 9))],
+    [("random", 6, (0, 1, 2, 9))],
+  ),
 )
 def test_drawn_logprobs_equal_a_forward_on_the_earlier_steps_only(order, steps, known):
   cfg, params = cached_model("ao")
@@ -87,7 +92,9 @@ def test_filtered_logprobs_are_those_of_the_distribution_drawn_from():
   assert np.all(out.logprobs > out.raw_logprobs - 1e-6)  # filtering moves mass onto the kept
 
 
-@pytest.mark.parametrize("order,known", [("l2r", (0, 1, 2)), ("random", ())])
+@pytest.mark.parametrize(
+  "order,known", default_stage_keeps([("l2r", (0, 1, 2)), ("random", ())], [("random", ())])
+)
 def test_speculative_logprobs_equal_a_teacher_forced_forward_along_the_order(order, known):
   """Speculative decoding draws from the sequential distribution along its order: each token's
   log-prob is the training forward's at its slot, whichever iteration drew it."""
@@ -117,7 +124,7 @@ def test_speculative_logprobs_equal_a_teacher_forced_forward_along_the_order(ord
   np.testing.assert_array_equal(out.logprobs, out.raw_logprobs)  # temperature 1, no filter
 
 
-@pytest.mark.parametrize("score", ["max_prob", "entropy"])
+@pytest.mark.parametrize("score", default_stage_keeps(["max_prob", "entropy"], ["entropy"]))
 def test_confidence_logprobs_equal_a_forward_on_the_earlier_steps_only(score):
   cfg, params = cached_model("ao")
   out = confidence.sample(params, cfg, batch_size=2, steps=T // 4, seed=4, score=score)
