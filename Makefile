@@ -14,7 +14,7 @@ ifdef PIP_FIND_LINKS
 export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
 endif
 NEW_VENV = test -x $(BIN)/uv || { { $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV); } && \
-	$(BIN)/python -m pip install -q -c constraints.txt uv; }
+	$(BIN)/python -m pip install -qq -c constraints.txt uv; }
 UV_INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt
 
 $(STAMP): setup.py constraints.txt

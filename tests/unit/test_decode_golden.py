@@ -96,7 +96,7 @@ CASES = [
   case("conf_prompt_seed1", "conf", steps=5, **PROMPT, **B1, **S1),
   case("conf_end_entropy_greedy", "conf", steps=6, score="entropy", **ENDS, **B3, **G),
   case("conf_infill_bf16", "conf", steps=13, dtype="bfloat16", **INFILL, **B3),
-  # (confidence.sample on sigma-GPT raises a TypeError today: it reads AdaLN inputs it has not)
+  # (confidence.sample on sigma-GPT raised a TypeError when these were recorded; test_logprobs.py)
   case("spec_self_d4", "spec", draft=4, **B8),
   case("spec_self_d1_greedy", "spec", draft=1, **B3, **G),
   case("spec_self_d4_random_greedy", "spec", draft=4, order="random", **B3, **G),

@@ -124,9 +124,15 @@ def test_speculative_logprobs_equal_a_teacher_forced_forward_along_the_order(ord
   np.testing.assert_array_equal(out.logprobs, out.raw_logprobs)  # temperature 1, no filter
 
 
-@pytest.mark.parametrize("score", default_stage_keeps(["max_prob", "entropy"], ["entropy"]))
-def test_confidence_logprobs_equal_a_forward_on_the_earlier_steps_only(score):
-  cfg, params = cached_model("ao")
+@pytest.mark.parametrize(
+  "variant,score",
+  default_stage_keeps(
+    [("ao", "max_prob"), ("ao", "entropy"), ("sigma", "max_prob")], [("sigma", "max_prob")]
+  ),
+)
+def test_confidence_logprobs_equal_a_forward_on_the_earlier_steps_only(variant, score):
+  """Also on sigma-GPT (no AdaLN), which confidence decoding could not run before the engine."""
+  cfg, params = cached_model(variant)
   out = confidence.sample(params, cfg, batch_size=2, steps=T // 4, seed=4, score=score)
   drawn = out.steps >= 0
   assert drawn.all()
