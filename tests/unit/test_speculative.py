@@ -39,7 +39,7 @@ def _chi_square(cfg, params, verify, n, head=None):
   decode = speculative.decoder(
     speculative.DecoderSpec(cfg, cfg.block_size - 1, 0, verify=verify, head=head is not None)
   )
-  tokens, _, st, _ = decode(
+  tokens, _, st, _, _ = decode(
     params,
     head,
     jnp.zeros((n, cfg.block_size), jnp.int32),
@@ -108,7 +108,7 @@ def _order_chi_square(cfg, params, verify, n, known_pos, known_tok, head=None):
   tokens = np.zeros((n, cfg.block_size), np.int32)
   known = np.zeros((n, cfg.block_size), bool)
   tokens[:, known_pos], known[:, known_pos] = known_tok, True
-  out_tok, out_order, _, _ = decode(
+  out_tok, out_order, _, _, _ = decode(
     params,
     head,
     jnp.asarray(tokens),
