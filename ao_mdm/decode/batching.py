@@ -92,11 +92,17 @@ class Batcher:
     known = int(mask[0].sum())
     counts = parallel.block_counts(end, known, request.steps, request.schedule, self.spec.block_len)
     plan = parallel.Plan.make(counts)
-    if (plan.real_width, plan.phantom_width) > (
-      self.spec.plan.real_width,
-      self.spec.plan.phantom_width,
-    ) or len(counts) - 1 > self.max_steps:
-      raise ValueError(f"{request} needs chunks of {plan.real_width} + {plan.phantom_width}")
+    built = self.spec.plan
+    if (
+      plan.real_width > built.real_width
+      or plan.phantom_width > built.phantom_width
+      or len(counts) - 1 > self.max_steps
+    ):
+      raise ValueError(
+        f"{request} needs {len(counts) - 1} steps of {plan.real_width} real + "
+        f"{plan.phantom_width} phantom slots; this batch takes at most {self.max_steps} steps "
+        f"of {built.real_width} + {built.phantom_width}"
+      )
     counts, bounds = parallel.plan_rows(self.spec, counts.tolist(), known, self.max_steps)
     per_row = lambda x, dtype=jnp.int32: jnp.asarray([x], dtype)
     order, keys = self._keys(jax.random.key(request.seed), jnp.asarray(mask), end=end)

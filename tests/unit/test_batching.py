@@ -96,3 +96,12 @@ def test_the_tokens_of_one_step_are_independent_draws_of_their_conditionals():
   pairs = np.bincount(out.tokens[:, 0] * 4 + out.tokens[:, 1], minlength=16)
   expected = np.outer(p0, p1).ravel()
   assert stats.chisquare(pairs, expected / expected.sum() * 4000).pvalue > 1e-3
+
+
+def test_a_request_needing_wider_chunks_than_the_batch_is_refused():
+  """Each width is checked on its own: 4 real and 3 phantom slots do not fit 5 + 1."""
+  cfg, params = cached_model("ao")
+  engine = batching.Batcher(params, cfg, batch=1, max_steps=T, real_width=5, phantom_width=1)
+  with pytest.raises(ValueError, match=r"needs 8 steps of 4 real \+ 3 phantom slots; .* 5 \+ 1"):
+    engine.add(batching.Request(steps=8))
+  assert engine.free_rows() == 1
