@@ -129,10 +129,14 @@ class Draw:
 
   def tokens(self, key: jax.Array, logits_NV: jax.Array) -> jax.Array:
     """Argmax when temperature == 0, else a draw from softmax(scaled logits)."""
+    return self.perturbed(logits_NV, jax.random.gumbel(key, logits_NV.shape, jnp.float32))[0]
+
+  def perturbed(self, logits_NV: jax.Array, gumbel_NV: jax.Array) -> tuple:
+    """(tokens, scaled logits) of `tokens` given its Gumbel noise: a categorical draw is the
+    argmax of Gumbel-perturbed logits (as jax.random.categorical)."""
     scaled = self.scaled(logits_NV)
-    # A categorical draw is the argmax of Gumbel-perturbed logits (as jax.random.categorical).
-    drawn = scaled + jax.random.gumbel(key, scaled.shape, scaled.dtype)
-    return first_argmax(jnp.where(self.temperature > 0, drawn, self.limited(logits_NV)))
+    drawn = scaled + gumbel_NV
+    return first_argmax(jnp.where(self.temperature > 0, drawn, self.limited(logits_NV))), scaled
 
 
 def draw_from_probs(u_N: jax.Array, probs_NV: jax.Array) -> jax.Array:

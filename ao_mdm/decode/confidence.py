@@ -104,10 +104,13 @@ def decoder(spec: DecoderSpec):
       )
       rank_BA = jnp.argsort(-conf_BU, axis=1, stable=True)[:, :m_width]  # ties: lower position
       logits_BAV = jnp.take_along_axis(logits_BUV, rank_BA[..., None], axis=1)
-      picked = draw.tokens(jax.random.fold_in(key, i), logits_BAV.reshape(b * m_width, -1)).reshape(
-        b, m_width
+      logits_NV = logits_BAV.reshape(b * m_width, -1)
+      gumbel_NV = jax.random.gumbel(jax.random.fold_in(key, i), logits_NV.shape, jnp.float32)
+      picked_N, scaled_NV = draw.perturbed(logits_NV, gumbel_NV)
+      picked = picked_N.reshape(b, m_width)
+      lp, raw = engine.logprobs(
+        scaled_NV.reshape(logits_BAV.shape), logits_BAV, picked, temperature
       )
-      lp, raw = engine.logprobs(draw.scaled(logits_BAV), logits_BAV, picked, temperature)
       live = jnp.arange(m_width)[None, :] < m
       pos_BA = jnp.where(live, jnp.take_along_axis(cand_BU, rank_BA, axis=1), t)
       tokens_BT = tokens_BT.at[rows_B1, pos_BA].set(picked, mode="drop")

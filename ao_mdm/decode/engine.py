@@ -231,10 +231,8 @@ def draw(
     rows.top_k_B[:, None, None],
     rule,
   )
-  scaled = d.scaled(logits_BQV)
-  gumbel = jax.vmap(lambda k, i: jax.random.gumbel(jax.random.fold_in(k, i), scaled.shape[1:]))
-  drawn = scaled + gumbel(rows.key_B, step_B)
-  picked = common.first_argmax(jnp.where(d.temperature > 0, drawn, d.limited(logits_BQV)))
+  gumbel = jax.vmap(lambda k, i: jax.random.gumbel(jax.random.fold_in(k, i), logits_BQV.shape[1:]))
+  picked, scaled = d.perturbed(logits_BQV, gumbel(rows.key_B, step_B))
   return (picked, *logprobs(scaled, logits_BQV, picked, d.temperature[..., 0]))
 
 
