@@ -133,7 +133,6 @@ class PlanRows(NamedTuple):
 
   counts_BS: jax.Array
   bounds_BS: jax.Array  # a row is done before step i when an EOS sits at order slots [known, bound)
-  known_B: jax.Array
   step_B: jax.Array
 
 
@@ -164,14 +163,14 @@ def empty(spec: DecoderSpec, batch: int, steps: int) -> State:
     zeros_BT,
     zeros_B,
     engine.row_keys(jax.random.key(0), b),
-    zeros_B * 0.0,
-    zeros_B * 0.0,
+    jnp.zeros((b,), jnp.float32),
+    jnp.zeros((b,), jnp.float32),
     zeros_B,
   )._replace(active_B=jnp.zeros((b,), bool))
   cache = engine.KVCache.empty(spec.model, b) if spec.use_cache else None
   zeros_BS = jnp.zeros((b, steps + 1), jnp.int32)
   logits_BTV = jnp.zeros((b, t, v), jnp.float32) if spec.return_logits else None
-  return State(rows, cache, PlanRows(zeros_BS, zeros_BS, zeros_B, zeros_B), logits_BTV)
+  return State(rows, cache, PlanRows(zeros_BS, zeros_BS, zeros_B), logits_BTV)
 
 
 def insert(
@@ -204,7 +203,6 @@ def insert(
   plan = PlanRows(
     put(s.plan.counts_BS, counts_RS),
     put(s.plan.bounds_BS, bounds_RS),
-    put(s.plan.known_B, known_R),
     put(s.plan.step_B, jnp.zeros_like(known_R)),
   )
   logits_BTV = None if s.logits_BTV is None else s.logits_BTV.at[rows_R].set(0.0)
@@ -223,7 +221,7 @@ def step(spec: DecoderSpec, dm: engine.DecodeModel, params: Any, s: State, cache
   i_B, n_B = plan.step_B, rows.filled_B
   n_next_B = at(plan.counts_BS, jnp.minimum(i_B + 1, plan.counts_BS.shape[1] - 1))
   active_B = rows.active_B
-  c_B = rows.cached_B if spec.use_cache else jnp.zeros_like(n_B)
+  c_B = rows.cached_B  # stays 0 without a cache (insert): every real slot is recomputed
   real_BR = c_B[:, None] + jnp.arange(w_r)
   n_B1 = n_B[:, None]
   tok, pos = engine.slot_inputs(
@@ -262,7 +260,8 @@ def step(spec: DecoderSpec, dm: engine.DecodeModel, params: Any, s: State, cache
     slot_1T = jnp.arange(t)[None, :]
     eos_BT = jnp.take_along_axis(rows.tokens_BT, order_BT, axis=1) == spec.eos_id
     bound_B1 = at(plan.bounds_BS, plan.step_B)[:, None]
-    done_B = jnp.any(eos_BT & (slot_1T >= plan.known_B[:, None]) & (slot_1T < bound_B1), 1)
+    known_B1 = plan.counts_BS[:, :1]
+    done_B = jnp.any(eos_BT & (slot_1T >= known_B1) & (slot_1T < bound_B1), 1)
     rows = rows._replace(active_B=rows.active_B & ~done_B)
   return State(rows, cache, plan, logits_BTV)
 
