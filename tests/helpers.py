@@ -27,13 +27,16 @@ def default_stage_keeps(cases: list, keep: list) -> list:
   return [pytest.param(*values(c), marks=() if c in keep else pytest.mark.slow) for c in cases]
 
 
-# `ao-mdm train` flags of a small model and short steps, which the process tests extend.
-SMALL_TRAIN_FLAGS = (
+# `ao-mdm train` flags of a small model, and with short steps, which the process tests extend.
+SMALL_MODEL_FLAGS = (
   "--config.model.vocab_size=512",
   "--config.model.block_size=32",
   "--config.model.n_layer=2",
   "--config.model.n_embd=32",
   "--config.model.n_head=2",
+)
+SMALL_TRAIN_FLAGS = (
+  *SMALL_MODEL_FLAGS,
   "--config.train.batch_size=8",
   "--config.train.warmup_steps=2",
   "--config.train.log_every=1",

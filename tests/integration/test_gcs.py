@@ -21,7 +21,7 @@ from ao_mdm.data import prepare, prepared
 from ao_mdm.storage import fs, paths
 from ao_mdm.storage import lease as lease_lib
 from ao_mdm.train import loop, records
-from helpers import ROOT, SMALL_TRAIN_FLAGS, ao_mdm, error_lines
+from helpers import ROOT, SMALL_MODEL_FLAGS, SMALL_TRAIN_FLAGS, ao_mdm, error_lines
 
 TINY = f"--config={ROOT}/configs/tiny.py"
 
@@ -519,11 +519,7 @@ def test_a_server_that_stops_answering_ends_training_with_one_line_in_bounded_ti
   server = emulator.LocalServer(("bucket",))
   env = {**os.environ, **server.env(), "JAX_PLATFORMS": "cpu"}
   small = [
-    "--config.model.vocab_size=512",
-    "--config.model.block_size=32",
-    "--config.model.n_layer=2",
-    "--config.model.n_embd=32",
-    "--config.model.n_head=2",
+    *SMALL_MODEL_FLAGS,
     "--config.train.batch_size=8",
     "--config.train.log_every=1",
     "--config.train.eval_every=0",
