@@ -3,15 +3,15 @@ decoding.
 
 Slots: slot 0 is the learned [None] token, slot s >= 1 holds the token at position order[s-1], and
 slot s predicts the token at position order[s]. Array names carry their shapes in the letters of
-docs/design.md ("Shape letters"): B batch, T slots, t the first t <= T slots, W slots of a decode
-chunk, P cache prefix read, D width, C conditioning width, J modulation vectors, H heads, K head
-dim, V vocab, L layers.
+docs/design.md ("Shape letters"): B batch, T slots (t: the first t), W a decode chunk, P cache
+prefix, D width, C conditioning, J modulation vectors, H heads, K head dim, V vocab, L layers.
 
 AO-GPT's conditioning `cond` is a pair (c_TC, target_BW): silu of the target-position embedding
 table and each slot's target position. An AdaLN layer's output depends on the target position
 only, so it is computed on the T table rows and gathered whenever that is fewer rows than B x W.
 """
 
+from collections.abc import Callable
 import functools
 import math
 from typing import Any, cast
@@ -183,12 +183,22 @@ def splash_fits(q_BTHK) -> bool:
   return True
 
 
-# Causal attention over all T slots, of training and scoring, by kind (attention_kind).
-ATTENTION = {
+ATTENTION: dict[str, Callable[..., Any]] = {
   "xla": attention,
   "cudnn": functools.partial(jax.nn.dot_product_attention, is_causal=True, implementation="cudnn"),
   "splash": splash_attention,
 }
+
+
+def attend(cfg: specs.ModelSpec, q_BWHK, k_BWHK, v_BWHK, cache=None, mask=None):
+  """The one attention switch: causal (training, scoring, a decode prefill) by cfg's kind; a
+  decode chunk's, masked per row over chunk and cache, by `attention`, which takes such masks."""
+  if cache is None and mask is None:
+    kind = attention_kind(cfg, platform(), q_BWHK.shape[1])
+    kind = "xla" if kind == "splash" and not splash_fits(q_BWHK) else kind
+    return ATTENTION[kind](q_BWHK, k_BWHK, v_BWHK)
+  cached = () if cache is None else (cache["k"], cache["v"], mask["cache"])
+  return attention(q_BWHK, k_BWHK, v_BWHK, None if mask is None else mask["new"], *cached)
 
 
 class Dense(nn.Module):
@@ -221,10 +231,8 @@ class Dense(nn.Module):
 
 
 def per_slot(dense: nn.Module, cond: tuple) -> list:
-  """dense(c) ([.., J, D]) for each slot's target position, as J arrays [B, W, D].
-
-  Gathered from the table one part at a time, so that XLA fuses each gather into its consumer.
-  """
+  """dense(c) ([.., J, D]) for each slot's target position, as J arrays [B, W, D], gathered from
+  the table one part at a time, so that XLA fuses each gather into its consumer."""
   c_TC, target_BW = cond
   if target_BW.size > c_TC.shape[0]:
     mod_TJD = dense(c_TC)
@@ -262,14 +270,7 @@ class Block(nn.Module):
     if cfg.arch.qk_norm:
       q_BWHK = Norm(cfg, "kv", name="q_norm")(q_BWHK)
       k_BWHK = Norm(cfg, "kv", name="k_norm")(k_BWHK)
-    if cache is None and mask is None and not self.return_kv:  # training and scoring
-      kind = attention_kind(cfg, platform(), x_BWD.shape[1])
-      if kind == "splash" and not splash_fits(q_BWHK):
-        kind = "xla"
-      a_BWHK = ATTENTION[kind](q_BWHK, k_BWHK, v_BWHK)
-    else:  # the decoders keep XLA's
-      cached = () if cache is None else (cache["k"], cache["v"], mask["cache"])
-      a_BWHK = attention(q_BWHK, k_BWHK, v_BWHK, None if mask is None else mask["new"], *cached)
+    a_BWHK = attend(cfg, q_BWHK, k_BWHK, v_BWHK, cache, mask)
     a_BWD = Dense(cfg, (d,), ("heads", "kv", "embed"), resid_std, n_in=2, name="attn_out")(a_BWHK)
     x_BWD = x_BWD + gate1 * a_BWD
     x_BWD = nn.with_logical_constraint(x_BWD, ("batch", "length", "embed"))

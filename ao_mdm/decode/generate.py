@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from ao_mdm import specs
-from ao_mdm.decode import common, confidence, parallel, speculative, text
+from ao_mdm.decode import common, policies, text
 from ao_mdm.decode import options as options_lib
 
 
@@ -28,38 +28,33 @@ def sample_texts(
   **options,
 ) -> Iterator[dict]:
   """An iterator of `num_samples` texts ({text, tokens}, `marked` with a prompt or infill, the
-  `steps` used), each batch's as it finishes. The arguments are checked at the call, the mode's
-  own options by its sampler (first batch). `options` go to the mode's sampler: parallel.sample
-  (parallel), speculative.sample (draft, order: L2R by default; one token or more per forward)
-  or confidence.sample (steps, score); options of another mode are ignored, unknown ones
-  refused. steps=None: decode/options.DEFAULT_STEPS, or the number of unknown positions if
-  fewer. order=None (parallel): left to right after a prompt or infill, random without
-  (parallel.default_order); the parallel mode's records name the order used.
-  until_eos (parallel or L2R speculative, no infill): each sample ends at its first EOS after the
-  prompt (tokenizer.eos_id; the parallel mode decodes in blocks of block_len, default
-  options.DEFAULT_BLOCK_LEN, and stops after the block that holds it); its record's tokens end
-  there and it gains `length` (those tokens, T without an EOS) and `forwards` (its steps or
-  speculative forwards). An infill sample ends where its text ends: only the [MASK] spans are
-  drawn (a text ending in [MASK] is continued by infill_span tokens).
+  `steps` used, per token the log-probability it was drawn with after filtering and the model's
+  own: `logprobs`, `raw_logprobs`), each batch's as it finishes, decoded by the policy `mode`
+  (decode/policies.py). The arguments are checked at the call, the policy's own options by its
+  sampler (first batch). `options` go to the policy's sampler; options of another policy are
+  ignored, unknown ones refused. steps=None: decode/options.DEFAULT_STEPS, or the number of
+  unknown positions if fewer. order=None: the policy's default (Policy.order); the records
+  name the order used.
+  until_eos (a policy and order that can stop there, no infill): each sample ends at its first
+  EOS after the prompt (tokenizer.eos_id; the parallel policy decodes in blocks of block_len,
+  default options.DEFAULT_BLOCK_LEN, and stops after the block that holds it); its record's
+  tokens end there and it gains `length` (those tokens, T without an EOS) and `forwards` (its
+  steps or speculative forwards). An infill sample ends where its text ends: only the [MASK]
+  spans are drawn (a text ending in [MASK] is continued by infill_span tokens).
 
   Batch i uses seed + i * batch_size; ids beyond the tokenizer's vocab are never drawn.
   """
   options_lib.check_counts(num_samples, batch_size)
-  options_lib.check_choice("mode", mode, options_lib.MODES)
+  policy = policies.get(mode)
   if until_eos:
-    options_lib.check_until_eos(mode, options.get("order"), infill)
-  samplers: dict[str, Callable[..., common.SampleOutput]] = {
-    "parallel": parallel.sample,
-    "speculative": speculative.sample,
-    "confidence": confidence.sample,
-  }
-  sampler = samplers[mode]
-  unknown = set(options) - options_lib.MODE_OPTION_NAMES
+    policies.check_until_eos(mode, options.get("order"), infill)
+  unknown = set(options) - policies.option_names()
   if unknown:
     raise TypeError(f"sample_texts got unknown options {sorted(unknown)}")
-  options = {k: v for k, v in options.items() if k in options_lib.MODE_OPTIONS[mode]}
-  if until_eos and mode == "parallel" and options.get("block_len") is None:
-    options["block_len"] = options_lib.DEFAULT_BLOCK_LEN
+  options = {k: v for k, v in options.items() if k in policy.options}
+  for name, value in policy.until_eos_defaults if until_eos else ():
+    if options.get(name) is None:
+      options[name] = value
   positions, ids, end = text.layout_known(
     tokenizer.encode, cfg.block_size, prompt, infill, infill_span
   )
@@ -67,10 +62,8 @@ def sample_texts(
     options["end"] = end
   if "steps" in options and options["steps"] is None:
     options["steps"] = min(options_lib.DEFAULT_STEPS, end - len(positions))
-  if mode == "parallel":
-    options["order"] = parallel.default_order(options.get("order"), len(positions))
-  elif mode == "speculative":
-    options["order"] = options.get("order") or "l2r"
+  if policy.orders:
+    options["order"] = policy.order(options.get("order"), len(positions))
   # Cast once here: each batch's sampler then finds the params (and a draft head's) already in
   # the decoding dtype.
   params, cfg = common.with_dtype(params, cfg, options.get("dtype", "float32"))
@@ -83,7 +76,7 @@ def sample_texts(
 
   def records() -> Iterator[dict]:
     for start in range(0, num_samples, batch_size):
-      out = sampler(
+      out = policy.sample(
         params,
         cfg,
         batch_size=batch_size,
@@ -103,6 +96,9 @@ def sample_texts(
         row = row[:end]  # an infill ends at its text
         decoded = text.decode_text(tokenizer.decode, row, tokenizer.eos_id, tokenizer.vocab_size)
         record = {"text": decoded, "tokens": row.tolist()}
+        if out.logprobs is not None:  # per position, as drawn and the model's own; known: 0
+          for name in ("logprobs", "raw_logprobs"):
+            record[name] = [float(f"{x:.7g}") for x in getattr(out, name)[i][: len(row)]]
         if "steps" in options:
           record["steps"] = int(options["steps"])
         if "order" in options:

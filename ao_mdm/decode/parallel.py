@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ao_mdm import specs
-from ao_mdm.decode import common, engine, options
+from ao_mdm.decode import common, engine, options, policies
 
 CACHE_BUCKETS = 4  # decode loops, each reading only the cache prefix its steps can see
 
@@ -317,15 +317,6 @@ def decoder(spec: DecoderSpec):
   return jax.jit(run)
 
 
-def default_order(order: str | None, num_known: int) -> str:
-  """`order`, or for None the authors' choice: with known tokens (a prompt or infill context)
-  the unknown positions left to right, as their `cond_generate` (its random permutation is
-  commented out); without, a random order, as their `generate`."""
-  if order is None:
-    return "l2r" if num_known else "random"
-  return order
-
-
 def sample(
   params: Any,
   cfg: specs.ModelSpec,
@@ -353,7 +344,7 @@ def sample(
 
   Known tokens (a prompt or infill context, shared by the batch) come first in the order and are
   never changed; the rest are decoded at random or left to right (order="random" or "l2r"; None:
-  left to right with known tokens, random without, see default_order). temperature=0 is greedy.
+  left to right with known tokens, random without: policies.authors_order). temperature=0 is greedy.
   use_cache=False recomputes every real slot at every step (the encoder-only cost model).
   vocab_limit: the tokenizer's vocab size when the model's is padded; larger ids are never drawn.
   block_len: decode the unknown positions in blocks of that many, left to right, in `order`
@@ -375,7 +366,7 @@ def sample(
       "(a prompt), not scattered (an infill)"
     )
   end = common.decode_end(end, mask[0])
-  order = default_order(order, known)
+  order = order or policies.authors_order(known)
   block_len = None if block_len is None else int(block_len)
   plan = Plan.make(block_counts(end, known, int(steps), schedule, block_len), use_cache)
   decode = decoder(

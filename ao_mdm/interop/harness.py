@@ -33,14 +33,14 @@ import numpy as np
 from ao_mdm import model as model_lib
 from ao_mdm import sharding
 from ao_mdm.checkpoint import checkpoints
-from ao_mdm.decode import common, parallel, speculative, text
+from ao_mdm.decode import common, policies, text
 from ao_mdm.decode import options as options_lib
 from ao_mdm.eval import infill, scoring
 from ao_mdm.runtime import quiet
 from ao_mdm.storage import fs, paths
 
 NAME = "ao_mdm"
-MODES = ("l2r", "parallel")  # generate_until's decoder
+MODES = ("l2r", "parallel")  # generate_until's decoder: speculative in L2R order, or parallel
 TEMPLATES = ("doc_to_text", "doc_to_target", "doc_to_choice")  # a task's, naming documents' fields
 
 
@@ -206,12 +206,14 @@ class AoMdm(TemplateLM):
       **draw,
     )
     if self._mode == "l2r":
-      out = speculative.sample(
+      out = policies.get("speculative").sample(
         self._params, self._cfg, draft=min(self._draft, t - 1), order="l2r", **known
       )
     else:
       steps = self._steps or options_lib.DEFAULT_STEPS
-      out = parallel.sample(self._params, self._cfg, steps=min(steps, t - len(ids)), **known)
+      out = policies.get("parallel").sample(
+        self._params, self._cfg, steps=min(steps, t - len(ids)), **known
+      )
     row = out.tokens[0, len(ids) : len(ids) + new].tolist()  # the decoder stopped at an EOS
     row = row[: row.index(self.eot_token_id)] if self.eot_token_id in row else row
     generated = self.tok_decode(row)

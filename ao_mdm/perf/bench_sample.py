@@ -16,7 +16,7 @@ import numpy as np
 
 from ao_mdm import hardware, orders, specs
 from ao_mdm import model as model_lib
-from ao_mdm.decode import common, parallel
+from ao_mdm.decode import common, parallel, policies
 from ao_mdm.perf import roofline
 
 
@@ -140,7 +140,8 @@ def infill_context(params: Any, cfg: specs.ModelSpec, seed: int = 0) -> tuple:
   """(positions, tokens) of the speculative bench's infill: the first and last quarter of one
   L2R sample of the model (temperature 1), so the middle half is decoded around real context."""
   t = cfg.block_size
-  row = parallel.sample(params, cfg, batch_size=1, steps=t, order="l2r", seed=seed).tokens[0]
+  l2r = policies.get("parallel").sample(params, cfg, batch_size=1, steps=t, order="l2r", seed=seed)
+  row = l2r.tokens[0]
   positions = [p for p in range(t) if p < t // 4 or p >= t - t // 4]
   return positions, [int(row[p]) for p in positions]
 
@@ -160,7 +161,6 @@ def bench_speculative(
   (bench.drafts): forwards per sequence, tokens per forward, first-draft acceptance and its
   expectation sum min(p, q), and wall time, over bench.seeds batches (one sequence varies a
   lot: counts are the mean; times: see `paired`)."""
-  from ao_mdm.decode import speculative
 
   params, cfg = common.with_dtype(params, cfg, dtype)  # once, outside the timed calls
   if draft_head is not None:
@@ -201,7 +201,7 @@ def bench_speculative(
   for b in bench.speculative_batches:
     for layout, known in layouts.items():
       unknown = t - len(known.get("known_positions", ()))
-      sequential = lambda seed, b=b, known=known, unknown=unknown: parallel.sample(
+      sequential = lambda seed, b=b, known=known, unknown=unknown: policies.get("parallel").sample(
         params, cfg, batch_size=b, steps=unknown, seed=seed, dtype=dtype, **known
       )
       log(
@@ -212,7 +212,7 @@ def bench_speculative(
         for k in bench.drafts:
           base_s, elapsed, outs = paired(
             sequential,
-            lambda seed, b=b, known=known, k=k, head=head: speculative.sample(
+            lambda seed, b=b, known=known, k=k, head=head: policies.get("speculative").sample(
               params,
               cfg,
               batch_size=b,

@@ -299,11 +299,15 @@ def test_ctrl_c_elsewhere_exits_130_and_leaves_no_partial_output(data_dir, tmp_p
   run = str(tmp_path / "run")
   loop.train_and_evaluate(specs.parse(_small_config(data_dir, 2)), run)
   outcomes = []
-  for delay in (1.0, 2.5, 4.0, 6.0, 9.0):
+  # Fixed delays land anywhere from the imports on; "first sample" waits for a finished sample,
+  # so one run is sure to be stopped mid-work however slow the machine.
+  for delay in (1.0, 2.5, 4.0, 6.0, 9.0, "first sample"):
     for command, out in (
       ("export", tmp_path / f"export{delay}"),
       ("sample", tmp_path / f"s{delay}.jsonl"),
     ):
+      if delay == "first sample" and command == "export":
+        continue
       args = (
         [f"--checkpoint={run}", f"--out={out}"]
         if command == "export"
@@ -323,7 +327,13 @@ def test_ctrl_c_elsewhere_exits_130_and_leaves_no_partial_output(data_dir, tmp_p
         text=True,
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
       )
-      time.sleep(delay)
+      if isinstance(delay, float):
+        time.sleep(delay)
+      else:
+        partial, deadline = tmp_path / f"{out.name}.partial", time.time() + 120
+        while not (partial.exists() and partial.stat().st_size) and time.time() < deadline:
+          assert proc.poll() is None, proc.communicate()
+          time.sleep(0.05)
       proc.send_signal(signal.SIGINT)
       _, err = proc.communicate(timeout=120)
       outcomes.append((command, proc.returncode, out.exists()))

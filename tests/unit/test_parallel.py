@@ -11,7 +11,7 @@ from scipy import stats
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
-from ao_mdm.decode import common, options, parallel, text
+from ao_mdm.decode import common, options, parallel, policies, text
 from helpers import default_stage_keeps, naive_greedy
 
 T = 32
@@ -272,8 +272,9 @@ def test_default_order_is_l2r_with_known_tokens_and_random_without():
   ).order
   np.testing.assert_array_equal(scrambled[:, :3], np.broadcast_to(known, (2, 3)))
   assert not np.array_equal(scrambled[0, 3:], rest)
-  assert parallel.default_order(None, 0) == "random" and parallel.default_order(None, 5) == "l2r"
-  assert parallel.default_order("random", 5) == "random"
+  par = policies.get("parallel")
+  assert par.order(None, 0) == "random" and par.order(None, 5) == "l2r"
+  assert par.order("random", 5) == "random" and policies.get("speculative").order(None, 5) == "l2r"
 
 
 def test_every_unknown_position_filled_once():

@@ -5,7 +5,7 @@ whose rows are all done runs no further step."""
 import numpy as np
 import pytest
 
-from ao_mdm.decode import generate, options, parallel, speculative
+from ao_mdm.decode import generate, options, parallel, policies, speculative
 from helpers import EOS, default_stage_keeps, eos_model
 
 T = 32  # helpers.eos_model's length
@@ -139,14 +139,14 @@ def test_greedy_l2r_until_eos_agrees_between_modes():
   "call,message",
   [
     (
-      lambda: options.check_until_eos("confidence", None),
+      lambda: policies.check_until_eos("confidence", None),
       "--until_eos applies to --mode=parallel or --mode=speculative, not --mode=confidence",
     ),
     (
-      lambda: options.check_until_eos("speculative", "random"),
+      lambda: policies.check_until_eos("speculative", "random"),
       "--until_eos with --mode=speculative needs --order=l2r",
     ),
-    (lambda: options.check_until_eos("parallel", None, "a [MASK] b"), "not --infill"),
+    (lambda: policies.check_until_eos("parallel", None, "a [MASK] b"), "not --infill"),
     (lambda: options.check_block_len(0), "block_len=0 must be >= 1"),
   ],
 )

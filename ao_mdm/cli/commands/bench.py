@@ -6,7 +6,6 @@ from absl import flags
 from ao_mdm.checkpoint import layout
 from ao_mdm.cli import checks
 from ao_mdm.cli import flags as flags_lib
-from ao_mdm.decode.options import MODES
 from ao_mdm.storage import paths
 
 SUMMARY = (
@@ -37,7 +36,7 @@ def define(fv: flags.FlagValues) -> None:
   flags.DEFINE_enum(
     "mode",
     "parallel",
-    [m for m in MODES if m != "confidence"],
+    ["parallel", "speculative"],  # the two benchmarks of bench_sample.py
     "bench sample: parallel = the cached sampler at each of the config's step "
     "counts; speculative = speculative against sequential decoding (needs "
     "--checkpoint).",

@@ -10,19 +10,16 @@ from absl import flags
 from ao_mdm.checkpoint import layout
 from ao_mdm.cli import checks
 from ao_mdm.cli import flags as flags_lib
+from ao_mdm.decode import policies
 from ao_mdm.decode.options import (
   DEFAULT_BLOCK_LEN,
   DEFAULT_STEPS,
-  MODE_OPTION_NAMES,
-  MODE_OPTIONS,
-  MODES,
   ORDERS,
   SCHEDULES,
   SCORES,
   TOP_P_RULES,
   check_block_len,
   check_counts,
-  check_until_eos,
 )
 from ao_mdm.runtime import interrupts
 from ao_mdm.storage import fs, paths
@@ -40,7 +37,7 @@ def define(fv: flags.FlagValues) -> None:
   flags.DEFINE_enum(
     "mode",
     "parallel",
-    list(MODES),
+    list(policies.POLICIES),
     "parallel = S steps in a random (or L2R) order; speculative = exact samples "
     "of one-token-per-step decoding in an L2R (or random) order, --draft tokens "
     "drafted and verified per forward; confidence = S steps, the most confident "
@@ -117,14 +114,6 @@ def define(fv: flags.FlagValues) -> None:
   flags_lib.compile_cache(fv)
 
 
-def mode_options(mode: str, given: set) -> None:
-  """Refuses sampling options the chosen mode would ignore (e.g. --score outside confidence);
-  the mode itself is one of the --mode flag's choices."""
-  for name in sorted(given - set(MODE_OPTIONS[mode])):
-    modes = [m for m in MODES if name in MODE_OPTIONS[m]]
-    raise ValueError(f"--{name} applies to --mode={' or --mode='.join(modes)}, not --mode={mode}")
-
-
 def check(v: dict, given: set) -> None:
   checks.require(v, "checkpoint")
   layout.check_checkpoint(v["checkpoint"])
@@ -132,10 +121,10 @@ def check(v: dict, given: set) -> None:
     paths.new_output_file(v["out"])
   if "infill_span" in given and not v["infill"]:
     raise ValueError("--infill_span applies with --infill")
-  mode_options(v["mode"], given & MODE_OPTION_NAMES)
+  policies.check_options(v["mode"], given & policies.option_names())
   check_counts(v["num_samples"], v["batch_size"])
   if v["until_eos"]:
-    check_until_eos(v["mode"], v["order"], v["infill"])
+    policies.check_until_eos(v["mode"], v["order"], v["infill"])
   check_block_len(v["block_len"])
   if v["draft_head"]:
     layout.check_checkpoint(v["draft_head"], "--draft_head", layout.DRAFT_HEAD)
@@ -163,7 +152,7 @@ def run(v: dict, given: set) -> None:
   from ao_mdm.checkpoint import checkpoints
   from ao_mdm.decode import draft, generate
 
-  options = {k: v[k] for k in MODE_OPTIONS[v["mode"]]}
+  options = {k: v[k] for k in policies.get(v["mode"]).options}
   if "steps" in options and "steps" not in given:
     options["steps"] = None  # DEFAULT_STEPS, or fewer if fewer positions are unknown
   if "block_len" in options and "block_len" not in given and not v["until_eos"]:

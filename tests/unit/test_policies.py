@@ -1,0 +1,63 @@
+"""The decoding policies' registry (decode/policies.py): the docs' ten-line policy runs as
+written and decodes as the parallel sampler it builds on; a policy's options and until-EOS
+orders are checked by name."""
+
+import math
+import pathlib
+import re
+
+import numpy as np
+import pytest
+
+from ao_mdm.decode import generate, parallel, policies
+
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "sampling.md"
+
+
+def docs_policy() -> str:
+  """The python block of docs/sampling.md's "Policies" section."""
+  section = DOCS.read_text().split("### Policies", 1)[1]
+  return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_docs_new_policy_is_ten_lines_and_decodes_as_its_parallel_steps(
+  eos_export, monkeypatch
+):
+  monkeypatch.setattr(policies, "POLICIES", dict(policies.POLICIES))
+  code = docs_policy()
+  assert len([line for line in code.splitlines() if line.strip()]) <= 10, code
+  exec(compile(code, str(DOCS), "exec"), {})
+  _, config, params, tokenizer = eos_export
+  prompt = "We the people"
+  records = list(
+    generate.sample_texts(
+      params, config.model, tokenizer, num_samples=3, batch_size=3, prompt=prompt,
+      mode="k_per_step", k=4, seed=5, temperature=0.7,
+    )
+  )  # fmt: skip
+  ids = tokenizer.encode(prompt)
+  t = config.model.block_size
+  expected = parallel.sample(
+    params, config.model, batch_size=3, steps=math.ceil((t - len(ids)) / 4), seed=5,
+    temperature=0.7, known_positions=np.arange(len(ids)), known_tokens=ids,
+    vocab_limit=min(tokenizer.vocab_size, config.model.vocab_size),
+  )  # fmt: skip
+  np.testing.assert_array_equal([r["tokens"] for r in records], expected.tokens)
+  for name in ("logprobs", "raw_logprobs"):  # the records carry the draws' log-probs
+    np.testing.assert_allclose([r[name] for r in records], getattr(expected, name), rtol=1e-6)
+  assert all(r["tokens"][: len(ids)] == ids for r in records)
+  with pytest.raises(ValueError, match="--score applies to --mode=confidence, not --mode=k_per"):
+    policies.check_options("k_per_step", {"score"})
+  with pytest.raises(ValueError, match="--until_eos applies to --mode=parallel or --mode=spec"):
+    policies.check_until_eos("k_per_step", None)
+  with pytest.raises(ValueError, match="'k_per_step' exists already"):
+    exec(compile(code, str(DOCS), "exec"), {})
+  with pytest.raises(TypeError, match=r"unknown options \['kk'\]"):
+    generate.sample_texts(params, config.model, tokenizer, num_samples=1, batch_size=1, kk=2)
+
+
+def test_an_unknown_policy_names_the_known_ones():
+  with pytest.raises(ValueError, match="mode='beam'; accepted: parallel, speculative, confidence"):
+    policies.get("beam")
+  assert policies.get("speculative").order(None, 0) == "l2r"
+  assert policies.get("confidence").order("l2r", 3) is None  # it takes no order
