@@ -23,11 +23,12 @@ $(STAMP): setup.py constraints.txt
 	touch $(STAMP)
 
 # Tests also need pytest, scipy, torch (import-torch), libtpu (TPU ahead-of-time compiles),
-# lm_eval (the harness model), wandb (its writer, tested offline) and the linters: one install
-# of the package with those extras, which is also the plain install.
+# lm_eval (the harness model), the server and openai (its client), wandb (its writer, tested
+# offline) and the linters: one install of the package with those extras, which is also the
+# plain install.
 $(TEST_STAMP): setup.py constraints.txt
 	$(NEW_VENV)
-	$(UV_INSTALL) -e ".[test,tpu,harness,wandb,lint]"
+	$(UV_INSTALL) -e ".[test,tpu,harness,serve,wandb,lint]"
 	touch $(STAMP) $(TEST_STAMP)
 
 install: $(STAMP)

@@ -27,6 +27,7 @@ COMMANDS = (
   "tokenizer",
   "export",
   "sample",
+  "serve",
   "eval",
   "harness",
   "import-torch",

@@ -1,4 +1,4 @@
 """Decoding: the model's decode interface (`engine.py`), what the decoders share (`common.py`), the
-three modes (`parallel.py`, `speculative.py` with its learned `draft.py` head, `confidence.py`),
-continuous batching (`batching.py`), their options (`options.py`), prompts and generated text
-(`text.py`) and `generate.py`, texts in any mode."""
+three policies by name (`policies.py`: `parallel.py`, `speculative.py` with its learned `draft.py`
+head, `confidence.py`), continuous batching (`batching.py`), the options' checks (`options.py`),
+prompts and generated text (`text.py`) and `generate.py`, texts in any policy."""

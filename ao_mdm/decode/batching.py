@@ -15,6 +15,8 @@ import numpy as np
 from ao_mdm import specs
 from ao_mdm.decode import common, engine, parallel
 
+PREFILL_BUCKETS = 8
+
 
 @dataclasses.dataclass(frozen=True)
 class Request:
@@ -73,11 +75,12 @@ class Batcher:
     self._insert = jax.jit(
       functools.partial(parallel.insert, self.spec, dm), static_argnames="width"
     )
-    self._keys = jax.jit(
-      functools.partial(parallel.request_keys, spec=self.spec), static_argnames="end"
-    )
+    self._keys = jax.jit(functools.partial(parallel.request_keys, spec=self.spec))
     self.requests: list[Request | None] = [None] * batch
     self.buckets = common.bucket_bounds(cfg.block_size, parallel.CACHE_BUCKETS)
+    # Prefill widths: a few static ones (a compile each), not one per prompt length.
+    self.widths = common.bucket_bounds(cfg.block_size, PREFILL_BUCKETS)
+    self.rows = jax.device_get(self.state.rows)  # as of the last step, on the host
 
   def free_rows(self) -> int:
     return self.requests.count(None)
@@ -105,7 +108,7 @@ class Batcher:
       )
     counts, bounds = parallel.plan_rows(self.spec, counts.tolist(), known, self.max_steps)
     per_row = lambda x, dtype=jnp.int32: jnp.asarray([x], dtype)
-    order, keys = self._keys(jax.random.key(request.seed), jnp.asarray(mask), end=end)
+    order, keys = self._keys(jax.random.key(request.seed), jnp.asarray(mask), end=jnp.int32(end))
     self.state = self._insert(
       self.params,
       self.state,
@@ -120,17 +123,23 @@ class Batcher:
         per_row(request.top_p, jnp.float32),
         per_row(request.top_k),
       ),
-      width=known,
+      width=next(w for w in self.widths if w >= known) if known else 0,
     )
     self.requests[row] = request
     return row
+
+  def cancel(self, row: int) -> None:
+    """Ends row `row`'s request now (a client gone, a stop string seen): the row is free."""
+    rows = self.state.rows
+    self.state = self.state._replace(rows=rows._replace(active_B=rows.active_B.at[row].set(False)))
+    self.requests[row] = None
 
   def step(self) -> list[Finished]:
     """One step of every active row; the requests that finished leave their rows."""
     cached = np.asarray(self.state.rows.cached_B)[np.asarray(self.state.rows.active_B)]
     cache_len = min(b for b in self.buckets if b >= cached.max(initial=0))
     self.state = self._step(self.params, self.state, cache_len)
-    rows = jax.device_get(self.state.rows)
+    rows = self.rows = jax.device_get(self.state.rows)
     done = []
     for r, request in enumerate(self.requests):
       if request is not None and not rows.active_B[r]:

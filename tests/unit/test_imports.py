@@ -60,6 +60,7 @@ RANKS = (
   "eval",
   "train",
   "interop",
+  "serve",
   "perf",
   "cli",
 )

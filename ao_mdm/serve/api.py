@@ -1,0 +1,325 @@
+"""The OpenAI completions API over the serving engine (docs/serving.md): POST /v1/completions
+(streamed as server-sent events with `stream`), GET /v1/models, /health and /metrics. Bad input
+is a 400 naming the field, a full queue a 429, a draining server a 503; nothing of one request
+disturbs another."""
+
+import asyncio
+import json
+import secrets
+import time
+from typing import Any
+
+import fastapi
+from fastapi import responses
+import prometheus_client as prom
+import pydantic
+
+from ao_mdm.serve import engine as engine_lib
+
+MAX_N = 8  # choices per prompt
+
+
+class CompletionRequest(pydantic.BaseModel):
+  """The fields of OpenAI's completions request that we take; any other field is a 400.
+  tokens_per_step and top_k are ours (pass them in the client's extra_body)."""
+
+  model_config = pydantic.ConfigDict(extra="forbid")
+
+  model: str | None = None
+  prompt: str | list[str]
+  suffix: str | None = None
+  max_tokens: int = pydantic.Field(16, ge=0)
+  temperature: float = pydantic.Field(1.0, ge=0.0, le=2.0)
+  top_p: float = pydantic.Field(1.0, gt=0.0, le=1.0)
+  n: int = pydantic.Field(1, ge=1, le=MAX_N)
+  stream: bool = False
+  logprobs: int | None = pydantic.Field(None, ge=0, le=5)
+  echo: bool = False
+  stop: str | list[str] | None = None
+  seed: int | None = pydantic.Field(None, ge=0, lt=2**31)
+  user: str | None = None
+  stream_options: dict | None = None
+  tokens_per_step: int = pydantic.Field(1, ge=1)
+  top_k: int = pydantic.Field(0, ge=0)
+
+
+def error(status: int, message: str, param: str | None = None, kind: str = "") -> Any:
+  kind = kind or {429: "rate_limit_error", 503: "server_unavailable"}.get(
+    status, "invalid_request_error"
+  )
+  body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+  return responses.JSONResponse(body, status_code=status)
+
+
+class Metrics:
+  """The Prometheus view of the engine's Stats, read at each scrape."""
+
+  def __init__(self, engine: engine_lib.Engine):
+    self.engine = engine
+    self.registry = prom.CollectorRegistry()
+    gauge = lambda name, doc: prom.Gauge(name, doc, registry=self.registry)
+    self.queue = gauge("ao_mdm_queue_depth", "Jobs (completion choices) waiting for a row.")
+    self.active = gauge("ao_mdm_active_rows", "Rows of the batch decoding a job.")
+    self.tokens = gauge("ao_mdm_tokens_generated", "Tokens generated since the start.")
+    self.forwards = gauge("ao_mdm_forwards", "Engine steps (batched forwards) since the start.")
+    self.per_forward = gauge("ao_mdm_tokens_per_forward", "Tokens generated per engine step.")
+    self.rate = gauge("ao_mdm_tokens_per_second", "Tokens generated per second, since the start.")
+    self.cancelled = gauge(
+      "ao_mdm_cancelled", "Running choices whose client left, since the start."
+    )
+    self.ttft = prom.Histogram(
+      "ao_mdm_time_to_first_token_seconds",
+      "From a job's arrival to its first final text.",
+      registry=self.registry,
+      buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    )
+    self.started = time.monotonic()
+
+  def render(self) -> bytes:
+    s = self.engine.stats
+    self.queue.set(s.queued)
+    self.active.set(s.active)
+    self.tokens.set(s.tokens)
+    self.forwards.set(s.forwards)
+    self.cancelled.set(s.cancelled)
+    self.per_forward.set(s.tokens / s.forwards if s.forwards else 0.0)
+    self.rate.set(s.tokens / (time.monotonic() - self.started))
+    while s.ttft_s:
+      self.ttft.observe(s.ttft_s.pop())
+    return prom.generate_latest(self.registry)
+
+
+def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
+  """The app; `app.state.draining` set makes every new completion a 503."""
+  app = fastapi.FastAPI(title="ao-mdm serve", docs_url=None, redoc_url=None)
+  app.state.draining = False
+  metrics = Metrics(engine)
+  tok, t = engine.tokenizer, engine.cfg.block_size
+
+  @app.exception_handler(fastapi.exceptions.RequestValidationError)
+  async def invalid(request: fastapi.Request, exc: Any) -> Any:
+    first = exc.errors()[0]
+    if first.get("type") == "json_invalid":
+      return error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}")
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    param = loc[0] if loc else None
+    return error(400, f"{'.'.join(loc) or 'body'}: {first.get('msg')}", param)
+
+  @app.get("/health")
+  async def health() -> Any:
+    if app.state.draining:
+      return error(503, "draining: the server is shutting down")
+    return {"status": "ok", "queued": engine.stats.queued, "active": engine.stats.active}
+
+  @app.get("/metrics")
+  async def metrics_page() -> Any:
+    return responses.Response(metrics.render(), media_type=prom.CONTENT_TYPE_LATEST)
+
+  @app.get("/v1/models")
+  async def models() -> Any:
+    card = {"id": model_name, "object": "model", "created": 0, "owned_by": "ao-mdm"}
+    return {"object": "list", "data": [card]}
+
+  @app.post("/v1/completions")
+  async def completions(body: CompletionRequest, request: fastapi.Request) -> Any:
+    if app.state.draining:
+      return error(503, "draining: the server is shutting down")
+    if body.model not in (None, model_name):
+      return error(
+        404, f"model {body.model!r} is not served; this server has {model_name!r}", "model"
+      )
+    if body.tokens_per_step > engine.max_tokens_per_step:
+      return error(
+        400,
+        f"tokens_per_step={body.tokens_per_step}; this server takes at most "
+        f"{engine.max_tokens_per_step} (ao-mdm serve --max_tokens_per_step)",
+        "tokens_per_step",
+      )
+    if body.max_tokens == 0 and not body.echo:
+      return error(400, "max_tokens=0 needs echo=true (the prompt's log-probs)", "max_tokens")
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    if not prompts:
+      return error(400, "prompt: an empty list", "prompt")
+    stop = tuple(s for s in ([body.stop] if isinstance(body.stop, str) else body.stop or ()) if s)
+    suffix = tuple(tok.encode(body.suffix)) if body.suffix else ()
+    loop = asyncio.get_running_loop()
+    seed = secrets.randbits(31) if body.seed is None else body.seed
+    jobs, queues = [], []
+    for i, text in enumerate(prompts):
+      ids = tuple(tok.encode(text)) if text else ()
+      if not ids and not suffix and body.max_tokens == 0:
+        return error(400, f"prompt[{i}] is empty: nothing to score", "prompt")
+      room = t - len(ids) - len(suffix)
+      if body.max_tokens > room:
+        return error(
+          400,
+          f"max_tokens={body.max_tokens}: prompt[{i}] ({len(ids)} tokens)"
+          f"{f' and the suffix ({len(suffix)})' if suffix else ''} leave {max(room, 0)} of the "
+          f"model's {t} positions",
+          "max_tokens" if room > 0 else "prompt",
+        )
+      for c in range(body.n):
+        q: asyncio.Queue = asyncio.Queue()
+        emit = lambda kind, payload, q=q: loop.call_soon_threadsafe(q.put_nowait, (kind, payload))
+        jobs.append(
+          engine_lib.Job(
+            ids,
+            body.max_tokens,
+            emit,
+            suffix,
+            stop,
+            seed + c,
+            body.temperature,
+            body.top_p,
+            body.top_k,
+            body.tokens_per_step,
+            score_prompt=body.echo and body.logprobs is not None,
+          )
+        )
+        queues.append(q)
+    try:
+      engine.submit(jobs)
+    except engine_lib.QueueFull as e:
+      return error(429, f"too many requests: {e}; retry later")
+    head: dict[str, Any] = {"id": f"cmpl-{secrets.token_hex(12)}", "object": "text_completion"}
+    head |= {"created": int(time.time()), "model": model_name}
+    prompt_of = lambda i: prompts[i // body.n]
+    if body.stream:
+      return responses.StreamingResponse(
+        _stream(engine, jobs, queues, head, body, prompt_of, request),
+        media_type="text/event-stream",
+      )
+    try:
+      results = await _gather(engine, jobs, queues, request)
+    except asyncio.CancelledError:
+      for job in jobs:
+        engine.cancel(job)
+      raise
+    if results is None:  # the client went away
+      return responses.Response(status_code=499)
+    choices = []
+    for i, (text, ids, lps, done) in enumerate(results):
+      if "error" in done:
+        return error(500, f"choice {i} failed: {done['error']}", kind="server_error")
+      choices.append(_choice(i, text, ids, lps, done, body, prompt_of(i), jobs[i], tok))
+    usage = {
+      "prompt_tokens": sum(len(j.prompt) for j in jobs[:: body.n]),
+      "completion_tokens": sum(len(r[1]) for r in results),
+    }
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return {**head, "choices": choices, "usage": usage}
+
+  return app
+
+
+async def _gather(engine: engine_lib.Engine, jobs: list, queues: list, request: Any) -> Any:
+  """Each job's (text, ids, logprobs, done payload), or None when the client left first."""
+  results = []
+  for q in queues:
+    text, ids, lps = "", [], []
+    while True:
+      try:
+        kind, payload = await asyncio.wait_for(q.get(), timeout=0.5)
+      except TimeoutError:
+        if await request.is_disconnected():
+          for j in jobs:
+            engine.cancel(j)
+          return None
+        continue
+      if kind == "text":
+        text += payload["text"]
+        ids, lps = payload["ids"], payload["logprobs"]
+      elif kind == "error":
+        results.append((text, ids, lps, {"error": payload["message"]}))
+        break
+      else:
+        results.append((text, ids, lps, payload))
+        break
+  return results
+
+
+def _token_logprobs(ids: list, lps: list, text: str, tok: Any, offset: int = 0) -> tuple:
+  """(tokens, logprobs, text offsets) of the ids that make `text` (a stop string may have cut
+  it inside the ids)."""
+  tokens: list = []
+  kept: list = []
+  offsets: list = []
+  at = 0
+  for i, lp in zip(ids, lps):
+    if at >= len(text) and tokens:
+      break
+    piece = tok.decode([i])
+    tokens.append(piece)
+    kept.append(lp)
+    offsets.append(offset + at)
+    at += len(piece)
+  return tokens, kept, offsets
+
+
+def _choice(i, text, ids, lps, done, body, prompt, job, tok) -> dict:
+  out: dict[str, Any] = {"index": i, "text": text, "logprobs": None}
+  out["finish_reason"] = done["finish_reason"]
+  if body.echo:
+    out["text"] = prompt + text
+  if body.logprobs is not None:
+    tokens: list = []
+    values: list = []
+    offsets: list = []
+    if body.echo and done.get("prompt_logprobs") is not None:
+      pt = [tok.decode([x]) for x in job.prompt]
+      tokens += pt
+      values += done["prompt_logprobs"]
+      offsets += [sum(len(x) for x in pt[:k]) for k in range(len(pt))]
+    gen = _token_logprobs(ids, lps, text, tok, len(prompt) if body.echo else 0)
+    tokens, values, offsets = tokens + gen[0], values + gen[1], offsets + gen[2]
+    out["logprobs"] = {
+      "tokens": tokens,
+      "token_logprobs": values,
+      "top_logprobs": [{t: v} for t, v in zip(tokens, values)] if body.logprobs else None,
+      "text_offset": offsets,
+    }
+  return out
+
+
+async def _stream(engine, jobs, queues, head, body, prompt_of, request):
+  """Server-sent events: a chunk per choice whenever its text grows by final text, one with its
+  finish reason, then [DONE]. A client gone cancels every choice still running."""
+  pending = {asyncio.ensure_future(q.get()): i for i, q in enumerate(queues)}
+  sent_ids = [0] * len(jobs)
+  try:
+    if body.echo:
+      for i in range(len(jobs)):
+        yield _sse(head, i, prompt_of(i), None)
+    while pending:
+      done, _ = await asyncio.wait(pending, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+      if not done and await request.is_disconnected():
+        break
+      for fut in done:
+        i = pending.pop(fut)
+        kind, payload = fut.result()
+        if kind == "text":
+          logprobs = None
+          if body.logprobs is not None:
+            ids, lps = payload["ids"][sent_ids[i] :], payload["logprobs"][sent_ids[i] :]
+            sent_ids[i] = len(payload["ids"])
+            pieces = [engine.tokenizer.decode([x]) for x in ids]
+            logprobs = {"tokens": pieces, "token_logprobs": lps, "top_logprobs": None}
+          yield _sse(head, i, payload["text"], None, logprobs)
+          pending[asyncio.ensure_future(queues[i].get())] = i
+        elif kind == "error":
+          failed = {"error": {"message": payload["message"], "type": "server_error"}}
+          yield f"data: {json.dumps(failed)}\n\n"
+        else:
+          yield _sse(head, i, "", payload["finish_reason"])
+    else:
+      yield "data: [DONE]\n\n"
+  finally:
+    for fut in pending:
+      fut.cancel()
+    for job in jobs:
+      engine.cancel(job)
+
+
+def _sse(head: dict, i: int, text: str, finish: str | None, logprobs: Any = None) -> str:
+  choice = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
+  return f"data: {json.dumps({**head, 'choices': [choice]})}\n\n"

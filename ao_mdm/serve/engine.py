@@ -1,0 +1,274 @@
+"""The serving engine (docs/serving.md): one thread owns the model and a decode.batching.Batcher;
+jobs (one completion choice each) wait in a bounded queue, join free rows between steps and
+leave when done, and each job hears of the text that became final at every step."""
+
+import collections
+from collections.abc import Callable
+import dataclasses
+import math
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from ao_mdm.decode import batching, common
+
+EVENTS = ("text", "done", "error")  # what a job's `emit` is called with
+
+
+class QueueFull(Exception):
+  """The engine's queue holds --max_queue jobs already."""
+
+
+@dataclasses.dataclass(eq=False)
+class Job:
+  """One choice of a completion: prompt ids, the span to generate (`max_tokens` positions, then
+  the suffix's ids), its draw; `emit(kind, payload)` is called from the engine thread."""
+
+  prompt: tuple
+  max_tokens: int
+  emit: Callable[[str, dict], Any]
+  suffix: tuple = ()
+  stop: tuple = ()
+  seed: int = 0
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  tokens_per_step: int = 1
+  score_prompt: bool = False  # echo: the prompt's own L2R log-probs too
+  cancelled: bool = False
+  failed: str = ""  # fail_all's message
+  row: int | None = None
+  scored: list | None = None  # the prompt's log-probs (score_prompt)
+  counted: int = 0  # generated tokens counted in Stats.tokens
+  sent: int = 0  # characters of the generated text already emitted
+  enqueued: float = dataclasses.field(default_factory=time.monotonic)
+  first_token_s: float | None = None
+
+
+@dataclasses.dataclass
+class Stats:
+  """What /metrics exports: counts since the start and the current load."""
+
+  forwards: int = 0
+  tokens: int = 0
+  finished: int = 0
+  failed: int = 0
+  cancelled: int = 0  # clients gone
+  queued: int = 0
+  active: int = 0
+  ttft_s: list = dataclasses.field(default_factory=list)  # drained by the metrics reader
+
+
+class Engine:
+  """Decodes jobs in L2R order, `tokens_per_step` tokens per forward at most, in a batch of
+  `max_batch` rows (the model's KV cache exact for every row, whatever the others do)."""
+
+  def __init__(
+    self,
+    params: Any,
+    cfg: Any,
+    tokenizer: Any,
+    *,
+    max_batch: int,
+    max_queue: int,
+    max_tokens_per_step: int,
+  ):
+    self.cfg, self.tokenizer = cfg, tokenizer
+    self.vocab_limit = min(tokenizer.vocab_size, cfg.vocab_size)
+    k = max_tokens_per_step
+    self.batcher = batching.Batcher(
+      params,
+      cfg,
+      batch=max_batch,
+      max_steps=cfg.block_size,
+      real_width=k,
+      phantom_width=k - 1,
+      order="l2r",
+      eos_id=tokenizer.eos_id,
+      rule=common.DrawRule(vocab_limit=self.vocab_limit),
+    )
+    self.params, self.max_queue, self.max_tokens_per_step = params, max_queue, k
+    self.queue: collections.deque[Job] = collections.deque()
+    self.active: dict[int, Job] = {}
+    self.stats = Stats()
+    self.lock = threading.Condition()
+    self.stopping = False
+    self._scorer: Any = None
+    self.thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+
+  def start(self) -> "Engine":
+    self.thread.start()
+    return self
+
+  def stop(self) -> None:
+    with self.lock:
+      self.stopping = True
+      self.lock.notify()
+    self.thread.join()
+
+  def submit(self, jobs: list[Job]) -> None:
+    """Queues the jobs of one request together, or none of them (QueueFull)."""
+    with self.lock:
+      if len(self.queue) + len(jobs) > self.max_queue:
+        raise QueueFull(f"the queue holds {len(self.queue)} of {self.max_queue} jobs")
+      self.queue.extend(jobs)
+      self.stats.queued = len(self.queue)
+      self.lock.notify()
+
+  def cancel(self, job: Job) -> None:
+    """The job ends at the next step boundary, its row freed (a client gone)."""
+    with self.lock:
+      job.cancelled = True
+      self.lock.notify()
+
+  def fail_all(self, message: str) -> None:
+    """Every queued and running job ends with an error `message` at the next step boundary."""
+    with self.lock:
+      for job in self.queue:
+        job.emit("error", {"message": message})
+      self.stats.failed += len(self.queue)
+      self.queue.clear()
+      for job in self.active.values():
+        job.failed = message
+      self.lock.notify()
+
+  def busy(self) -> int:
+    with self.lock:
+      return len(self.queue) + len(self.active)
+
+  # The engine thread.
+
+  def _loop(self) -> None:
+    while True:
+      with self.lock:
+        while not self.stopping and not self.queue and not self.active:
+          self.lock.wait()
+        if self.stopping:
+          return
+      self._admit()
+      self._drop_cancelled()
+      if self.active:
+        self._step()
+
+  def _admit(self) -> None:
+    while self.batcher.free_rows():
+      with self.lock:
+        if not self.queue:
+          return
+        job = self.queue.popleft()
+        self.stats.queued = len(self.queue)
+      if job.cancelled:
+        continue
+      try:
+        job.scored = self._prompt_logprobs(job) if job.score_prompt else None
+        if job.max_tokens == 0:
+          self._finish(job, "length")
+          continue
+        job.row = self.batcher.add(self._request(job))
+        self.active[job.row] = job
+      except Exception as e:  # this job fails; the others go on
+        self.stats.failed += 1
+        job.emit("error", {"message": f"{type(e).__name__}: {e}"})
+
+  def _request(self, job: Job) -> batching.Request:
+    p, m = len(job.prompt), job.max_tokens
+    positions = tuple(range(p)) + tuple(range(p + m, p + m + len(job.suffix)))
+    return batching.Request(
+      positions,
+      tuple(job.prompt) + tuple(job.suffix),
+      steps=math.ceil(m / job.tokens_per_step),
+      end=p + m + len(job.suffix),
+      seed=job.seed,
+      temperature=job.temperature,
+      top_p=job.top_p,
+      top_k=job.top_k,
+    )
+
+  def _drop_cancelled(self) -> None:
+    for row, job in list(self.active.items()):
+      if job.cancelled or job.failed:
+        self.batcher.cancel(row)
+        del self.active[row]
+        self.stats.cancelled += job.cancelled
+      if job.failed and not job.cancelled:
+        self.stats.failed += 1
+        job.emit("error", {"message": job.failed})
+    self.stats.active = len(self.active)
+
+  def _step(self) -> None:
+    try:
+      finished = self.batcher.step()
+    except Exception as e:  # the batch is lost: every job in it fails, the engine goes on
+      for row, job in list(self.active.items()):
+        self.batcher.cancel(row)
+        self.stats.failed += 1
+        job.emit("error", {"message": f"{type(e).__name__}: {e}"})
+      self.active.clear()
+      return
+    self.stats.forwards += 1
+    del finished  # read from the rows: a finished row keeps its tokens until it is refilled
+    rows = self.batcher.rows
+    for row, job in list(self.active.items()):
+      done = self.batcher.requests[row] is None
+      committed = int(rows.filled_B[row]) - len(job.prompt) - len(job.suffix)
+      ids = rows.tokens_BT[row][len(job.prompt) : len(job.prompt) + max(committed, 0)]
+      reason = self._progress(job, ids, rows.drawn.raw_logprob_BT[row], done)
+      if reason:
+        if not done:
+          self.batcher.cancel(row)
+        del self.active[row]
+        self._finish(job, reason)
+    self.stats.active = len(self.active)
+
+  def _progress(self, job: Job, row_ids: np.ndarray, raw_T: np.ndarray, done: bool) -> str | None:
+    """Emits the generated text that is final (nothing a stop string could still cut); returns
+    the finish reason once the job is over: "stop" (EOS or a stop string) or "length"."""
+    eos = self.tokenizer.eos_id
+    ids: list = row_ids.tolist()
+    reason = None
+    if eos in ids:
+      ids, reason = ids[: ids.index(eos)], "stop"
+    self.stats.tokens += len(ids) - job.counted
+    job.counted = len(ids)
+    text = self.tokenizer.decode([i for i in ids if i < self.vocab_limit])
+    for s in job.stop:
+      if s in text:
+        text, reason = text[: text.index(s)], "stop"
+    if done and reason is None:
+      reason = "length"
+    final = len(text)
+    if reason is None:  # hold back what a stop string or an unfinished character may change
+      final -= max((len(s) - 1 for s in job.stop), default=0)
+      while final > 0 and text[final - 1] == "\ufffd":
+        final -= 1
+    if final > job.sent:
+      if job.first_token_s is None:
+        job.first_token_s = time.monotonic() - job.enqueued
+        self.stats.ttft_s.append(job.first_token_s)
+      p = len(job.prompt)
+      job.emit(
+        "text",
+        {"text": text[job.sent : final], "ids": ids, "logprobs": raw_T[p : p + len(ids)].tolist()},
+      )
+      job.sent = final
+    return reason
+
+  def _finish(self, job: Job, reason: str) -> None:
+    self.stats.finished += 1
+    job.emit("done", {"finish_reason": reason, "prompt_logprobs": job.scored})
+
+  def _prompt_logprobs(self, job: Job) -> list:
+    """The prompt's L2R log-probs, each token given those before it (the first given none),
+    as `ao-mdm eval` scores: one forward over a bucketed width."""
+    from ao_mdm.eval import scoring
+
+    if self._scorer is None:
+      self._scorer = scoring.Scorer(self.params, self.cfg)
+    t, p = self.cfg.block_size, len(job.prompt)
+    width = next(w for w in common.bucket_bounds(t, batching.PREFILL_BUCKETS) if w >= p)
+    tokens = np.zeros((1, t), np.int32)
+    tokens[0, :p] = job.prompt
+    nll = self._scorer.slot_nll(tokens, np.arange(width)[None])
+    return (-nll[0, :p]).tolist()
