@@ -1,0 +1,142 @@
+"""`ao-mdm bench serve`: a load generator against `ao-mdm serve` in a subprocess, the official
+`openai` client streaming every request: the same requests one at a time, then from concurrent
+clients, throughput, latency and time to first token of both, in one run (docs/performance.md)."""
+
+from collections.abc import Callable
+import concurrent.futures
+import json
+import random
+import select
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import ml_collections
+import psutil
+
+from ao_mdm.data import corpus
+
+
+def workload(bench: ml_collections.ConfigDict, seed: int = 0) -> list:
+  """(prompt, max_tokens) of bench.requests requests: prompts of the embedded corpus's words,
+  their lengths and the output lengths drawn uniformly from bench.prompt_words, bench.max_tokens."""
+  rng = random.Random(seed)
+  words = " ".join(corpus.sotu_documents("train")[:20]).split()
+  out = []
+  for _ in range(int(bench.requests)):
+    n, start = rng.randint(*bench.prompt_words), rng.randrange(len(words) - 64)
+    out.append((" ".join(words[start : start + n]), rng.randint(*bench.max_tokens)))
+  return out
+
+
+def _start(checkpoint: str, bench: ml_collections.ConfigDict) -> tuple:
+  flags = [f"--max_batch={bench.max_batch}", f"--max_queue={4 * int(bench.requests)}"]
+  flags.append(f"--max_tokens_per_step={bench.tokens_per_step}")
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "ao_mdm.cli.main", "serve", f"--checkpoint={checkpoint}", "--port=0"]
+    + flags,
+    stdout=subprocess.PIPE,
+    text=True,
+  )
+  assert proc.stdout is not None
+  deadline = time.time() + 600
+  while time.time() < deadline and proc.poll() is None:
+    if select.select([proc.stdout], [], [], 1)[0]:
+      line = proc.stdout.readline()
+      if line.startswith("serving "):
+        return proc, line.split()[1], line.split(" at ")[1].split()[0]
+  proc.kill()
+  raise RuntimeError(f"`ao-mdm serve --checkpoint={checkpoint}` did not start")
+
+
+def _one(client: Any, model: str, prompt: str, max_tokens: int, tokens_per_step: int) -> dict:
+  start = time.perf_counter()
+  first, text = None, ""
+  for chunk in client.completions.create(
+    model=model,
+    prompt=prompt,
+    max_tokens=max_tokens,
+    stream=True,
+    temperature=1.0,
+    extra_body={"tokens_per_step": tokens_per_step},
+  ):
+    if first is None and chunk.choices and chunk.choices[0].text:
+      first = time.perf_counter() - start
+    text += chunk.choices[0].text if chunk.choices else ""
+  return {"latency": time.perf_counter() - start, "ttft": first or 0.0, "tokens": max_tokens}
+
+
+def _run(requests: list, clients: int, ask: Callable) -> dict:
+  """The requests from `clients` concurrent clients: wall time, token throughput (requested
+  tokens: EOS may end some earlier), latency p50/p99, time to first token p50/p99."""
+  start = time.perf_counter()
+  with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+    done = list(pool.map(lambda r: ask(*r), requests))
+  wall = time.perf_counter() - start
+  pct = lambda xs, q: statistics.quantiles(xs, n=100, method="inclusive")[q - 1]
+  lat, ttft = [d["latency"] for d in done], [d["ttft"] for d in done]
+  return {
+    "clients": clients,
+    "seconds": wall,
+    "tokens_per_s": sum(d["tokens"] for d in done) / wall,
+    "latency_p50_s": pct(lat, 50),
+    "latency_p99_s": pct(lat, 99),
+    "ttft_p50_s": pct(ttft, 50),
+    "ttft_p99_s": pct(ttft, 99),
+  }
+
+
+def bench_serve(
+  checkpoint: str, bench: ml_collections.ConfigDict, log: Callable[[str], None] = print
+) -> dict:
+  """Starts the server, warms it up (every compile), runs the workload one request at a time,
+  then from bench.clients clients; with bench.duration_s, repeats the concurrent load that long
+  and compares the server's memory after the first minute and at the end."""
+  import openai
+
+  requests = workload(bench)
+  proc, model, url = _start(checkpoint, bench)
+  client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
+  k = int(bench.tokens_per_step)
+  ask = lambda prompt, n: _one(client, model, prompt, n, k)
+  try:
+    log(f"serving {model}; warming up (compiles) with the {len(requests)} requests once")
+    _run(requests, int(bench.clients), ask)
+    results: dict[str, Any] = {"requests": len(requests), "tokens_per_step": k}
+    results["sequential"] = _run(requests, 1, ask)
+    results["concurrent"] = _run(requests, int(bench.clients), ask)
+    results["speedup"] = (
+      results["concurrent"]["tokens_per_s"] / results["sequential"]["tokens_per_s"]
+    )
+    for name in ("sequential", "concurrent"):
+      r = results[name]
+      log(
+        f"{name} ({r['clients']} client{'s' if r['clients'] > 1 else ''}): "
+        f"{r['tokens_per_s']:.1f} tokens/s, latency p50 {r['latency_p50_s']:.2f} s / p99 "
+        f"{r['latency_p99_s']:.2f} s, first token p50 {r['ttft_p50_s']:.2f} s / p99 "
+        f"{r['ttft_p99_s']:.2f} s"
+      )
+    log(f"concurrent / sequential throughput: {results['speedup']:.2f}x")
+    if float(bench.duration_s) > 0:
+      samples, start = [], time.time()  # (minutes, server RSS MiB) after each round
+      while time.time() - start < float(bench.duration_s):
+        _run(requests, int(bench.clients), ask)
+        rss = psutil.Process(proc.pid).memory_info().rss / 2**20
+        samples.append(((time.time() - start) / 60, rss))
+      first = next((s for s in samples if s[0] >= 1), samples[0])
+      results["memory"] = {
+        "first_minute": first,
+        "end": samples[-1],
+        "end_over_first": samples[-1][1] / first[1],
+      }
+      log(
+        f"server RSS after {first[0]:.1f} min {first[1]:.0f} MiB, "
+        f"after {samples[-1][0]:.1f} min {samples[-1][1]:.0f} MiB"
+      )
+  finally:
+    proc.terminate()
+    proc.wait(timeout=120)
+  log(json.dumps(results))
+  return results
