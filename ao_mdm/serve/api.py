@@ -168,7 +168,7 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
             emit,
             suffix,
             stop,
-            seed + c,
+            (seed + c) % 2**31,
             body.temperature,
             body.top_p,
             body.top_k,
