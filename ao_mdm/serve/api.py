@@ -28,7 +28,7 @@ class CompletionRequest(pydantic.BaseModel):
   model: str | None = None
   prompt: str | list[str]
   suffix: str | None = None
-  max_tokens: int = pydantic.Field(16, ge=0)
+  max_tokens: int | None = pydantic.Field(16, ge=0)  # None: 16
   temperature: float = pydantic.Field(1.0, ge=0.0, le=2.0)
   top_p: float = pydantic.Field(1.0, gt=0.0, le=1.0)
   n: int = pydantic.Field(1, ge=1, le=MAX_N)
@@ -39,6 +39,11 @@ class CompletionRequest(pydantic.BaseModel):
   seed: int | None = pydantic.Field(None, ge=0, lt=2**31)
   user: str | None = None
   stream_options: dict | None = None
+  # Taken at their neutral values only (the API's defaults), refused otherwise.
+  frequency_penalty: float | None = None
+  presence_penalty: float | None = None
+  best_of: int | None = None
+  logit_bias: dict | None = None
   tokens_per_step: int = pydantic.Field(1, ge=1)
   top_k: int = pydantic.Field(0, ge=0)
 
@@ -128,6 +133,13 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
       return error(
         404, f"model {body.model!r} is not served; this server has {model_name!r}", "model"
       )
+    if body.max_tokens is None:
+      body.max_tokens = 16
+    for name, neutral in (("frequency_penalty", 0), ("presence_penalty", 0), ("best_of", 1)):
+      if getattr(body, name) not in (None, neutral):
+        return error(400, f"{name}={getattr(body, name)} is not supported (only {neutral})", name)
+    if body.logit_bias:
+      return error(400, "logit_bias is not supported (only empty)", "logit_bias")
     if body.tokens_per_step > engine.max_tokens_per_step:
       return error(
         400,
@@ -160,7 +172,13 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
         )
       for c in range(body.n):
         q: asyncio.Queue = asyncio.Queue()
-        emit = lambda kind, payload, q=q: loop.call_soon_threadsafe(q.put_nowait, (kind, payload))
+
+        def emit(kind: str, payload: dict, q: asyncio.Queue = q) -> None:
+          try:
+            loop.call_soon_threadsafe(q.put_nowait, (kind, payload))
+          except RuntimeError:  # the event loop closed: the server is gone
+            pass
+
         jobs.append(
           engine_lib.Job(
             ids,
@@ -214,46 +232,37 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
 
 async def _gather(engine: engine_lib.Engine, jobs: list, queues: list, request: Any) -> Any:
   """Each job's (text, ids, logprobs, done payload), or None when the client left first."""
-  results = []
+  results, checked = [], time.monotonic()
   for q in queues:
-    text, ids, lps = "", [], []
+    text, ids, lps = "", list[int](), list[float]()
     while True:
       try:
         kind, payload = await asyncio.wait_for(q.get(), timeout=0.5)
       except TimeoutError:
+        kind = ""
+      if time.monotonic() - checked >= 0.5:  # whether events flow or not
+        checked = time.monotonic()
         if await request.is_disconnected():
           for j in jobs:
             engine.cancel(j)
           return None
-        continue
       if kind == "text":
         text += payload["text"]
-        ids, lps = payload["ids"], payload["logprobs"]
+        ids, lps = ids + payload["ids"], lps + payload["logprobs"]
       elif kind == "error":
         results.append((text, ids, lps, {"error": payload["message"]}))
         break
-      else:
+      elif kind == "done":
         results.append((text, ids, lps, payload))
         break
   return results
 
 
-def _token_logprobs(ids: list, lps: list, text: str, tok: Any, offset: int = 0) -> tuple:
-  """(tokens, logprobs, text offsets) of the ids that make `text` (a stop string may have cut
-  it inside the ids)."""
-  tokens: list = []
-  kept: list = []
-  offsets: list = []
-  at = 0
-  for i, lp in zip(ids, lps):
-    if at >= len(text) and tokens:
-      break
-    piece = tok.decode([i])
-    tokens.append(piece)
-    kept.append(lp)
-    offsets.append(offset + at)
-    at += len(piece)
-  return tokens, kept, offsets
+def _token_logprobs(ids: list, lps: list, tok: Any, offset: int = 0) -> tuple:
+  """(tokens, logprobs, text offsets) of `ids`: each id's own text, and where its text starts
+  in the decoded whole (prefix decodes: a byte token alone may not be a character)."""
+  tokens = [tok.decode([i]) for i in ids]
+  return tokens, list(lps), [offset + len(tok.decode(list(ids[:k]))) for k in range(len(ids))]
 
 
 def _choice(i, text, ids, lps, done, body, prompt, job, tok) -> dict:
@@ -266,11 +275,8 @@ def _choice(i, text, ids, lps, done, body, prompt, job, tok) -> dict:
     values: list = []
     offsets: list = []
     if body.echo and done.get("prompt_logprobs") is not None:
-      pt = [tok.decode([x]) for x in job.prompt]
-      tokens += pt
-      values += done["prompt_logprobs"]
-      offsets += [sum(len(x) for x in pt[:k]) for k in range(len(pt))]
-    gen = _token_logprobs(ids, lps, text, tok, len(prompt) if body.echo else 0)
+      tokens, values, offsets = _token_logprobs(job.prompt, done["prompt_logprobs"], tok)
+    gen = _token_logprobs(ids, lps, tok, len(prompt) if body.echo else 0)
     tokens, values, offsets = tokens + gen[0], values + gen[1], offsets + gen[2]
     out["logprobs"] = {
       "tokens": tokens,
@@ -285,7 +291,6 @@ async def _stream(engine, jobs, queues, head, body, prompt_of, request):
   """Server-sent events: a chunk per choice whenever its text grows by final text, one with its
   finish reason, then [DONE]. A client gone cancels every choice still running."""
   pending = {asyncio.ensure_future(q.get()): i for i, q in enumerate(queues)}
-  sent_ids = [0] * len(jobs)
   try:
     if body.echo:
       for i in range(len(jobs)):
@@ -300,10 +305,9 @@ async def _stream(engine, jobs, queues, head, body, prompt_of, request):
         if kind == "text":
           logprobs = None
           if body.logprobs is not None:
-            ids, lps = payload["ids"][sent_ids[i] :], payload["logprobs"][sent_ids[i] :]
-            sent_ids[i] = len(payload["ids"])
-            pieces = [engine.tokenizer.decode([x]) for x in ids]
-            logprobs = {"tokens": pieces, "token_logprobs": lps, "top_logprobs": None}
+            pieces = [engine.tokenizer.decode([x]) for x in payload["ids"]]
+            logprobs = {"tokens": pieces, "token_logprobs": payload["logprobs"]}
+            logprobs["top_logprobs"] = None
           yield _sse(head, i, payload["text"], None, logprobs)
           pending[asyncio.ensure_future(queues[i].get())] = i
         elif kind == "error":

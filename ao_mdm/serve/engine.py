@@ -43,6 +43,7 @@ class Job:
   scored: list | None = None  # the prompt's log-probs (score_prompt)
   counted: int = 0  # generated tokens counted in Stats.tokens
   sent: int = 0  # characters of the generated text already emitted
+  sent_ids: int = 0  # the generated ids already emitted (their text is within `sent`)
   enqueued: float = dataclasses.field(default_factory=time.monotonic)
   first_token_s: float | None = None
 
@@ -58,7 +59,10 @@ class Stats:
   cancelled: int = 0  # clients gone
   queued: int = 0
   active: int = 0
-  ttft_s: list = dataclasses.field(default_factory=list)  # drained by the metrics reader
+  # Drained by the metrics reader; bounded, for a server nobody scrapes.
+  ttft_s: collections.deque = dataclasses.field(
+    default_factory=lambda: collections.deque(maxlen=4096)
+  )
 
 
 class Engine:
@@ -95,6 +99,8 @@ class Engine:
     self.stats = Stats()
     self.lock = threading.Condition()
     self.stopping = False
+    self.failing = ""  # fail_all's message
+    self.admitting = 0  # a job between the queue and `active` (scoring, prefill, compiles)
     self._scorer: Any = None
     self.thread = threading.Thread(target=self._loop, name="engine", daemon=True)
 
@@ -118,9 +124,13 @@ class Engine:
       self.lock.notify()
 
   def cancel(self, job: Job) -> None:
-    """The job ends at the next step boundary, its row freed (a client gone)."""
+    """The job leaves the queue, or ends at the next step boundary, its row freed (a client
+    gone)."""
     with self.lock:
       job.cancelled = True
+      if job in self.queue:
+        self.queue.remove(job)
+        self.stats.queued = len(self.queue)
       self.lock.notify()
 
   def fail_all(self, message: str) -> None:
@@ -130,13 +140,13 @@ class Engine:
         job.emit("error", {"message": message})
       self.stats.failed += len(self.queue)
       self.queue.clear()
-      for job in self.active.values():
-        job.failed = message
+      self.failing = message  # the running ones: by the engine thread, which owns `active`
       self.lock.notify()
 
   def busy(self) -> int:
+    """Jobs queued, being admitted or running."""
     with self.lock:
-      return len(self.queue) + len(self.active)
+      return len(self.queue) + self.admitting + len(self.active)
 
   # The engine thread.
 
@@ -147,10 +157,22 @@ class Engine:
           self.lock.wait()
         if self.stopping:
           return
-      self._admit()
-      self._drop_cancelled()
-      if self.active:
-        self._step()
+      try:
+        self._admit()
+        self._drop_cancelled()
+        if self.active:
+          self._step()
+      except Exception as e:  # a bug of ours: the running jobs fail, the engine goes on
+        self._fail_active(f"{type(e).__name__}: {e}")
+
+  def _fail_active(self, message: str) -> None:
+    for row, job in list(self.active.items()):
+      if self.batcher.requests[row] is not None:
+        self.batcher.cancel(row)
+      self.stats.failed += 1
+      job.emit("error", {"message": message})
+    self.active.clear()
+    self.stats.active = 0
 
   def _admit(self) -> None:
     while self.batcher.free_rows():
@@ -158,19 +180,20 @@ class Engine:
         if not self.queue:
           return
         job = self.queue.popleft()
-        self.stats.queued = len(self.queue)
-      if job.cancelled:
-        continue
+        self.stats.queued, self.admitting = len(self.queue), 1
       try:
         job.scored = self._prompt_logprobs(job) if job.score_prompt else None
         if job.max_tokens == 0:
           self._finish(job, "length")
-          continue
-        job.row = self.batcher.add(self._request(job))
-        self.active[job.row] = job
+        else:
+          job.row = self.batcher.add(self._request(job))
+          self.active[job.row] = job
       except Exception as e:  # this job fails; the others go on
         self.stats.failed += 1
         job.emit("error", {"message": f"{type(e).__name__}: {e}"})
+      finally:
+        with self.lock:
+          self.admitting = 0
 
   def _request(self, job: Job) -> batching.Request:
     p, m = len(job.prompt), job.max_tokens
@@ -188,6 +211,7 @@ class Engine:
 
   def _drop_cancelled(self) -> None:
     for row, job in list(self.active.items()):
+      job.failed = job.failed or self.failing
       if job.cancelled or job.failed:
         self.batcher.cancel(row)
         del self.active[row]
@@ -201,11 +225,7 @@ class Engine:
     try:
       finished = self.batcher.step()
     except Exception as e:  # the batch is lost: every job in it fails, the engine goes on
-      for row, job in list(self.active.items()):
-        self.batcher.cancel(row)
-        self.stats.failed += 1
-        job.emit("error", {"message": f"{type(e).__name__}: {e}"})
-      self.active.clear()
+      self._fail_active(f"{type(e).__name__}: {e}")
       return
     self.stats.forwards += 1
     del finished  # read from the rows: a finished row keeps its tokens until it is refilled
@@ -223,8 +243,9 @@ class Engine:
     self.stats.active = len(self.active)
 
   def _progress(self, job: Job, row_ids: np.ndarray, raw_T: np.ndarray, done: bool) -> str | None:
-    """Emits the generated text that is final (nothing a stop string could still cut); returns
-    the finish reason once the job is over: "stop" (EOS or a stop string) or "length"."""
+    """Emits the generated text that is final (nothing a stop string could still cut, no
+    unfinished character) with the ids that make it and their log-probs; returns the finish
+    reason once the job is over: "stop" (EOS or a stop string) or "length"."""
     eos = self.tokenizer.eos_id
     ids: list = row_ids.tolist()
     reason = None
@@ -232,27 +253,35 @@ class Engine:
       ids, reason = ids[: ids.index(eos)], "stop"
     self.stats.tokens += len(ids) - job.counted
     job.counted = len(ids)
-    text = self.tokenizer.decode([i for i in ids if i < self.vocab_limit])
-    for s in job.stop:
+    decode = lambda n: self.tokenizer.decode([i for i in ids[:n] if i < self.vocab_limit])
+    text = decode(len(ids))
+    for s in job.stop:  # the earliest stop string cuts
       if s in text:
         text, reason = text[: text.index(s)], "stop"
     if done and reason is None:
       reason = "length"
     final = len(text)
-    if reason is None:  # hold back what a stop string or an unfinished character may change
-      final -= max((len(s) - 1 for s in job.stop), default=0)
+    if reason is None:  # hold back what an unfinished character or a stop string may change
       while final > 0 and text[final - 1] == "\ufffd":
         final -= 1
-    if final > job.sent:
+      final = max(final - max((len(s) - 1 for s in job.stop), default=0), job.sent)
+    n = job.sent_ids  # the ids whose text is within the final text
+    while n < len(ids) and len(decode(n + 1)) <= final:
+      n += 1
+    if final > job.sent or n > job.sent_ids:
       if job.first_token_s is None:
         job.first_token_s = time.monotonic() - job.enqueued
         self.stats.ttft_s.append(job.first_token_s)
       p = len(job.prompt)
       job.emit(
         "text",
-        {"text": text[job.sent : final], "ids": ids, "logprobs": raw_T[p : p + len(ids)].tolist()},
+        {
+          "text": text[job.sent : final],
+          "ids": ids[job.sent_ids : n],
+          "logprobs": raw_T[p + job.sent_ids : p + n].tolist(),
+        },
       )
-      job.sent = final
+      job.sent, job.sent_ids = final, n
     return reason
 
   def _finish(self, job: Job, reason: str) -> None:

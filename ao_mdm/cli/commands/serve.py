@@ -39,8 +39,9 @@ def define(fv: flags.FlagValues) -> None:
     "max_queue", 64, "Choices that may wait for a row; past it a request gets 429.", flag_values=fv
   )
   flags.DEFINE_integer(
-    "max_tokens_per_step", 4, "The most tokens a request may ask to commit per forward "
-    "(tokens_per_step; 1: exact L2R sampling).", flag_values=fv,
+    "max_tokens_per_step", 1, "The most tokens a request may ask to commit per forward "
+    "(tokens_per_step); every row pays for that many per step. 1: exact L2R sampling.",
+    flag_values=fv,
   )  # fmt: skip
   flags.DEFINE_float(
     "drain_timeout",
@@ -106,7 +107,6 @@ def run(v: dict, given: set) -> None:
     )  # fmt: skip
   )
   asyncio.run(_serve(server, app, engine, name, v["drain_timeout"]))
-  engine.stop()
   print("stopped")
 
 
@@ -142,3 +142,4 @@ async def _serve(server, app, engine, name: str, drain_timeout: float) -> None:
     await asyncio.sleep(0.5)  # their responses go out
   server.should_exit = True
   await task
+  await asyncio.to_thread(engine.stop)  # while the loop its jobs report to is open
