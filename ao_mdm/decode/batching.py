@@ -77,9 +77,6 @@ class Batcher:
     )
     self._keys = jax.jit(functools.partial(parallel.request_keys, spec=self.spec))
     self.requests: list[Request | None] = [None] * batch
-    self.buckets = common.bucket_bounds(cfg.block_size, parallel.CACHE_BUCKETS)
-    # Prefill widths: a few static ones (a compile each), not one per prompt length.
-    self.widths = common.bucket_bounds(cfg.block_size, PREFILL_BUCKETS)
     self.rows = jax.device_get(self.state.rows)  # as of the last step, on the host
 
   def free_rows(self) -> int:
@@ -123,7 +120,8 @@ class Batcher:
         per_row(request.top_p, jnp.float32),
         per_row(request.top_k),
       ),
-      width=next(w for w in self.widths if w >= known) if known else 0,
+      # A few static prefill widths (a compile each), not one per prompt length.
+      width=common.bucket_for(known, cfg.block_size, PREFILL_BUCKETS) if known else 0,
     )
     self.requests[row] = request
     return row
@@ -137,7 +135,9 @@ class Batcher:
   def step(self) -> list[Finished]:
     """One step of every active row; the requests that finished leave their rows."""
     cached = np.asarray(self.state.rows.cached_B)[np.asarray(self.state.rows.active_B)]
-    cache_len = min(b for b in self.buckets if b >= cached.max(initial=0))
+    cache_len = common.bucket_for(
+      int(cached.max(initial=0)), self.spec.model.block_size, parallel.CACHE_BUCKETS
+    )
     self.state = self._step(self.params, self.state, cache_len)
     rows = self.rows = jax.device_get(self.state.rows)
     done = []

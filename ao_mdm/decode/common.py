@@ -186,13 +186,17 @@ def bucket_bounds(total: int, buckets: int) -> list:
   return sorted({-(-total * g // buckets) for g in range(1, buckets + 1)})
 
 
+def bucket_for(size: int, total: int, buckets: int) -> int:
+  """The smallest bound of bucket_bounds(total, buckets) that holds `size` (<= total)."""
+  return min(b for b in bucket_bounds(total, buckets) if b >= size)
+
+
 def bucket_segments(sizes: Sequence[int], total: int, buckets: int) -> tuple:
   """Consecutive steps grouped by the smallest bucket bound that holds each step's size:
   ((first step, end step, bound), ...), one loop each."""
-  bounds = bucket_bounds(total, buckets)
   segments: list[tuple[int, int, int]] = []
   for i, size in enumerate(sizes):
-    bound = min(b for b in bounds if b >= size)
+    bound = bucket_for(size, total, buckets)
     if segments and segments[-1][2] == bound:
       segments[-1] = (segments[-1][0], i + 1, bound)
     else:

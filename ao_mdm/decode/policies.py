@@ -108,7 +108,7 @@ BUILT_IN = (
     "ao_mdm.decode.parallel:sample",
     ("steps", "schedule", "order", "block_len", *DRAW),
     orders=("authors", "random", "l2r"),
-    until_eos=("authors", "random", "l2r"),
+    until_eos=("random", "l2r"),
     until_eos_defaults=(("block_len", options.DEFAULT_BLOCK_LEN),),
   ),
   Policy(

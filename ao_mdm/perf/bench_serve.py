@@ -53,7 +53,7 @@ def _start(checkpoint: str, bench: ml_collections.ConfigDict) -> tuple:
 
 def _one(client: Any, model: str, prompt: str, max_tokens: int, tokens_per_step: int) -> dict:
   start = time.perf_counter()
-  first, text = None, ""
+  first = None
   for chunk in client.completions.create(
     model=model,
     prompt=prompt,
@@ -64,7 +64,6 @@ def _one(client: Any, model: str, prompt: str, max_tokens: int, tokens_per_step:
   ):
     if first is None and chunk.choices and chunk.choices[0].text:
       first = time.perf_counter() - start
-    text += chunk.choices[0].text if chunk.choices else ""
   return {"latency": time.perf_counter() - start, "ttft": first or 0.0, "tokens": max_tokens}
 
 

@@ -296,7 +296,7 @@ class Engine:
     if self._scorer is None:
       self._scorer = scoring.Scorer(self.params, self.cfg)
     t, p = self.cfg.block_size, len(job.prompt)
-    width = next(w for w in common.bucket_bounds(t, batching.PREFILL_BUCKETS) if w >= p)
+    width = common.bucket_for(p, t, batching.PREFILL_BUCKETS)
     tokens = np.zeros((1, t), np.int32)
     tokens[0, :p] = job.prompt
     nll = self._scorer.slot_nll(tokens, np.arange(width)[None])
