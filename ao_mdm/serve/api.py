@@ -82,8 +82,8 @@ class Metrics:
 
   def render(self) -> bytes:
     s = self.engine.stats
-    self.queue.set(s.queued)
-    self.active.set(s.active)
+    self.queue.set(len(self.engine.queue))
+    self.active.set(len(self.engine.active))
     self.tokens.set(s.tokens)
     self.forwards.set(s.forwards)
     self.cancelled.set(s.cancelled)
@@ -114,7 +114,7 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
   async def health() -> Any:
     if app.state.draining:
       return error(503, "draining: the server is shutting down")
-    return {"status": "ok", "queued": engine.stats.queued, "active": engine.stats.active}
+    return {"status": "ok", "queued": len(engine.queue), "active": len(engine.active)}
 
   @app.get("/metrics")
   async def metrics_page() -> Any:

@@ -50,15 +50,14 @@ class Job:
 
 @dataclasses.dataclass
 class Stats:
-  """What /metrics exports: counts since the start and the current load."""
+  """What /metrics exports besides the current load (Engine.queue, Engine.active): counts since
+  the start."""
 
   forwards: int = 0
   tokens: int = 0
   finished: int = 0
   failed: int = 0
   cancelled: int = 0  # clients gone
-  queued: int = 0
-  active: int = 0
   # Drained by the metrics reader; bounded, for a server nobody scrapes.
   ttft_s: collections.deque = dataclasses.field(
     default_factory=lambda: collections.deque(maxlen=4096)
@@ -120,7 +119,6 @@ class Engine:
       if len(self.queue) + len(jobs) > self.max_queue:
         raise QueueFull(f"the queue holds {len(self.queue)} of {self.max_queue} jobs")
       self.queue.extend(jobs)
-      self.stats.queued = len(self.queue)
       self.lock.notify()
 
   def cancel(self, job: Job) -> None:
@@ -130,7 +128,6 @@ class Engine:
       job.cancelled = True
       if job in self.queue:
         self.queue.remove(job)
-        self.stats.queued = len(self.queue)
       self.lock.notify()
 
   def fail_all(self, message: str) -> None:
@@ -172,7 +169,6 @@ class Engine:
       self.stats.failed += 1
       job.emit("error", {"message": message})
     self.active.clear()
-    self.stats.active = 0
 
   def _admit(self) -> None:
     while self.batcher.free_rows():
@@ -180,7 +176,7 @@ class Engine:
         if not self.queue:
           return
         job = self.queue.popleft()
-        self.stats.queued, self.admitting = len(self.queue), 1
+        self.admitting = 1
       try:
         job.scored = self._prompt_logprobs(job) if job.score_prompt else None
         if job.max_tokens == 0:
@@ -219,7 +215,6 @@ class Engine:
       if job.failed and not job.cancelled:
         self.stats.failed += 1
         job.emit("error", {"message": job.failed})
-    self.stats.active = len(self.active)
 
   def _step(self) -> None:
     try:
@@ -240,7 +235,6 @@ class Engine:
           self.batcher.cancel(row)
         del self.active[row]
         self._finish(job, reason)
-    self.stats.active = len(self.active)
 
   def _progress(self, job: Job, row_ids: np.ndarray, raw_T: np.ndarray, done: bool) -> str | None:
     """Emits the generated text that is final (nothing a stop string could still cut, no
