@@ -53,3 +53,10 @@ def test_every_table_is_dated_with_its_command(page):
 def test_no_narrative_history(page):
   found = [m.group(0) for m in _HISTORY.finditer((DOCS / page).read_text())]
   assert found == [], f"{page} tells history: {found}"
+
+
+def test_docs_total_within_budget():
+  """All of docs/*.md together, the generated command reference included, stays within 18,000
+  words."""
+  words = {page.name: len(page.read_text().split()) for page in sorted(DOCS.glob("*.md"))}
+  assert sum(words.values()) <= 18_000, words
