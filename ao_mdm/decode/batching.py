@@ -85,46 +85,60 @@ class Batcher:
   def add(self, request: Request) -> int:
     """Start `request` in a free row (its index); ValueError when its plan needs wider chunks
     than the batch was built for, or more steps."""
-    row = self.requests.index(None)  # ValueError when full
-    cfg = self.spec.model
-    tokens, mask = common.known_inputs(cfg, 1, request.positions, request.token_ids, None)
-    end = common.decode_end(request.end, mask[0])
-    known = int(mask[0].sum())
-    counts = parallel.block_counts(end, known, request.steps, request.schedule, self.spec.block_len)
-    plan = parallel.Plan.make(counts)
-    built = self.spec.plan
-    if (
-      plan.real_width > built.real_width
-      or plan.phantom_width > built.phantom_width
-      or len(counts) - 1 > self.max_steps
-    ):
-      raise ValueError(
-        f"{request} needs {len(counts) - 1} steps of {plan.real_width} real + "
-        f"{plan.phantom_width} phantom slots; this batch takes at most {self.max_steps} steps "
-        f"of {built.real_width} + {built.phantom_width}"
+    return self.add_many([request])[0]
+
+  def add_many(self, requests: list[Request]) -> list[int]:
+    """Start each request in a free row, all prefilled by one forward (their rows); ValueError
+    as `add`, or when fewer rows are free."""
+    free = [r for r, q in enumerate(self.requests) if q is None]
+    if len(requests) > len(free):
+      raise ValueError(f"{len(requests)} requests for {len(free)} free rows")
+    cfg, built = self.spec.model, self.spec.plan
+    parts = []
+    for request in requests:
+      tokens, mask = common.known_inputs(cfg, 1, request.positions, request.token_ids, None)
+      end = common.decode_end(request.end, mask[0])
+      known = int(mask[0].sum())
+      counts = parallel.block_counts(
+        end, known, request.steps, request.schedule, self.spec.block_len
       )
-    counts, bounds = parallel.plan_rows(self.spec, counts.tolist(), known, self.max_steps)
-    per_row = lambda x, dtype=jnp.int32: jnp.asarray([x], dtype)
-    order, keys = self._keys(jax.random.key(request.seed), jnp.asarray(mask), end=jnp.int32(end))
+      plan = parallel.Plan.make(counts)
+      if (
+        plan.real_width > built.real_width
+        or plan.phantom_width > built.phantom_width
+        or len(counts) - 1 > self.max_steps
+      ):
+        raise ValueError(
+          f"{request} needs {len(counts) - 1} steps of {plan.real_width} real + "
+          f"{plan.phantom_width} phantom slots; this batch takes at most {self.max_steps} "
+          f"steps of {built.real_width} + {built.phantom_width}"
+        )
+      counts, bounds = parallel.plan_rows(self.spec, counts.tolist(), known, self.max_steps)
+      order, keys = self._keys(jax.random.key(request.seed), jnp.asarray(mask), end=jnp.int32(end))
+      parts.append((tokens, order, counts, bounds, keys, known))
+    rows = free[: len(requests)]
+    column = lambda values, dtype=jnp.int32: jnp.asarray(values, dtype)
+    known = max(p[5] for p in parts)
     self.state = self._insert(
       self.params,
       self.state,
-      per_row(row),
-      jnp.asarray(tokens),
-      order,
-      per_row(counts),
-      per_row(bounds),
-      keys,
+      column(rows),
+      jnp.concatenate([jnp.asarray(p[0]) for p in parts]),
+      jnp.concatenate([p[1] for p in parts]),
+      column([p[2] for p in parts]),
+      column([p[3] for p in parts]),
+      jnp.concatenate([p[4] for p in parts]),
       (
-        per_row(request.temperature, jnp.float32),
-        per_row(request.top_p, jnp.float32),
-        per_row(request.top_k),
+        column([q.temperature for q in requests], jnp.float32),
+        column([q.top_p for q in requests], jnp.float32),
+        column([q.top_k for q in requests]),
       ),
       # A few static prefill widths (a compile each), not one per prompt length.
       width=common.bucket_for(known, cfg.block_size, PREFILL_BUCKETS) if known else 0,
     )
-    self.requests[row] = request
-    return row
+    for row, request in zip(rows, requests):
+      self.requests[row] = request
+    return rows
 
   def cancel(self, row: int) -> None:
     """Ends row `row`'s request now (a client gone, a stop string seen): the row is free."""
@@ -156,3 +170,20 @@ class Batcher:
         )
         self.requests[r] = None
     return done
+
+
+def decode_all(batcher: Batcher, requests: list[Request]) -> list[Finished]:
+  """Every request decoded through `batcher`, joining rows as they free up; in request order."""
+  pending, done = list(enumerate(requests)), {}
+  rows: dict[int, int] = {}  # batch row -> request index
+  while pending or rows:
+    joining = pending[: batcher.free_rows()]
+    if joining:
+      del pending[: len(joining)]
+      for row, (i, _) in zip(batcher.add_many([q for _, q in joining]), joining):
+        rows[row] = i
+    busy = [r for r, q in enumerate(batcher.requests) if q is not None]
+    finished = batcher.step()  # in row order
+    for row, f in zip([r for r in busy if batcher.requests[r] is None], finished):
+      done[rows.pop(row)] = f
+  return [done[i] for i in range(len(requests))]
