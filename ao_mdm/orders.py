@@ -1,6 +1,7 @@
 """Generation orders (docs/design.md, "Orders and evaluation"), sampled on device from a key."""
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +56,42 @@ def make_order_fn(cfg: specs.OrderSpec, t: int) -> OrderFn:
   Only mixed orders depend on the training step (order.ramp_steps: a curriculum from L2R).
   """
   return ORDERS[cfg.kind](cfg, t)
+
+
+def prompt_first(
+  key: jax.Array,
+  prompt_len_B: jax.Array,
+  length_B: jax.Array,
+  t: int,
+  cfg: specs.OrderSpec,
+  step: Any = 0,
+) -> jax.Array:
+  """[B, t] orders that take positions [0, p) first (the prompt, in cfg.prompt's order), then
+  [p, n) (the response, in cfg.kind's order: l2r, random or mixed), then the padding [n, t) left to
+  right. So slots [p, n) are exactly the response's, and each sees the whole prompt.
+  """
+  k_prompt, k_response, k_coin = jax.random.split(key, 3)
+  b = prompt_len_B.shape[0]
+  pos_BT = jnp.broadcast_to(jnp.arange(t), (b, t))
+  p_B1, n_B1 = prompt_len_B[:, None], length_B[:, None]
+  in_prompt, in_response = pos_BT < p_B1, (pos_BT >= p_B1) & (pos_BT < n_B1)
+  l2r_BT = pos_BT / t  # within a part, a rank in [0, 1)
+  prompt_BT = l2r_BT if cfg.prompt == "l2r" else jax.random.uniform(k_prompt, (b, t))
+  response_BT = jax.random.uniform(k_response, (b, t))
+  if cfg.kind == "l2r":
+    response_BT = l2r_BT
+  elif cfg.kind == "mixed":
+    ramp = int(cfg.ramp_steps)
+    chance = cfg.random_ratio if ramp <= 0 else cfg.random_ratio * jnp.clip(step / ramp, 0, 1)
+    response_BT = jnp.where(jax.random.bernoulli(k_coin, chance, (b, 1)), response_BT, l2r_BT)
+  rank_BT = jnp.where(in_prompt, prompt_BT, jnp.where(in_response, 1 + response_BT, 2 + l2r_BT))
+  return jnp.argsort(rank_BT, axis=1).astype(jnp.int32)
+
+
+def response_slots(prompt_len_B: jax.Array, length_B: jax.Array, t: int) -> jax.Array:
+  """[B, t] bool: the slots of a prompt-first order that hold the response (the loss's)."""
+  s_1T = jnp.arange(t)[None, :]
+  return (s_1T >= prompt_len_B[:, None]) & (s_1T < length_B[:, None])
 
 
 def is_identity(order_BT: jax.Array) -> jax.Array:

@@ -84,9 +84,10 @@ def data_parallel_size(mesh: Mesh, axis_rules: tuple) -> int:
   return int(np.prod([mesh.shape[a] for a in axes]))
 
 
-def global_batch(local_bT: np.ndarray, sharding: NamedSharding) -> jax.Array:
-  """Assemble the global batch from each process's local rows."""
-  return jax.make_array_from_process_local_data(sharding, local_bT)
+def global_batch(local_bT: Any, sharding: NamedSharding) -> Any:
+  """Assemble the global batch from each process's local rows (an array, or a dict of [b, ...]
+  arrays)."""
+  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), local_bT)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

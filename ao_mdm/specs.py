@@ -45,6 +45,8 @@ VARIANTS = {
 ATTENTION = ("auto", "xla", "cudnn", "splash")  # model.ATTENTION's, and auto
 REMAT = ("none", "full", "dots")  # model.REMAT's
 ORDER_KINDS = ("random", "l2r", "mixed", "fixed", "blockwise")  # orders.ORDERS'
+PROMPT_ORDERS = ("l2r", "random")  # order.prompt: the prompt's part of a prompt-first order
+RESPONSE_ORDERS = ("l2r", "random", "mixed")  # order.kind with data.pairs (orders.prompt_first)
 
 
 def field(default: Any, help: str, choices: Collection[str] = (), bounds: str = "") -> Any:
@@ -186,6 +188,9 @@ class OrderSpec(Section):
   )
   block: int = field(4, "blockwise: block length b", bounds=">= 1")
   pattern: tuple = field((0, 2, 3, 1), "blockwise: order within each block")
+  prompt: str = field(
+    "l2r", "with data.pairs: the order inside the prompt, which comes first", PROMPT_ORDERS
+  )
 
   def check(self) -> None:
     if self.ramp_steps > 0 and self.kind != "mixed":
@@ -228,6 +233,11 @@ class DataSpec(Section):
   NAME: ClassVar[str] = "data"
   dataset: str = field("sotu", "a registry name (ao_mdm.data.datasets) or text_file")
   text_file: str = field("", "with dataset=text_file: a local UTF-8 file, one document per line")
+  pairs: str = field(
+    "",
+    "fine-tune on prompt/response pairs instead of data.dataset (docs/posttraining.md): a "
+    "JSON-lines file or arithmetic:N (N generated sums)",
+  )
   tokenizer: str = field("sentencepiece", "sentencepiece (trained for each run) or gpt2")
   tfds_dir: str = field("", "TFDS data; empty: $TFDS_DATA_DIR or ~/tensorflow_datasets")
   prepared_dir: str = field(
@@ -287,6 +297,24 @@ class TrainSpec(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class GrpoSpec(Section):
+  """Reinforcement learning from rewards (GRPO) on data.pairs's prompts (docs/posttraining.md);
+  off while `reward` is empty. train.batch_size counts answers: batch_size / group prompts."""
+
+  NAME: ClassVar[str] = "grpo"
+  reward: str = field("", "module:function(prompt, answer, reference) -> float; empty: no GRPO")
+  group: int = field(8, "answers drawn per prompt (the group of the advantages)", bounds=">= 2")
+  updates: int = field(1, "optimiser updates per batch of answers", bounds=">= 1")
+  clip: float = field(0.2, "clip of the probability ratio, 1 +- clip", bounds="(0, 1)")
+  kl: float = field(0.04, "weight of the KL penalty to the initial params", bounds=">= 0")
+  temperature: float = field(1.0, "of the answers' draws", bounds="> 0")
+  tokens_per_step: int = field(
+    1, "answer tokens drawn per forward (1: sequential along the order)", bounds=">= 1"
+  )
+  order: str = field("l2r", "order of an answer's positions after its prompt", ("l2r", "random"))
+
+
+@dataclasses.dataclass(frozen=True)
 class MeshSpec(Section):
   """The ('data', 'fsdp', 'tensor') mesh and the logical axis rules."""
 
@@ -331,9 +359,24 @@ class Spec:
   order: OrderSpec = dataclasses.field(default_factory=OrderSpec)
   data: DataSpec = dataclasses.field(default_factory=DataSpec)
   train: TrainSpec = dataclasses.field(default_factory=TrainSpec)
+  grpo: GrpoSpec = dataclasses.field(default_factory=GrpoSpec)
   mesh: MeshSpec = dataclasses.field(default_factory=MeshSpec)
 
   def __post_init__(self):
+    if self.data.pairs and self.order.kind not in RESPONSE_ORDERS:
+      raise ValueError(
+        f"order.kind={self.order.kind!r} with data.pairs: a response is ordered "
+        f"{', '.join(RESPONSE_ORDERS)} after its prompt"
+      )
+    if self.grpo.reward and not self.data.pairs:
+      raise ValueError(
+        f"grpo.reward={self.grpo.reward!r} needs data.pairs: GRPO draws answers to its prompts"
+      )
+    if self.grpo.reward and self.train.batch_size % self.grpo.group:
+      raise ValueError(
+        f"train.batch_size={self.train.batch_size} (answers per step) must be divisible by "
+        f"grpo.group={self.grpo.group}"
+      )
     if self.order.kind in ("fixed", "blockwise"):
       self.order.permutation(self.model.block_size)
 
@@ -350,6 +393,7 @@ SECTIONS = {
   "order": OrderSpec,
   "data": DataSpec,
   "train": TrainSpec,
+  "grpo": GrpoSpec,
   "mesh": MeshSpec,
 }
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}

@@ -9,6 +9,7 @@ LOCK = "train.lock"
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
 TOKENIZER = "tokenizer"
+REFERENCE = "reference"  # GRPO: an export of the initial params, the KL penalty's reference
 PROFILE = "profile"  # jax.profiler traces (train.profile_steps)
 COMMITTED = "commit_success.txt"  # Orbax's mark of a finished step on gs://
 

@@ -6,7 +6,9 @@ blocks are read from the prepared token shards on demand, so memory and start-up
 grow with the corpus.
 """
 
+from collections.abc import Sequence
 import sys
+from typing import Protocol
 
 import grain
 import jax
@@ -77,6 +79,19 @@ def eval_blocks(
   return _check_some(blocks, split.tokens, block_size, split.name)
 
 
+class RowSource(Protocol):
+  """What batches are drawn from: prepared.Blocks, or train/pairs.Rows (fine-tuning pairs)."""
+
+  block_size: int
+
+  @property
+  def name(self) -> str: ...
+
+  def __len__(self) -> int: ...
+
+  def rows(self, indices: Sequence[int]) -> np.ndarray: ...
+
+
 class ShuffledBatches(grain.MapDataset):
   """Endless batches of one process's blocks: epoch e orders all N blocks by a permutation
   seeded with seed + e (grain's index shuffle: no memory per block); process p of P takes
@@ -86,7 +101,7 @@ class ShuffledBatches(grain.MapDataset):
 
   def __init__(
     self,
-    blocks: prepared.Blocks,
+    blocks: "RowSource",
     batch_size: int,
     seed: int,
     process_index: int,
@@ -116,7 +131,7 @@ class ShuffledBatches(grain.MapDataset):
 
 
 def train_iterator(
-  blocks: prepared.Blocks,
+  blocks: "RowSource",
   *,
   global_batch_size: int,
   seed: int,
@@ -150,7 +165,7 @@ def train_iterator(
     raise ValueError(f"seed must be in [0, 2**32), got {seed}")
   if len(blocks) < process_count:
     raise ValueError(
-      f"{blocks.split.name} packs into {len(blocks)} blocks of {blocks.block_size} tokens; "
+      f"{blocks.name} packs into {len(blocks)} blocks of {blocks.block_size} tokens; "
       f"each of the {process_count} processes needs at least one"
     )
   ds = ShuffledBatches(

@@ -233,6 +233,10 @@ class Blocks(Sequence):
       raise ValueError(f"block_size must be positive, got {block_size}")
     self.split, self.block_size = split, block_size
 
+  @property
+  def name(self) -> str:
+    return self.split.name
+
   def __len__(self) -> int:
     return self.split.tokens // self.block_size
 

@@ -215,7 +215,7 @@ def compile_for_topology(
   program = train_step.make_program(config, devices)
   train = config.train
   tokens = jax.ShapeDtypeStruct(
-    (train.batch_size, config.model.block_size), jnp.int32, sharding=program.batch_sharding
+    (train.batch_size, train_step.row_width(config)), jnp.int32, sharding=program.batch_sharding
   )
   hbm = hardware.hbm_per_device_gib(devices)
   what = (

@@ -17,7 +17,7 @@ from ao_mdm.checkpoint import checkpoints, layout
 from ao_mdm.eval import perplexity, scoring
 from ao_mdm.runtime import interrupts
 from ao_mdm.storage import fs, gcs
-from ao_mdm.train import cluster, records
+from ao_mdm.train import cluster, finetune, grpo, records
 from ao_mdm.train import step as train_step
 
 
@@ -123,21 +123,27 @@ def _train(
   from ao_mdm.data import tokenizer as tok_lib
 
   config, train = program.config, program.config.train
-  tokenizer = tok_lib.run_tokenizer(config, workdir)
-  splits = {
-    split: _prepared(config.data, tokenizer, split, say) for split in ("train", "validation")
-  }
+  if config.data.pairs:  # fine-tuning: rows of prompt/response pairs
+    pair_data = finetune.PairData(config, workdir, init_from, say)
+    source: pipeline.RowSource = pair_data.train
+  else:
+    tokenizer = tok_lib.run_tokenizer(config, workdir)
+    splits = {
+      split: _prepared(config.data, tokenizer, split, say) for split in ("train", "validation")
+    }
+    source = splits["train"].blocks(config.model.block_size)
+    eval_sets = {
+      split: pipeline.eval_blocks(
+        prepared_split, config.model.block_size, max_blocks=train.eval_batches * train.batch_size
+      )
+      for split, prepared_split in splits.items()
+    }
+  grpo_on = bool(config.grpo.reward)  # a step's batch: answers drawn to B / group prompts
   data_iter = pipeline.train_iterator(
-    splits["train"].blocks(config.model.block_size),
-    global_batch_size=train.batch_size,
+    source,
+    global_batch_size=train.batch_size // (config.grpo.group if grpo_on else 1),
     seed=config.seed,
   )
-  eval_sets = {
-    split: pipeline.eval_blocks(
-      prepared_split, config.model.block_size, max_blocks=train.eval_batches * train.batch_size
-    )
-    for split, prepared_split in splits.items()
-  }
   clock.mark("data")
   if jax.process_index() == 0:
     checkpoints.clean_workdir(workdir, say)
@@ -192,25 +198,36 @@ def _train(
       params = jax.device_put(init_params, program.shardings.params)
       state = state.replace(params=params, ema_params=jax.tree.map(jnp.copy, params))
       say(f"initialised params from {init_from}")
+  rollouts = None
+  if grpo_on:
+    reference = grpo.reference_params(
+      config, workdir, init_params, found is not None, program.shardings.params, say
+    )
+    rollouts = grpo.Rollouts(config, pair_data.tokenizer, reference)
   clock.mark("restore")
   # Validation goes through the scorer of `ao-mdm eval`, on the training mesh.
   scorer = scoring.Scorer(state.ema_params, config.model, config.mesh)
 
-  counts = _unigram_counts(splits["train"], workdir)
-  unigram = {split: perplexity.unigram_nll(counts, blocks) for split, blocks in eval_sets.items()}
+  eval_batch = train.batch_size // train.microbatches
+  if config.data.pairs:  # the responses' NLL given their prompts
 
-  def run_eval(params, splits=("train", "validation")):
-    scorer.set_params(params)
-    out = {}
-    for split in splits:
-      r = perplexity.evaluate_blocks(
-        scorer,
-        eval_sets[split],
-        seed=config.seed,
-        batch_size=train.batch_size // train.microbatches,
-      )
-      out[split] = {"l2r": r["l2r_nll"], "random": r["any_order_nll"], "unigram": unigram[split]}
-    return out
+    def run_eval(params, splits=("train", "validation")):
+      scorer.set_params(params)
+      return pair_data.evaluate(scorer, splits, seed=config.seed, batch_size=eval_batch)
+
+  else:
+    counts = _unigram_counts(splits["train"], workdir)
+    unigram = {split: perplexity.unigram_nll(counts, b) for split, b in eval_sets.items()}
+
+    def run_eval(params, splits=("train", "validation")):
+      scorer.set_params(params)
+      out = {}
+      for split in splits:
+        r = perplexity.evaluate_blocks(
+          scorer, eval_sets[split], seed=config.seed, batch_size=eval_batch
+        )
+        out[split] = {"l2r": r["l2r_nll"], "random": r["any_order_nll"], "unigram": unigram[split]}
+      return out
 
   run_log = records.RunLog(
     workdir,
@@ -271,9 +288,12 @@ def _train(
   saved = None  # the step of the last checkpoint written, checked at the next save
   try:
     for step in range(first, train.num_steps):
-      tokens = program.global_batch(next(data_iter))
+      batch, drawn = next(data_iter), dict[str, float]()
+      if rollouts is not None:
+        batch, drawn = rollouts(state.params, batch, step)
       with profile.step(step):
-        state, metrics = program.step(state, tokens)
+        state, metrics = program.step(state, program.global_batch(batch))
+      metrics = {**metrics, **drawn}
       profile.after(step, metrics)
       if step == first:  # the start, phase by phase, once its first step has run
         jax.block_until_ready(metrics)

@@ -179,19 +179,36 @@ class _DefinedAverage(clu_metrics.Average):
     )
 
 
-# CLU declares each metric by a call in its annotation, not a type mypy can read: the ignores.
-@flax.struct.dataclass
-class _StepMetrics(clu_metrics.Collection):
-  loss: clu_metrics.Average.from_output("loss")  # type: ignore[valid-type]  # CLU
-  loss_l2r: _DefinedAverage.from_output("loss_l2r")  # type: ignore[valid-type]  # CLU
-  loss_any_order: _DefinedAverage.from_output("loss_any_order")  # type: ignore[valid-type]  # CLU
-  l2r_fraction: clu_metrics.Average.from_output("l2r_fraction")  # type: ignore[valid-type]  # CLU
-  grad_norm: clu_metrics.Average.from_output("grad_norm")  # type: ignore[valid-type]  # CLU
-  learning_rate: clu_metrics.LastValue.from_output("learning_rate")  # type: ignore[valid-type]  # CLU
+_STEP = {
+  "loss": clu_metrics.Average.from_output("loss"),
+  "loss_l2r": _DefinedAverage.from_output("loss_l2r"),
+  "loss_any_order": _DefinedAverage.from_output("loss_any_order"),
+  "l2r_fraction": clu_metrics.Average.from_output("l2r_fraction"),
+  "grad_norm": clu_metrics.Average.from_output("grad_norm"),
+  "learning_rate": clu_metrics.LastValue.from_output("learning_rate"),
+}
+# A GRPO step's (train/grpo.py) also: the loss's KL and clipped share, and its answers'.
+GRPO_KEYS = (
+  "kl",
+  "clip_fraction",
+  "reward",
+  "answer_tokens",
+  "rollout_s",
+  "scoring_s",
+  "rollout_tokens_per_s",
+)
+_StepMetrics = clu_metrics.Collection.create(**_STEP)
+_GrpoStepMetrics = clu_metrics.Collection.create(
+  **_STEP, **{k: clu_metrics.Average.from_output(k) for k in GRPO_KEYS}
+)
 
 
-_first = jax.jit(lambda m: _StepMetrics.single_from_model_output(**m))
-_merged = jax.jit(lambda acc, m: acc.merge(_StepMetrics.single_from_model_output(**m)))
+def _collection(m: dict) -> type[clu_metrics.Collection]:
+  return _GrpoStepMetrics if "reward" in m else _StepMetrics
+
+
+_first = jax.jit(lambda m: _collection(m).single_from_model_output(**m))
+_merged = jax.jit(lambda acc, m: acc.merge(_collection(m).single_from_model_output(**m)))
 
 
 class WindowMeans:

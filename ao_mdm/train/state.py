@@ -35,12 +35,14 @@ def learning_rate_schedule(train: specs.TrainSpec) -> optax.Schedule:
   )
 
 
-def make_optimizer(train: specs.TrainSpec) -> optax.GradientTransformation:
-  """Global-norm clip, then AdamW; weight decay on dense kernels and embeddings only."""
+def make_optimizer(train: specs.TrainSpec, updates: int = 1) -> optax.GradientTransformation:
+  """Global-norm clip, then AdamW; weight decay on dense kernels and embeddings only. With
+  `updates` per train step (GRPO), the schedule still advances once per step."""
+  schedule = learning_rate_schedule(train)
   return optax.chain(
     optax.clip_by_global_norm(train.grad_clip),
     optax.adamw(
-      learning_rate_schedule(train),
+      schedule if updates == 1 else lambda count: schedule(count // updates),
       b1=train.b1,
       b2=train.b2,
       eps=1e-8,

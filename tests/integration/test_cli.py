@@ -105,7 +105,10 @@ BAD_INPUTS = [
   (["info", TINY, "--bogus=1"], "Unknown command line flag 'bogus'"),
   (["sample", "--checkpoint={run}", "--steps=abc"], "--steps=abc"),
   (["sample", "--checkpoint={run}", "--schedule=square"], "--schedule=square"),
-  (["bench"], "ao-mdm bench takes one of sample, train, data, restart, serve first, got nothing"),
+  (
+    ["bench"],
+    "ao-mdm bench takes one of sample, train, data, restart, serve, posttrain first, got nothing",
+  ),
   (["bench", "fast", TINY], "got 'fast'"),
   (
     ["bench", "sample", TINY, "--baseline=torch"],

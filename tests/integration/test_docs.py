@@ -38,6 +38,23 @@ def test_the_documented_commands_are_found():
   )
 
 
+# Appended to a documented `train` (fine-tuning, GRPO) or `bench posttrain`: the stand-in's model
+# shape, two steps.
+SHORT_RUN = [
+  "--config.model.vocab_size=512",
+  "--config.model.n_layer=2",
+  "--config.model.n_embd=32",
+  "--config.model.n_head=2",
+  "--config.model.cond_dim=32",
+  "--config.train.num_steps=2",
+]
+BENCH_SHORT = [
+  "--config.bench.sft_steps=2",
+  "--config.bench.grpo_steps=2",
+  "--config.bench.eval_pairs=8",
+]
+
+
 @pytest.fixture(scope="module")
 def demo_run(data_dir, tmp_path_factory):
   """A tiny stand-in for runs/demo: its T (64) and corpus, two steps of training."""
@@ -50,13 +67,15 @@ def demo_run(data_dir, tmp_path_factory):
   return workdir
 
 
-@pytest.mark.slow  # eight commands, each a process that loads JAX and the run (about 80 s)
+@pytest.mark.slow  # every command, each a process that loads JAX and the run (minutes)
 def test_every_documented_demo_command_runs(demo_run):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
 
   def run(item):
     name, command = item
     args = [a.replace("runs/demo", demo_run) for a in shlex.split(command)[1:]]
+    if args[0] == "train" or args[:2] == ["bench", "posttrain"]:  # the stand-in's model, briefly
+      args += SHORT_RUN + (BENCH_SHORT if args[0] == "bench" else [])
     if args[0] == "serve":  # it runs until stopped: up (on any free port), then SIGTERM
       args = [a for a in args if not a.startswith("--port=")] + ["--port=0"]
       proc = subprocess.Popen(
@@ -81,7 +100,11 @@ def test_every_documented_demo_command_runs(demo_run):
   commands = demo_commands()
   # Commands whose outputs others read run first, in the docs' order: a draft head
   # (runs/demo_draft), the torch exports and their import (runs/demo.safetensors, runs/demo_back).
-  first = [c for c in commands if re.search(r" (train-draft|export-torch|import-torch) ", c[1])]
+  first = [
+    c
+    for c in commands
+    if re.search(r" (train|train-draft|export-torch|import-torch) |runs/demo_(sft|grpo)", c[1])
+  ]
   results = [run(c) for c in first]
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     results += list(pool.map(run, [c for c in commands if c not in first]))

@@ -1,5 +1,5 @@
-"""`ao-mdm bench sample|train|data|restart|serve`: the benchmarks of ao_mdm/perf/, figures and
-ratios measured in one run (docs/performance.md)."""
+"""`ao-mdm bench sample|train|data|restart|serve|posttrain`: the benchmarks of ao_mdm/perf/,
+figures and ratios measured in one run (docs/performance.md)."""
 
 from absl import flags
 
@@ -12,14 +12,16 @@ SUMMARY = (
   "benchmarks: `bench sample --config=configs/bench_sampler.py [--mode=speculative "
   "--checkpoint=DIR]`, `bench train --config=configs/bench_train.py`, "
   "`bench data --config=configs/bench_data.py`, `bench restart --config=configs/demo.py` "
-  "(any training config), `bench serve --config=configs/bench_serve.py --checkpoint=DIR`"
+  "(any training config), `bench serve --config=configs/bench_serve.py --checkpoint=DIR`, "
+  "`bench posttrain --config=configs/bench_posttrain.py --checkpoint=DIR`"
 )
-SUBCOMMANDS = ("sample", "train", "data", "restart", "serve")
+SUBCOMMANDS = ("sample", "train", "data", "restart", "serve", "posttrain")
 CONFIGS = {
   "sample": "configs/bench_sampler.py",
   "train": "configs/bench_train.py",
   "data": "configs/bench_data.py",
   "serve": "configs/bench_serve.py",
+  "posttrain": "configs/bench_posttrain.py",
 }  # bench restart reads its run's own config
 
 
@@ -45,8 +47,8 @@ def define(fv: flags.FlagValues) -> None:
   )
   flags_lib.checkpoint(
     fv,
-    "bench sample --mode=speculative, bench serve: the trained model (a training work dir or "
-    "an export).",
+    "bench sample --mode=speculative, bench serve, bench posttrain: the trained model (a "
+    "training work dir or an export).",
   )
   flags_lib.weights(
     fv,
@@ -84,8 +86,8 @@ def check(v: dict, given: set, what: str) -> None:
       "bench sample --mode=speculative needs --checkpoint (a trained model: "
       "acceptance depends on it)"
     )
-  if what == "serve" and not v["checkpoint"]:
-    raise ValueError("bench serve needs --checkpoint (the run or export to serve)")
+  if what in ("serve", "posttrain") and not v["checkpoint"]:
+    raise ValueError(f"bench {what} needs --checkpoint (the trained run or export)")
   if v["draft_head"] and v["mode"] != "speculative":
     raise ValueError("--draft_head applies to `ao-mdm bench sample --mode=speculative`")
   if v["checkpoint"]:
@@ -127,6 +129,10 @@ def run(v: dict, given: set, what: str) -> None:
     from ao_mdm.perf import bench_restart
 
     bench_restart.bench_restart(config, name, log=_print)
+  elif what == "posttrain":
+    from ao_mdm.perf import bench_posttrain
+
+    bench_posttrain.bench_posttrain(config, bench, v["checkpoint"], log=_print)
   elif what == "serve":
     from ao_mdm.perf import bench_serve
 

@@ -16,7 +16,7 @@ from ao_mdm.storage import fs, paths
 SUMMARY = (
   "perplexities, a table then a JSON line: --checkpoint=DIR [--datasets=sotu,wikitext2 | "
   "--text_file=PATH] [--protocol=paper|custom --ensemble=8,64]; or --generated=FILE.jsonl "
-  "--scorer=DIR"
+  "--scorer=DIR; or --pairs=FILE.jsonl|arithmetic:N (responses: NLL and exact match)"
 )
 
 
@@ -88,6 +88,15 @@ def define(fv: flags.FlagValues) -> None:
     "--infill_file: the order of a span's own tokens (random: seeded by --seed).",
     flag_values=fv,
   )
+  flags.DEFINE_string(
+    "pairs",
+    None,
+    "Prompt/response pairs (a JSON-lines file or arithmetic:N, as config data.pairs): each "
+    "response's NLL per token given its prompt (left to right and random after it) and the "
+    "exact match of greedy completions; --split picks train or validation, --max_blocks caps "
+    "the pairs.",
+    flag_values=fv,
+  )
   flags_lib.storage_timeout(fv)
   flags_lib.compile_cache(fv)
 
@@ -115,6 +124,22 @@ def check(v: dict, given: set) -> None:
     checks.require(v, "checkpoint")
     layout.check_checkpoint(v["checkpoint"])
     paths.text_file(v["infill_file"], "--infill_file")
+    return
+  if v["pairs"]:
+    checks.not_with(
+      given,
+      ("datasets", "text_file", "lambada_file", "protocol", "orders", "ensemble", "generated"),
+      "with --pairs (which scores and completes the responses of pairs)",
+    )
+    checks.require(v, "checkpoint")
+    layout.check_checkpoint(v["checkpoint"])
+    if v["split"] not in ("train", "validation") or v["max_blocks"] < 0 or v["batch_size"] < 1:
+      raise ValueError(
+        f"--split={v['split']} must be train or validation, --max_blocks={v['max_blocks']} "
+        f">= 0 (0: all), --batch_size={v['batch_size']} >= 1 with --pairs"
+      )
+    if ":" not in v["pairs"]:
+      paths.text_file(v["pairs"], "--pairs")
     return
   if v["generated"]:
     checks.not_with(
@@ -171,6 +196,9 @@ def run(v: dict, given: set) -> None:
   flags_lib.enable_compile_cache(v["compile_cache"])
   if v["infill_file"]:
     _infill(v)
+    return
+  if v["pairs"]:
+    _pairs(v)
     return
   if v["generated"]:
     r = _generated(v["generated"], v["scorer"], v["weights"], v["batch_size"])
@@ -297,6 +325,48 @@ def _infill(v: dict) -> None:
         "span_tokens": [len(n) for n in nlls],
         "nll_per_token": mean,
         "order": v["infill_order"],
+      }
+    )
+  )
+
+
+def _pairs(v: dict) -> None:
+  """The responses of --pairs: NLL per token given the prompt, and greedy exact match."""
+  import math
+
+  from ao_mdm import sharding, specs
+  from ao_mdm.checkpoint import checkpoints
+  from ao_mdm.data import pairs
+  from ao_mdm.eval import responses, scoring
+
+  items = pairs.load(v["pairs"], v["split"])[: v["max_blocks"] or None]
+  config, params, tokenizer = checkpoints.load_run(
+    v["checkpoint"], v["weights"], shardings=lambda c: sharding.param_shardings(c.model, c.mesh)
+  )
+  rows = pairs.rows_for(v["pairs"], v["split"], tokenizer, config.model.block_size)
+  (rows_NX,) = pairs.narrowed(rows.array[: v["max_blocks"] or None])
+  scorer = scoring.Scorer(params, config.model, config.mesh)
+  nll = {
+    kind: responses.response_nll(
+      scorer, rows_NX, specs.OrderSpec(kind=kind), seed=v["seed"], batch_size=v["batch_size"]
+    )
+    for kind in ("l2r", "random")
+  }
+  accuracy, _ = responses.exact_match(
+    params, config.model, tokenizer, items, batch=max(v["batch_size"], 16)
+  )
+  print(
+    f"{len(items)} {v['split']} pairs: response NLL {nll['l2r']:.4f} nats/token left to right "
+    f"(perplexity {math.exp(nll['l2r']):.2f}), {nll['random']:.4f} in random orders; "
+    f"greedy exact match {accuracy:.1%}"
+  )
+  print(
+    json.dumps(
+      {
+        "pairs": len(items),
+        "nll_l2r": nll["l2r"],
+        "nll_random": nll["random"],
+        "exact_match": accuracy,
       }
     )
   )

@@ -1,0 +1,152 @@
+"""`ao-mdm bench posttrain --config=configs/bench_posttrain.py --checkpoint=DIR`: fine-tuning
+then GRPO on the config's pairs, from a trained model, in one run (docs/posttraining.md).
+
+Prints the greedy exact match of the model, after fine-tuning and after GRPO on the validation
+pairs; GRPO's step time split into rollout, scoring and update, and its rollout tokens/s against
+the same answers drawn by `parallel.sample`; and how far d1's mean-field estimate of an answer's
+log-probability (each token given the prompt alone) lies from the exact one. One JSON line last.
+"""
+
+from collections.abc import Callable
+import json
+import tempfile
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ao_mdm import model as model_lib
+from ao_mdm import specs
+from ao_mdm.checkpoint import checkpoints, layout
+from ao_mdm.data import pairs
+from ao_mdm.decode import parallel
+from ao_mdm.eval import responses
+from ao_mdm.storage import fs
+
+
+def _accuracy(run: str, items: list, say: Callable[[str], None], what: str) -> tuple:
+  config, params, tokenizer = checkpoints.load_run(run, "ema", log=lambda _: None)
+  accuracy, _ = responses.exact_match(params, config.model, tokenizer, items, batch=32)
+  say(f"{what}: greedy exact match {accuracy:.1%} on {len(items)} validation pairs")
+  return accuracy, config, params, tokenizer
+
+
+def _mean_field_gap(config: specs.Spec, params: Any, tokenizer: Any, items: list) -> dict:
+  """Answers drawn (temperature 1, L2R) to the prompts; per answer token |mean-field - exact|
+  log-prob, and per answer the gap of their sums."""
+  cfg, t = config.model, config.model.block_size
+  ids = [tokenizer.encode(p) for p, _ in items]
+  done = responses.complete(
+    params, cfg, ids, eos_id=tokenizer.eos_id, batch=32, temperature=1.0, seed=1
+  )
+  tokens = np.stack([f.tokens for f in done])
+  order = np.stack([f.order for f in done])
+  prompt = np.asarray([len(x) for x in ids])[:, None]
+  drawn = np.take_along_axis(np.stack([f.steps for f in done]), order, 1) >= 0
+  slot = np.arange(t)[None, :]
+  alone = np.where(drawn, prompt, slot)  # every answer slot sees the prompt only
+  model = model_lib.make_model(cfg)
+  score = jax.jit(lambda tok, o, f: responses.answer_logprobs(model, params, tok, o, f))
+  exact = np.asarray(score(jnp.asarray(tokens), jnp.asarray(order), None))
+  field = np.asarray(score(jnp.asarray(tokens), jnp.asarray(order), jnp.asarray(alone)))
+  gap = np.abs(field - exact) * drawn
+  return {
+    "mae_per_token": float(gap.sum() / drawn.sum()),
+    "mae_per_answer": float(np.abs(((field - exact) * drawn).sum(1)).mean()),
+    "exact_logprob_per_answer": float((exact * drawn).sum(1).mean()),
+  }
+
+
+def _grpo_costs(workdir: str, config: specs.Spec) -> dict:
+  """Mean seconds per GRPO step in rollout, scoring and update (the rest of the step), and
+  rollout tokens/s, from the run's logged windows."""
+  rows = [json.loads(x) for x in fs.read_text(fs.join(workdir, layout.METRICS)).splitlines()]
+  rows = [r for r in rows if r.get("rollout_s") is not None and r.get("tokens_per_s")]
+  tokens = config.train.batch_size * config.model.block_size
+  step_s = float(np.mean([tokens / r["tokens_per_s"] for r in rows]))
+  rollout, scoring = (float(np.mean([r[k] for r in rows])) for k in ("rollout_s", "scoring_s"))
+  return {
+    "step_s": step_s,
+    "rollout_s": rollout,
+    "scoring_s": scoring,
+    "update_s": step_s - rollout - scoring,
+    "rollout_tokens_per_s": float(np.mean([r["rollout_tokens_per_s"] for r in rows])),
+    "reward_first": rows[0]["reward"],
+    "reward_last": rows[-1]["reward"],
+  }
+
+
+def _sampler_tokens_per_s(config: specs.Spec, params: Any, tokenizer: Any, items: list) -> float:
+  """parallel.sample drawing the same number of answers, L2R one token per step until EOS, all
+  rows to one prompt (what `ao-mdm bench sample` times), timed after a compile."""
+  b, t = config.train.batch_size, config.model.block_size
+  ids = tokenizer.encode(items[0][0])
+  kw = dict(
+    batch_size=b,
+    steps=t - len(ids),
+    order="l2r",
+    known_positions=range(len(ids)),
+    known_tokens=ids,
+    eos_id=tokenizer.eos_id,
+    vocab_limit=min(tokenizer.vocab_size, config.model.vocab_size),
+  )
+  parallel.sample(params, config.model, **kw)
+  start = time.perf_counter()
+  out = parallel.sample(params, config.model, seed=1, **kw)
+  assert out.stats is not None  # with eos_id: each row's length, its EOS included
+  drawn = int((out.stats["length"] - len(ids)).sum())
+  return drawn / (time.perf_counter() - start)
+
+
+def bench_posttrain(config: specs.Spec, bench: Any, checkpoint: str, log=print) -> dict:
+  from ao_mdm.train import loop
+
+  items = pairs.load(config.data.pairs, "validation")[: bench.eval_pairs]
+  result: dict = {"eval_pairs": len(items)}
+  result["start_accuracy"] = _accuracy(checkpoint, items, log, "start")[0]
+  quiet = lambda _: None
+  with tempfile.TemporaryDirectory() as root:
+    sft_dir, grpo_dir = f"{root}/sft", f"{root}/grpo"
+    sft = config.replace(
+      grpo=config.grpo.replace(reward=""),
+      order=config.order.replace(kind=bench.sft_order, random_ratio=0.5),
+      train=config.train.replace(
+        num_steps=bench.sft_steps,
+        learning_rate=bench.sft_learning_rate,
+        min_lr=bench.sft_learning_rate / 10,
+        warmup_steps=bench.sft_steps // 20,
+        checkpoint_every=bench.sft_steps,
+        eval_every=0,
+        log_every=bench.sft_steps,
+      ),
+    )
+    start = time.perf_counter()
+    loop.train_and_evaluate(sft, sft_dir, init_from=checkpoint, log=quiet)
+    result["sft_s"] = time.perf_counter() - start
+    accuracy, _, params, tokenizer = _accuracy(sft_dir, items, log, "fine-tuned")
+    result["sft_accuracy"] = accuracy
+    result["mean_field"] = _mean_field_gap(config, params, tokenizer, items)
+    grpo = config.replace(
+      train=config.train.replace(
+        num_steps=bench.grpo_steps, checkpoint_every=bench.grpo_steps, eval_every=0, log_every=1
+      )
+    )
+    loop.train_and_evaluate(grpo, grpo_dir, init_from=sft_dir, log=quiet)
+    result["grpo_accuracy"] = _accuracy(grpo_dir, items, log, "after GRPO")[0]
+    result["grpo"] = _grpo_costs(grpo_dir, grpo)
+    result["grpo"]["sampler_tokens_per_s"] = _sampler_tokens_per_s(grpo, params, tokenizer, items)
+  g, m = result["grpo"], result["mean_field"]
+  log(
+    f"GRPO step {g['step_s']:.2f} s: rollout {g['rollout_s']:.2f} s, scoring "
+    f"{g['scoring_s']:.2f} s, update {g['update_s']:.2f} s; rollout {g['rollout_tokens_per_s']:.0f}"
+    f" tokens/s against {g['sampler_tokens_per_s']:.0f} for parallel.sample; reward "
+    f"{g['reward_first']:.2f} at the first logged step, {g['reward_last']:.2f} at the last"
+  )
+  log(
+    f"d1's mean-field log-prob against the exact one: {m['mae_per_token']:.3f} nats per token, "
+    f"{m['mae_per_answer']:.3f} per answer (exact: {m['exact_logprob_per_answer']:.3f} per answer)"
+  )
+  log(json.dumps(result))
+  return result

@@ -1,0 +1,176 @@
+"""GRPO with exact log-probabilities (config section grpo; docs/posttraining.md): each step draws
+`group` answers per prompt with the decode engine, rewards them, and the train step (train/step.py)
+optimises the clipped ratio objective with a KL penalty to the initial params.
+
+An answer's probability is exact: the decoder draws each token given the tokens of its earlier
+steps (all earlier tokens when one token is drawn per step), and eval/responses.answer_logprobs
+recomputes that same probability in one forward, for the policy, the old policy and the reference.
+"""
+
+from collections.abc import Callable
+import functools
+import importlib
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ao_mdm import model as model_lib
+from ao_mdm import specs
+from ao_mdm.data import pairs
+from ao_mdm.decode import batching, common
+from ao_mdm.eval import responses
+from ao_mdm.storage import fs
+
+
+def load_reward(name: str) -> Callable[[str, str, str], float]:
+  """The function named `module:function` (an installed or importable module, never a file)."""
+  module, _, function = name.partition(":")
+  try:
+    fn = getattr(importlib.import_module(module), function) if function else None
+  except (ImportError, AttributeError) as e:
+    raise ValueError(f"grpo.reward={name!r}: {e}") from None
+  if not callable(fn):
+    raise ValueError(f"grpo.reward={name!r} must name a function as module:function")
+  return fn
+
+
+def exact_match(prompt: str, answer: str, reference: str) -> float:
+  """1 when the answer equals the reference answer (spaces at the ends aside), else 0: the
+  reward of the shipped arithmetic task."""
+  del prompt
+  return float(answer.strip() == reference.strip())
+
+
+def digit_match(prompt: str, answer: str, reference: str) -> float:
+  """1 for the exact answer; else half the share of the reference's digits that a number answer
+  has in the same place from the right (partial credit: a denser signal than exact_match)."""
+  del prompt
+  answer, reference = answer.strip(), reference.strip()
+  if answer == reference:
+    return 1.0
+  if not answer.isdigit():
+    return 0.0
+  same = sum(a == r for a, r in zip(reversed(answer), reversed(reference)))
+  return 0.5 * same / max(len(answer), len(reference))
+
+
+def advantages(rewards_G: np.ndarray) -> np.ndarray:
+  """Rewards normalised within each group: (r - mean) / (std + 1e-4), float32, [prompts, G]."""
+  mean = rewards_G.mean(-1, keepdims=True)
+  return ((rewards_G - mean) / (rewards_G.std(-1, keepdims=True) + 1e-4)).astype(np.float32)
+
+
+def reference_params(
+  config: specs.Spec, workdir: str, init_params: Any, resumed: bool, shardings: Any, say: Callable
+) -> Any:
+  """The KL's reference: the --init_from params, kept in WORKDIR/reference for the restarts."""
+  from ao_mdm.checkpoint import checkpoints, layout
+
+  if jax.process_count() > 1:
+    raise ValueError(
+      "GRPO runs in one process (its answers are drawn on this host's devices); start it "
+      "without --coordinator"
+    )
+  path = fs.join(workdir, layout.REFERENCE)
+  if init_params is not None:
+    if not fs.isdir(path):
+      checkpoints.write_params_export(path, config.to_dict(), jax.device_get(init_params))
+    # A copy: the train state's params, donated at every step, may share these buffers.
+    return jax.tree.map(jnp.copy, jax.device_put(init_params, shardings))
+  if not resumed or not fs.isdir(path):
+    raise ValueError(
+      "GRPO starts from a trained model: give --init_from=RUN_OR_EXPORT (its params start the "
+      "run and are the reference of the KL penalty)"
+    )
+  return checkpoints.load_params(path, log=say, shardings=lambda c: shardings)[1]
+
+
+def _narrowed(batch: dict) -> dict:
+  """The answers cut after their last drawn slot, rounded up to a multiple of 8, when the slots
+  kept hold only positions before the cut (L2R answers stopped at EOS): no compute on slots
+  that no drawn token sees."""
+  counted_BT, order_BT = batch["counted"], batch["order"]
+  t = order_BT.shape[1]
+  last = int(np.flatnonzero(counted_BT.any(0)).max(initial=0)) + 1
+  width = min(-(-last // 8) * 8, t)
+  if width == t or (order_BT[:, :width] >= width).any():
+    return batch
+  return {k: v if v.shape[1] != t else v[:, :width] for k, v in batch.items()}
+
+
+class Rollouts:
+  """Draws and scores a step's answers: `(params, prompt rows, step) -> (batch, metrics)`."""
+
+  def __init__(self, config: specs.Spec, tokenizer: Any, reference: Any):
+    self.config, self.tokenizer, self.reference = config, tokenizer, reference
+    self.reward = load_reward(config.grpo.reward)
+    cfg, g, t = config.model, config.grpo, config.model.block_size
+    self.batcher = batching.Batcher(
+      reference,
+      cfg,
+      batch=config.train.batch_size,
+      max_steps=t,
+      real_width=g.tokens_per_step,
+      phantom_width=g.tokens_per_step - 1,
+      order=g.order,
+      eos_id=tokenizer.eos_id if g.order == "l2r" else None,
+      rule=common.DrawRule(vocab_limit=min(tokenizer.vocab_size, cfg.vocab_size)),
+    )
+    model = model_lib.make_model(cfg)
+    self._logprobs = jax.jit(functools.partial(responses.answer_logprobs, model))
+
+  def __call__(self, params: Any, rows_PX: np.ndarray, step: int) -> tuple[dict, dict]:
+    g, t = self.config.grpo, self.config.model.block_size
+    tokens_PT, prompt_P, length_P = pairs.split_rows(np.asarray(rows_PX))
+    jax.block_until_ready(params)  # the last update's time is not the rollout's
+    start = time.perf_counter()
+    requests = [
+      batching.Request(
+        positions=tuple(range(p)),
+        token_ids=tuple(int(x) for x in tokens_PT[i, :p]),
+        steps=-(-(t - p) // g.tokens_per_step),
+        seed=(self.config.seed * 1_000_003 + step * len(rows_PX) * g.group + i * g.group + j)
+        % 2**31,
+        temperature=g.temperature,
+      )
+      for i, p in enumerate(prompt_P.tolist())
+      for j in range(g.group)
+    ]
+    self.batcher.params = params
+    done = batching.decode_all(self.batcher, requests)
+    rollout_s = time.perf_counter() - start
+    tokens_BT = np.stack([f.tokens for f in done]).astype(np.int32)
+    order_BT = np.stack([f.order for f in done]).astype(np.int32)
+    step_BT = np.stack([f.steps for f in done])
+    counted_BT = (np.take_along_axis(step_BT, order_BT, 1) >= 0).astype(np.float32)
+    rewards = []
+    decode = self.tokenizer.decode
+    for b, f in enumerate(done):
+      i, p = b // g.group, int(prompt_P[b // g.group])
+      answer = decode(responses.response_ids(f, p, self.tokenizer.eos_id))
+      reference = decode(tokens_PT[i, p : int(length_P[i]) - 1].tolist())
+      rewards.append(float(self.reward(decode(tokens_PT[i, :p].tolist()), answer, reference)))
+    rewards_PG = np.asarray(rewards, np.float32).reshape(-1, g.group)
+    batch = {
+      "tokens": tokens_BT,
+      "order": order_BT,
+      "first": responses.first_slots(step_BT, order_BT).astype(np.int32),
+      "counted": counted_BT,
+      "advantage": advantages(rewards_PG).reshape(-1, 1),
+    }
+    batch = _narrowed(batch)
+    start = time.perf_counter()
+    first = None if g.tokens_per_step == 1 else batch["first"]
+    for name, p in (("old", params), ("ref", self.reference)):
+      batch[name] = np.asarray(self._logprobs(p, batch["tokens"], batch["order"], first))
+    metrics = {
+      "reward": float(rewards_PG.mean()),
+      "answer_tokens": float(counted_BT.sum(1).mean()),
+      "rollout_s": rollout_s,
+      "scoring_s": time.perf_counter() - start,
+      "rollout_tokens_per_s": float(counted_BT.sum()) / rollout_s,
+    }
+    return batch, metrics

@@ -1,0 +1,30 @@
+"""`ao-mdm bench posttrain --config=configs/bench_posttrain.py --checkpoint=runs/demo`: the
+arithmetic task's fine-tuning then GRPO (configs/grpo.py's settings) from the demo model."""
+
+import ml_collections
+
+from ao_mdm.config import base_config
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = base_config()
+  c.model.update(block_size=64, unroll_layers=True)  # the demo's model
+  c.data.pairs = "arithmetic:4000"
+  c.order.kind = "l2r"
+  c.grpo.update(reward="ao_mdm.train.grpo:exact_match", group=8, updates=2, kl=0.04)
+  c.train.update(
+    batch_size=32,
+    learning_rate=2e-5,
+    warmup_steps=0,
+    min_lr=2e-5,
+    weight_decay=0.0,
+    ema_decay=0.9,
+    eval_batches=2,
+  )
+  c.bench = ml_collections.ConfigDict()
+  c.bench.eval_pairs = 256  # validation pairs of the exact-match figures
+  c.bench.sft_steps = 1000  # fine-tuning steps (configs/finetune.py's)
+  c.bench.sft_order = "mixed"  # the answers' order in fine-tuning: mixed(0.5)
+  c.bench.sft_learning_rate = 3e-3
+  c.bench.grpo_steps = 60
+  return c

@@ -1,0 +1,141 @@
+"""GRPO's exact log-probabilities: what the loss computes for a drawn answer equals what the
+decoder drew it with and a naive forward per token, for sequential and parallel steps; the
+clipped objective and the advantages against plain numpy."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_parallel import T, cached_model
+
+from ao_mdm import model as model_lib
+from ao_mdm import specs
+from ao_mdm.decode import batching
+from ao_mdm.eval import responses
+from ao_mdm.train import grpo
+from ao_mdm.train import step as train_step
+
+PROMPTS = [3, 0, 6, 1]  # prompt lengths
+
+
+def drawn(order, k, temperature=1.0):
+  """Answers to four prompts drawn by the engine, k tokens per step, in one continuous batch."""
+  cfg, params = cached_model("ao")
+  rng = np.random.default_rng(1)
+  batcher = batching.Batcher(
+    params, cfg, batch=2, max_steps=T, real_width=k, phantom_width=k - 1, order=order
+  )
+  requests = [
+    batching.Request(
+      positions=tuple(range(p)),
+      token_ids=tuple(rng.integers(0, cfg.vocab_size, p).tolist()),
+      steps=-(-(T - p) // k),
+      seed=i,
+      temperature=temperature,
+    )
+    for i, p in enumerate(PROMPTS)
+  ]
+  done = batching.decode_all(batcher, requests)
+  tokens = np.stack([f.tokens for f in done])
+  order_BT = np.stack([f.order for f in done])
+  steps = np.stack([f.steps for f in done])
+  return cfg, params, done, tokens, order_BT, steps
+
+
+def naive_logprob(cfg, params, tokens, order, first, s):
+  """log p(token at order[s]) from a training forward whose order is order[:first] then
+  order[s]: the target sees the tokens of the steps before its own only."""
+  model = model_lib.make_model(cfg)
+  o = np.concatenate([order[:first], order[s : s + 1]])[None]
+  logits = np.asarray(model.apply({"params": params}, tokens[None], o), np.float64)[0, -1]
+  return logits[tokens[order[s]]] - np.logaddexp.reduce(logits)
+
+
+@pytest.mark.parametrize("order,k", [("l2r", 1), ("l2r", 3), ("random", 1), ("random", 4)])
+def test_answer_logprobs_equal_the_decoders_and_a_naive_forward_per_token(order, k):
+  cfg, params, done, tokens, order_BT, steps = drawn(order, k)
+  first = responses.first_slots(steps, order_BT)
+  model = model_lib.make_model(cfg)
+  got = np.asarray(
+    responses.answer_logprobs(
+      model, params, jnp.asarray(tokens), jnp.asarray(order_BT), None if k == 1 else first
+    )
+  )
+  for b, (f, p) in enumerate(zip(done, PROMPTS)):
+    slots = np.arange(p, T)
+    # the decoder's own log-probs, per position (temperature 1, no filtering: the policy's)
+    np.testing.assert_allclose(got[b, slots], f.raw_logprobs[order_BT[b, slots]], atol=1e-5)
+    np.testing.assert_allclose(got[b, slots], f.logprobs[order_BT[b, slots]], atol=1e-5)
+    if k > 1:  # a parallel step's tokens share their first slot
+      assert (first[b, slots] < slots).any() and (first[b, slots] >= p).all()
+    for s in slots[:: max(1, (T - p) // 5)]:
+      want = naive_logprob(cfg, params, tokens[b], order_BT[b], first[b, s], s)
+      assert got[b, s] == pytest.approx(want, abs=1e-5)
+
+
+def test_sequential_steps_are_their_own_first_slot():
+  _, _, _, _, order_BT, steps = drawn("l2r", 1)
+  first = responses.first_slots(steps, order_BT)
+  assert (first == np.arange(T)).all()
+
+
+def test_the_clipped_objective_and_kl_against_numpy():
+  rng = np.random.default_rng(0)
+  b = 6
+  batch = {
+    "counted": (rng.random((b, T)) < 0.6).astype(np.float32),
+    "old": rng.normal(-2, 0.3, (b, T)).astype(np.float32),
+    "ref": rng.normal(-2, 0.3, (b, T)).astype(np.float32),
+    "advantage": rng.normal(0, 1, (b, 1)).astype(np.float32),
+  }
+  logp = rng.normal(-2, 0.3, (b, T)).astype(np.float32)
+  loss, extra = train_step.token_loss(jax.tree.map(jnp.asarray, batch), jnp.asarray(logp), 0.2, 0.1)
+  want, kl_sum, clipped = [], 0.0, 0
+  for i in range(b):
+    terms = []
+    for s in np.flatnonzero(batch["counted"][i]):
+      r = np.exp(np.float64(logp[i, s]) - batch["old"][i, s])
+      a = batch["advantage"][i, 0]
+      d = batch["ref"][i, s] - np.float64(logp[i, s])
+      kl = np.exp(d) - d - 1
+      terms.append(-min(r * a, min(max(r, 0.8), 1.2) * a) + 0.1 * kl)
+      kl_sum += kl
+      clipped += abs(r - 1) > 0.2
+    want.append(np.mean(terms))
+  np.testing.assert_allclose(np.asarray(loss), want, rtol=1e-5)
+  assert float(extra["kl_sum"]) == pytest.approx(kl_sum, rel=1e-5)
+  assert float(extra["clipped_sum"]) == clipped > 0
+
+
+def test_advantages_are_normalised_within_each_group():
+  rewards = np.asarray([[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 1, 0]], np.float32)
+  adv = grpo.advantages(rewards)
+  np.testing.assert_allclose(adv.mean(1), 0, atol=1e-6)
+  assert (adv[1] == 0).all() and adv[0, 0] > 0 > adv[0, 1]
+  np.testing.assert_allclose(adv[0], [1, -1, -1, 1], rtol=1e-3)
+
+
+def test_digit_match_gives_partial_credit_by_place():
+  assert grpo.digit_match("", "102", "102") == 1.0
+  assert grpo.digit_match("", "112", "102") == pytest.approx(0.5 * 2 / 3)
+  assert grpo.digit_match("", "2", "102") == pytest.approx(0.5 * 1 / 3)
+  assert grpo.digit_match("", "x2", "102") == 0.0
+
+
+def test_a_reward_is_named_as_module_function():
+  assert grpo.load_reward("ao_mdm.train.grpo:exact_match")("1+1=", " 2 ", "2") == 1.0
+  for bad in ("ao_mdm.train.grpo", "ao_mdm.train.grpo:nothing", "no_such_module:f"):
+    with pytest.raises(ValueError, match="grpo.reward="):
+      grpo.load_reward(bad)
+
+
+def test_grpo_needs_pairs_and_whole_groups():
+  c = specs.default()
+  with pytest.raises(ValueError, match="needs data.pairs"):
+    c.replace(grpo=c.grpo.replace(reward="ao_mdm.train.grpo:exact_match"))
+  with pytest.raises(ValueError, match="divisible by grpo.group=8"):
+    c.replace(
+      data=c.data.replace(pairs="arithmetic:10"),
+      train=c.train.replace(batch_size=12),
+      grpo=c.grpo.replace(reward="ao_mdm.train.grpo:exact_match"),
+    )
