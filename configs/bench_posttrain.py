@@ -11,12 +11,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.update(block_size=64, unroll_layers=True)  # the demo's model
   c.data.pairs = "arithmetic:4000"
   c.order.kind = "l2r"
-  c.grpo.update(reward="ao_mdm.train.grpo:exact_match", group=8, updates=2, kl=0.04)
+  c.grpo.update(reward="ao_mdm.train.grpo:digit_match", group=8, updates=2, kl=0.04)
   c.train.update(
-    batch_size=32,
-    learning_rate=2e-5,
+    batch_size=128,
+    learning_rate=1e-4,
     warmup_steps=0,
-    min_lr=2e-5,
+    min_lr=1e-4,
     weight_decay=0.0,
     ema_decay=0.9,
     eval_batches=2,
@@ -26,5 +26,6 @@ def get_config() -> ml_collections.ConfigDict:
   c.bench.sft_steps = 1000  # fine-tuning steps (configs/finetune.py's)
   c.bench.sft_order = "mixed"  # the answers' order in fine-tuning: mixed(0.5)
   c.bench.sft_learning_rate = 3e-3
-  c.bench.grpo_steps = 60
+  c.bench.sft_batch_size = 32
+  c.bench.grpo_steps = 200
   return c

@@ -1,9 +1,10 @@
 """GRPO on the generated arithmetic task, from the fine-tuned demo model (docs/posttraining.md):
 `ao-mdm train --config=configs/grpo.py --init_from=runs/demo_sft --workdir=runs/demo_grpo`.
 
-Each step draws 8 answers to each of 4 sums (left to right, one token per forward, so an answer's
-probability is the model's own, exact), rewards an exact answer with 1, and makes two updates of
-the clipped ratio objective with a KL penalty to the fine-tuned params.
+Each step draws 8 answers to each of 16 sums (left to right, one token per forward, so an answer's
+probability is the model's own, exact), rewards them by digit_match (1 for the exact sum, partial
+credit for digits in place), and makes two updates of the clipped ratio objective with a KL
+penalty to the fine-tuned params.
 """
 
 import ml_collections
@@ -17,7 +18,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.pairs = "arithmetic:4000"
   c.order.kind = "l2r"  # of the validation's response NLL
   c.grpo.update(
-    reward="ao_mdm.train.grpo:exact_match",
+    reward="ao_mdm.train.grpo:digit_match",
     group=8,
     updates=2,
     clip=0.2,
@@ -27,16 +28,16 @@ def get_config() -> ml_collections.ConfigDict:
     order="l2r",
   )
   c.train.update(
-    batch_size=32,
-    num_steps=100,
-    learning_rate=2e-5,
+    batch_size=128,
+    num_steps=200,
+    learning_rate=1e-4,
     warmup_steps=0,
-    min_lr=2e-5,
+    min_lr=1e-4,
     weight_decay=0.0,
     ema_decay=0.9,
-    log_every=10,
+    log_every=20,
     eval_every=0,
-    checkpoint_every=50,
+    checkpoint_every=100,
     eval_batches=2,
   )
   return c

@@ -114,6 +114,7 @@ def bench_posttrain(config: specs.Spec, bench: Any, checkpoint: str, log=print) 
       order=config.order.replace(kind=bench.sft_order, random_ratio=0.5),
       train=config.train.replace(
         num_steps=bench.sft_steps,
+        batch_size=bench.sft_batch_size,
         learning_rate=bench.sft_learning_rate,
         min_lr=bench.sft_learning_rate / 10,
         warmup_steps=bench.sft_steps // 20,

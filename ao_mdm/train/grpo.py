@@ -8,7 +8,6 @@ recomputes that same probability in one forward, for the policy, the old policy 
 """
 
 from collections.abc import Callable
-import functools
 import importlib
 import time
 from typing import Any
@@ -17,12 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ao_mdm import model as model_lib
 from ao_mdm import specs
 from ao_mdm.data import pairs
 from ao_mdm.decode import batching, common
 from ao_mdm.eval import responses
 from ao_mdm.storage import fs
+from ao_mdm.train import step as train_step
 
 
 def load_reward(name: str) -> Callable[[str, str, str], float]:
@@ -119,8 +118,7 @@ class Rollouts:
       eos_id=tokenizer.eos_id if g.order == "l2r" else None,
       rule=common.DrawRule(vocab_limit=min(tokenizer.vocab_size, cfg.vocab_size)),
     )
-    model = model_lib.make_model(cfg)
-    self._logprobs = jax.jit(functools.partial(responses.answer_logprobs, model))
+    self._logprobs = jax.jit(train_step.answers_logprobs(config))
 
   def __call__(self, params: Any, rows_PX: np.ndarray, step: int) -> tuple[dict, dict]:
     g, t = self.config.grpo, self.config.model.block_size
@@ -162,10 +160,8 @@ class Rollouts:
       "advantage": advantages(rewards_PG).reshape(-1, 1),
     }
     batch = _narrowed(batch)
-    start = time.perf_counter()
-    first = None if g.tokens_per_step == 1 else batch["first"]
-    for name, p in (("old", params), ("ref", self.reference)):
-      batch[name] = np.asarray(self._logprobs(p, batch["tokens"], batch["order"], first))
+    start = time.perf_counter()  # the old policy's are the train step's (train/step.py)
+    batch["ref"] = np.asarray(self._logprobs(self.reference, batch))
     metrics = {
       "reward": float(rewards_PG.mean()),
       "answer_tokens": float(counted_BT.sum(1).mean()),

@@ -95,17 +95,27 @@ def token_loss(batch: dict, logp_BT: jax.Array, clip: float, kl: float) -> tuple
   }
 
 
-def make_grpo_loss(config: specs.Spec) -> Callable:
-  """(params, answers, key, step) -> (summed per-answer loss, shares): the answers' exact
-  log-probabilities under the params (eval/responses.answer_logprobs) in token_loss."""
+def answers_logprobs(config: specs.Spec) -> Callable:
+  """(params, answers) -> [B, T] each drawn token's exact log-probability under the params, as
+  the decoder drew it (eval/responses.answer_logprobs)."""
   model = model_lib.make_model(config.model)
-  g = config.grpo
+  sequential = config.grpo.tokens_per_step == 1
+
+  def logprobs(params, batch):
+    first = None if sequential else batch["first"]
+    return responses.answer_logprobs(model, params, batch["tokens"], batch["order"], first)
+
+  return logprobs
+
+
+def make_grpo_loss(config: specs.Spec) -> Callable:
+  """(params, answers, key, step) -> (summed per-answer loss, shares): token_loss of the
+  answers' exact log-probabilities under the params."""
+  logprobs, g = answers_logprobs(config), config.grpo
 
   def loss(params, batch, key, step):
     del key, step
-    first = None if g.tokens_per_step == 1 else batch["first"]
-    logp_BT = responses.answer_logprobs(model, params, batch["tokens"], batch["order"], first)
-    loss_B, extra = token_loss(batch, logp_BT, g.clip, g.kl)
+    loss_B, extra = token_loss(batch, logprobs(params, batch), g.clip, g.kl)
     shares = split_shares(loss_B, jnp.ones_like(loss_B), jnp.zeros_like(loss_B))
     return shares["loss_sum"], {**shares, **extra}
 
@@ -170,7 +180,11 @@ def make_train_step(config: specs.Spec) -> Callable:
       metrics.update(kl=shares["kl_sum"] / tokens, clip_fraction=shares["clipped_sum"] / tokens)
     return state.replace(params=params, opt_state=opt_state, ema_params=ema), metrics
 
+  old_logprobs = answers_logprobs(config) if config.grpo.reward else None
+
   def step(state: TrainState, batch):
+    if old_logprobs is not None:  # GRPO's ratio is to the params that drew the answers
+      batch = {**batch, "old": jax.lax.stop_gradient(old_logprobs(state.params, batch))}
     if updates == 1:
       state, metrics = update(state, batch, 0)
     else:  # metrics of the last update

@@ -19,7 +19,14 @@ def pair_config(tfds_dir, steps, grpo=False):
   c.data.update(pairs="arithmetic:64", tfds_dir=tfds_dir)
   c.order.update(kind="mixed", random_ratio=0.5)
   c.train.update(
-    batch_size=8, num_steps=steps, warmup_steps=1, eval_batches=1, eval_every=0, checkpoint_every=1
+    batch_size=8,
+    num_steps=steps,
+    warmup_steps=1,
+    eval_batches=1,
+    eval_every=0,
+    checkpoint_every=1,
+    log_every=1,
+    lr_decay_steps=10,  # the schedule of a run cut short (num_steps=1) is the same
   )
   if grpo:
     c.grpo.update(reward="ao_mdm.train.grpo:exact_match", group=4, updates=2, kl=0.1)
