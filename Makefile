@@ -63,8 +63,8 @@ lint: $(TEST_STAMP)
 # one at a time: many time a bounded detection, signal a process after a delay, or run processes
 # that watch each other's heartbeats, and beside another test they starve.
 test-slow: $(TEST_STAMP)
-	$(PYTEST) -m slow -n $(TEST_JOBS) --dist loadfile tests/unit
-	$(PYTEST) -m slow tests/integration
+	$(PYTEST) -m slow -n $(TEST_JOBS) --dist loadfile --durations=15 tests/unit
+	$(PYTEST) -m slow --durations=15 tests/integration
 
 clean:
 	rm -rf $(VENV) runs
