@@ -33,6 +33,16 @@ class Request:
   top_k: int = 0
 
 
+def prompt_request(
+  ids: Any, t: int, tokens_per_step: int, seed: int = 0, temperature: float = 1.0
+) -> "Request":
+  """A prompt's continuation to the end of the block, tokens_per_step tokens per forward."""
+  steps = -(-(t - len(ids)) // tokens_per_step)
+  return Request(
+    tuple(range(len(ids))), tuple(int(x) for x in ids), steps, seed=seed, temperature=temperature
+  )
+
+
 @dataclasses.dataclass
 class Finished:
   """A request's result: tokens [T], order [T], per position the log-probs its token was drawn
@@ -78,6 +88,33 @@ class Batcher:
     self._keys = jax.jit(functools.partial(parallel.request_keys, spec=self.spec))
     self.requests: list[Request | None] = [None] * batch
     self.rows = jax.device_get(self.state.rows)  # as of the last step, on the host
+
+  @classmethod
+  def continuing(
+    cls,
+    params: Any,
+    cfg: specs.ModelSpec,
+    *,
+    batch: int,
+    tokens_per_step: int,
+    order: str = "l2r",
+    eos_id: int | None = None,
+    vocab_limit: int | None = None,
+  ) -> "Batcher":
+    """A batch continuing prompts (prompt_request), up to tokens_per_step tokens per forward,
+    an L2R row done at its EOS: what the server, completions and GRPO's rollouts run."""
+    k = tokens_per_step
+    return cls(
+      params,
+      cfg,
+      batch=batch,
+      max_steps=cfg.block_size,
+      real_width=k,
+      phantom_width=k - 1,
+      order=order,
+      eos_id=eos_id if order == "l2r" else None,
+      rule=common.DrawRule(vocab_limit=vocab_limit),
+    )
 
   def free_rows(self) -> int:
     return self.requests.count(None)

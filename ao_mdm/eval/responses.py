@@ -12,7 +12,7 @@ import optax
 from ao_mdm import model as model_lib
 from ao_mdm import orders, specs
 from ao_mdm.data import pairs
-from ao_mdm.decode import batching, common
+from ao_mdm.decode import batching
 
 
 def response_nll(
@@ -103,27 +103,16 @@ def complete(
 ) -> list[batching.Finished]:
   """Each prompt (token ids) continued left to right until EOS or T, `tokens_per_step` per
   forward, in a continuous batch of `batch` rows; prompt i draws with seed + i."""
-  k = tokens_per_step
-  batcher = batching.Batcher(
+  batcher = batching.Batcher.continuing(
     params,
     cfg,
     batch=batch,
-    max_steps=cfg.block_size,
-    real_width=k,
-    phantom_width=k - 1,
-    order="l2r",
+    tokens_per_step=tokens_per_step,
     eos_id=eos_id,
-    rule=common.DrawRule(vocab_limit=vocab_limit),
+    vocab_limit=vocab_limit,
   )
-  t = cfg.block_size
   requests = [
-    batching.Request(
-      positions=tuple(range(len(ids))),
-      token_ids=tuple(int(x) for x in ids),
-      steps=-(-(t - len(ids)) // k),
-      seed=seed + i,
-      temperature=temperature,
-    )
+    batching.prompt_request(ids, cfg.block_size, tokens_per_step, seed + i, temperature)
     for i, ids in enumerate(prompts)
   ]
   return batching.decode_all(batcher, requests)

@@ -81,16 +81,13 @@ class Engine:
     self.cfg, self.tokenizer = cfg, tokenizer
     self.vocab_limit = min(tokenizer.vocab_size, cfg.vocab_size)
     k = max_tokens_per_step
-    self.batcher = batching.Batcher(
+    self.batcher = batching.Batcher.continuing(
       params,
       cfg,
       batch=max_batch,
-      max_steps=cfg.block_size,
-      real_width=k,
-      phantom_width=k - 1,
-      order="l2r",
+      tokens_per_step=k,
       eos_id=tokenizer.eos_id,
-      rule=common.DrawRule(vocab_limit=self.vocab_limit),
+      vocab_limit=self.vocab_limit,
     )
     self.params, self.max_queue, self.max_tokens_per_step = params, max_queue, k
     self.queue: collections.deque[Job] = collections.deque()

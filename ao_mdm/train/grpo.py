@@ -18,7 +18,7 @@ import numpy as np
 
 from ao_mdm import specs
 from ao_mdm.data import pairs
-from ao_mdm.decode import batching, common
+from ao_mdm.decode import batching
 from ao_mdm.eval import responses
 from ao_mdm.storage import fs
 from ao_mdm.train import step as train_step
@@ -106,17 +106,15 @@ class Rollouts:
   def __init__(self, config: specs.Spec, tokenizer: Any, reference: Any):
     self.config, self.tokenizer, self.reference = config, tokenizer, reference
     self.reward = load_reward(config.grpo.reward)
-    cfg, g, t = config.model, config.grpo, config.model.block_size
-    self.batcher = batching.Batcher(
+    cfg, g = config.model, config.grpo
+    self.batcher = batching.Batcher.continuing(
       reference,
       cfg,
       batch=config.train.batch_size,
-      max_steps=t,
-      real_width=g.tokens_per_step,
-      phantom_width=g.tokens_per_step - 1,
+      tokens_per_step=g.tokens_per_step,
       order=g.order,
-      eos_id=tokenizer.eos_id if g.order == "l2r" else None,
-      rule=common.DrawRule(vocab_limit=min(tokenizer.vocab_size, cfg.vocab_size)),
+      eos_id=tokenizer.eos_id,
+      vocab_limit=min(tokenizer.vocab_size, cfg.vocab_size),
     )
     self._logprobs = jax.jit(train_step.answers_logprobs(config))
 
@@ -126,10 +124,10 @@ class Rollouts:
     jax.block_until_ready(params)  # the last update's time is not the rollout's
     start = time.perf_counter()
     requests = [
-      batching.Request(
-        positions=tuple(range(p)),
-        token_ids=tuple(int(x) for x in tokens_PT[i, :p]),
-        steps=-(-(t - p) // g.tokens_per_step),
+      batching.prompt_request(
+        tokens_PT[i, :p],
+        t,
+        g.tokens_per_step,
         seed=(self.config.seed * 1_000_003 + step * len(rows_PX) * g.group + i * g.group + j)
         % 2**31,
         temperature=g.temperature,

@@ -14,6 +14,7 @@ from ao_mdm.decode import batching
 from ao_mdm.eval import responses
 from ao_mdm.train import grpo
 from ao_mdm.train import step as train_step
+from helpers import default_stage_keeps
 
 PROMPTS = [3, 0, 6, 1]  # prompt lengths
 
@@ -51,7 +52,10 @@ def naive_logprob(cfg, params, tokens, order, first, s):
   return logits[tokens[order[s]]] - np.logaddexp.reduce(logits)
 
 
-@pytest.mark.parametrize("order,k", [("l2r", 1), ("l2r", 3), ("random", 1), ("random", 4)])
+@pytest.mark.parametrize(
+  "order,k",
+  default_stage_keeps([("l2r", 1), ("l2r", 3), ("random", 1), ("random", 4)], [("l2r", 3)]),
+)
 def test_answer_logprobs_equal_the_decoders_and_a_naive_forward_per_token(order, k):
   cfg, params, done, tokens, order_BT, steps = drawn(order, k)
   first = responses.first_slots(steps, order_BT)
@@ -68,7 +72,7 @@ def test_answer_logprobs_equal_the_decoders_and_a_naive_forward_per_token(order,
     np.testing.assert_allclose(got[b, slots], f.logprobs[order_BT[b, slots]], atol=1e-5)
     if k > 1:  # a parallel step's tokens share their first slot
       assert (first[b, slots] < slots).any() and (first[b, slots] >= p).all()
-    for s in slots[:: max(1, (T - p) // 5)]:
+    for s in slots[:: max(1, (T - p) // 3)] if b < 2 else ():  # naive: two rows, a few slots
       want = naive_logprob(cfg, params, tokens[b], order_BT[b], first[b, s], s)
       assert got[b, s] == pytest.approx(want, abs=1e-5)
 

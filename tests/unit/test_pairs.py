@@ -16,7 +16,7 @@ from ao_mdm.data import pairs
 from ao_mdm.decode import parallel
 from ao_mdm.eval import responses
 from ao_mdm.train import step as train_step
-from helpers import random_params
+from helpers import default_stage_keeps, random_params
 
 LENGTHS = [(0, 5), (3, 4), (4, 16), (7, 12), (15, 16)]  # (prompt length, length) of each row
 
@@ -73,7 +73,12 @@ def pair_rows(seed=0):
   return rows
 
 
-@pytest.mark.parametrize("kind,prompt", [("l2r", "l2r"), ("random", "random"), ("mixed", "l2r")])
+@pytest.mark.parametrize(
+  "kind,prompt",
+  default_stage_keeps(
+    [("l2r", "l2r"), ("random", "random"), ("mixed", "l2r")], [("random", "random")]
+  ),
+)
 def test_the_loss_counts_response_slots_only_and_is_exact(kind, prompt):
   """The summed NLL equals, slot by slot, a forward whose order stops at that slot (one per
   token), over the response slots only; padding never changes it, a prompt token does."""
@@ -175,7 +180,7 @@ def test_completions_of_many_prompts_equal_each_decoded_alone():
   and log-probs equal parallel.sample of that prompt alone, L2R one token per step."""
   cfg, params = cached_model("ao")
   rng = np.random.default_rng(4)
-  prompts = [rng.integers(1, cfg.vocab_size, k).tolist() for k in (3, 0, 9, 5, 1)]
+  prompts = [rng.integers(1, cfg.vocab_size, k).tolist() for k in (3, 0, 9)]
   got = responses.complete(params, cfg, prompts, eos_id=10**6, batch=2, seed=0)
   for ids, f in zip(prompts, got):
     alone = parallel.sample(

@@ -56,6 +56,7 @@ def train_then_resume(config, steps, tmp_path, name, init_from):
   return straight, resumed
 
 
+@pytest.mark.slow  # three short runs (about 50 s here)
 def test_finetuning_starts_from_an_export_and_resumes_exactly(sp_export, sotu_config, tmp_path):
   config = pair_config(sotu_config.tfds_dir, 2)
   straight, resumed = train_then_resume(config, 2, tmp_path, "sft", sp_export)
