@@ -58,13 +58,13 @@ lint: $(TEST_STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# The slow stage (CI runs it after `make test`). Its unit tests (pure computation) run on
-# TEST_JOBS processes: 118 took 10 min there against about 19 in one. Its integration tests run
-# one at a time: many time a bounded detection, signal a process after a delay, or run processes
-# that watch each other's heartbeats, and beside another test they starve.
+# The slow stage (CI runs it after `make test`): the tests marked slow on TEST_JOBS processes
+# (whole files per process), then those also marked `alone` one at a time: they time a bounded
+# detection, signal a process after a delay, or run processes that watch each other's
+# heartbeats, and beside another test they starve.
 test-slow: $(TEST_STAMP)
-	$(PYTEST) -m slow -n $(TEST_JOBS) --dist loadfile --durations=15 tests/unit
-	$(PYTEST) -m slow --durations=15 tests/integration
+	$(PYTEST) -m "slow and not alone" -n $(TEST_JOBS) --dist loadfile --durations=15
+	$(PYTEST) -m "slow and alone" --durations=15 tests/integration
 
 clean:
 	rm -rf $(VENV) runs

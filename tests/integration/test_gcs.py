@@ -23,6 +23,10 @@ from ao_mdm.storage import lease as lease_lib
 from ao_mdm.train import loop, records
 from helpers import ROOT, SMALL_MODEL_FLAGS, SMALL_TRAIN_FLAGS, ao_mdm, error_lines
 
+# They time bounded detections or signal processes after delays: the slow stage runs them one
+# at a time (`alone`), never beside another test.
+pytestmark = pytest.mark.alone
+
 TINY = f"--config={ROOT}/configs/tiny.py"
 
 

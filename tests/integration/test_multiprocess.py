@@ -15,7 +15,9 @@ from helpers import ROOT, SMALL_TRAIN_FLAGS
 
 # Two processes, about a minute on 2 cores: in the slow stage (make test-slow), which runs one
 # test at a time: a process starved of CPU by another test misses its heartbeats.
-pytestmark = pytest.mark.slow
+# They time bounded detections or signal processes after delays: the slow stage runs them one
+# at a time (`alone`), never beside another test.
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 WORKER = pathlib.Path(__file__).resolve().parent / "multiprocess_worker.py"
 TIMEOUT_S = 240

@@ -24,7 +24,9 @@ from helpers import ROOT, ao_mdm, tiny_config
 
 # Trainings, samples and exports in processes of their own (about two minutes in all): in the slow
 # stage.
-pytestmark = pytest.mark.slow
+# They time bounded detections or signal processes after delays: the slow stage runs them one
+# at a time (`alone`), never beside another test.
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 SMALL = [
   "--config.model.vocab_size=512",

@@ -19,6 +19,10 @@ from ao_mdm.config import base_config
 from ao_mdm.train import loop
 from helpers import ROOT, SMALL_TRAIN_FLAGS
 
+# They time bounded detections or signal processes after delays: the slow stage runs them one
+# at a time (`alone`), never beside another test.
+pytestmark = pytest.mark.alone
+
 SMALL = [*SMALL_TRAIN_FLAGS, "--config.train.eval_every=0"]
 
 

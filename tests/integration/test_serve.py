@@ -22,6 +22,10 @@ from ao_mdm.decode import parallel
 from ao_mdm.eval import scoring
 from helpers import ROOT
 
+# They time bounded detections or signal processes after delays: the slow stage runs them one
+# at a time (`alone`), never beside another test.
+pytestmark = pytest.mark.alone
+
 
 class Server:
   """A running `ao-mdm serve` of `path`; its URL read from the line it prints when ready."""

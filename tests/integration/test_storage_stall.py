@@ -26,6 +26,10 @@ from ao_mdm.storage import fs
 from ao_mdm.train import loop
 from helpers import ROOT
 
+# They time bounded detections or signal processes after delays: the slow stage runs them one
+# at a time (`alone`), never beside another test.
+pytestmark = pytest.mark.alone
+
 BOUND_S = 10  # --storage_timeout of every case
 SMALL = {
   "model.vocab_size": 512,
