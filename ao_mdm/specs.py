@@ -312,6 +312,12 @@ class GrpoSpec(Section):
     1, "answer tokens drawn per forward (1: sequential along the order)", bounds=">= 1"
   )
   order: str = field("l2r", "order of an answer's positions after its prompt", ("l2r", "random"))
+  policy: str = field(
+    "parallel",
+    "decoder drawing the answers: parallel (tokens_per_step tokens per forward) or speculative "
+    "(sequential; tokens_per_step drafts per forward)",
+    ("parallel", "speculative"),
+  )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,7 @@ def get_config() -> ml_collections.ConfigDict:
     temperature=1.0,
     tokens_per_step=1,
     order="l2r",
+    policy="parallel",  # or "speculative": the same distribution, tokens_per_step drafts a forward
   )
   c.train.update(
     batch_size=128,

@@ -118,9 +118,9 @@ def complete(
   return batching.decode_all(batcher, requests)
 
 
-def response_ids(finished: batching.Finished, prompt_len: int, eos_id: int) -> list[int]:
-  """The drawn tokens after the prompt, up to (not with) the first EOS."""
-  drawn = finished.tokens[prompt_len:].tolist()
+def response_ids(tokens_T: np.ndarray, prompt_len: int, eos_id: int) -> list[int]:
+  """A row's drawn tokens after the prompt, up to (not with) the first EOS."""
+  drawn = tokens_T[prompt_len:].tolist()
   return drawn[: drawn.index(eos_id)] if eos_id in drawn else drawn
 
 
@@ -147,6 +147,6 @@ def exact_match(
   )
   texts = [""] * len(items)
   for i, f in zip(fits, finished):
-    texts[i] = tokenizer.decode(response_ids(f, len(ids[i]), tokenizer.eos_id))
+    texts[i] = tokenizer.decode(response_ids(f.tokens, len(ids[i]), tokenizer.eos_id))
   hits = sum(got.strip() == want.strip() for got, (_, want) in zip(texts, items))
   return hits / len(items), texts

@@ -10,7 +10,7 @@ recomputes that same probability in one forward, for the policy, the old policy 
 from collections.abc import Callable
 import importlib
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +18,7 @@ import numpy as np
 
 from ao_mdm import specs
 from ao_mdm.data import pairs
-from ao_mdm.decode import batching
+from ao_mdm.decode import batching, common, speculative
 from ao_mdm.eval import responses
 from ao_mdm.storage import fs
 from ao_mdm.train import step as train_step
@@ -100,6 +100,18 @@ def _narrowed(batch: dict) -> dict:
   return {k: v if v.shape[1] != t else v[:, :width] for k, v in batch.items()}
 
 
+class Answers(NamedTuple):
+  """A step's drawn answers, [B, T]: tokens (by position) and order; by slot, the slots drawn,
+  the first slot of each slot's decoding step, and the model's log-prob of the drawn token (at
+  temperature 1, as the decoder computed it)."""
+
+  tokens: np.ndarray
+  order: np.ndarray
+  counted: np.ndarray
+  first: np.ndarray
+  logprobs: np.ndarray
+
+
 class Rollouts:
   """Draws and scores a step's answers: `(params, prompt rows, step) -> (batch, metrics)`."""
 
@@ -107,54 +119,41 @@ class Rollouts:
     self.config, self.tokenizer, self.reference = config, tokenizer, reference
     self.reward = load_reward(config.grpo.reward)
     cfg, g = config.model, config.grpo
-    self.batcher = batching.Batcher.continuing(
-      reference,
-      cfg,
-      batch=config.train.batch_size,
-      tokens_per_step=g.tokens_per_step,
-      order=g.order,
-      eos_id=tokenizer.eos_id,
-      vocab_limit=min(tokenizer.vocab_size, cfg.vocab_size),
-    )
+    self.vocab_limit = min(tokenizer.vocab_size, cfg.vocab_size)
+    if g.policy == "parallel":
+      self.batcher = batching.Batcher.continuing(
+        reference,
+        cfg,
+        batch=config.train.batch_size,
+        tokens_per_step=g.tokens_per_step,
+        order=g.order,
+        eos_id=tokenizer.eos_id,
+        vocab_limit=self.vocab_limit,
+      )
     self._logprobs = jax.jit(train_step.answers_logprobs(config))
 
   def __call__(self, params: Any, rows_PX: np.ndarray, step: int) -> tuple[dict, dict]:
-    g, t = self.config.grpo, self.config.model.block_size
+    g = self.config.grpo
     tokens_PT, prompt_P, length_P = pairs.split_rows(np.asarray(rows_PX))
     jax.block_until_ready(params)  # the last update's time is not the rollout's
     start = time.perf_counter()
-    requests = [
-      batching.prompt_request(
-        tokens_PT[i, :p],
-        t,
-        g.tokens_per_step,
-        seed=(self.config.seed * 1_000_003 + step * len(rows_PX) * g.group + i * g.group + j)
-        % 2**31,
-        temperature=g.temperature,
-      )
-      for i, p in enumerate(prompt_P.tolist())
-      for j in range(g.group)
-    ]
-    self.batcher.params = params
-    done = batching.decode_all(self.batcher, requests)
+    seed = (self.config.seed * 1_000_003 + step * len(rows_PX) * g.group) % 2**31
+    answers = self.draw(params, tokens_PT, prompt_P, seed)
+    tokens_BT, counted_BT = answers.tokens, answers.counted
     rollout_s = time.perf_counter() - start
-    tokens_BT = np.stack([f.tokens for f in done]).astype(np.int32)
-    order_BT = np.stack([f.order for f in done]).astype(np.int32)
-    step_BT = np.stack([f.steps for f in done])
-    counted_BT = (np.take_along_axis(step_BT, order_BT, 1) >= 0).astype(np.float32)
     rewards = []
     decode = self.tokenizer.decode
-    for b, f in enumerate(done):
+    for b, tokens_T in enumerate(tokens_BT):
       i, p = b // g.group, int(prompt_P[b // g.group])
-      answer = decode(responses.response_ids(f, p, self.tokenizer.eos_id))
+      answer = decode(responses.response_ids(tokens_T, p, self.tokenizer.eos_id))
       reference = decode(tokens_PT[i, p : int(length_P[i]) - 1].tolist())
       rewards.append(float(self.reward(decode(tokens_PT[i, :p].tolist()), answer, reference)))
     rewards_PG = np.asarray(rewards, np.float32).reshape(-1, g.group)
     batch = {
       "tokens": tokens_BT,
-      "order": order_BT,
-      "first": responses.first_slots(step_BT, order_BT).astype(np.int32),
-      "counted": counted_BT,
+      "order": answers.order,
+      "first": answers.first.astype(np.int32),
+      "counted": counted_BT.astype(np.float32),
       "advantage": advantages(rewards_PG).reshape(-1, 1),
     }
     batch = _narrowed(batch)
@@ -168,3 +167,75 @@ class Rollouts:
       "rollout_tokens_per_s": float(counted_BT.sum()) / rollout_s,
     }
     return batch, metrics
+
+  def draw(self, params: Any, tokens_PT: np.ndarray, prompt_P: np.ndarray, seed: int) -> Answers:
+    """`group` answers to each prompt (tokens_PT[i, :prompt_P[i]]), drawn by grpo.policy."""
+    draw = self._speculative if self.config.grpo.policy == "speculative" else self._parallel
+    return draw(params, tokens_PT, prompt_P, seed)
+
+  def _parallel(
+    self, params: Any, tokens_PT: np.ndarray, prompt_P: np.ndarray, seed: int
+  ) -> Answers:
+    """Drawn by the engine's continuous batch, tokens_per_step per forward, each its own
+    request."""
+    g, t = self.config.grpo, self.config.model.block_size
+    requests = [
+      batching.prompt_request(
+        tokens_PT[i, :p],
+        t,
+        g.tokens_per_step,
+        seed=(seed + i * g.group + j) % 2**31,
+        temperature=g.temperature,
+      )
+      for i, p in enumerate(prompt_P.tolist())
+      for j in range(g.group)
+    ]
+    self.batcher.params = params
+    done = batching.decode_all(self.batcher, requests)
+    tokens_BT = np.stack([f.tokens for f in done]).astype(np.int32)
+    order_BT = np.stack([f.order for f in done]).astype(np.int32)
+    step_BT = np.stack([f.steps for f in done])
+    return Answers(
+      tokens_BT,
+      order_BT,
+      np.take_along_axis(step_BT, order_BT, 1) >= 0,
+      responses.first_slots(step_BT, order_BT),
+      np.take_along_axis(np.stack([f.raw_logprobs for f in done]), order_BT, 1),
+    )
+
+  def _speculative(
+    self, params: Any, tokens_PT: np.ndarray, prompt_P: np.ndarray, seed: int
+  ) -> Answers:
+    """Drawn by speculative decoding (decode/speculative.py, tokens_per_step drafts per forward):
+    exact draws of the sequential distribution along the order, so each slot is its own step.
+    The prompts of one length share a call."""
+    g, cfg = self.config.grpo, self.config.model
+    t, rows = cfg.block_size, np.repeat(prompt_P, g.group)
+    tokens_BT, order_BT = (np.zeros((len(rows), t), np.int32) for _ in range(2))
+    counted_BT, logprob_BT = np.zeros((len(rows), t), bool), np.zeros((len(rows), t), np.float32)
+    eos_id = self.tokenizer.eos_id if g.order == "l2r" else None  # speculative stops in L2R only
+    rule = common.DrawRule.of(1.0, 0, vocab_limit=self.vocab_limit)
+    for p in sorted(set(prompt_P.tolist())):
+      out = np.flatnonzero(rows == p)
+      known_BT = np.zeros((len(out), t), np.int32)
+      known_BT[:, :p] = tokens_PT[out // g.group, :p]
+      spec = speculative.DecoderSpec(cfg, g.tokens_per_step, p, rule, g.order, eos_id=eos_id)
+      tokens, order, _, _, drawn = jax.device_get(
+        speculative.decoder(spec)(
+          params,
+          None,
+          jnp.asarray(known_BT),
+          jnp.asarray(np.broadcast_to(np.arange(t) < p, known_BT.shape)),
+          jax.random.fold_in(jax.random.key(seed), p),
+          jnp.float32(g.temperature),
+          jnp.float32(1.0),
+          jnp.int32(0),
+        )
+      )
+      counted = np.take_along_axis(np.asarray(drawn.step_BT), order, 1) >= 0
+      if eos_id is not None:  # tokens drawn past a row's EOS are not its answer's (slot = position)
+        counted &= np.arange(t) < common.eos_lengths(tokens, p, eos_id)[:, None]
+      tokens_BT[out], order_BT[out], counted_BT[out] = tokens, order, counted
+      logprob_BT[out] = np.take_along_axis(np.asarray(drawn.raw_logprob_BT), order, 1)
+    first_BT = np.broadcast_to(np.arange(t), tokens_BT.shape)
+    return Answers(tokens_BT, order_BT, counted_BT, first_BT, logprob_BT)

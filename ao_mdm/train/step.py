@@ -99,7 +99,7 @@ def answers_logprobs(config: specs.Spec) -> Callable:
   """(params, answers) -> [B, T] each drawn token's exact log-probability under the params, as
   the decoder drew it (eval/responses.answer_logprobs)."""
   model = model_lib.make_model(config.model)
-  sequential = config.grpo.tokens_per_step == 1
+  sequential = config.grpo.tokens_per_step == 1 or config.grpo.policy == "speculative"
 
   def logprobs(params, batch):
     first = None if sequential else batch["first"]

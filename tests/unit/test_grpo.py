@@ -1,6 +1,6 @@
 """GRPO's exact log-probabilities: what the loss computes for a drawn answer equals what the
-decoder drew it with and a naive forward per token, for sequential and parallel steps; the
-clipped objective and the advantages against plain numpy."""
+decoder drew it with and a naive forward per token, for sequential, parallel and speculative
+draws; the clipped objective and the advantages against plain numpy."""
 
 import jax
 import jax.numpy as jnp
@@ -74,6 +74,56 @@ def test_answer_logprobs_equal_the_decoders_and_a_naive_forward_per_token(order,
       assert (first[b, slots] < slots).any() and (first[b, slots] >= p).all()
     for s in slots[:: max(1, (T - p) // 3)] if b < 2 else ():  # naive: two rows, a few slots
       want = naive_logprob(cfg, params, tokens[b], order_BT[b], first[b, s], s)
+      assert got[b, s] == pytest.approx(want, abs=1e-5)
+
+
+class Ids:
+  """A tokenizer stand-in: ids as text, EOS id 1."""
+
+  eos_id, vocab_size = 1, 1 << 20
+
+  def decode(self, ids):
+    return " ".join(map(str, ids))
+
+
+@pytest.mark.parametrize(
+  "policy,order,k",
+  default_stage_keeps(
+    [("parallel", "l2r", 3), ("speculative", "l2r", 3), ("speculative", "random", 2)],
+    [("speculative", "l2r", 3)],
+  ),
+)
+def test_the_loss_scores_rollouts_by_the_probability_they_were_drawn_with(policy, order, k):
+  """GRPO's own rollouts (Rollouts.draw, per policy) and its own scoring (the train step's
+  answers_logprobs): equal on every counted slot, and to a naive forward on a few; speculative
+  draws are sequential (each slot its own step), and in L2R count the answer up to its EOS."""
+  cfg, params = cached_model("ao")
+  base = specs.default()
+  config = base.replace(
+    model=cfg,
+    data=base.data.replace(pairs="arithmetic:8"),
+    grpo=base.grpo.replace(
+      reward="ao_mdm.train.grpo:exact_match", group=2, policy=policy, tokens_per_step=k, order=order
+    ),
+  )
+  rollouts = grpo.Rollouts(config, Ids(), params)
+  tokens_PT = np.random.default_rng(2).integers(2, cfg.vocab_size, (len(PROMPTS), T))
+  prompt_P = np.asarray(PROMPTS)
+  a = rollouts.draw(params, tokens_PT.astype(np.int32), prompt_P, seed=5)
+  batch = {"tokens": a.tokens, "order": a.order, "first": a.first.astype(np.int32)}
+  got = np.asarray(jax.jit(train_step.answers_logprobs(config))(params, batch))
+  np.testing.assert_allclose(got[a.counted], a.logprobs[a.counted], atol=1e-5)
+  for b, p in enumerate(np.repeat(prompt_P, 2)):
+    np.testing.assert_array_equal(a.tokens[b, :p], tokens_PT[b // 2, :p])
+    assert not a.counted[b, :p].any() and a.counted[b, p]
+    if policy == "speculative":
+      assert (a.first[b] == np.arange(T)).all()
+    if policy == "speculative" and order == "l2r":
+      n = int(a.counted[b].sum())
+      assert a.counted[b, p : p + n].all() and 1 not in a.tokens[b, p : p + n - 1]
+      assert p + n == T or a.tokens[b, p + n - 1] == 1
+    for s in np.flatnonzero(a.counted[b])[::3] if b in (0, 5) else ():
+      want = naive_logprob(cfg, params, a.tokens[b], a.order[b], a.first[b, s], s)
       assert got[b, s] == pytest.approx(want, abs=1e-5)
 
 

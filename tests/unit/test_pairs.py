@@ -198,11 +198,9 @@ def test_completions_of_many_prompts_equal_each_decoded_alone():
 
 
 def test_a_response_ends_before_its_first_eos():
-  class Done:
-    tokens = np.asarray([5, 6, 7, 1, 8, 1])
-
-  assert responses.response_ids(Done(), 2, eos_id=1) == [7]
-  assert responses.response_ids(Done(), 2, eos_id=9) == [7, 1, 8, 1]
+  tokens = np.asarray([5, 6, 7, 1, 8, 1])
+  assert responses.response_ids(tokens, 2, eos_id=1) == [7]
+  assert responses.response_ids(tokens, 2, eos_id=9) == [7, 1, 8, 1]
 
 
 def test_narrowed_rows_give_the_same_loss():
