@@ -26,7 +26,7 @@ class CompletionRequest(pydantic.BaseModel):
   model_config = pydantic.ConfigDict(extra="forbid")
 
   model: str | None = None
-  prompt: str | list[str]
+  prompt: str | list[str] | list[int] | list[list[int]]  # text, or token ids
   suffix: str | None = None
   max_tokens: int | None = pydantic.Field(16, ge=0)  # None: 16
   temperature: float = pydantic.Field(1.0, ge=0.0, le=2.0)
@@ -149,16 +149,22 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
       )
     if body.max_tokens == 0 and not body.echo:
       return error(400, "max_tokens=0 needs echo=true (the prompt's log-probs)", "max_tokens")
-    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-    if not prompts:
+    one = isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], int))
+    given: list[Any] = [body.prompt] if one else list(body.prompt)
+    if not given:
       return error(400, "prompt: an empty list", "prompt")
+    for i, x in enumerate(given):
+      if not isinstance(x, str) and any(not 0 <= v < engine.vocab_limit for v in x):
+        return error(400, f"prompt[{i}]: token ids must be in [0, {engine.vocab_limit})", "prompt")
+    prompts = [x if isinstance(x, str) else tok.decode(list(x)) for x in given]  # the echo's text
+    usage_chunk = bool((body.stream_options or {}).get("include_usage"))
     stop = tuple(s for s in ([body.stop] if isinstance(body.stop, str) else body.stop or ()) if s)
     suffix = tuple(tok.encode(body.suffix)) if body.suffix else ()
     loop = asyncio.get_running_loop()
     seed = secrets.randbits(31) if body.seed is None else body.seed
     jobs, queues = [], []
-    for i, text in enumerate(prompts):
-      ids = tuple(tok.encode(text)) if text else ()
+    for i, x in enumerate(given):
+      ids = tuple(x) if not isinstance(x, str) else tuple(tok.encode(x)) if x else ()
       if not ids and not suffix and body.max_tokens == 0:
         return error(400, f"prompt[{i}] is empty: nothing to score", "prompt")
       room = t - len(ids) - len(suffix)
@@ -204,7 +210,7 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
     prompt_of = lambda i: prompts[i // body.n]
     if body.stream:
       return responses.StreamingResponse(
-        _stream(engine, jobs, queues, head, body, prompt_of, request),
+        _stream(engine, jobs, queues, head, body, prompt_of, request, usage_chunk),
         media_type="text/event-stream",
       )
     try:
@@ -287,10 +293,12 @@ def _choice(i, text, ids, lps, done, body, prompt, job, tok) -> dict:
   return out
 
 
-async def _stream(engine, jobs, queues, head, body, prompt_of, request):
+async def _stream(engine, jobs, queues, head, body, prompt_of, request, usage_chunk):
   """Server-sent events: a chunk per choice whenever its text grows by final text, one with its
-  finish reason, then [DONE]. A client gone cancels every choice still running."""
+  finish reason, a chunk with the usage when stream_options.include_usage asks, then [DONE]. A
+  client gone cancels every choice still running."""
   pending = {asyncio.ensure_future(q.get()): i for i, q in enumerate(queues)}
+  generated = 0
   try:
     if body.echo:
       for i in range(len(jobs)):
@@ -303,6 +311,7 @@ async def _stream(engine, jobs, queues, head, body, prompt_of, request):
         i = pending.pop(fut)
         kind, payload = fut.result()
         if kind == "text":
+          generated += len(payload["ids"])
           logprobs = None
           if body.logprobs is not None:
             pieces = [engine.tokenizer.decode([x]) for x in payload["ids"]]
@@ -316,6 +325,11 @@ async def _stream(engine, jobs, queues, head, body, prompt_of, request):
         else:
           yield _sse(head, i, "", payload["finish_reason"])
     else:
+      if usage_chunk:
+        prompt_tokens = sum(len(j.prompt) for j in jobs[:: body.n])
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": generated}
+        usage["total_tokens"] = prompt_tokens + generated
+        yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
       yield "data: [DONE]\n\n"
   finally:
     for fut in pending:

@@ -157,6 +157,28 @@ def test_completions_streaming_logprobs_and_bad_input_through_the_openai_client(
     for c in server.complete(prompt=prompt, max_tokens=10, temperature=0, stream=True)
   ]
   assert "".join(pieces) == choice.text and len(pieces) >= 2
+  # With stream_options.include_usage, a last chunk holds the usage and no choice.
+  chunks = list(
+    server.complete(
+      prompt=prompt,
+      max_tokens=10,
+      temperature=0,
+      stream=True,
+      stream_options={"include_usage": True},
+    )
+  )
+  assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == p
+  assert chunks[-1].usage.completion_tokens == done.usage.completion_tokens and all(
+    not c.usage for c in chunks[:-1]
+  )
+  # A prompt given as token ids: the same completion; ids outside the vocabulary are a 400.
+  by_ids = server.complete(prompt=[tok.encode(prompt)] * 2, max_tokens=10, temperature=0)
+  assert [c.text for c in by_ids.choices] == [choice.text] * 2
+  single = server.complete(prompt=tok.encode(prompt), max_tokens=10, temperature=0)
+  assert single.choices[0].text == choice.text
+  with pytest.raises(openai.BadRequestError) as e:
+    server.complete(prompt=[5, 10**6], max_tokens=1)
+  assert e.value.body["param"] == "prompt" and "token ids" in e.value.body["message"]
   # Scoring: echo with max_tokens=0 gives the prompt's exact L2R log-probs.
   scored = server.complete(prompt=prompt, max_tokens=0, echo=True, logprobs=0).choices[0]
   assert scored.text == prompt
