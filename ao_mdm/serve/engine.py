@@ -226,7 +226,15 @@ class Engine:
       done = self.batcher.requests[row] is None
       committed = int(rows.filled_B[row]) - len(job.prompt) - len(job.suffix)
       ids = rows.tokens_BT[row][len(job.prompt) : len(job.prompt) + max(committed, 0)]
-      reason = self._progress(job, ids, rows.drawn.raw_logprob_BT[row], done)
+      try:
+        reason = self._progress(job, ids, rows.drawn.raw_logprob_BT[row], done)
+      except Exception as e:  # this job fails; the others go on
+        if not done:
+          self.batcher.cancel(row)
+        del self.active[row]
+        self.stats.failed += 1
+        job.emit("error", {"message": f"{type(e).__name__}: {e}"})
+        continue
       if reason:
         if not done:
           self.batcher.cancel(row)

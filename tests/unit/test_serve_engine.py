@@ -1,0 +1,63 @@
+"""The server's engine in this process: a job that raises, in its admission or while its text
+is made, fails alone; the jobs beside it finish as they do alone, and the engine goes on."""
+
+import threading
+
+from test_grpo import Ids
+from test_parallel import cached_model
+
+from ao_mdm.serve import engine as engine_lib
+
+
+def run(eng, specs):
+  """Submits jobs (prompt, max_tokens, seed) together; each one's events once all ended."""
+  events = [[] for _ in specs]
+  ended = threading.Semaphore(0)
+
+  def emitter(i):
+    def emit(kind, payload):
+      events[i].append((kind, payload))
+      if kind in ("done", "error"):
+        ended.release()
+
+    return emit
+
+  eng.submit(
+    [
+      engine_lib.Job(prompt, m, emitter(i), seed=seed, temperature=0.0)
+      for i, (prompt, m, seed) in enumerate(specs)
+    ]
+  )
+  for _ in specs:
+    assert ended.acquire(timeout=120)
+  return events
+
+
+def text(events):
+  assert events[-1][0] == "done", events[-1]
+  return "".join(p["text"] for k, p in events if k == "text")
+
+
+def test_a_job_that_raises_fails_alone_and_the_engine_goes_on(monkeypatch):
+  cfg, params = cached_model("ao")
+  eng = engine_lib.Engine(params, cfg, Ids(), max_batch=2, max_queue=8, max_tokens_per_step=1)
+  progress = eng._progress
+
+  def faulty(job, *args):
+    if job.seed == 13:
+      raise RuntimeError("boom")
+    return progress(job, *args)
+
+  monkeypatch.setattr(eng, "_progress", faulty)
+  eng.start()
+  try:
+    a, b = ((3, 4, 5), 8, 1), ((6, 7), 12, 2)
+    too_long = (tuple(range(2, cfg.block_size + 2)), 1, 3)  # past T: refused when admitted
+    together = run(eng, [a, ((3, 4, 5), 8, 13), too_long, b])
+    assert together[1][-1] == ("error", {"message": "RuntimeError: boom"})
+    assert together[2][-1][0] == "error" and eng.stats.failed == 2
+    alone = [run(eng, [job])[0] for job in (a, b)]
+    assert text(together[0]) == text(alone[0]) and text(together[3]) == text(alone[1])
+    assert text(alone[0]) and text(alone[1])
+  finally:
+    eng.stop()
