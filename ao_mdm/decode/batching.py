@@ -4,6 +4,7 @@ rows advancing in one jitted step. Row r of `parallel.sample(seed=s)` decodes as
 with key fold_in(key(s), r), so a request with seed s decodes as `sample(batch_size=1, seed=s)`.
 """
 
+import collections
 import dataclasses
 import functools
 from typing import Any
@@ -16,6 +17,7 @@ from ao_mdm import specs
 from ao_mdm.decode import common, engine, parallel
 
 PREFILL_BUCKETS = 8
+PREFIX_MIN = 8  # shorter shared prefixes are recomputed: a second prefill forward costs more
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +76,7 @@ class Batcher:
     block_len: int | None = None,
     eos_id: int | None = None,
     rule: common.DrawRule | None = None,
+    prefixes: int = 0,
   ):
     widths = parallel.Plan((), (), real_width, phantom_width, ())
     rule = rule or common.DrawRule()
@@ -83,8 +86,12 @@ class Batcher:
     self.state = parallel.empty(self.spec, batch, max_steps)
     self._step = jax.jit(functools.partial(parallel.step, self.spec, dm), static_argnums=2)
     self._insert = jax.jit(
-      functools.partial(parallel.insert, self.spec, dm), static_argnames="width"
+      functools.partial(parallel.insert, self.spec, dm), static_argnames=("width", "cache_len")
     )
+    # Prompts -> their rows' cache (K/V [L, 1, H, K, T], [L, 1, H, T, K]), the last used last:
+    # a new request whose prompt shares a prefix with one copies those slots, not computes them.
+    self.prefixes: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
+    self.max_prefixes, self.reused_slots = prefixes, 0
     self._keys = jax.jit(functools.partial(parallel.request_keys, spec=self.spec))
     self.requests: list[Request | None] = [None] * batch
     self.rows = jax.device_get(self.state.rows)  # as of the last step, on the host
@@ -100,9 +107,11 @@ class Batcher:
     order: str = "l2r",
     eos_id: int | None = None,
     vocab_limit: int | None = None,
+    prefixes: int = 0,
   ) -> "Batcher":
     """A batch continuing prompts (prompt_request), up to tokens_per_step tokens per forward,
-    an L2R row done at its EOS: what the server, completions and GRPO's rollouts run."""
+    an L2R row done at its EOS: what the server, completions and GRPO's rollouts run; with
+    `prefixes` > 0, the caches of that many recent prompts are kept for reuse."""
     k = tokens_per_step
     return cls(
       params,
@@ -114,6 +123,7 @@ class Batcher:
       order=order,
       eos_id=eos_id if order == "l2r" else None,
       rule=common.DrawRule(vocab_limit=vocab_limit),
+      prefixes=prefixes,
     )
 
   def free_rows(self) -> int:
@@ -154,8 +164,32 @@ class Batcher:
       order, keys = self._keys(jax.random.key(request.seed), jnp.asarray(mask), end=jnp.int32(end))
       parts.append((tokens, order, counts, bounds, keys, known))
     rows = free[: len(requests)]
+    reuse = [self._shared_prefix(q) for q in requests]
+    self.reused_slots += sum(r[0] for r in reuse)
+    for group in (
+      [i for i, r in enumerate(reuse) if not r[0]],
+      [i for i, r in enumerate(reuse) if r[0]],
+    ):
+      if group:
+        pick = lambda xs: [xs[i] for i in group]
+        self._insert_rows(pick(rows), pick(requests), pick(parts), pick(reuse))
+    for row, request in zip(rows, requests):
+      self.requests[row] = request
+    self._remember(rows, requests)
+    return rows
+
+  def _insert_rows(self, rows: list, requests: list, parts: list, reuse: list) -> None:
+    """One insert (a prefill forward) of requests into rows; reuse: per request (the slots
+    copied from a stored prompt's cache, that cache), all 0 or all > 0."""
+    t = self.spec.model.block_size
     column = lambda values, dtype=jnp.int32: jnp.asarray(values, dtype)
-    known = max(p[5] for p in parts)
+    starts = [r[0] for r in reuse]
+    todo = max(p[5] - m for p, m in zip(parts, starts))
+    prefix, cache_len = None, 0
+    if max(starts):
+      stack = lambda j: jnp.concatenate([r[1][j] for r in reuse], axis=1)
+      prefix, cache_len = (column(starts), stack(0), stack(1)), max(starts)
+      cache_len = common.bucket_for(cache_len, t, parallel.CACHE_BUCKETS)
     self.state = self._insert(
       self.params,
       self.state,
@@ -171,11 +205,52 @@ class Batcher:
         column([q.top_k for q in requests]),
       ),
       # A few static prefill widths (a compile each), not one per prompt length.
-      width=common.bucket_for(known, cfg.block_size, PREFILL_BUCKETS) if known else 0,
+      width=common.bucket_for(todo, t, PREFILL_BUCKETS) if todo else 0,
+      prefix=prefix,
+      cache_len=cache_len,
     )
+
+  @staticmethod
+  def _prompt(request: Request) -> tuple:
+    """The known tokens at positions 0, 1, 2, ... (the first order slots, left to right)."""
+    known = dict(zip(request.positions, request.token_ids))
+    n = 0
+    while n in known:
+      n += 1
+    return tuple(known[i] for i in range(n))
+
+  def _shared_prefix(self, request: Request) -> tuple:
+    """(slots to copy, the stored cache to copy them from) for the longest prefix that the
+    request's prompt shares with a stored one, or (0, None). Slot s reads tokens 0..s-1 and
+    predicts position s, so with n tokens in common, slots 0..n can be copied."""
+    ids = self._prompt(request)
+    best: tuple[int, Any, tuple] = (0, None, ())
+    for key, kv in self.prefixes.items():
+      n = min(len(key), len(ids))
+      same = np.asarray(key[:n]) == np.asarray(ids[:n])
+      m = min((n if same.all() else int(same.argmin())) + 1, len(key), len(ids))
+      if m > best[0]:
+        best = (m, kv, key)
+    if best[0] < PREFIX_MIN:
+      return 0, None
+    self.prefixes.move_to_end(best[2])
+    return best[0], best[1]
+
+  def _remember(self, rows: list, requests: list) -> None:
+    """The new rows' prompt caches, kept (the least recently used dropped) when prefixes > 0."""
+    if not self.max_prefixes or self.state.cache is None:
+      return
     for row, request in zip(rows, requests):
-      self.requests[row] = request
-    return rows
+      ids = self._prompt(request)
+      if len(ids) < PREFIX_MIN or ids in self.prefixes:
+        continue
+      at = jnp.asarray([row])
+      self.prefixes[ids] = (
+        jnp.take(self.state.cache.k, at, axis=1),
+        jnp.take(self.state.cache.v, at, axis=1),
+      )
+      while len(self.prefixes) > self.max_prefixes:
+        self.prefixes.popitem(last=False)
 
   def cancel(self, row: int) -> None:
     """Ends row `row`'s request now (a client gone, a stop string seen): the row is free."""

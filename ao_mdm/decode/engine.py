@@ -46,6 +46,14 @@ class KVCache(NamedTuple):
     )
     return KVCache(k, v)
 
+  def with_prefix(self, rows_R: jax.Array, start_R: jax.Array, k: jax.Array, v: jax.Array):
+    """The cache with rows rows_R's slots before start_R taken from stored rows k [L, R, H, K, T]
+    and v [L, R, H, T, K] (a reused prompt prefix)."""
+    before_RT = jnp.arange(self.k.shape[-1]) < start_R[:, None]
+    k = jnp.where(before_RT[None, :, None, None, :], k, self.k[:, rows_R])
+    v = jnp.where(before_RT[None, :, None, :, None], v, self.v[:, rows_R])
+    return KVCache(self.k.at[:, rows_R].set(k), self.v.at[:, rows_R].set(v))
+
 
 class Chunk(NamedTuple):
   """One forward's W columns per row (module docstring)."""
@@ -132,19 +140,34 @@ class DecodeModel(NamedTuple):
     known_B: jax.Array,
     width: int,
     rows_B: jax.Array | None = None,
+    start_B: jax.Array | None = None,
+    cache_len: int = 0,
   ) -> KVCache:
     """The cache with rows rows_B's slots 0..known-1 written (their inputs are known tokens):
     one causal forward of `width` >= max(known) slots; the slots past a row's known count are
-    computed and dropped."""
+    computed and dropped. With start_B (slots already in the cache: a reused prefix), the
+    forward's `width` columns start there and read the first cache_len cache slots."""
     if width == 0:
       return cache
-    b = tokens_BT.shape[0]
-    slots_BW = jnp.broadcast_to(jnp.arange(width), (b, width))
-    tok, pos = slot_inputs(tokens_BT, order_BT, slots_BW)
-    _, _, kv = self.module.apply(
-      {"params": params}, tok, pos, order_BT[:, :width], None, None, method=_embed_stack
-    )
-    t = order_BT.shape[1]
+    b, t = order_BT.shape
+    if start_B is None:
+      slots_BW = jnp.broadcast_to(jnp.arange(width), (b, width))
+      tok, pos = slot_inputs(tokens_BT, order_BT, slots_BW)
+      _, _, kv = self.module.apply(
+        {"params": params}, tok, pos, order_BT[:, :width], None, None, method=_embed_stack
+      )
+    else:
+      slots_BW = start_B[:, None] + jnp.arange(width)
+      tok, pos = slot_inputs(tokens_BT, order_BT, slots_BW)
+      target = jnp.take_along_axis(order_BT, jnp.minimum(slots_BW, t - 1), 1)
+      causal = jnp.broadcast_to(jnp.arange(width), (b, width))
+      rows = jnp.arange(b) if rows_B is None else rows_B
+      _, _, kv = self.forward(
+        params,
+        KVCache(cache.k[:, rows], cache.v[:, rows]),
+        Chunk(tok, pos, target, causal, start_B),
+        cache_len,
+      )
     return cache.write(kv, jnp.where(slots_BW < known_B[:, None], slots_BW, t), rows_B)
 
 

@@ -186,17 +186,26 @@ def insert(
   keys_R: jax.Array,
   draw_R: tuple,
   width: int,
+  prefix: tuple | None = None,
+  cache_len: int = 0,
 ) -> State:
   """The state with rows rows_R starting new requests: their tokens (the known ones at the
   first counts_RS[:, 0] slots of their orders), plans, draw keys and settings (temperature,
   top_p, top_k per row); each row's known slots are prefilled by one forward of `width` >= its
-  known count slots."""
+  known count slots. prefix (start_R, k, v): each row's slots before start_R are copied from
+  stored cache rows (KVCache.with_prefix), and the forward starts there (reading cache_len)."""
   known_R = counts_RS[:, 0]
   new = engine.new_rows(tokens_RT, order_RT, known_R, keys_R, *draw_R)
   put = lambda old, x: old.at[rows_R].set(x)
   rows = jax.tree.map(put, s.rows, new)
   cache = s.cache
-  if cache is not None:
+  if cache is not None and prefix is not None:
+    start_R, k, v = prefix
+    cache = cache.with_prefix(rows_R, start_R, k, v)
+    cache = dm.prefill(
+      params, cache, tokens_RT, order_RT, known_R, width, rows_R, start_R, cache_len
+    )
+  elif cache is not None:
     cache = dm.prefill(params, cache, tokens_RT, order_RT, known_R, width, rows_R)
   else:
     rows = rows._replace(cached_B=rows.cached_B.at[rows_R].set(0))

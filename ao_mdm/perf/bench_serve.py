@@ -19,20 +19,23 @@ import psutil
 from ao_mdm.data import corpus
 
 
-def workload(bench: ml_collections.ConfigDict, seed: int = 0) -> list:
+def workload(
+  bench: ml_collections.ConfigDict, prompt_words: Any = None, max_tokens: Any = None, seed: int = 0
+) -> list:
   """(prompt, max_tokens) of bench.requests requests: prompts of the embedded corpus's words,
-  their lengths and the output lengths drawn uniformly from bench.prompt_words, bench.max_tokens."""
+  their lengths and the output lengths drawn uniformly from prompt_words and max_tokens
+  (default: bench's)."""
   rng = random.Random(seed)
   words = " ".join(corpus.sotu_documents("train")[:20]).split()
   out = []
   for _ in range(int(bench.requests)):
-    n, start = rng.randint(*bench.prompt_words), rng.randrange(len(words) - 64)
-    out.append((" ".join(words[start : start + n]), rng.randint(*bench.max_tokens)))
+    n, start = rng.randint(*(prompt_words or bench.prompt_words)), rng.randrange(len(words) - 64)
+    out.append((" ".join(words[start : start + n]), rng.randint(*(max_tokens or bench.max_tokens))))
   return out
 
 
-def _start(checkpoint: str, bench: ml_collections.ConfigDict) -> tuple:
-  flags = [f"--max_batch={bench.max_batch}", f"--max_queue={4 * int(bench.requests)}"]
+def _start(checkpoint: str, bench: ml_collections.ConfigDict, *extra: str) -> tuple:
+  flags = [f"--max_batch={bench.max_batch}", f"--max_queue={4 * int(bench.requests)}", *extra]
   flags.append(f"--max_tokens_per_step={bench.tokens_per_step}")
   proc = subprocess.Popen(
     [sys.executable, "-m", "ao_mdm.cli.main", "serve", f"--checkpoint={checkpoint}", "--port=0"]
@@ -137,5 +140,41 @@ def bench_serve(
   finally:
     proc.terminate()
     proc.wait(timeout=120)
+  if bench.shared_prefix.words:
+    results["shared_prefix"] = _shared_prefix(checkpoint, bench, log)
   log(json.dumps(results))
   return results
+
+
+def _shared_prefix(
+  checkpoint: str, bench: ml_collections.ConfigDict, log: Callable[[str], None]
+) -> dict:
+  """One opening of bench.shared_prefix.words words before every prompt (a system prompt, a
+  few-shot header), from bench.clients clients, against a server without and then with
+  --prefix_cache: throughput and time to first token of both (the requests sent four times)."""
+  import openai
+
+  sp = bench.shared_prefix
+  opening = " ".join(corpus.sotu_documents("train")[0].split()[: int(sp.words)])
+  requests = [
+    (f"{opening} {p}", n) for p, n in workload(bench, sp.tail_words, sp.max_tokens, seed=1)
+  ] * 4  # short answers: four rounds make a run long enough to time
+  out: dict[str, Any] = {}
+  for cache in (0, int(sp.cache)):
+    proc, model, url = _start(checkpoint, bench, f"--prefix_cache={cache}")
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
+    ask = lambda prompt, n: _one(client, model, prompt, n, int(bench.tokens_per_step))
+    try:
+      _run(requests, int(bench.clients), ask)  # compiles (and, with the cache, fills it)
+      r = out[f"prefix_cache_{cache}"] = _run(requests, int(bench.clients), ask)
+    finally:
+      proc.terminate()
+      proc.wait(timeout=120)
+    log(
+      f"shared {sp.words}-word opening, --prefix_cache={cache}: {r['tokens_per_s']:.1f} tokens/s,"
+      f" first token p50 {r['ttft_p50_s']:.2f} s / p99 {r['ttft_p99_s']:.2f} s"
+    )
+  on, off = out[f"prefix_cache_{int(sp.cache)}"], out["prefix_cache_0"]
+  out["gain"] = on["tokens_per_s"] / off["tokens_per_s"]
+  log(f"prefix cache on / off throughput: {out['gain']:.2f}x")
+  return out

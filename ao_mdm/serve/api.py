@@ -69,6 +69,10 @@ class Metrics:
     self.forwards = gauge("ao_mdm_forwards", "Engine steps (batched forwards) since the start.")
     self.per_forward = gauge("ao_mdm_tokens_per_forward", "Tokens generated per engine step.")
     self.rate = gauge("ao_mdm_tokens_per_second", "Tokens generated per second, since the start.")
+    self.reused = gauge(
+      "ao_mdm_prefix_tokens_reused",
+      "Prompt cache slots copied from a shared prefix (--prefix_cache).",
+    )
     self.cancelled = gauge(
       "ao_mdm_cancelled", "Running choices whose client left, since the start."
     )
@@ -87,6 +91,7 @@ class Metrics:
     self.tokens.set(s.tokens)
     self.forwards.set(s.forwards)
     self.cancelled.set(s.cancelled)
+    self.reused.set(self.engine.batcher.reused_slots)
     self.per_forward.set(s.tokens / s.forwards if s.forwards else 0.0)
     self.rate.set(s.tokens / (time.monotonic() - self.started))
     while s.ttft_s:

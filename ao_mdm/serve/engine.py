@@ -77,6 +77,7 @@ class Engine:
     max_batch: int,
     max_queue: int,
     max_tokens_per_step: int,
+    prefix_cache: int = 0,
   ):
     self.cfg, self.tokenizer = cfg, tokenizer
     self.vocab_limit = min(tokenizer.vocab_size, cfg.vocab_size)
@@ -88,6 +89,7 @@ class Engine:
       tokens_per_step=k,
       eos_id=tokenizer.eos_id,
       vocab_limit=self.vocab_limit,
+      prefixes=prefix_cache,
     )
     self.params, self.max_queue, self.max_tokens_per_step = params, max_queue, k
     self.queue: collections.deque[Job] = collections.deque()

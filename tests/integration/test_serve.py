@@ -107,7 +107,7 @@ def export(eos_export, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(export):
-  s = Server(export[0], "--max_batch=4", "--max_queue=8")
+  s = Server(export[0], "--max_batch=4", "--max_queue=8", "--prefix_cache=4")
   yield s
   code, out, err = s.stop()
   assert code == 0 and "stopped" in out and "Traceback" not in err, err
@@ -217,6 +217,14 @@ def test_completions_streaming_logprobs_and_bad_input_through_the_openai_client(
     server.complete(prompt=["We", "the"], max_tokens=2, n=5)
   assert server.get("/health").json()["status"] == "ok"
   assert server.metric("ao_mdm_tokens_generated") > 0 and server.metric("ao_mdm_forwards") > 0
+  # Prompts that share 8 or more leading tokens with an earlier one copy those slots
+  # (--prefix_cache): the same texts as decoded alone.
+  opening = "We the people of the united states"
+  assert len(tok.encode(opening)) >= 9
+  for tail in (" and", " in order"):
+    got = server.complete(prompt=opening + tail, max_tokens=6, temperature=0).choices[0].text
+    assert got == greedy(export, opening + tail, 6)[0]
+  assert server.metric("ao_mdm_prefix_tokens_reused") >= 8
 
 
 @pytest.mark.slow  # 64 requests and a server of its own

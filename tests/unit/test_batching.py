@@ -105,3 +105,27 @@ def test_a_request_needing_wider_chunks_than_the_batch_is_refused():
   with pytest.raises(ValueError, match=r"needs 8 steps of 4 real \+ 3 phantom slots; .* 5 \+ 1"):
     engine.add(batching.Request(steps=8))
   assert engine.free_rows() == 1
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_prompt_sharing_a_prefix_copies_its_cache_and_decodes_as_computed(temperature):
+  """Prompts that share 10-12 tokens with an earlier one copy those cache slots (Batcher's
+  prefixes): the same tokens as when computed, log-probs within 1e-5 (the slots after the copy
+  are computed reading the cache rather than in one causal forward)."""
+  cfg, params = cached_model("ao")
+  rng = np.random.default_rng(3)
+  shared = rng.integers(0, cfg.vocab_size, 12).tolist()
+  prompts = [shared + rng.integers(0, cfg.vocab_size, n).tolist() for n in (4, 0, 7, 2, 9)]
+  prompts.append(shared[:10])  # itself a prefix of the stored prompts
+  requests = [
+    batching.prompt_request(p, T, 1, seed=i, temperature=temperature) for i, p in enumerate(prompts)
+  ]
+  runs = []
+  for prefixes in (0, 4):
+    b = batching.Batcher.continuing(params, cfg, batch=2, tokens_per_step=1, prefixes=prefixes)
+    runs.append((batching.decode_all(b, requests), b.reused_slots))
+  (computed, none), (copied, slots) = runs
+  assert none == 0 and slots >= 10 * (len(prompts) - 2)
+  for a, b in zip(computed, copied):
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.raw_logprobs, b.raw_logprobs, atol=1e-5)

@@ -43,6 +43,11 @@ def define(fv: flags.FlagValues) -> None:
     "(tokens_per_step); every row pays for that many per step. 1: exact L2R sampling.",
     flag_values=fv,
   )  # fmt: skip
+  flags.DEFINE_integer(
+    "prefix_cache", 0, "Prompts whose cache is kept: a new prompt sharing 8 or more leading tokens "
+    "with one copies those slots instead of computing them (log-probs within 1e-5). 0: off.",
+    flag_values=fv,
+  )  # fmt: skip
   flags.DEFINE_float(
     "drain_timeout",
     30.0,
@@ -58,7 +63,13 @@ def check(v: dict, given: set) -> None:
   del given
   checks.require(v, "checkpoint")
   layout.check_checkpoint(v["checkpoint"])
-  for name, low in (("max_batch", 1), ("max_queue", 1), ("max_tokens_per_step", 1), ("port", 0)):
+  for name, low in (
+    ("max_batch", 1),
+    ("max_queue", 1),
+    ("max_tokens_per_step", 1),
+    ("port", 0),
+    ("prefix_cache", 0),
+  ):
     if v[name] < low:
       raise ValueError(f"--{name}={v[name]} must be >= {low}")
   if v["port"] > 65535:
@@ -86,6 +97,7 @@ def run(v: dict, given: set) -> None:
     max_batch=v["max_batch"],
     max_queue=v["max_queue"],
     max_tokens_per_step=v["max_tokens_per_step"],
+    prefix_cache=v["prefix_cache"],
   ).start()
   name = v["name"] or v["checkpoint"].rstrip("/").split("/")[-1]
   app = api.build(engine, name)
