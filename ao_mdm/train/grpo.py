@@ -217,8 +217,9 @@ class Rollouts:
     rule = common.DrawRule.of(1.0, 0, vocab_limit=self.vocab_limit)
     for p in sorted(set(prompt_P.tolist())):
       out = np.flatnonzero(rows == p)
-      known_BT = np.zeros((len(out), t), np.int32)
-      known_BT[:, :p] = tokens_PT[out // g.group, :p]
+      n = len(out)  # padded to one of a few batch sizes (a compile each), the padding dropped
+      known_BT = np.zeros((common.bucket_for(n, len(rows), 8), t), np.int32)
+      known_BT[:, :p] = tokens_PT[np.resize(out, len(known_BT)) // g.group, :p]
       spec = speculative.DecoderSpec(cfg, g.tokens_per_step, p, rule, g.order, eos_id=eos_id)
       tokens, order, _, _, drawn = jax.device_get(
         speculative.decoder(spec)(
@@ -232,10 +233,11 @@ class Rollouts:
           jnp.int32(0),
         )
       )
-      counted = np.take_along_axis(np.asarray(drawn.step_BT), order, 1) >= 0
+      tokens, order, step_BT = tokens[:n], order[:n], np.asarray(drawn.step_BT)[:n]
+      counted = np.take_along_axis(step_BT, order, 1) >= 0
       if eos_id is not None:  # tokens drawn past a row's EOS are not its answer's (slot = position)
         counted &= np.arange(t) < common.eos_lengths(tokens, p, eos_id)[:, None]
       tokens_BT[out], order_BT[out], counted_BT[out] = tokens, order, counted
-      logprob_BT[out] = np.take_along_axis(np.asarray(drawn.raw_logprob_BT), order, 1)
+      logprob_BT[out] = np.take_along_axis(np.asarray(drawn.raw_logprob_BT)[:n], order, 1)
     first_BT = np.broadcast_to(np.arange(t), tokens_BT.shape)
     return Answers(tokens_BT, order_BT, counted_BT, first_BT, logprob_BT)
