@@ -107,7 +107,7 @@ def test_a_request_needing_wider_chunks_than_the_batch_is_refused():
   assert engine.free_rows() == 1
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("temperature", default_stage_keeps([0.0, 1.0], [1.0]))
 def test_a_prompt_sharing_a_prefix_copies_its_cache_and_decodes_as_computed(temperature):
   """Prompts that share 10-12 tokens with an earlier one copy those cache slots (Batcher's
   prefixes): the same tokens as when computed, log-probs within 1e-5 (the slots after the copy

@@ -54,7 +54,8 @@ def naive_logprob(cfg, params, tokens, order, first, s):
 
 @pytest.mark.parametrize(
   "order,k",
-  default_stage_keeps([("l2r", 1), ("l2r", 3), ("random", 1), ("random", 4)], [("l2r", 3)]),
+  # The default stage's parallel k=3 case: the rollouts test below.
+  default_stage_keeps([("l2r", 1), ("l2r", 3), ("random", 1), ("random", 4)], []),
 )
 def test_answer_logprobs_equal_the_decoders_and_a_naive_forward_per_token(order, k):
   cfg, params, done, tokens, order_BT, steps = drawn(order, k)
@@ -90,7 +91,7 @@ class Ids:
   "policy,order,k",
   default_stage_keeps(
     [("parallel", "l2r", 3), ("speculative", "l2r", 3), ("speculative", "random", 2)],
-    [("speculative", "l2r", 3)],
+    [("parallel", "l2r", 3)],
   ),
 )
 def test_the_loss_scores_rollouts_by_the_probability_they_were_drawn_with(policy, order, k):

@@ -175,6 +175,7 @@ def test_encoding_pads_and_drops_what_does_not_fit():
   assert not tokens[0, 6:].any()
 
 
+@pytest.mark.slow  # a compile per prompt alone; test_batching's join-and-leave runs by default
 def test_completions_of_many_prompts_equal_each_decoded_alone():
   """Prompts of different lengths share one continuous batch of 2 rows; each row's greedy tokens
   and log-probs equal parallel.sample of that prompt alone, L2R one token per step."""
