@@ -131,11 +131,16 @@ def exact_match(
   items: Sequence[tuple[str, str]],
   *,
   batch: int = 16,
+  temperature: float = 0.0,
+  samples: int = 1,
 ) -> tuple[float, list[str]]:
-  """(share of prompts whose greedy L2R completion equals the response, spaces stripped at the
-  ends; the completions). Prompts that leave no position to draw count as misses."""
+  """(share of L2R completions equal to the response, spaces stripped at the ends; the
+  completions, `samples` per prompt in turn). Greedy by default; at a temperature each prompt is
+  drawn `samples` times, each with its own seed, and the share is over every draw. Prompts that
+  leave no position to draw count as misses."""
   t = cfg.block_size
-  ids = [tokenizer.encode(p) for p, _ in items]
+  ids = [tokenizer.encode(p) for p, _ in items for _ in range(samples)]
+  wants = [w for _, w in items for _ in range(samples)]
   fits = [i for i, x in enumerate(ids) if len(x) < t]
   finished = complete(
     params,
@@ -144,9 +149,10 @@ def exact_match(
     eos_id=tokenizer.eos_id,
     vocab_limit=min(tokenizer.vocab_size, cfg.vocab_size),
     batch=batch,
+    temperature=temperature,
   )
-  texts = [""] * len(items)
+  texts = [""] * len(ids)
   for i, f in zip(fits, finished):
     texts[i] = tokenizer.decode(response_ids(f.tokens, len(ids[i]), tokenizer.eos_id))
-  hits = sum(got.strip() == want.strip() for got, (_, want) in zip(texts, items))
-  return hits / len(items), texts
+  hits = sum(got.strip() == want.strip() for got, want in zip(texts, wants))
+  return hits / len(ids), texts

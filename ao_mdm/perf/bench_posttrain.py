@@ -1,10 +1,11 @@
 """`ao-mdm bench posttrain --config=configs/bench_posttrain.py --checkpoint=DIR`: fine-tuning
 then GRPO on the config's pairs, from a trained model, in one run (docs/posttraining.md).
 
-Prints the greedy exact match of the model, after fine-tuning and after GRPO on the validation
-pairs; GRPO's step time split into rollout, scoring and update, and its rollout tokens/s against
-the same answers drawn by `parallel.sample`; and how far d1's mean-field estimate of an answer's
-log-probability (each token given the prompt alone) lies from the exact one. One JSON line last.
+Prints the exact match on the validation pairs (greedy, and of draws at GRPO's temperature) of the
+model, after fine-tuning and after GRPO; GRPO's step time split into rollout, scoring and update,
+and its rollout tokens/s against the same answers drawn by `parallel.sample`; and how far d1's
+mean-field estimate of an answer's log-probability (each token given the prompt alone) lies from
+the exact one. One JSON line last.
 """
 
 from collections.abc import Callable
@@ -26,10 +27,22 @@ from ao_mdm.eval import responses
 from ao_mdm.storage import fs
 
 
-def _accuracy(run: str, items: list, say: Callable[[str], None], what: str) -> tuple:
+def _accuracy(run: str, items: list, bench: Any, say: Callable[[str], None], what: str) -> tuple:
+  """({greedy, sampled} exact match of the run's EMA params on `items`, config, params,
+  tokenizer); sampled: bench.samples draws per pair at bench.temperature, GRPO's own policy."""
   config, params, tokenizer = checkpoints.load_run(run, "ema", log=lambda _: None)
-  accuracy, _ = responses.exact_match(params, config.model, tokenizer, items, batch=32)
-  say(f"{what}: greedy exact match {accuracy:.1%} on {len(items)} validation pairs")
+  match = lambda **kw: responses.exact_match(
+    params, config.model, tokenizer, items, batch=32, **kw
+  )[0]
+  accuracy = {
+    "greedy": match(),
+    "sampled": match(temperature=float(bench.temperature), samples=int(bench.samples)),
+  }
+  say(
+    f"{what}: exact match on {len(items)} validation pairs: greedy {accuracy['greedy']:.1%}, "
+    f"sampled {accuracy['sampled']:.1%} ({bench.samples} draws each at temperature "
+    f"{bench.temperature})"
+  )
   return accuracy, config, params, tokenizer
 
 
@@ -105,7 +118,7 @@ def bench_posttrain(config: specs.Spec, bench: Any, checkpoint: str, log=print) 
 
   items = pairs.load(config.data.pairs, "validation")[: bench.eval_pairs]
   result: dict = {"eval_pairs": len(items)}
-  result["start_accuracy"] = _accuracy(checkpoint, items, log, "start")[0]
+  result["start_accuracy"] = _accuracy(checkpoint, items, bench, log, "start")[0]
   quiet = lambda _: None
   with tempfile.TemporaryDirectory() as root:
     sft_dir, grpo_dir = f"{root}/sft", f"{root}/grpo"
@@ -126,7 +139,7 @@ def bench_posttrain(config: specs.Spec, bench: Any, checkpoint: str, log=print) 
     start = time.perf_counter()
     loop.train_and_evaluate(sft, sft_dir, init_from=checkpoint, log=quiet)
     result["sft_s"] = time.perf_counter() - start
-    accuracy, _, params, tokenizer = _accuracy(sft_dir, items, log, "fine-tuned")
+    accuracy, _, params, tokenizer = _accuracy(sft_dir, items, bench, log, "fine-tuned")
     result["sft_accuracy"] = accuracy
     result["mean_field"] = _mean_field_gap(config, params, tokenizer, items)
     grpo = config.replace(
@@ -135,7 +148,7 @@ def bench_posttrain(config: specs.Spec, bench: Any, checkpoint: str, log=print) 
       )
     )
     loop.train_and_evaluate(grpo, grpo_dir, init_from=sft_dir, log=quiet)
-    result["grpo_accuracy"] = _accuracy(grpo_dir, items, log, "after GRPO")[0]
+    result["grpo_accuracy"] = _accuracy(grpo_dir, items, bench, log, "after GRPO")[0]
     result["grpo"] = _grpo_costs(grpo_dir, grpo)
     result["grpo"]["sampler_tokens_per_s"] = _sampler_tokens_per_s(grpo, params, tokenizer, items)
   g, m = result["grpo"], result["mean_field"]

@@ -198,6 +198,32 @@ def test_completions_of_many_prompts_equal_each_decoded_alone():
     np.testing.assert_allclose(f.raw_logprobs, alone.raw_logprobs[0], atol=1e-5)
 
 
+@pytest.mark.slow  # four continuous batches
+def test_exact_match_counts_greedy_completions_and_every_sampled_draw():
+  """Greedy: the share of pairs whose completion is the response. At a temperature each pair is
+  drawn `samples` times in turn, each with its own seed, and every draw counts."""
+  cfg, params = cached_model("ao")
+  tok = CharTokenizer()
+  prompts = ["ab", "cde", "f"]
+
+  def completions(prompts, temperature):  # completed in one batch: each as alone (test_batching)
+    done = responses.complete(
+      params, cfg, [tok.encode(p) for p in prompts], eos_id=0, vocab_limit=64,
+      temperature=temperature,
+    )  # fmt: skip
+    return [tok.decode(responses.response_ids(f.tokens, len(p), 0)) for p, f in zip(prompts, done)]
+
+  greedy = completions(prompts, 0.0)
+  items = [(p, g + "x" * (i == 1)) for i, (p, g) in enumerate(zip(prompts, greedy))]
+  assert responses.exact_match(params, cfg, tok, items) == (pytest.approx(2 / 3), greedy)
+  draws = completions([p for p in prompts for _ in range(2)], 1.0)
+  assert len(set(draws)) > 3
+  items = [(p, draws[2 * i]) for i, p in enumerate(prompts)]
+  got, texts = responses.exact_match(params, cfg, tok, items, temperature=1.0, samples=2)
+  assert texts == draws
+  assert got == sum(d.strip() == items[k // 2][1].strip() for k, d in enumerate(draws)) / 6
+
+
 def test_a_response_ends_before_its_first_eos():
   tokens = np.asarray([5, 6, 7, 1, 8, 1])
   assert responses.response_ids(tokens, 2, eos_id=1) == [7]
