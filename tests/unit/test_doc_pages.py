@@ -60,3 +60,9 @@ def test_docs_total_within_budget():
   words."""
   words = {page.name: len(page.read_text().split()) for page in sorted(DOCS.glob("*.md"))}
   assert sum(words.values()) <= 18_000, words
+
+
+def test_readme_is_a_page():
+  """README.md stays one page: at most 1,000 words (the rest lives in docs/)."""
+  words = len((DOCS.parent / "README.md").read_text().split())
+  assert words <= 1_000, words
