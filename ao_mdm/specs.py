@@ -47,6 +47,7 @@ REMAT = ("none", "full", "dots")  # model.REMAT's
 ORDER_KINDS = ("random", "l2r", "mixed", "fixed", "blockwise")  # orders.ORDERS'
 PROMPT_ORDERS = ("l2r", "random")  # order.prompt: the prompt's part of a prompt-first order
 RESPONSE_ORDERS = ("l2r", "random", "mixed")  # order.kind with data.pairs (orders.prompt_first)
+GRPO_POLICIES = ("parallel", "speculative")  # grpo.policy: train/grpo.py's Rollouts.draw
 
 
 def field(default: Any, help: str, choices: Collection[str] = (), bounds: str = "") -> Any:
@@ -308,16 +309,16 @@ class GrpoSpec(Section):
   clip: float = field(0.2, "clip of the probability ratio, 1 +- clip", bounds="(0, 1)")
   kl: float = field(0.04, "weight of the KL penalty to the initial params", bounds=">= 0")
   temperature: float = field(1.0, "of the answers' draws", bounds="> 0")
-  tokens_per_step: int = field(
-    1, "answer tokens drawn per forward (1: sequential along the order)", bounds=">= 1"
-  )
+  tokens_per_step: int = field(1, "answer tokens per forward (1: sequential)", bounds=">= 1")
   order: str = field("l2r", "order of an answer's positions after its prompt", ("l2r", "random"))
   policy: str = field(
-    "parallel",
-    "decoder drawing the answers: parallel (tokens_per_step tokens per forward) or speculative "
-    "(sequential; tokens_per_step drafts per forward)",
-    ("parallel", "speculative"),
+    "parallel", "parallel (tokens_per_step a forward) or speculative (as drafts)", GRPO_POLICIES
   )
+  block_len: int = field(0, "parallel: answers in blocks of this many, L2R (0: one)", bounds=">= 0")
+
+  def check(self) -> None:
+    if self.block_len and self.policy != "parallel":
+      raise ValueError(f"grpo.block_len={self.block_len} needs policy=parallel, not {self.policy}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,6 +27,7 @@ def get_config() -> ml_collections.ConfigDict:
     tokens_per_step=1,
     order="l2r",
     policy="parallel",  # or "speculative": the same distribution, tokens_per_step drafts a forward
+    block_len=0,  # > 0: the parallel policy's answers in blocks of this many, left to right
   )
   c.train.update(
     batch_size=128,

@@ -36,10 +36,16 @@ class Request:
 
 
 def prompt_request(
-  ids: Any, t: int, tokens_per_step: int, seed: int = 0, temperature: float = 1.0
+  ids: Any,
+  t: int,
+  tokens_per_step: int,
+  seed: int = 0,
+  temperature: float = 1.0,
+  block_len: int | None = None,
 ) -> "Request":
-  """A prompt's continuation to the end of the block, tokens_per_step tokens per forward."""
-  steps = -(-(t - len(ids)) // tokens_per_step)
+  """A prompt's continuation to the end of the block, up to tokens_per_step tokens per forward
+  (in blocks of block_len: the Batcher's)."""
+  steps = parallel.steps_within(t, len(ids), tokens_per_step, block_len=block_len)
   return Request(
     tuple(range(len(ids))), tuple(int(x) for x in ids), steps, seed=seed, temperature=temperature
   )
@@ -105,13 +111,15 @@ class Batcher:
     batch: int,
     tokens_per_step: int,
     order: str = "l2r",
+    block_len: int | None = None,
     eos_id: int | None = None,
     vocab_limit: int | None = None,
     prefixes: int = 0,
   ) -> "Batcher":
     """A batch continuing prompts (prompt_request), up to tokens_per_step tokens per forward,
-    an L2R row done at its EOS: what the server, completions and GRPO's rollouts run; with
-    `prefixes` > 0, the caches of that many recent prompts are kept for reuse."""
+    in blocks of block_len (None: one), a row done at its EOS (in L2R, or after the block that
+    holds it): what the server, completions and GRPO's rollouts run; with `prefixes` > 0, the
+    caches of that many recent prompts are kept for reuse."""
     k = tokens_per_step
     return cls(
       params,
@@ -121,7 +129,8 @@ class Batcher:
       real_width=k,
       phantom_width=k - 1,
       order=order,
-      eos_id=eos_id if order == "l2r" else None,
+      block_len=block_len,
+      eos_id=eos_id if order == "l2r" or block_len else None,
       rule=common.DrawRule(vocab_limit=vocab_limit),
       prefixes=prefixes,
     )

@@ -87,6 +87,22 @@ def block_counts(
   return np.asarray(counts, np.int32)
 
 
+def steps_within(
+  t: int, known: int, per_step: int, schedule: str = "linear", block_len: int | None = None
+) -> int:
+  """The fewest steps (block_counts) that commit no more than per_step tokens in any step: an
+  even split of the unknown positions, or one step more where the schedule's float32 rounding
+  would put per_step + 1 tokens in a step."""
+  unknown = t - known
+  blocks = -(-unknown // block_len) if block_len and block_len < unknown else 1
+  steps = max(-(-unknown // per_step), blocks)
+  while steps < unknown and np.diff(block_counts(t, known, steps, schedule, block_len)).max() > (
+    per_step
+  ):
+    steps += 1
+  return steps
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """Static shape of one decode loop: counts per step and the padded chunk widths."""

@@ -5,14 +5,13 @@ leave when done, and each job hears of the text that became final at every step.
 import collections
 from collections.abc import Callable
 import dataclasses
-import math
 import threading
 import time
 from typing import Any
 
 import numpy as np
 
-from ao_mdm.decode import batching, common
+from ao_mdm.decode import batching, common, parallel
 
 EVENTS = ("text", "done", "error")  # what a job's `emit` is called with
 
@@ -196,7 +195,7 @@ class Engine:
     return batching.Request(
       positions,
       tuple(job.prompt) + tuple(job.suffix),
-      steps=math.ceil(m / job.tokens_per_step),
+      steps=parallel.steps_within(p + m, p, job.tokens_per_step),
       end=p + m + len(job.suffix),
       seed=job.seed,
       temperature=job.temperature,

@@ -127,6 +127,7 @@ class Rollouts:
         batch=config.train.batch_size,
         tokens_per_step=g.tokens_per_step,
         order=g.order,
+        block_len=g.block_len or None,
         eos_id=tokenizer.eos_id,
         vocab_limit=self.vocab_limit,
       )
@@ -186,6 +187,7 @@ class Rollouts:
         g.tokens_per_step,
         seed=(seed + i * g.group + j) % 2**31,
         temperature=g.temperature,
+        block_len=g.block_len or None,
       )
       for i, p in enumerate(prompt_P.tolist())
       for j in range(g.group)

@@ -1,5 +1,7 @@
 """Continuous batching: rows that join and leave a running batch decode as they do alone."""
 
+import itertools
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -129,3 +131,19 @@ def test_a_prompt_sharing_a_prefix_copies_its_cache_and_decodes_as_computed(temp
   for a, b in zip(computed, copied):
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_allclose(a.raw_logprobs, b.raw_logprobs, atol=1e-5)
+
+
+def test_steps_within_commit_at_most_the_asked_tokens_per_step():
+  """The schedule's float32 rounding can put k + 1 tokens in a step of ceil(n / k) steps (a
+  batch built for k per forward refused such a request): steps_within adds steps until none
+  does, and no fewer steps would do."""
+  grew = 0
+  for t, known, k, block in itertools.product((16, 64), range(0, 14, 3), (1, 2, 3, 5), (None, 4)):
+    s = parallel.steps_within(t, known, k, block_len=block)
+    assert np.diff(parallel.block_counts(t, known, s, "linear", block)).max() <= k
+    fewest = max(-(-(t - known) // k), -(-(t - known) // block) if block else 1)
+    if s > fewest:
+      grew += 1
+      too_few = parallel.block_counts(t, known, s - 1, "linear", block)
+      assert np.diff(too_few).max() > k
+  assert grew > 0  # the rounding case occurs on this grid

@@ -88,23 +88,35 @@ class Ids:
 
 
 @pytest.mark.parametrize(
-  "policy,order,k",
+  "policy,order,k,block",
   default_stage_keeps(
-    [("parallel", "l2r", 3), ("speculative", "l2r", 3), ("speculative", "random", 2)],
-    [("parallel", "l2r", 3)],
+    [
+      ("parallel", "l2r", 3, 0),
+      ("parallel", "random", 2, 4),
+      ("parallel", "random", 2, 0),
+      ("speculative", "l2r", 3, 0),
+      ("speculative", "random", 2, 0),
+    ],
+    [("parallel", "l2r", 3, 0)],
   ),
 )
-def test_the_loss_scores_rollouts_by_the_probability_they_were_drawn_with(policy, order, k):
+def test_the_loss_scores_rollouts_by_the_probability_they_were_drawn_with(policy, order, k, block):
   """GRPO's own rollouts (Rollouts.draw, per policy) and its own scoring (the train step's
   answers_logprobs): equal on every counted slot, and to a naive forward on a few; speculative
-  draws are sequential (each slot its own step), and in L2R count the answer up to its EOS."""
+  draws are sequential (each slot its own step), and in L2R count the answer up to its EOS;
+  block-wise draws fill each block of `block` positions before the next."""
   cfg, params = cached_model("ao")
   base = specs.default()
   config = base.replace(
     model=cfg,
     data=base.data.replace(pairs="arithmetic:8"),
     grpo=base.grpo.replace(
-      reward="ao_mdm.train.grpo:exact_match", group=2, policy=policy, tokens_per_step=k, order=order
+      reward="ao_mdm.train.grpo:exact_match",
+      group=2,
+      policy=policy,
+      tokens_per_step=k,
+      order=order,
+      block_len=block,
     ),
   )
   rollouts = grpo.Rollouts(config, Ids(), params)
@@ -119,6 +131,9 @@ def test_the_loss_scores_rollouts_by_the_probability_they_were_drawn_with(policy
     assert not a.counted[b, :p].any() and a.counted[b, p]
     if policy == "speculative":
       assert (a.first[b] == np.arange(T)).all()
+    if block:  # each block's positions are drawn before any later block's
+      drawn = a.order[b, a.counted[b]]
+      np.testing.assert_array_equal((drawn - p) // block, np.sort((drawn - p) // block))
     if policy == "speculative" and order == "l2r":
       n = int(a.counted[b].sum())
       assert a.counted[b, p : p + n].all() and 1 not in a.tokens[b, p : p + n - 1]
@@ -186,6 +201,10 @@ def test_a_reward_is_named_as_module_function():
 
 def test_grpo_needs_pairs_and_whole_groups():
   c = specs.default()
+  with pytest.raises(ValueError, match="grpo.block_len=4 needs policy=parallel, not speculative"):
+    c.grpo.replace(policy="speculative", block_len=4)
+  with pytest.raises(ValueError, match="grpo.block_len=-1 must be >= 0"):
+    c.grpo.replace(block_len=-1)
   with pytest.raises(ValueError, match="needs data.pairs"):
     c.replace(grpo=c.grpo.replace(reward="ao_mdm.train.grpo:exact_match"))
   with pytest.raises(ValueError, match="divisible by grpo.group=8"):
