@@ -236,7 +236,9 @@ def test_tokens_do_not_depend_on_what_else_runs(export):
   rng = random.Random(0)
   prompts = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 8))) for _ in range(32)]
   ask = lambda p, k: (
-    s.complete(prompt=p, max_tokens=k, temperature=0, extra_body={"tokens_per_step": 1 + k % 2})
+    s.complete(
+      prompt=p, max_tokens=k, temperature=0, extra_body={"tokens_per_step": 1 + k // 2 % 2}
+    )
     .choices[0]
     .text
   )
