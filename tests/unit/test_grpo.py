@@ -2,6 +2,8 @@
 decoder drew it with and a naive forward per token, for sequential, parallel and speculative
 draws; the clipped objective and the advantages against plain numpy."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,19 +45,25 @@ def drawn(order, k, temperature=1.0):
   return cfg, params, done, tokens, order_BT, steps
 
 
+@functools.cache
+def _forward(cfg):
+  model = model_lib.make_model(cfg)
+  return jax.jit(lambda params, x, o: model.apply({"params": params}, x, o))
+
+
 def naive_logprob(cfg, params, tokens, order, first, s):
   """log p(token at order[s]) from a training forward whose order is order[:first] then
-  order[s]: the target sees the tokens of the steps before its own only."""
-  model = model_lib.make_model(cfg)
-  o = np.concatenate([order[:first], order[s : s + 1]])[None]
-  logits = np.asarray(model.apply({"params": params}, tokens[None], o), np.float64)[0, -1]
+  order[s]: the target sees the tokens of the steps before its own only. (The other positions
+  follow it, so every call has one shape; a causal model's slot `first` never sees them.)"""
+  head = np.concatenate([order[:first], order[s : s + 1]])
+  o = np.concatenate([head, [x for x in order if x not in set(head.tolist())]])[None]
+  logits = np.asarray(_forward(cfg)(params, tokens[None], o), np.float64)[0, first]
   return logits[tokens[order[s]]] - np.logaddexp.reduce(logits)
 
 
 @pytest.mark.parametrize(
   "order,k",
-  # The default stage's parallel k=3 case: the rollouts test below.
-  default_stage_keeps([("l2r", 1), ("l2r", 3), ("random", 1), ("random", 4)], []),
+  default_stage_keeps([("l2r", 1), ("l2r", 3), ("random", 1), ("random", 4)], [("random", 4)]),
 )
 def test_answer_logprobs_equal_the_decoders_and_a_naive_forward_per_token(order, k):
   cfg, params, done, tokens, order_BT, steps = drawn(order, k)
