@@ -23,8 +23,7 @@ def get_config() -> ml_collections.ConfigDict:
   )
   c.bench = ml_collections.ConfigDict()
   c.bench.eval_pairs = 256  # validation pairs of the exact-match figures
-  c.bench.samples = 8  # draws per pair of the sampled exact match (GRPO's policy, held out)
-  c.bench.temperature = 1.0  # of those draws: configs/grpo.py's
+  c.bench.samples = 8  # draws per pair of the sampled exact match, at grpo.temperature
   c.bench.sft_steps = 1000  # fine-tuning steps (configs/finetune.py's)
   c.bench.sft_order = "mixed"  # the answers' order in fine-tuning: mixed(0.5)
   c.bench.sft_learning_rate = 3e-3

@@ -95,10 +95,9 @@ def steps_within(
   would put per_step + 1 tokens in a step."""
   unknown = t - known
   blocks = -(-unknown // block_len) if block_len and block_len < unknown else 1
+  widest = lambda steps: np.diff(block_counts(t, known, steps, schedule, block_len)).max()
   steps = max(-(-unknown // per_step), blocks)
-  while steps < unknown and np.diff(block_counts(t, known, steps, schedule, block_len)).max() > (
-    per_step
-  ):
+  while steps < unknown and widest(steps) > per_step:
     steps += 1
   return steps
 

@@ -139,7 +139,7 @@ def exact_match(
   drawn `samples` times, each with its own seed, and the share is over every draw. Prompts that
   leave no position to draw count as misses."""
   t = cfg.block_size
-  ids = [tokenizer.encode(p) for p, _ in items for _ in range(samples)]
+  ids = [x for x in (tokenizer.encode(p) for p, _ in items) for _ in range(samples)]
   wants = [w for _, w in items for _ in range(samples)]
   fits = [i for i, x in enumerate(ids) if len(x) < t]
   finished = complete(

@@ -27,21 +27,22 @@ from ao_mdm.eval import responses
 from ao_mdm.storage import fs
 
 
-def _accuracy(run: str, items: list, bench: Any, say: Callable[[str], None], what: str) -> tuple:
+def _accuracy(
+  run: str, items: list, samples: int, temperature: float, say: Callable[[str], None], what: str
+) -> tuple:
   """({greedy, sampled} exact match of the run's EMA params on `items`, config, params,
-  tokenizer); sampled: bench.samples draws per pair at bench.temperature, GRPO's own policy."""
+  tokenizer); sampled: `samples` draws per pair at GRPO's temperature, its own policy."""
   config, params, tokenizer = checkpoints.load_run(run, "ema", log=lambda _: None)
   match = lambda **kw: responses.exact_match(
     params, config.model, tokenizer, items, batch=32, **kw
   )[0]
   accuracy = {
     "greedy": match(),
-    "sampled": match(temperature=float(bench.temperature), samples=int(bench.samples)),
+    "sampled": match(temperature=temperature, samples=samples),
   }
   say(
     f"{what}: exact match on {len(items)} validation pairs: greedy {accuracy['greedy']:.1%}, "
-    f"sampled {accuracy['sampled']:.1%} ({bench.samples} draws each at temperature "
-    f"{bench.temperature})"
+    f"sampled {accuracy['sampled']:.1%} ({samples} draws each at temperature {temperature})"
   )
   return accuracy, config, params, tokenizer
 
@@ -118,7 +119,8 @@ def bench_posttrain(config: specs.Spec, bench: Any, checkpoint: str, log=print) 
 
   items = pairs.load(config.data.pairs, "validation")[: bench.eval_pairs]
   result: dict = {"eval_pairs": len(items)}
-  result["start_accuracy"] = _accuracy(checkpoint, items, bench, log, "start")[0]
+  drawn = (int(bench.samples), float(config.grpo.temperature))  # the sampled exact match's
+  result["start_accuracy"] = _accuracy(checkpoint, items, *drawn, log, "start")[0]
   quiet = lambda _: None
   with tempfile.TemporaryDirectory() as root:
     sft_dir, grpo_dir = f"{root}/sft", f"{root}/grpo"
@@ -139,7 +141,7 @@ def bench_posttrain(config: specs.Spec, bench: Any, checkpoint: str, log=print) 
     start = time.perf_counter()
     loop.train_and_evaluate(sft, sft_dir, init_from=checkpoint, log=quiet)
     result["sft_s"] = time.perf_counter() - start
-    accuracy, _, params, tokenizer = _accuracy(sft_dir, items, bench, log, "fine-tuned")
+    accuracy, _, params, tokenizer = _accuracy(sft_dir, items, *drawn, log, "fine-tuned")
     result["sft_accuracy"] = accuracy
     result["mean_field"] = _mean_field_gap(config, params, tokenizer, items)
     grpo = config.replace(
@@ -148,7 +150,7 @@ def bench_posttrain(config: specs.Spec, bench: Any, checkpoint: str, log=print) 
       )
     )
     loop.train_and_evaluate(grpo, grpo_dir, init_from=sft_dir, log=quiet)
-    result["grpo_accuracy"] = _accuracy(grpo_dir, items, bench, log, "after GRPO")[0]
+    result["grpo_accuracy"] = _accuracy(grpo_dir, items, *drawn, log, "after GRPO")[0]
     result["grpo"] = _grpo_costs(grpo_dir, grpo)
     result["grpo"]["sampler_tokens_per_s"] = _sampler_tokens_per_s(grpo, params, tokenizer, items)
   g, m = result["grpo"], result["mean_field"]

@@ -56,7 +56,7 @@ def naive_logprob(cfg, params, tokens, order, first, s):
   order[s]: the target sees the tokens of the steps before its own only. (The other positions
   follow it, so every call has one shape; a causal model's slot `first` never sees them.)"""
   head = np.concatenate([order[:first], order[s : s + 1]])
-  o = np.concatenate([head, [x for x in order if x not in set(head.tolist())]])[None]
+  o = np.concatenate([head, order[~np.isin(order, head)]])[None]
   logits = np.asarray(_forward(cfg)(params, tokens[None], o), np.float64)[0, first]
   return logits[tokens[order[s]]] - np.logaddexp.reduce(logits)
 
