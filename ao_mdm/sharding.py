@@ -84,7 +84,7 @@ def data_parallel_size(mesh: Mesh, axis_rules: tuple) -> int:
   return int(np.prod([mesh.shape[a] for a in axes]))
 
 
-def global_batch(local_bT: Any, sharding: NamedSharding) -> Any:
+def global_batch(local_bT: Any, sharding: jax.sharding.Sharding) -> Any:
   """Assemble the global batch from each process's local rows (an array, or a dict of [b, ...]
   arrays)."""
   return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), local_bT)

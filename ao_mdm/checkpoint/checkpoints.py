@@ -439,7 +439,22 @@ def write_params_export(
   with outputs.output_dir(out) as tmp:
     if tokenizer_dir and fs.isdir(tokenizer_dir):  # samplers and evaluators read it here
       fs.copytree(tokenizer_dir, fs.join(tmp, layout.TOKENIZER))
-    mgr = manager(tmp, max_to_keep=None, async_save=False, item_names=("params", "config"))
-    save_items(mgr, 0, params=ocp.args.StandardSave(params), config=ocp.args.JsonSave(config))
-    mgr.close()
+    write_params(tmp, config, params)
   return fs.absolute(out)
+
+
+def write_params(out: str, config: dict, params: Any) -> None:
+  """Writes `<out>/0/{params, config}`, called by every process of a run when the params are
+  its global arrays: Orbax marks step 0 complete last, and a reader sees only complete steps."""
+  mgr = manager(out, max_to_keep=None, async_save=False, item_names=("params", "config"))
+  save_items(mgr, 0, params=ocp.args.StandardSave(params), config=ocp.args.JsonSave(config))
+  mgr.close()
+
+
+def has_params(path: str) -> bool:
+  """Whether `path` holds a complete checkpoint or export."""
+  try:
+    reader(path)
+  except FileNotFoundError:
+    return False
+  return True

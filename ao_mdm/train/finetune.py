@@ -25,7 +25,8 @@ def run_tokenizer(config: specs.Spec, workdir: str, init_from: str | None) -> An
   v = config.model.vocab_size
   directory = fs.join(workdir, "tokenizer")
   have = fs.isdir(directory) and any(n.endswith(f"_{v}.model") for n in fs.listdir(directory))
-  if not have:
+  # Process 0's answer for all: another may look after process 0 has copied it.
+  if not multihost_utils.broadcast_one_to_all(np.bool_(have)):
     if not init_from:
       raise ValueError(
         "data.pairs fine-tunes a trained model: give --init_from=RUN_OR_EXPORT (its params "

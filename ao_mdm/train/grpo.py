@@ -8,15 +8,18 @@ recomputes that same probability in one forward, for the policy, the old policy 
 """
 
 from collections.abc import Callable
+import functools
 import importlib
 import time
 from typing import Any, NamedTuple
 
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 import numpy as np
 
-from ao_mdm import specs
+from ao_mdm import sharding, specs
 from ao_mdm.data import pairs
 from ao_mdm.decode import batching, common, speculative
 from ao_mdm.eval import responses
@@ -65,21 +68,17 @@ def advantages(rewards_G: np.ndarray) -> np.ndarray:
 def reference_params(
   config: specs.Spec, workdir: str, init_params: Any, resumed: bool, shardings: Any, say: Callable
 ) -> Any:
-  """The KL's reference: the --init_from params, kept in WORKDIR/reference for the restarts."""
+  """The KL's reference: the --init_from params, kept in WORKDIR/reference for the restarts
+  (every process writes its shards)."""
   from ao_mdm.checkpoint import checkpoints, layout
 
-  if jax.process_count() > 1:
-    raise ValueError(
-      "GRPO runs in one process (its answers are drawn on this host's devices); start it "
-      "without --coordinator"
-    )
   path = fs.join(workdir, layout.REFERENCE)
   if init_params is not None:
-    if not fs.isdir(path):
-      checkpoints.write_params_export(path, config.to_dict(), jax.device_get(init_params))
+    if multihost_utils.broadcast_one_to_all(np.bool_(not checkpoints.has_params(path))):
+      checkpoints.write_params(path, config.to_dict(), jax.device_put(init_params, shardings))
     # A copy: the train state's params, donated at every step, may share these buffers.
     return jax.tree.map(jnp.copy, jax.device_put(init_params, shardings))
-  if not resumed or not fs.isdir(path):
+  if not resumed or not checkpoints.has_params(path):
     raise ValueError(
       "GRPO starts from a trained model: give --init_from=RUN_OR_EXPORT (its params start the "
       "run and are the reference of the KL penalty)"
@@ -87,15 +86,38 @@ def reference_params(
   return checkpoints.load_params(path, log=say, shardings=lambda c: shardings)[1]
 
 
+@functools.cache
+def _gathered(mesh: jax.sharding.Mesh) -> Callable:
+  """params -> the params whole on every device of `mesh` (an all-gather among the processes)."""
+  return jax.jit(lambda params: params, out_shardings=jax.sharding.NamedSharding(mesh, P()))
+
+
+def on_this_host(params: Any) -> Any:
+  """The params whole on this process's first device, where its rollouts run: each process draws
+  the answers to its own prompts, with no collective among the processes."""
+  device = jax.local_devices()[0]
+  whole = _gathered(jax.tree.leaves(params)[0].sharding.mesh)(params)
+  return jax.tree.map(
+    lambda x: next(s.data for s in x.addressable_shards if s.device == device), whole
+  )
+
+
+def _agreed(local: Any) -> np.ndarray:
+  """[processes, ...]: every process's `local`, in process order."""
+  return np.asarray(multihost_utils.process_allgather(np.asarray(local))).reshape(
+    -1, *np.shape(local)
+  )
+
+
 def _narrowed(batch: dict) -> dict:
-  """The answers cut after their last drawn slot, rounded up to a multiple of 8, when the slots
-  kept hold only positions before the cut (L2R answers stopped at EOS): no compute on slots
-  that no drawn token sees."""
+  """The answers cut after the last drawn slot of any process's, rounded up to a multiple of 8,
+  when the slots kept hold only positions before the cut (L2R answers stopped at EOS): no compute
+  on slots that no drawn token sees. Every process cuts alike (one shape for the step)."""
   counted_BT, order_BT = batch["counted"], batch["order"]
   t = order_BT.shape[1]
-  last = int(np.flatnonzero(counted_BT.any(0)).max(initial=0)) + 1
+  last = int(_agreed(np.flatnonzero(counted_BT.any(0)).max(initial=0)).max()) + 1
   width = min(-(-last // 8) * 8, t)
-  if width == t or (order_BT[:, :width] >= width).any():
+  if width == t or not _agreed(np.all(order_BT[:, :width] < width)).all():
     return batch
   return {k: v if v.shape[1] != t else v[:, :width] for k, v in batch.items()}
 
@@ -113,33 +135,45 @@ class Answers(NamedTuple):
 
 
 class Rollouts:
-  """Draws and scores a step's answers: `(params, prompt rows, step) -> (batch, metrics)`."""
+  """Draws and scores a step's answers: `(params, this process's prompt rows, step) -> (global
+  batch, metrics)`. Each process draws the answers to its rows on its first device; the
+  reference scores the global batch on the training mesh (`batch_sharding`)."""
 
-  def __init__(self, config: specs.Spec, tokenizer: Any, reference: Any):
+  def __init__(
+    self, config: specs.Spec, tokenizer: Any, reference: Any, batch_sharding: jax.sharding.Sharding
+  ):
     self.config, self.tokenizer, self.reference = config, tokenizer, reference
+    self.batch_sharding = batch_sharding
     self.reward = load_reward(config.grpo.reward)
     cfg, g = config.model, config.grpo
     self.vocab_limit = min(tokenizer.vocab_size, cfg.vocab_size)
     if g.policy == "parallel":
       self.batcher = batching.Batcher.continuing(
-        reference,
+        None,  # each call's params
         cfg,
-        batch=config.train.batch_size,
+        batch=config.train.batch_size // jax.process_count(),
         tokens_per_step=g.tokens_per_step,
         order=g.order,
         block_len=g.block_len or None,
         eos_id=tokenizer.eos_id,
         vocab_limit=self.vocab_limit,
       )
-    self._logprobs = jax.jit(train_step.answers_logprobs(config))
+    self._logprobs = jax.jit(train_step.answers_logprobs(config), out_shardings=batch_sharding)
 
   def __call__(self, params: Any, rows_PX: np.ndarray, step: int) -> tuple[dict, dict]:
     g = self.config.grpo
     tokens_PT, prompt_P, length_P = pairs.split_rows(np.asarray(rows_PX))
     jax.block_until_ready(params)  # the last update's time is not the rollout's
     start = time.perf_counter()
-    seed = (self.config.seed * 1_000_003 + step * len(rows_PX) * g.group) % 2**31
-    answers = self.draw(params, tokens_PT, prompt_P, seed)
+    # Seeds numbered by the row of the global batch: the answers do not depend on the processes.
+    n = len(rows_PX)
+    row = step * n * jax.process_count() + jax.process_index() * n
+    answers = self.draw(
+      on_this_host(params),
+      tokens_PT,
+      prompt_P,
+      (self.config.seed * 1_000_003 + row * g.group) % 2**31,
+    )
     tokens_BT, counted_BT = answers.tokens, answers.counted
     rollout_s = time.perf_counter() - start
     rewards = []
@@ -157,15 +191,20 @@ class Rollouts:
       "counted": counted_BT.astype(np.float32),
       "advantage": advantages(rewards_PG).reshape(-1, 1),
     }
-    batch = _narrowed(batch)
+    batch = sharding.global_batch(_narrowed(batch), self.batch_sharding)
     start = time.perf_counter()  # the old policy's are the train step's (train/step.py)
-    batch["ref"] = np.asarray(self._logprobs(self.reference, batch))
+    batch["ref"] = jax.block_until_ready(self._logprobs(self.reference, batch))
+    scoring_s = time.perf_counter() - start
+    every = _agreed(
+      np.array([rewards_PG.sum(), rewards_PG.size, counted_BT.sum(), rollout_s, scoring_s])
+    )
+    reward, answers_n, tokens = every[:, :3].sum(0)
     metrics = {
-      "reward": float(rewards_PG.mean()),
-      "answer_tokens": float(counted_BT.sum(1).mean()),
-      "rollout_s": rollout_s,
-      "scoring_s": time.perf_counter() - start,
-      "rollout_tokens_per_s": float(counted_BT.sum()) / rollout_s,
+      "reward": float(reward / answers_n),
+      "answer_tokens": float(tokens / answers_n),
+      "rollout_s": float(every[:, 3].max()),
+      "scoring_s": float(every[:, 4].max()),
+      "rollout_tokens_per_s": float(tokens / every[:, 3].max()),
     }
     return batch, metrics
 

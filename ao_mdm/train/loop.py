@@ -203,7 +203,7 @@ def _train(
     reference = grpo.reference_params(
       config, workdir, init_params, found is not None, program.shardings.params, say
     )
-    rollouts = grpo.Rollouts(config, pair_data.tokenizer, reference)
+    rollouts = grpo.Rollouts(config, pair_data.tokenizer, reference, program.batch_sharding)
   clock.mark("restore")
   # Validation goes through the scorer of `ao-mdm eval`, on the training mesh.
   scorer = scoring.Scorer(state.ema_params, config.model, config.mesh)
@@ -289,10 +289,12 @@ def _train(
   try:
     for step in range(first, train.num_steps):
       batch, drawn = next(data_iter), dict[str, float]()
-      if rollouts is not None:
+      if rollouts is not None:  # the answers to these prompts, already global
         batch, drawn = rollouts(state.params, batch, step)
+      else:
+        batch = program.global_batch(batch)
       with profile.step(step):
-        state, metrics = program.step(state, program.global_batch(batch))
+        state, metrics = program.step(state, batch)
       metrics = {**metrics, **drawn}
       profile.after(step, metrics)
       if step == first:  # the start, phase by phase, once its first step has run

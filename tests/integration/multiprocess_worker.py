@@ -1,4 +1,5 @@
-"""One process of tests/test_multiprocess.py: 3 train steps of a tiny config on a global batch.
+"""One process of tests/test_multiprocess.py: 3 train steps of a tiny config on a global batch,
+or with --grpo 3 GRPO steps per rollout policy on fixed prompts (answers drawn by each process).
 
 Each process feeds only its rows of the same fixed global batches; process 0 writes the final
 params (gathered from all processes) and the losses to --out as an .npz.
@@ -27,6 +28,65 @@ def global_batches(config) -> list:
   return [rng.integers(0, config.model.vocab_size, shape, dtype=np.int32) for _ in range(STEPS)]
 
 
+class Bytes:
+  """A byte tokenizer (EOS 0) for the GRPO rollouts' rewards."""
+
+  eos_id, vocab_size = 0, 256
+
+  def encode_batch(self, texts):
+    return [list(t.encode()) for t in texts]
+
+  def decode(self, ids):
+    return bytes(ids).decode(errors="replace")
+
+
+def answer_length(prompt: str, answer: str, reference: str) -> float:
+  """A reward that a random model's answers differ in (grpo.reward names it)."""
+  del prompt, reference
+  return float(len(answer))
+
+
+def grpo_run(policy: str, out: dict) -> None:
+  """STEPS GRPO steps from random params on fixed prompts, each process its rows of them."""
+  import jax
+  from jax.experimental import multihost_utils
+  import jax.numpy as jnp
+
+  from ao_mdm import specs
+  from ao_mdm.data import pairs
+  from ao_mdm.train import grpo
+  from ao_mdm.train import step as train_step
+
+  config = tiny_config()
+  config.data.pairs = "arithmetic:16"
+  config.train.learning_rate = 1e-3  # at 1e-2 Adam turns float noise in tiny gradients into 1e-4
+  config.grpo.update(
+    reward="multiprocess_worker:answer_length",
+    group=2,
+    updates=2,
+    kl=0.1,
+    policy=policy,
+    order="random" if policy == "parallel" else "l2r",
+    tokens_per_step=2,
+  )
+  spec = specs.parse(config)
+  program = train_step.make_program(spec)
+  state = program.init_state()
+  reference = jax.tree.map(jnp.copy, state.params)
+  rollouts = grpo.Rollouts(spec, Bytes(), reference, program.batch_sharding)
+  rows_NX = pairs.encode(pairs.arithmetic(16, 0), Bytes(), config.model.block_size)[0]
+  n = config.train.batch_size // 2 // jax.process_count()  # prompts per process and step
+  for step in range(STEPS):
+    first = step * n * jax.process_count() + jax.process_index() * n
+    batch, drawn = rollouts(state.params, rows_NX[first : first + n], step)
+    out[f"{policy}/answers{step}"] = multihost_utils.process_allgather(batch["tokens"], tiled=True)
+    state, metrics = program.step(state, batch)
+    out.setdefault(f"{policy}/loss", []).append(float(metrics["loss"]))
+    out.setdefault(f"{policy}/reward", []).append(drawn["reward"])
+  params = multihost_utils.process_allgather(state.params, tiled=True)
+  out.update({f"{policy}/{k}": v for k, v in flat_arrays(params).items()})
+
+
 def flat_arrays(tree) -> dict:
   import jax
 
@@ -41,6 +101,7 @@ def main() -> None:
   p.add_argument("--port", type=int, default=0)
   p.add_argument("--devices", type=int, required=True, help="CPU devices in this process")
   p.add_argument("--out", required=True)
+  p.add_argument("--grpo", action="store_true")
   args = p.parse_args()
 
   import jax
@@ -53,6 +114,15 @@ def main() -> None:
       process_id=args.process_id,
     )
   from jax.experimental import multihost_utils
+
+  if args.grpo:
+    out: dict = {}
+    for policy in ("parallel", "speculative"):
+      grpo_run(policy, out)
+    if jax.process_index() == 0:
+      np.savez(args.out, **out)
+    print(f"process {jax.process_index()}/{jax.process_count()}: grpo {out['parallel/loss']}")
+    return
 
   from ao_mdm import specs
   from ao_mdm.train import step as train_step

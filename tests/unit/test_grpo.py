@@ -127,7 +127,9 @@ def test_the_loss_scores_rollouts_by_the_probability_they_were_drawn_with(policy
       block_len=block,
     ),
   )
-  rollouts = grpo.Rollouts(config, Ids(), params)
+  rollouts = grpo.Rollouts(
+    config, Ids(), params, jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  )
   tokens_PT = np.random.default_rng(2).integers(2, cfg.vocab_size, (len(PROMPTS), T))
   prompt_P = np.asarray(PROMPTS)
   a = rollouts.draw(params, tokens_PT.astype(np.int32), prompt_P, seed=5)
