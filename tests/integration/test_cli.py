@@ -387,8 +387,15 @@ def test_every_bad_input_gives_one_error_line_and_changes_nothing(files):
   cases = [
     ([a.format(**files) for a in args], message.format(**files)) for args, message in BAD_INPUTS
   ]
+
+  def timed(case):
+    start = time.perf_counter()
+    out = ao_mdm(*case[0])
+    print(f"{time.perf_counter() - start:6.1f} s  {' '.join(case[0])}")  # with -s
+    return out
+
   with concurrent.futures.ThreadPoolExecutor(3) as pool:
-    outs = list(pool.map(lambda case: ao_mdm(*case[0]), cases))
+    outs = list(pool.map(timed, cases))
   failures = []
   for (args, message), out in zip(cases, outs):
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]

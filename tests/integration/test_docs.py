@@ -8,6 +8,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -47,6 +48,8 @@ SHORT_RUN = [
   "--config.model.cond_dim=32",
   "--config.train.num_steps=2",
 ]
+# Appended to `train-draft`: a few steps (its default 600 took 83 s of this test's 270).
+DRAFT_SHORT = ["--steps=20"]
 # Appended to a documented `bench` command: its work cut to a case or two (the command and its
 # code paths run as written; the measurement is docs/performance.md's).
 BENCH_SHORT = {
@@ -85,10 +88,18 @@ def test_every_documented_demo_command_runs(demo_run):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
 
   def run(item):
+    start = time.perf_counter()
+    name, command, out = run_one(item)
+    print(f"{time.perf_counter() - start:6.1f} s  {command}")  # with -s: where the time goes
+    return name, command, out
+
+  def run_one(item):
     name, command = item
     args = [a.replace("runs/demo", demo_run) for a in shlex.split(command)[1:]]
     if args[0] == "train":
       args += SHORT_RUN
+    if args[0] == "train-draft":
+      args += DRAFT_SHORT
     if args[0] == "bench":
       args += BENCH_SHORT[args[1]]
     if args[0] == "serve":  # it runs until stopped: up (on any free port), then SIGTERM

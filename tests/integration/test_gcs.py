@@ -23,9 +23,8 @@ from ao_mdm.storage import lease as lease_lib
 from ao_mdm.train import loop, records
 from helpers import ROOT, SMALL_MODEL_FLAGS, SMALL_TRAIN_FLAGS, ao_mdm, error_lines
 
-# They time bounded detections or signal processes after delays: the slow stage runs them one
-# at a time (`alone`), never beside another test.
-pytestmark = pytest.mark.alone
+# Those marked `alone` time bounded detections or signal processes after delays: the slow
+# stage runs them one at a time, never beside another test.
 
 TINY = f"--config={ROOT}/configs/tiny.py"
 
@@ -92,6 +91,7 @@ def test_misspelt_urls_are_refused_and_no_local_gs_directory_is_made(tmp_path):
   assert "did you mean gs://BUCKET/PATH" in out.stderr and os.listdir(tmp_path) == []
 
 
+@pytest.mark.alone
 @pytest.mark.slow  # a timed wait: beside another test (make test's 2 processes) it took 11.5 s
 def test_a_missing_bucket_or_no_server_is_one_error_line_in_bounded_time(gcs_server, tmp_path):
   out = ao_mdm("train", TINY, "--workdir=gs://no-such-bucket/run")
@@ -120,6 +120,7 @@ def test_a_missing_bucket_or_no_server_is_one_error_line_in_bounded_time(gcs_ser
   assert "within 8 s" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.alone
 def test_the_lock_refuses_a_second_holder_and_takes_over_a_stale_one(gcs_server):
   path = f"gs://bucket/locks/{time.time_ns()}/train.lock"
   first = lease_lib.Lease(path, "test", lease_s=60)
@@ -366,6 +367,7 @@ def _steps(run) -> list:
   )
 
 
+@pytest.mark.alone
 @pytest.mark.slow  # seven two-process runs, about four minutes
 def test_two_processes_prepare_and_train_in_a_bucket_and_resume_exactly_after_sigkill(
   gcs_server, data_dir, tmp_path
@@ -451,6 +453,7 @@ def test_two_processes_prepare_and_train_in_a_bucket_and_resume_exactly_after_si
   same_as_straight(stopped)
 
 
+@pytest.mark.alone
 @pytest.mark.slow  # three CLI runs and an export, about a minute
 def test_in_a_bucket_an_unreadable_step_is_set_aside_and_ctrl_c_leaves_no_export(
   gcs_server, data_dir
@@ -514,6 +517,7 @@ def test_gs_paths_without_credentials_are_one_error_line(tmp_path):
   assert time.time() - start < 60 and "credentials" in out.stderr, out.stderr
 
 
+@pytest.mark.alone
 @pytest.mark.slow  # a training run against its own server, stopped mid-run (about 40 s)
 def test_a_server_that_stops_answering_ends_training_with_one_line_in_bounded_time(data_dir):
   """The server SIGSTOPped at step 12 (connections open, nothing answered), then SIGTERM to

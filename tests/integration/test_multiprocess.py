@@ -13,11 +13,11 @@ import pytest
 
 from helpers import ROOT, SMALL_TRAIN_FLAGS
 
-# Two processes, about a minute on 2 cores: in the slow stage (make test-slow), which runs one
-# test at a time: a process starved of CPU by another test misses its heartbeats.
-# They time bounded detections or signal processes after delays: the slow stage runs them one
-# at a time (`alone`), never beside another test.
-pytestmark = [pytest.mark.slow, pytest.mark.alone]
+# Two processes, about a minute on 2 cores: in the slow stage (make test-slow). Those that run
+# `ao-mdm train` are `alone` (one at a time): a process starved of CPU by another test misses
+# its heartbeats, and some are signalled after delays. The workers of test_two_processes_match_one
+# watch no heartbeats.
+pytestmark = pytest.mark.slow
 
 WORKER = pathlib.Path(__file__).resolve().parent / "multiprocess_worker.py"
 TIMEOUT_S = 240
@@ -226,6 +226,7 @@ def saved_step(stopped: list, said: str) -> int:
   return int(line[0].split("at step ")[1].split()[0])
 
 
+@pytest.mark.alone
 def test_sigterm_to_one_process_stops_both_at_one_step(straight, data_dir, tmp_path):
   workdir = str(tmp_path / "run")
 
@@ -239,6 +240,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step(straight, data_dir, tmp_p
   assert not any(error_lines(r[2]) or "Traceback" in r[2] for r in stopped)
 
 
+@pytest.mark.alone
 def test_sigterm_to_both_at_different_moments_and_during_start_up(straight, data_dir, tmp_path):
   workdir = str(tmp_path / "run")
 
@@ -253,6 +255,7 @@ def test_sigterm_to_both_at_different_moments_and_during_start_up(straight, data
   assert saved_step(stopped, "preempted") <= 3  # at the first boundaries, not when both asked
 
 
+@pytest.mark.alone
 def test_ctrl_c_to_one_process_exits_130_on_both(straight, data_dir, tmp_path):
   workdir = str(tmp_path / "run")
 
@@ -274,6 +277,7 @@ def wait_for_checkpoint(procs: list, workdir: str, step: int) -> None:
   assert os.path.isdir(path), [p.poll() for p in procs]
 
 
+@pytest.mark.alone
 def test_a_killed_process_ends_the_other_with_one_line_in_bounded_time(
   straight, data_dir, tmp_path
 ):
@@ -310,6 +314,7 @@ def test_a_killed_process_ends_the_other_with_one_line_in_bounded_time(
   assert_same_run(workdir, straight)
 
 
+@pytest.mark.alone
 def test_finetuning_then_grpo_in_two_processes(sp_export, data_dir, tmp_path):
   """`ao-mdm train` on pairs as two processes: fine-tuning from an export, GRPO from that run
   (every process writes its shards of the reference), then GRPO resumed (both read it back)."""
@@ -349,6 +354,7 @@ def jax_tree_equal(a, b) -> None:
   jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
+@pytest.mark.alone
 def test_ctrl_c_to_the_local_launcher_is_an_interrupt_not_a_failure(data_dir, tmp_path):
   """launch/local_multiprocess.sh: Ctrl-C (SIGINT to its process group, as a terminal sends it)
   saves one step in both processes and the launcher exits 130 without calling it a failure."""

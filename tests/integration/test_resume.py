@@ -19,9 +19,8 @@ from ao_mdm.config import base_config
 from ao_mdm.train import loop
 from helpers import ROOT, SMALL_TRAIN_FLAGS
 
-# They time bounded detections or signal processes after delays: the slow stage runs them one
-# at a time (`alone`), never beside another test.
-pytestmark = pytest.mark.alone
+# Those marked `alone` time bounded detections or signal processes after delays: the slow
+# stage runs them one at a time, never beside another test.
 
 SMALL = [*SMALL_TRAIN_FLAGS, "--config.train.eval_every=0"]
 
@@ -57,6 +56,7 @@ def _complete_steps(workdir):
   return sorted(int(n) for n in os.listdir(d) if n.isdigit()) if os.path.isdir(d) else []
 
 
+@pytest.mark.alone
 @pytest.mark.slow  # three training processes; test_train covers resume in-process by default
 def test_exact_resume_after_sigkill(data_dir, tmp_path):
   """`ao-mdm prepare`, then a straight run and a run killed and resumed read the same blocks."""
@@ -131,6 +131,7 @@ def _running(workdir, data_dir):
     (signal.SIGINT, 130, "interrupted"),
   ],
 )
+@pytest.mark.alone
 def test_sigterm_and_ctrl_c_save_at_a_step_boundary(data_dir, tmp_path, signum, code, said):
   workdir = str(tmp_path / "run")
   proc = _running(workdir, data_dir)
@@ -279,6 +280,7 @@ def test_every_checkpoint_damaged_is_one_line_each_from_the_command(data_dir, tm
   ], out.stdout
 
 
+@pytest.mark.alone
 def test_a_second_run_in_the_same_workdir_is_refused(data_dir, tmp_path):
   workdir = str(tmp_path / "run")
   lock = checkpoints.WorkdirLock(workdir)
@@ -295,6 +297,7 @@ def test_a_second_run_in_the_same_workdir_is_refused(data_dir, tmp_path):
   checkpoints.WorkdirLock(workdir).release()  # free again once released
 
 
+@pytest.mark.alone
 @pytest.mark.slow  # several processes, each interrupted at another moment
 def test_ctrl_c_elsewhere_exits_130_and_leaves_no_partial_output(data_dir, tmp_path):
   """export and sample, interrupted at growing delays: each run either finished (exit 0) or
@@ -371,6 +374,7 @@ def test_ctrl_c_elsewhere_exits_130_and_leaves_no_partial_output(data_dir, tmp_p
   assert ("interrupted: saved a checkpoint" in out) == bool(_complete_steps(str(workdir)))
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_a_second_train_process_is_refused_and_a_second_ctrl_c_exits_at_once(data_dir, tmp_path):
   workdir = str(tmp_path / "run")
@@ -390,6 +394,7 @@ def test_a_second_train_process_is_refused_and_a_second_ctrl_c_exits_at_once(dat
   assert "interrupted again: exiting now" in err or "interrupted: saved a checkpoint" in out
 
 
+@pytest.mark.alone
 def test_a_second_ctrl_c_during_the_save_exits_at_once(monkeypatch):
   from ao_mdm.runtime import interrupts
 
@@ -415,6 +420,7 @@ def test_a_second_ctrl_c_during_the_save_exits_at_once(monkeypatch):
   assert signal.getsignal(signal.SIGINT) is before
 
 
+@pytest.mark.alone
 def test_a_sigterm_before_the_loop_is_held_for_it(monkeypatch):
   """`ao-mdm train` holds a SIGTERM from its start (joining, restoring, compiling) for the
   loop's StopRequest, which saves at the first step boundary; Ctrl-C before it exits at once."""

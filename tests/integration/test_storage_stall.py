@@ -30,7 +30,7 @@ from helpers import ROOT
 # at a time (`alone`), never beside another test.
 pytestmark = pytest.mark.alone
 
-BOUND_S = 10  # --storage_timeout of every case
+BOUND_S = 5  # --storage_timeout of every case
 SMALL = {
   "model.vocab_size": 512,
   "model.block_size": 32,
@@ -182,7 +182,7 @@ def _phases(key: str) -> dict:
   }
 
 
-@pytest.mark.slow  # three commands, each ends about 12 s after its stall
+@pytest.mark.slow  # three commands, each ends about 7 s after its stall
 @pytest.mark.parametrize("phase", ["manager creation", "step listing", "restore of params"])
 def test_sample_from_a_bucket_that_stalls_while_reading_ends_with_one_line(run, phase):
   """The same code reads the params of eval, export, export-torch, harness and --init_from."""
@@ -208,7 +208,7 @@ def _resume(run: str, workdir: str, data_dir: str) -> list:
   ]
 
 
-@pytest.mark.slow  # four trainings, each ends about 12 s after its stall
+@pytest.mark.slow  # four trainings, each ends about 7 s after its stall
 @pytest.mark.parametrize(
   "phase", ["manager creation", "step listing", "restore of params", "restore of the data iterator"]
 )

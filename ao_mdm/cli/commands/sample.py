@@ -20,6 +20,7 @@ from ao_mdm.decode.options import (
   TOP_P_RULES,
   check_block_len,
   check_counts,
+  check_sampling,
 )
 from ao_mdm.runtime import interrupts
 from ao_mdm.storage import fs, paths
@@ -123,6 +124,11 @@ def check(v: dict, given: set) -> None:
     raise ValueError("--infill_span applies with --infill")
   policies.check_options(v["mode"], given & policies.option_names())
   check_counts(v["num_samples"], v["batch_size"])
+  # Before JAX loads: the values that do not depend on the model (the rest are checked on it).
+  check_sampling(
+    v["steps"], v["temperature"], v["top_p"], v["top_k"], v["order"], v["top_p_rule"],
+    v["schedule"],
+  )  # fmt: skip
   if v["until_eos"]:
     policies.check_until_eos(v["mode"], v["order"], v["infill"])
   check_block_len(v["block_len"])
