@@ -263,8 +263,13 @@ def logprobs(scaled: jax.Array, logits: jax.Array, picked: jax.Array, temperatur
   """(log-prob of `picked` under softmax(scaled), the distribution it was drawn from, 0 when
   greedy; its log-prob under the model's own softmax(logits)): [...] from [..., V]."""
   at = lambda x: jnp.take_along_axis(x, picked[..., None], axis=-1)[..., 0]
-  lp = jnp.where(temperature > 0, at(jax.nn.log_softmax(scaled, axis=-1)), 0.0)
-  return lp, at(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+
+  def log_softmax_at(x):  # jax.nn.log_softmax(x) at `picked`, op for op, without all V of it
+    top = jax.lax.stop_gradient(x.max(-1, keepdims=True))
+    return (at(x) - top[..., 0]) - jnp.log(jnp.exp(x - top).sum(-1))
+
+  lp = jnp.where(temperature > 0, log_softmax_at(scaled), 0.0)
+  return lp, log_softmax_at(logits.astype(jnp.float32))
 
 
 def commit(
