@@ -177,6 +177,11 @@ def check(v: dict, given: set) -> None:
     raise ValueError("--datasets is empty; give registry names, e.g. --datasets=sotu")
   elif v["lambada_file"] and "lambada" not in checks.names(v["datasets"]):
     raise ValueError("--lambada_file applies with --datasets=...,lambada")
+  else:
+    from ao_mdm.data import datasets  # the registry (TFDS, not JAX): an unknown name fails fast
+
+    for name in checks.names(v["datasets"]):
+      datasets.get_spec(name)
   custom = [f"--{k}" for k in ("split", "max_blocks", "orders") if k in given]
   if v["protocol"] == "paper" and custom:
     raise ValueError(
