@@ -1,10 +1,12 @@
 """What test modules of both tiers share: the repository's root, the `ao-mdm` command run as a
 process, a tiny config, and the reference models and samplers several modules test against."""
 
+import contextlib
 import os
 import pathlib
 import subprocess
 import sys
+import time
 
 from flax import linen, traverse_util
 import jax
@@ -17,6 +19,14 @@ from ao_mdm import specs
 from ao_mdm.config import base_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def printed_time(label: str):
+  """Prints the block's seconds and `label`: where a long test's time goes (seen with -s)."""
+  start = time.perf_counter()
+  yield
+  print(f"{time.perf_counter() - start:6.1f} s  {label}")
 
 
 def default_stage_keeps(cases: list, keep: list) -> list:

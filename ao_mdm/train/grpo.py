@@ -74,10 +74,11 @@ def reference_params(
 
   path = fs.join(workdir, layout.REFERENCE)
   if init_params is not None:
+    placed = jax.device_put(init_params, shardings)
     if multihost_utils.broadcast_one_to_all(np.bool_(not checkpoints.has_params(path))):
-      checkpoints.write_params(path, config.to_dict(), jax.device_put(init_params, shardings))
+      checkpoints.write_params(path, config.to_dict(), placed)
     # A copy: the train state's params, donated at every step, may share these buffers.
-    return jax.tree.map(jnp.copy, jax.device_put(init_params, shardings))
+    return jax.tree.map(jnp.copy, placed)
   if not resumed or not checkpoints.has_params(path):
     raise ValueError(
       "GRPO starts from a trained model: give --init_from=RUN_OR_EXPORT (its params start the "

@@ -19,7 +19,7 @@ import pytest
 from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.train import loop
-from helpers import ROOT, ao_mdm, tiny_config
+from helpers import ROOT, ao_mdm, printed_time, tiny_config
 
 
 @pytest.mark.parametrize(
@@ -389,10 +389,8 @@ def test_every_bad_input_gives_one_error_line_and_changes_nothing(files):
   ]
 
   def timed(case):
-    start = time.perf_counter()
-    out = ao_mdm(*case[0])
-    print(f"{time.perf_counter() - start:6.1f} s  {' '.join(case[0])}")  # with -s
-    return out
+    with printed_time(" ".join(case[0])):
+      return ao_mdm(*case[0])
 
   with concurrent.futures.ThreadPoolExecutor(3) as pool:
     outs = list(pool.map(timed, cases))

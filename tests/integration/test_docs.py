@@ -8,14 +8,13 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from ao_mdm import specs
 from ao_mdm.config import base_config
 from ao_mdm.train import loop
-from helpers import ROOT
+from helpers import ROOT, printed_time
 
 _COMMAND = re.compile(r"ao-mdm [a-z-]+(?: [a-z]+)? [^`\n#]*runs/demo[^`\n#]*")
 
@@ -88,40 +87,35 @@ def test_every_documented_demo_command_runs(demo_run):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
 
   def run(item):
-    start = time.perf_counter()
-    name, command, out = run_one(item)
-    print(f"{time.perf_counter() - start:6.1f} s  {command}")  # with -s: where the time goes
-    return name, command, out
-
-  def run_one(item):
     name, command = item
-    args = [a.replace("runs/demo", demo_run) for a in shlex.split(command)[1:]]
-    if args[0] == "train":
-      args += SHORT_RUN
-    if args[0] == "train-draft":
-      args += DRAFT_SHORT
-    if args[0] == "bench":
-      args += BENCH_SHORT[args[1]]
-    if args[0] == "serve":  # it runs until stopped: up (on any free port), then SIGTERM
-      args = [a for a in args if not a.startswith("--port=")] + ["--port=0"]
-      proc = subprocess.Popen(
-        [sys.executable, "-m", "ao_mdm.cli.main", *args], cwd=ROOT, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      )  # fmt: skip
-      assert proc.stdout is not None and proc.stdout.readline().startswith("loaded ")
-      assert proc.stdout.readline().startswith("serving "), proc.stderr
-      proc.send_signal(signal.SIGTERM)
-      stdout, stderr = proc.communicate(timeout=120)
-      return name, command, subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
-    out = subprocess.run(
-      [sys.executable, "-m", "ao_mdm.cli.main", *args],
-      cwd=ROOT,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=600,
-    )
-    return name, command, out
+    with printed_time(command):
+      args = [a.replace("runs/demo", demo_run) for a in shlex.split(command)[1:]]
+      if args[0] == "train":
+        args += SHORT_RUN
+      if args[0] == "train-draft":
+        args += DRAFT_SHORT
+      if args[0] == "bench":
+        args += BENCH_SHORT[args[1]]
+      if args[0] == "serve":  # it runs until stopped: up (on any free port), then SIGTERM
+        args = [a for a in args if not a.startswith("--port=")] + ["--port=0"]
+        proc = subprocess.Popen(
+          [sys.executable, "-m", "ao_mdm.cli.main", *args], cwd=ROOT, env=env, text=True,
+          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stdout is not None and proc.stdout.readline().startswith("loaded ")
+        assert proc.stdout.readline().startswith("serving "), proc.stderr
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+        return name, command, subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+      out = subprocess.run(
+        [sys.executable, "-m", "ao_mdm.cli.main", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+      )
+      return name, command, out
 
   commands = demo_commands()
   # Commands whose outputs others read run first, in the docs' order: a draft head
