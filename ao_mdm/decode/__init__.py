@@ -1,4 +1,5 @@
-"""Decoding: the model's decode interface (`engine.py`), what the decoders share (`common.py`), the
-three policies by name (`policies.py`: `parallel.py`, `speculative.py` with its learned `draft.py`
-head, `confidence.py`), continuous batching (`batching.py`), the options' checks (`options.py`),
-prompts and generated text (`text.py`) and `generate.py`, texts in any policy."""
+"""Decoding: the model's decode interface (`engine.py`), what the decoders share (`common.py`,
+with the draw's Gumbel noise in `noise.py`), the three policies by name (`policies.py`:
+`parallel.py`, `speculative.py` with its learned `draft.py` head, `confidence.py`), continuous
+batching (`batching.py`), the options' checks (`options.py`), prompts and generated text
+(`text.py`) and `generate.py`, texts in any policy."""

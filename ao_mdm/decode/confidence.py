@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ao_mdm import specs
-from ao_mdm.decode import common, engine, options, parallel
+from ao_mdm.decode import common, engine, noise, options, parallel
 
 QUERY_BUCKETS = 4  # decode loops, each with a query width for the unknown positions it can have
 
@@ -105,7 +105,7 @@ def decoder(spec: DecoderSpec):
       rank_BA = jnp.argsort(-conf_BU, axis=1, stable=True)[:, :m_width]  # ties: lower position
       logits_BAV = jnp.take_along_axis(logits_BUV, rank_BA[..., None], axis=1)
       logits_NV = logits_BAV.reshape(b * m_width, -1)
-      gumbel_NV = jax.random.gumbel(jax.random.fold_in(key, i), logits_NV.shape, jnp.float32)
+      gumbel_NV = noise.gumbel(jax.random.fold_in(key, i), logits_NV.shape)
       picked_N, scaled_NV = draw.perturbed(logits_NV, gumbel_NV)
       picked = picked_N.reshape(b, m_width)
       lp, raw = engine.logprobs(

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
-from ao_mdm.decode import common
+from ao_mdm.decode import common, noise
 
 
 class KVCache(NamedTuple):
@@ -254,7 +254,7 @@ def draw(
     rows.top_k_B[:, None, None],
     rule,
   )
-  gumbel = jax.vmap(lambda k, i: jax.random.gumbel(jax.random.fold_in(k, i), logits_BQV.shape[1:]))
+  gumbel = jax.vmap(lambda k, i: noise.gumbel(jax.random.fold_in(k, i), logits_BQV.shape[1:]))
   picked, scaled = d.perturbed(logits_BQV, gumbel(rows.key_B, step_B))
   return (picked, *logprobs(scaled, logits_BQV, picked, d.temperature[..., 0]))
 
