@@ -88,34 +88,37 @@ def test_every_documented_demo_command_runs(demo_run):
 
   def run(item):
     name, command = item
-    with printed_time(command):
-      args = [a.replace("runs/demo", demo_run) for a in shlex.split(command)[1:]]
-      if args[0] == "train":
-        args += SHORT_RUN
-      if args[0] == "train-draft":
-        args += DRAFT_SHORT
-      if args[0] == "bench":
-        args += BENCH_SHORT[args[1]]
-      if args[0] == "serve":  # it runs until stopped: up (on any free port), then SIGTERM
-        args = [a for a in args if not a.startswith("--port=")] + ["--port=0"]
-        proc = subprocess.Popen(
-          [sys.executable, "-m", "ao_mdm.cli.main", *args], cwd=ROOT, env=env, text=True,
-          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
-        assert proc.stdout is not None and proc.stdout.readline().startswith("loaded ")
-        assert proc.stdout.readline().startswith("serving "), proc.stderr
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=120)
-        return name, command, subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
-      out = subprocess.run(
-        [sys.executable, "-m", "ao_mdm.cli.main", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-      )
-      return name, command, out
+    args = [a.replace("runs/demo", demo_run) for a in shlex.split(command)[1:]]
+    if args[0] == "train":
+      args += SHORT_RUN
+    if args[0] == "train-draft":
+      args += DRAFT_SHORT
+    if args[0] == "bench":
+      args += BENCH_SHORT[args[1]]
+    if args[0] == "serve":  # it runs until stopped: up (on any free port), then SIGTERM
+      args = [a for a in args if not a.startswith("--port=")] + ["--port=0"]
+      proc = subprocess.Popen(
+        [sys.executable, "-m", "ao_mdm.cli.main", *args], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      )  # fmt: skip
+      assert proc.stdout is not None and proc.stdout.readline().startswith("loaded ")
+      assert proc.stdout.readline().startswith("serving "), proc.stderr
+      proc.send_signal(signal.SIGTERM)
+      stdout, stderr = proc.communicate(timeout=120)
+      return name, command, subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+    out = subprocess.run(
+      [sys.executable, "-m", "ao_mdm.cli.main", *args],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+    )
+    return name, command, out
+
+  def timed(item):  # each command's seconds, seen with -s
+    with printed_time(item[1]):
+      return run(item)
 
   commands = demo_commands()
   # Commands whose outputs others read run first, in the docs' order: a draft head
@@ -125,9 +128,9 @@ def test_every_documented_demo_command_runs(demo_run):
     for c in commands
     if re.search(r" (train|train-draft|export-torch|import-torch) |runs/demo_(sft|grpo)", c[1])
   ]
-  results = [run(c) for c in first]
+  results = [timed(c) for c in first]
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
-    results += list(pool.map(run, [c for c in commands if c not in first]))
+    results += list(pool.map(timed, [c for c in commands if c not in first]))
   failures = [
     f"{name}: {command}\n  rc={out.returncode} {out.stderr[-500:]}"
     for name, command, out in results
