@@ -104,6 +104,24 @@ def attention(
   return out_BHWK.transpose(0, 2, 1, 3) + jnp.einsum("bhqs,bshk->bqhk", p_BHWW, v_BWHK)
 
 
+def cache_write(
+  cache_k_BHKP, cache_v_BHPK, k_BWHK, v_BWHK, slots_BW, rows_B=None
+) -> tuple[jax.Array, jax.Array]:
+  """A layer's cache (layout as `attention` reads it) with the first W columns of a chunk's K/V
+  written at cache slots slots_BW [B, W] of rows rows_B (default: every row, in order); slots
+  >= P are dropped."""
+  rows_B1 = (jnp.arange(slots_BW.shape[0]) if rows_B is None else rows_B)[:, None]
+  w = slots_BW.shape[1]
+  # Advanced indices split by the head axis: the indexed result's axes are [B, W, H, K].
+  k = cache_k_BHKP.at[rows_B1, :, :, slots_BW].set(
+    k_BWHK[:, :w].astype(cache_k_BHKP.dtype), mode="drop"
+  )
+  v = cache_v_BHPK.at[rows_B1, :, slots_BW].set(
+    v_BWHK[:, :w].astype(cache_v_BHPK.dtype), mode="drop"
+  )
+  return k, v
+
+
 def platform() -> str:
   """The platform being traced for: the mesh's (a TPU topology compiled for on a CPU host is
   'tpu'), else the default backend's."""
@@ -242,7 +260,9 @@ def per_slot(dense: nn.Module, cond: tuple) -> list:
 
 
 class Block(nn.Module):
-  """Pre-norm transformer block; AO-GPT modulates both norms with AdaLN from the target."""
+  """Pre-norm transformer block; AO-GPT modulates both norms with AdaLN from the target.
+  `cache`: None or a layer's {"k", "v"} (`attention`'s layout), with "slots_BW" to write the
+  chunk's K/V there first (returned as kv["cache"])."""
 
   cfg: specs.ModelSpec
   return_kv: bool = False
@@ -270,6 +290,12 @@ class Block(nn.Module):
     if cfg.arch.qk_norm:
       q_BWHK = Norm(cfg, "kv", name="q_norm")(q_BWHK)
       k_BWHK = Norm(cfg, "kv", name="k_norm")(k_BWHK)
+    written = None
+    if cache is not None and "slots_BW" in cache:
+      # The chunk's K/V go in before the cache is read (the mask hides them there): a cache read
+      # before an in-place write would be copied first.
+      written = cache_write(cache["k"], cache["v"], k_BWHK, v_BWHK, cache["slots_BW"])
+      cache = {"k": written[0], "v": written[1]}
     a_BWHK = attend(cfg, q_BWHK, k_BWHK, v_BWHK, cache, mask)
     a_BWD = Dense(cfg, (d,), ("heads", "kv", "embed"), resid_std, n_in=2, name="attn_out")(a_BWHK)
     x_BWD = x_BWD + gate1 * a_BWD
@@ -282,17 +308,16 @@ class Block(nn.Module):
     x_BWD = x_BWD + gate2 * y
     x_BWD = nn.with_logical_constraint(x_BWD, ("batch", "length", "embed"))
     kv = {"k": k_BWHK, "v": v_BWHK} if self.return_kv else None
+    if written is not None:
+      kv = {**(kv or {}), "cache": written}
     return x_BWD, kv
 
 
 class AOGPT(nn.Module):
-  """AO-GPT or sigma-GPT (cfg.variant, built as cfg.arch says) over T order slots.
-
-  With decode=True the layer stack also takes a per-layer KV cache and returns the new K/V.
-  """
+  """AO-GPT or sigma-GPT (cfg.variant, built as cfg.arch says) over T order slots. Decoding
+  runs its layers one by one against a KV cache (decode/engine.py), not through this stack."""
 
   cfg: specs.ModelSpec
-  decode: bool = False
 
   def setup(self):
     cfg = self.cfg
@@ -319,12 +344,12 @@ class AOGPT(nn.Module):
       block,
       variable_axes={"params": 0},
       split_rngs={"params": True},
-      in_axes=(nn.broadcast, 0, nn.broadcast),
+      in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
       length=cfg.n_layer,
-      unroll=cfg.n_layer if cfg.unroll_layers and not self.decode else 1,
+      unroll=cfg.n_layer if cfg.unroll_layers else 1,
       metadata_params={nn.PARTITION_NAME: "layers"},
     )
-    self.blocks = blocks(cfg, return_kv=self.decode, name="blocks")
+    self.blocks = blocks(cfg, name="blocks")
     self.ln_f = Norm(cfg)
     if cfg.arch.adaln:
       self.final_adaln = Dense(cfg, (2, d), ("cond", None, "embed"))
@@ -345,10 +370,10 @@ class AOGPT(nn.Module):
       return (x_BWD + jnp.take(self.target_embed, target_pos_BW, axis=0)).astype(dtype), None
     return x_BWD.astype(dtype), (nn.silu(self.target_embed.astype(dtype)), target_pos_BW)
 
-  def stack(self, x_BWD, cond, cache=None, mask=None):
-    """The layer stack; returns hidden states and (decode=True) the chunk's per-layer K/V."""
+  def stack(self, x_BWD, cond, mask=None):
+    """The layer stack (causal, or by `mask` over the chunk); returns hidden states and None."""
     x_BWD = nn.with_logical_constraint(x_BWD, ("batch", "length", "embed"))
-    return self.blocks(x_BWD, cond, cache, mask)
+    return self.blocks(x_BWD, cond, None, mask)
 
   def logits(self, h_BWD, cond):
     """Final (modulated) norm and the output head; float32 logits (a bf16 model's head
@@ -384,10 +409,8 @@ class AOGPT(nn.Module):
       )
     prev_tok_BT, prev_pos_BT = slot_inputs(tokens_BT, order_BT)
     x_BTD, cond = self.embed(prev_tok_BT, prev_pos_BT, order_BT)
-    h_BTD, kv = self.stack(x_BTD, cond)
+    h_BTD, _ = self.stack(x_BTD, cond)
     logits_BTV = self.logits(h_BTD, cond)
-    if self.decode:
-      return logits_BTV, kv
     return (logits_BTV, h_BTD) if return_hidden else logits_BTV
 
 
@@ -457,8 +480,8 @@ def flops_per_token(cfg: specs.ModelSpec, n_params: int) -> float:
   return 6 * (n_params - n_lookup) + 12 * cfg.n_layer * d * t
 
 
-def make_model(cfg: specs.ModelSpec, decode: bool = False) -> AOGPT:
-  return AOGPT(cfg, decode=decode)
+def make_model(cfg: specs.ModelSpec) -> AOGPT:
+  return AOGPT(cfg)
 
 
 def init_params(cfg: specs.ModelSpec, key: jax.Array) -> Any:

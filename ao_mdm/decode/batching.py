@@ -94,9 +94,9 @@ class Batcher:
     self._insert = jax.jit(
       functools.partial(parallel.insert, self.spec, dm), static_argnames=("width", "cache_len")
     )
-    # Prompts -> their rows' cache (K/V [L, 1, H, K, T], [L, 1, H, T, K]), the last used last:
+    # Prompts -> their rows' cache (a KVCache of one row), the last used last:
     # a new request whose prompt shares a prefix with one copies those slots, not computes them.
-    self.prefixes: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()
+    self.prefixes: collections.OrderedDict[tuple, engine.KVCache] = collections.OrderedDict()
     self.max_prefixes, self.reused_slots = prefixes, 0
     self._keys = jax.jit(functools.partial(parallel.request_keys, spec=self.spec))
     self.requests: list[Request | None] = [None] * batch
@@ -196,8 +196,8 @@ class Batcher:
     todo = max(p[5] - m for p, m in zip(parts, starts))
     prefix, cache_len = None, 0
     if max(starts):
-      stack = lambda j: jnp.concatenate([r[1][j] for r in reuse], axis=1)
-      prefix, cache_len = (column(starts), stack(0), stack(1)), max(starts)
+      stored = jax.tree.map(lambda *x: jnp.concatenate(x), *[r[1] for r in reuse])
+      prefix, cache_len = (column(starts), stored), max(starts)
       cache_len = common.bucket_for(cache_len, t, parallel.CACHE_BUCKETS)
     self.state = self._insert(
       self.params,
@@ -253,11 +253,7 @@ class Batcher:
       ids = self._prompt(request)
       if len(ids) < PREFIX_MIN or ids in self.prefixes:
         continue
-      at = jnp.asarray([row])
-      self.prefixes[ids] = (
-        jnp.take(self.state.cache.k, at, axis=1),
-        jnp.take(self.state.cache.v, at, axis=1),
-      )
+      self.prefixes[ids] = self.state.cache.take(jnp.asarray([row]))
       while len(self.prefixes) > self.max_prefixes:
         self.prefixes.popitem(last=False)
 

@@ -95,8 +95,8 @@ def decoder(spec: DecoderSpec):
       chunk = engine.Chunk(
         prev_tok, prev_pos, target_BW, jnp.broadcast_to(sees_W, (b, w)), jnp.full((b,), c)
       )
-      hidden, cond, kv = dm.forward(params, cache, chunk, t)
-      cache = cache.write(kv, jnp.broadcast_to(jnp.where(real_R < n, real_R, t), (b, r_width)))
+      write_BR = jnp.broadcast_to(jnp.where(real_R < n, real_R, t), (b, r_width))
+      hidden, cond, _, cache = dm.forward(params, cache, chunk, t, write_BR)
       cols_BU = jnp.broadcast_to(r_width + jnp.arange(u_width), (b, u_width))
       logits_BUV = dm.logits(params, hidden, cond, cols_BU)
       conf_BU = jnp.where(

@@ -10,6 +10,7 @@ copy of a real slot's input with another target) the real slots before the one i
 
 from typing import Any, NamedTuple, cast
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -19,40 +20,61 @@ from ao_mdm.decode import common, noise
 
 
 class KVCache(NamedTuple):
-  """Heads-major K/V of every layer: k [L, B, H, K, T] (keys transposed), v [L, B, H, T, K], so
-  that attention multiplies each with a plain batched matmul (model.attention)."""
+  """Per layer, heads-major K/V of the first P <= T slots: k[l] [B, H, K, P] (keys transposed),
+  v[l] [B, H, P, K], so that attention multiplies each with a plain batched matmul
+  (model.attention). One array per layer, of the length a decode loop reads: XLA:CPU copies a
+  slice of a larger buffer before every matmul, which cost more than the matmul itself."""
 
-  k: jax.Array
-  v: jax.Array
+  k: tuple
+  v: tuple
 
   @staticmethod
-  def empty(cfg: specs.ModelSpec, batch: int) -> "KVCache":
+  def empty(cfg: specs.ModelSpec, batch: int, length: int | None = None) -> "KVCache":
     dtype = model_lib.DTYPES[cfg.dtype]
-    lbh, k_dim, t = (cfg.n_layer, batch, cfg.n_head), cfg.n_embd // cfg.n_head, cfg.block_size
-    return KVCache(jnp.zeros(lbh + (k_dim, t), dtype), jnp.zeros(lbh + (t, k_dim), dtype))
+    bh, k_dim, p = (batch, cfg.n_head), cfg.n_embd // cfg.n_head, length or cfg.block_size
+    layers = range(cfg.n_layer)
+    return KVCache(
+      tuple(jnp.zeros(bh + (k_dim, p), dtype) for _ in layers),
+      tuple(jnp.zeros(bh + (p, k_dim), dtype) for _ in layers),
+    )
+
+  @property
+  def length(self) -> int:
+    return self.v[0].shape[2]
+
+  def resized(self, length: int) -> "KVCache":
+    """The cache holding `length` slots: the first ones kept, new ones zero."""
+    if length == self.length:
+      return self
+    fit = lambda x, axis: (
+      jax.lax.slice_in_dim(x, 0, length, axis=axis)
+      if length < x.shape[axis]
+      else jnp.pad(x, [(0, length - x.shape[axis] if a == axis else 0) for a in range(4)])
+    )
+    return KVCache(tuple(fit(k, 3) for k in self.k), tuple(fit(v, 2) for v in self.v))
+
+  def take(self, rows_R: jax.Array) -> "KVCache":
+    """The cache of rows rows_R only."""
+    return jax.tree.map(lambda x: jnp.take(x, rows_R, axis=0), self)
 
   def write(self, kv: dict, slots_BW: jax.Array, rows_B: jax.Array | None = None) -> "KVCache":
     """The cache with a chunk's K/V ([L, B, W', H, K], W' >= W) written at cache slots
-    slots_BW of rows rows_B (default: every row, in order); slots >= T are dropped."""
-    rows_B = jnp.arange(slots_BW.shape[0]) if rows_B is None else rows_B
-    layers, rows = jnp.arange(self.k.shape[0])[:, None, None], rows_B[None, :, None]
-    w = slots_BW.shape[1]
-    # Advanced indices split by the head axis: the indexed result's axes are [L, B, W, H, K].
-    k = self.k.at[layers, rows, :, :, slots_BW[None]].set(
-      kv["k"][:, :, :w].astype(self.k.dtype), mode="drop"
-    )
-    v = self.v.at[layers, rows, :, slots_BW[None]].set(
-      kv["v"][:, :, :w].astype(self.v.dtype), mode="drop"
-    )
-    return KVCache(k, v)
+    slots_BW of rows rows_B (default: every row, in order); slots >= P are dropped."""
+    layers = [
+      model_lib.cache_write(k, v, kv["k"][i], kv["v"][i], slots_BW, rows_B)
+      for i, (k, v) in enumerate(zip(self.k, self.v))
+    ]
+    return KVCache(*(tuple(z) for z in zip(*layers)))
 
-  def with_prefix(self, rows_R: jax.Array, start_R: jax.Array, k: jax.Array, v: jax.Array):
-    """The cache with rows rows_R's slots before start_R taken from stored rows k [L, R, H, K, T]
-    and v [L, R, H, T, K] (a reused prompt prefix)."""
-    before_RT = jnp.arange(self.k.shape[-1]) < start_R[:, None]
-    k = jnp.where(before_RT[None, :, None, None, :], k, self.k[:, rows_R])
-    v = jnp.where(before_RT[None, :, None, :, None], v, self.v[:, rows_R])
-    return KVCache(self.k.at[:, rows_R].set(k), self.v.at[:, rows_R].set(v))
+  def with_prefix(self, rows_R: jax.Array, start_R: jax.Array, prefix: "KVCache") -> "KVCache":
+    """The cache with rows rows_R's slots before start_R taken from `prefix`, a cache of R rows
+    and the same length (a reused prompt prefix)."""
+    before_RP = jnp.arange(self.length) < start_R[:, None]
+    k = lambda old, new: old.at[rows_R].set(jnp.where(before_RP[:, None, None], new, old[rows_R]))
+    v = lambda old, new: old.at[rows_R].set(
+      jnp.where(before_RP[:, None, :, None], new, old[rows_R])
+    )
+    return KVCache(tuple(map(k, self.k, prefix.k)), tuple(map(v, self.v, prefix.v)))
 
 
 class Chunk(NamedTuple):
@@ -86,12 +108,6 @@ def slot_inputs(tokens_BT: jax.Array, order_BT: jax.Array, slots_BW: jax.Array) 
   )
 
 
-def _embed_stack(module: Any, tok, pos, target, cache, mask) -> tuple:
-  x, c = module.embed(tok, pos, target)
-  h, kv = module.stack(x, c, cache, mask)
-  return h, c, kv
-
-
 class DecodeModel(NamedTuple):
   """A model's decode forwards: `forward` runs a chunk against the cache, `logits` reads the
   head at chosen columns, `prefill` fills cache rows with their known slots."""
@@ -101,28 +117,51 @@ class DecodeModel(NamedTuple):
 
   @staticmethod
   def of(cfg: specs.ModelSpec) -> "DecodeModel":
-    return DecodeModel(cfg, model_lib.make_model(cfg, decode=True))
+    return DecodeModel(cfg, model_lib.make_model(cfg))
 
   def forward(
-    self, params: Any, cache: KVCache | None, chunk: Chunk, cache_len: int | None
+    self,
+    params: Any,
+    cache: KVCache | None,
+    chunk: Chunk,
+    cache_len: int | None,
+    write_BW: jax.Array | None = None,
   ) -> tuple:
-    """(hidden [B, W, D], conditioning, chunk K/V [L, B, W, H, K]); cache None: no cache read
-    (cache_len None), the chunk alone."""
+    """(hidden [B, W, D], conditioning, chunk K/V [L, B, W, H, K], cache); cache None: no cache
+    read (cache_len None), the chunk alone. write_BW: the first columns' K/V are written at
+    these cache slots (>= P: dropped) before the cache is read, so they must be slots the
+    chunk's mask hides; the cache returned holds them (without write_BW it is `cache`)."""
     m = masks(chunk, cache_len or 0)
-    layers = None
-    if cache is not None:
-      layers = {"k": cache.k, "v": cache.v}
-    else:
+    if cache is None:
       m = {"new": m["new"]}
-    return self.module.apply(
-      {"params": params},
-      chunk.tok_BW,
-      chunk.pos_BW,
-      chunk.target_BW,
-      layers,
-      m,
-      method=_embed_stack,
-    )
+    elif cache_len is None or cache_len > cache.length:
+      raise ValueError(f"cache_len={cache_len} must be in [0, {cache.length}] (the cache held)")
+    return self._run(params, chunk.tok_BW, chunk.pos_BW, chunk.target_BW, cache, m, write_BW)
+
+  def _run(self, params: Any, tok, pos, target, cache, mask, write_BW=None) -> tuple:
+    """Embedding and the layers, one after another (not the training stack's scan: each layer
+    reads its own cache arrays, where a scan would copy its slice of them every step)."""
+    x, c = self.module.apply({"params": params}, tok, pos, target, method="embed")
+    # Barriers where the scan's carry would be: XLA then rounds the bfloat16 activations there
+    # as it does in the scan, and tokens stay bitwise those of the layer-scan decoder.
+    x, c = jax.lax.optimization_barrier((x, c))
+    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+    block = model_lib.Block(self.cfg, return_kv=True)
+    kvs, written = [], []
+    for i in range(self.cfg.n_layer):
+      layer = None
+      if cache is not None:
+        layer = {"k": cache.k[i], "v": cache.v[i]}
+        if write_BW is not None:
+          layer["slots_BW"] = write_BW
+      p = jax.tree.map(lambda a: a[i], params["blocks"])
+      x, kv = block.apply({"params": p}, x, c, layer, mask)
+      x = jax.lax.optimization_barrier(x)
+      written.append(kv.get("cache"))
+      kvs.append({"k": kv["k"], "v": kv["v"]})
+    if write_BW is not None and cache is not None:
+      cache = KVCache(*(tuple(z) for z in zip(*written)))
+    return x, c, jax.tree.map(lambda *a: jnp.stack(a), *kvs), cache
 
   def logits(self, params: Any, hidden_BWD: jax.Array, cond: Any, cols_BQ: jax.Array) -> jax.Array:
     """float32 logits [B, Q, V] of the chunk columns cols_BQ."""
@@ -153,18 +192,16 @@ class DecodeModel(NamedTuple):
     if start_B is None:
       slots_BW = jnp.broadcast_to(jnp.arange(width), (b, width))
       tok, pos = slot_inputs(tokens_BT, order_BT, slots_BW)
-      _, _, kv = self.module.apply(
-        {"params": params}, tok, pos, order_BT[:, :width], None, None, method=_embed_stack
-      )
+      _, _, kv, _ = self._run(params, tok, pos, order_BT[:, :width], None, None)
     else:
       slots_BW = start_B[:, None] + jnp.arange(width)
       tok, pos = slot_inputs(tokens_BT, order_BT, slots_BW)
       target = jnp.take_along_axis(order_BT, jnp.minimum(slots_BW, t - 1), 1)
       causal = jnp.broadcast_to(jnp.arange(width), (b, width))
       rows = jnp.arange(b) if rows_B is None else rows_B
-      _, _, kv = self.forward(
+      _, _, kv, _ = self.forward(
         params,
-        KVCache(cache.k[:, rows], cache.v[:, rows]),
+        cache.take(rows),
         Chunk(tok, pos, target, causal, start_B),
         cache_len,
       )

@@ -110,7 +110,7 @@ class Plan:
   starts: tuple  # first real slot of each step's chunk
   real_width: int  # W_r: real slots per chunk
   phantom_width: int  # W_p: phantom slots per chunk
-  segments: tuple  # (first step, end step, cache length read): attention skips the empty tail
+  segments: tuple  # (first step, end step, cache length held and read): skips the empty tail
 
   @staticmethod
   def make(step_counts: np.ndarray, use_cache: bool = True) -> "Plan":
@@ -122,9 +122,11 @@ class Plan:
       real = max(n - c + 1 for n, c in zip(counts[:-1], starts))
     else:  # every step recomputes all real slots: the encoder-only cost model
       starts, real = (0,) * len(k), t
-    # Step i reads cache slots < starts[i]: CACHE_BUCKETS loops, one per cache length read.
+    # Step i reads cache slots < starts[i] and writes those up to counts[i]: CACHE_BUCKETS
+    # loops, each with a cache of the length its steps read and write.
+    held = [n + 1 for n in counts[:-1]] if use_cache else starts
     return Plan(
-      counts, starts, int(real), int(k.max()) - 1, common.bucket_segments(starts, t, CACHE_BUCKETS)
+      counts, starts, int(real), int(k.max()) - 1, common.bucket_segments(held, t, CACHE_BUCKETS)
     )
 
 
@@ -169,8 +171,9 @@ def plan_rows(spec: DecoderSpec, counts: Any, known: int, steps: int) -> tuple:
   return counts, bounds
 
 
-def empty(spec: DecoderSpec, batch: int, steps: int) -> State:
-  """A state of `batch` free rows, whose plans may have up to `steps` steps."""
+def empty(spec: DecoderSpec, batch: int, steps: int, cache_len: int | None = None) -> State:
+  """A state of `batch` free rows, whose plans may have up to `steps` steps, and a cache of
+  cache_len slots (default T)."""
   b, t, v = batch, spec.model.block_size, spec.model.vocab_size
   zeros_BT, zeros_B = jnp.zeros((b, t), jnp.int32), jnp.zeros((b,), jnp.int32)
   rows = engine.new_rows(
@@ -182,7 +185,7 @@ def empty(spec: DecoderSpec, batch: int, steps: int) -> State:
     jnp.zeros((b,), jnp.float32),
     zeros_B,
   )._replace(active_B=jnp.zeros((b,), bool))
-  cache = engine.KVCache.empty(spec.model, b) if spec.use_cache else None
+  cache = engine.KVCache.empty(spec.model, b, cache_len) if spec.use_cache else None
   zeros_BS = jnp.zeros((b, steps + 1), jnp.int32)
   logits_BTV = jnp.zeros((b, t, v), jnp.float32) if spec.return_logits else None
   return State(rows, cache, PlanRows(zeros_BS, zeros_BS, zeros_B), logits_BTV)
@@ -207,16 +210,17 @@ def insert(
   """The state with rows rows_R starting new requests: their tokens (the known ones at the
   first counts_RS[:, 0] slots of their orders), plans, draw keys and settings (temperature,
   top_p, top_k per row); each row's known slots are prefilled by one forward of `width` >= its
-  known count slots. prefix (start_R, k, v): each row's slots before start_R are copied from
-  stored cache rows (KVCache.with_prefix), and the forward starts there (reading cache_len)."""
+  known count slots. prefix (start_R, stored): each row's slots before start_R are copied from
+  `stored`, a KVCache of R rows (KVCache.with_prefix), and the forward starts there (reading
+  cache_len)."""
   known_R = counts_RS[:, 0]
   new = engine.new_rows(tokens_RT, order_RT, known_R, keys_R, *draw_R)
   put = lambda old, x: old.at[rows_R].set(x)
   rows = jax.tree.map(put, s.rows, new)
   cache = s.cache
   if cache is not None and prefix is not None:
-    start_R, k, v = prefix
-    cache = cache.with_prefix(rows_R, start_R, k, v)
+    start_R, stored = prefix
+    cache = cache.with_prefix(rows_R, start_R, stored)
     cache = dm.prefill(
       params, cache, tokens_RT, order_RT, known_R, width, rows_R, start_R, cache_len
     )
@@ -256,10 +260,12 @@ def step(spec: DecoderSpec, dm: engine.DecodeModel, params: Any, s: State, cache
     [jnp.broadcast_to(jnp.arange(w_r), (b, w_r)), jnp.repeat((n_B - c_B)[:, None], w_p, 1)], 1
   )
   chunk = engine.Chunk(tok, pos, jnp.take_along_axis(order_BT, targets, 1), sees, c_B)
-  cache = s.cache
-  hidden, cond, kv = dm.forward(params, cache, chunk, cache_len if cache is not None else None)
-  if cache is not None:  # the real slots' K/V join the cache; padding columns are dropped
-    cache = cache.write(kv, jnp.where((real_BR <= n_B1) & active_B[:, None], real_BR, t))
+  # The real slots' K/V join the cache (hidden from this step's queries there); padding columns
+  # are dropped.
+  write_BR = jnp.where((real_BR <= n_B1) & active_B[:, None], real_BR, t)
+  hidden, cond, _, cache = dm.forward(
+    params, s.cache, chunk, cache_len if s.cache is not None else None, write_BR
+  )
   cols_BQ = jnp.concatenate(
     [(n_B - c_B)[:, None], jnp.broadcast_to(w_r + jnp.arange(w_p), (b, w_p))], 1
   )
@@ -314,7 +320,7 @@ def decoder(spec: DecoderSpec):
     order_BT, keys_B = request_keys(key, known_BT, spec, plan.counts[-1])
     draw_B = (full(temperature), full(top_p), full(top_k))
     tokens_BT = jnp.where(known_BT, tokens_BT, 0)
-    s = empty(spec, b, steps)
+    s = empty(spec, b, steps, spec.plan.segments[0][2])
     s = insert(
       spec,
       dm,
@@ -330,6 +336,8 @@ def decoder(spec: DecoderSpec):
       known,
     )
     for first, end, cache_len in spec.plan.segments:
+      if s.cache is not None:
+        s = s._replace(cache=s.cache.resized(cache_len))
       body = lambda i, s, cache_len=cache_len: step(spec, dm, params, s, cache_len)
       if spec.eos_id is not None:  # nothing to do once every row is done
         body = lambda i, s, cache_len=cache_len: jax.lax.cond(

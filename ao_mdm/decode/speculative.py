@@ -136,7 +136,13 @@ def decoder(spec: DecoderSpec):
       target_BW = jnp.take_along_axis(order_BT, jnp.minimum(slot_BW + ahead_W, t - 1), axis=1)
       sees_BW = jnp.broadcast_to(sees_W, slot_BW.shape)
       chunk = engine.Chunk(prev_tok_BW, prev_pos_BW, target_BW, sees_BW, n_B)
-      hidden, cond, kv = dm.forward(params, cache, chunk, t)
+      # The real slots' K/V join the cache before it is read (the chunk sees slots < n there).
+      # Those past the accepted drafts had wrong inputs: the next forward, whose real slots
+      # start after them, writes them again before any chunk may see them.
+      real_BR = slot_BW[:, : k + 1]
+      hidden, cond, _, cache = dm.forward(
+        params, cache, chunk, t, jnp.where(real_BR < end, real_BR, t)
+      )
       cols_BW = jnp.broadcast_to(jnp.arange(slot_BW.shape[1]), slot_BW.shape)
       logits_BWV = dm.logits(params, hidden, cond, cols_BW)
       scaled_BWV = draw.scaled(logits_BWV)
@@ -171,8 +177,6 @@ def decoder(spec: DecoderSpec):
         scaled_BWV[:, : k + 1], logits_BWV[:, : k + 1], new_tok, temperature
       )
       committed = committed.put(pos_new, lp, raw, it)
-      # Real slots n..n+a had correct inputs: their K/V join the cache.
-      cache = cache.write(kv, jnp.where(live, slot_new, t))
       if head:  # the head drafts n+a+1 .. n+a+k from real slot n+a, which drew the new token
         drafts_next, q_next = head_drafts(
           params, head_params, hidden, a_B, n_B, fix_B, order_BT, u_draw_BU.T, temperature, probs

@@ -55,8 +55,10 @@ def test_bf16_cache_is_bf16():
   cache = engine.DecodeModel.of(c16).prefill(
     p16, engine.KVCache.empty(c16, 2), tokens, order, known, 4
   )
-  assert cache.k.dtype == jnp.bfloat16 and cache.v.dtype == jnp.bfloat16
-  assert bool(jnp.any(cache.k[..., :4] != 0)) and not bool(jnp.any(cache.k[..., 4:] != 0))
+  assert len(cache.k) == len(cache.v) == cfg.n_layer
+  assert all(x.dtype == jnp.bfloat16 for x in cache.k + cache.v)
+  for k in cache.k:
+    assert bool(jnp.any(k[..., :4] != 0)) and not bool(jnp.any(k[..., 4:] != 0))
 
 
 def test_bf16_greedy_equals_fp32_greedy_where_margins_are_clear():
