@@ -314,10 +314,12 @@ class Block(nn.Module):
 
 
 class AOGPT(nn.Module):
-  """AO-GPT or sigma-GPT (cfg.variant, built as cfg.arch says) over T order slots. Decoding
-  runs its layers one by one against a KV cache (decode/engine.py), not through this stack."""
+  """AO-GPT or sigma-GPT (cfg.variant, built as cfg.arch says) over T order slots. With
+  decode=True the stack also returns each layer's K/V (a decode prefill); a chunk that reads a
+  KV cache runs the layers one by one instead (decode/engine.py)."""
 
   cfg: specs.ModelSpec
+  decode: bool = False
 
   def setup(self):
     cfg = self.cfg
@@ -349,7 +351,7 @@ class AOGPT(nn.Module):
       unroll=cfg.n_layer if cfg.unroll_layers else 1,
       metadata_params={nn.PARTITION_NAME: "layers"},
     )
-    self.blocks = blocks(cfg, name="blocks")
+    self.blocks = blocks(cfg, return_kv=self.decode, name="blocks")
     self.ln_f = Norm(cfg)
     if cfg.arch.adaln:
       self.final_adaln = Dense(cfg, (2, d), ("cond", None, "embed"))
@@ -371,7 +373,8 @@ class AOGPT(nn.Module):
     return x_BWD.astype(dtype), (nn.silu(self.target_embed.astype(dtype)), target_pos_BW)
 
   def stack(self, x_BWD, cond, mask=None):
-    """The layer stack (causal, or by `mask` over the chunk); returns hidden states and None."""
+    """The layer stack (causal, or by `mask` over the chunk); returns hidden states and
+    (decode=True) the per-layer K/V."""
     x_BWD = nn.with_logical_constraint(x_BWD, ("batch", "length", "embed"))
     return self.blocks(x_BWD, cond, None, mask)
 
@@ -480,8 +483,8 @@ def flops_per_token(cfg: specs.ModelSpec, n_params: int) -> float:
   return 6 * (n_params - n_lookup) + 12 * cfg.n_layer * d * t
 
 
-def make_model(cfg: specs.ModelSpec) -> AOGPT:
-  return AOGPT(cfg)
+def make_model(cfg: specs.ModelSpec, decode: bool = False) -> AOGPT:
+  return AOGPT(cfg, decode=decode)
 
 
 def init_params(cfg: specs.ModelSpec, key: jax.Array) -> Any:

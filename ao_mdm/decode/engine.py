@@ -108,6 +108,12 @@ def slot_inputs(tokens_BT: jax.Array, order_BT: jax.Array, slots_BW: jax.Array) 
   )
 
 
+def _embed_stack(module: Any, tok, pos, target, mask) -> tuple:
+  x, c = module.embed(tok, pos, target)
+  h, kv = module.stack(x, c, mask)
+  return h, c, kv
+
+
 class DecodeModel(NamedTuple):
   """A model's decode forwards: `forward` runs a chunk against the cache, `logits` reads the
   head at chosen columns, `prefill` fills cache rows with their known slots."""
@@ -117,7 +123,7 @@ class DecodeModel(NamedTuple):
 
   @staticmethod
   def of(cfg: specs.ModelSpec) -> "DecodeModel":
-    return DecodeModel(cfg, model_lib.make_model(cfg))
+    return DecodeModel(cfg, model_lib.make_model(cfg, decode=True))
 
   def forward(
     self,
@@ -138,9 +144,24 @@ class DecodeModel(NamedTuple):
       raise ValueError(f"cache_len={cache_len} must be in [0, {cache.length}] (the cache held)")
     return self._run(params, chunk.tok_BW, chunk.pos_BW, chunk.target_BW, cache, m, write_BW)
 
+  @staticmethod
+  def layered(params: Any) -> Any:
+    """The params with the stacked layers split into one tree per layer, as a chunk that reads
+    the cache takes them. A decode loop splits them once, before it starts (XLA:CPU copies the
+    slices in every step otherwise); a forward without a cache (a prefill) takes them stacked."""
+    blocks = params["blocks"]
+    if isinstance(blocks, tuple):
+      return params
+    n = jax.tree.leaves(blocks)[0].shape[0]
+    return {**params, "blocks": tuple(jax.tree.map(lambda a: a[i], blocks) for i in range(n))}
+
   def _run(self, params: Any, tok, pos, target, cache, mask, write_BW=None) -> tuple:
-    """Embedding and the layers, one after another (not the training stack's scan: each layer
-    reads its own cache arrays, where a scan would copy its slice of them every step)."""
+    """Embedding and the layers. Without a cache, the training stack's scan (one layer body to
+    compile); with one, the layers one after another, each reading its own cache arrays (a scan
+    would copy its slice of a stacked cache every step)."""
+    if cache is None:
+      h, c, kv = self.module.apply({"params": params}, tok, pos, target, mask, method=_embed_stack)
+      return h, c, kv, None
     x, c = self.module.apply({"params": params}, tok, pos, target, method="embed")
     # Barriers where the scan's carry would be: XLA then rounds the bfloat16 activations there
     # as it does in the scan, and tokens stay bitwise those of the layer-scan decoder.
@@ -148,13 +169,12 @@ class DecodeModel(NamedTuple):
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     block = model_lib.Block(self.cfg, return_kv=True)
     kvs, written = [], []
-    for i in range(self.cfg.n_layer):
+    for i, p in enumerate(self.layered(params)["blocks"]):
       layer = None
       if cache is not None:
         layer = {"k": cache.k[i], "v": cache.v[i]}
         if write_BW is not None:
           layer["slots_BW"] = write_BW
-      p = jax.tree.map(lambda a: a[i], params["blocks"])
       x, kv = block.apply({"params": p}, x, c, layer, mask)
       x = jax.lax.optimization_barrier(x)
       written.append(kv.get("cache"))

@@ -335,6 +335,8 @@ def decoder(spec: DecoderSpec):
       draw_B,
       known,
     )
+    if spec.use_cache:
+      params = dm.layered(params)
     for first, end, cache_len in spec.plan.segments:
       if s.cache is not None:
         s = s._replace(cache=s.cache.resized(cache_len))

@@ -1,0 +1,63 @@
+"""The decode loops update the K/V cache in place: their compiled programs copy no cache array.
+
+A copy of the cache per step reads and writes all of it again (on this CPU it cost more than
+attention itself); XLA inserts one when a layer's cache is sliced out of a larger buffer for a
+matmul, or read after a write that nothing orders before it.
+"""
+
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+from ao_mdm import model as model_lib
+from ao_mdm import specs
+from ao_mdm.decode import confidence, parallel, speculative
+
+T, B, H, K = 32, 3, 2, 16
+
+
+def _model():
+  cfg = specs.default().model.replace(
+    block_size=T, vocab_size=64, n_layer=2, n_embd=H * K, n_head=H
+  )
+  return cfg, nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
+
+
+def cache_copies(hlo: str) -> list[str]:
+  """Copies of a cache-shaped array ([B, H, K, P] or [B, H, P, K]) of a loop's state."""
+  shape = rf"f32\[{B},{H},(?:{K},\d+|\d+,{K})\]"
+  return re.findall(rf"%copy[.\d]* = {shape}\S* copy\(%get-tuple-element[^)]*\)", hlo)
+
+
+def _compiled(name: str) -> str:
+  cfg, params = _model()
+  tokens, known = jnp.zeros((B, T), jnp.int32), jnp.zeros((B, T), bool)
+  draw = (jax.random.key(1), jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
+  if name == "parallel":  # S = 8: four cache buckets, 4 tokens per step
+    plan = parallel.Plan.make(parallel.schedule_counts(T, 0, 8, "linear"))
+    fn = parallel.decoder(parallel.DecoderSpec(cfg, plan, "random"))
+    args = (params, tokens, known, *draw)
+  elif name == "confidence":
+    counts = tuple(int(n) for n in parallel.schedule_counts(T, 0, 8, "linear"))
+    fn = confidence.decoder(confidence.DecoderSpec(cfg, counts, "max_prob"))
+    args = (params, tokens, known, *draw)
+  else:
+    fn = speculative.decoder(speculative.DecoderSpec(cfg, k=3, known=0))
+    args = (params, None, tokens, known, *draw)
+  return fn.lower(*args).compile().as_text()
+
+
+@pytest.mark.parametrize("name", ["parallel", "confidence", "speculative"])
+def test_decode_loop_copies_no_cache_array(name):
+  hlo = _compiled(name)
+  assert re.search(rf"f32\[{B},{H},{K},\d+\]", hlo), "no cache-shaped array: the test is stale"
+  assert cache_copies(hlo) == []
+
+
+def test_cache_copies_finds_a_copy_of_loop_state():
+  # The pattern the test above must not find, as XLA prints it.
+  hlo = f"  %copy.913 = f32[{B},{H},{T},{K}]{{3,2,1,0}} copy(%get-tuple-element.3593)"
+  assert len(cache_copies(hlo)) == 1
