@@ -16,7 +16,7 @@ from ao_mdm import model as model_lib
 from ao_mdm import specs
 from ao_mdm.decode import confidence, parallel, speculative
 
-T, B, H, K = 32, 3, 2, 16
+T, H, K = 32, 2, 16
 
 
 def _model():
@@ -26,18 +26,18 @@ def _model():
   return cfg, nn.unbox(model_lib.init_params(cfg, jax.random.key(0)))
 
 
-def cache_copies(hlo: str) -> list[str]:
+def cache_copies(hlo: str, b: int) -> list[str]:
   """Copies of a cache-shaped array ([B, H, K, P] or [B, H, P, K]) of a loop's state."""
-  shape = rf"f32\[{B},{H},(?:{K},\d+|\d+,{K})\]"
+  shape = rf"f32\[{b},{H},(?:{K},\d+|\d+,{K})\]"
   return re.findall(rf"%copy[.\d]* = {shape}\S* copy\(%get-tuple-element[^)]*\)", hlo)
 
 
-def _compiled(name: str) -> str:
+def _compiled(name: str, b: int = 3, steps: int = 8) -> str:
   cfg, params = _model()
-  tokens, known = jnp.zeros((B, T), jnp.int32), jnp.zeros((B, T), bool)
+  tokens, known = jnp.zeros((b, T), jnp.int32), jnp.zeros((b, T), bool)
   draw = (jax.random.key(1), jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
   if name == "parallel":  # S = 8: four cache buckets, 4 tokens per step
-    plan = parallel.Plan.make(parallel.schedule_counts(T, 0, 8, "linear"))
+    plan = parallel.Plan.make(parallel.schedule_counts(T, 0, steps, "linear"))
     fn = parallel.decoder(parallel.DecoderSpec(cfg, plan, "random"))
     args = (params, tokens, known, *draw)
   elif name == "confidence":
@@ -53,11 +53,20 @@ def _compiled(name: str) -> str:
 @pytest.mark.parametrize("name", ["parallel", "confidence", "speculative"])
 def test_decode_loop_copies_no_cache_array(name):
   hlo = _compiled(name)
-  assert re.search(rf"f32\[{B},{H},{K},\d+\]", hlo), "no cache-shaped array: the test is stale"
-  assert cache_copies(hlo) == []
+  assert re.search(rf"f32\[3,{H},{K},\d+\]", hlo), "no cache-shaped array: the test is stale"
+  assert cache_copies(hlo, 3) == []
+
+
+@pytest.mark.xfail(
+  strict=True,
+  reason="known cost: one row writing one slot a step (batch 1, S = T) becomes a "
+  "dynamic-update-slice, and XLA copies the cache around it",
+)
+def test_one_row_one_token_a_step_copies_no_cache_array():
+  assert cache_copies(_compiled("parallel", b=1, steps=T), 1) == []
 
 
 def test_cache_copies_finds_a_copy_of_loop_state():
-  # The pattern the test above must not find, as XLA prints it.
-  hlo = f"  %copy.913 = f32[{B},{H},{T},{K}]{{3,2,1,0}} copy(%get-tuple-element.3593)"
-  assert len(cache_copies(hlo)) == 1
+  # The pattern the tests above must not find, as XLA prints it.
+  hlo = f"  %copy.913 = f32[3,{H},{T},{K}]{{3,2,1,0}} copy(%get-tuple-element.3593)"
+  assert len(cache_copies(hlo, 3)) == 1
