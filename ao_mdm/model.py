@@ -107,9 +107,8 @@ def attention(
 def cache_write(
   cache_k_BHKP, cache_v_BHPK, k_BWHK, v_BWHK, slots_BW, rows_B=None
 ) -> tuple[jax.Array, jax.Array]:
-  """A layer's cache (layout as `attention` reads it) with the first W columns of a chunk's K/V
-  written at cache slots slots_BW [B, W] of rows rows_B (default: every row, in order); slots
-  >= P are dropped."""
+  """A layer's cache (as `attention` reads it) with a chunk's first W columns' K/V written at
+  slots slots_BW [B, W] of rows rows_B (default: all, in order); slots >= P are dropped."""
   rows_B1 = (jnp.arange(slots_BW.shape[0]) if rows_B is None else rows_B)[:, None]
   w = slots_BW.shape[1]
   # Advanced indices split by the head axis: the indexed result's axes are [B, W, H, K].
@@ -292,8 +291,7 @@ class Block(nn.Module):
       k_BWHK = Norm(cfg, "kv", name="k_norm")(k_BWHK)
     written = None
     if cache is not None and "slots_BW" in cache:
-      # The chunk's K/V go in before the cache is read (the mask hides them there): a cache read
-      # before an in-place write would be copied first.
+      # Written before the cache is read (masked there): a read before the write is a copy.
       written = cache_write(cache["k"], cache["v"], k_BWHK, v_BWHK, cache["slots_BW"])
       cache = {"k": written[0], "v": written[1]}
     a_BWHK = attend(cfg, q_BWHK, k_BWHK, v_BWHK, cache, mask)
@@ -500,27 +498,3 @@ def abstract_params(cfg: specs.ModelSpec) -> Any:
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   shapes = nn.unbox(jax.eval_shape(lambda k: init_params(cfg, k), jax.random.key(0)))
   return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), shapes)
-
-
-def describe(cfg: specs.ModelSpec) -> str:
-  """`ao-mdm info`: the model's shape, parameter count, training FLOPs per token and the table
-  of its parameters."""
-  shapes = nn.unbox(jax.eval_shape(lambda k: init_params(cfg, k), jax.random.key(0)))
-  n = count_params(shapes)
-  fpt = flops_per_token(cfg, n)
-  return (
-    f"variant={cfg.variant} L={cfg.n_layer} D={cfg.n_embd} H={cfg.n_head} "
-    f"T={cfg.block_size} V={cfg.vocab_size}\nparameters: {n:,}\n"
-    f"training FLOPs per token: {fpt:,.0f} ({fpt / 1e9:.3f} GFLOP)\n"
-    f"{parameter_table(shapes)}"
-  )
-
-
-def parameter_table(params: Any, shardings: bool = False) -> str:
-  """clu's table of the parameters: name, shape, dtype, size (the blocks' stacked along L) and,
-  with `shardings`, each array's partition spec."""
-  from clu import parameter_overview
-
-  return parameter_overview.get_parameter_overview(
-    params, include_stats="sharding" if shardings else False
-  )

@@ -108,3 +108,13 @@ def placement(cfg: specs.ModelSpec, mesh_spec: specs.MeshSpec | None = None) -> 
 def param_shardings(cfg: specs.ModelSpec, mesh_spec: specs.MeshSpec | None = None) -> Any:
   """Where params of model `cfg` live on `mesh_spec`: placement's third part."""
   return placement(cfg, mesh_spec)[2]
+
+
+def parameter_table(params: Any, shardings: bool = False) -> str:
+  """clu's table of the parameters: name, shape, dtype, size (the blocks' stacked along L) and,
+  with `shardings`, each array's partition spec."""
+  from clu import parameter_overview
+
+  return parameter_overview.get_parameter_overview(
+    params, include_stats="sharding" if shardings else False
+  )

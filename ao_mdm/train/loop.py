@@ -236,7 +236,7 @@ def _train(
     config=config.to_dict(),
   )
   run_log.text(int(state.step), "config", f"```\n{json.dumps(config.to_dict(), indent=2)}\n```")
-  table = model_lib.parameter_table(state.params, shardings=True)
+  table = sharding.parameter_table(state.params, shardings=True)
   run_log.text(int(state.step), "parameters", f"```\n{table}\n```")
   say(table)
   tokens_per_step = train.batch_size * config.model.block_size

@@ -1,5 +1,7 @@
 """`ao-mdm info`: the parameter count and training FLOPs per token of a config's model."""
 
+from typing import Any
+
 from absl import flags
 
 from ao_mdm.cli import checks
@@ -22,6 +24,23 @@ def check(v: dict, given: set) -> None:
 
 def run(v: dict, given: set) -> None:
   del given
-  from ao_mdm import model
+  print(describe(v["config"].model))
 
-  print(model.describe(v["config"].model))
+
+def describe(cfg: Any) -> str:
+  """The model's shape, parameter count, training FLOPs per token and the table of its
+  parameters."""
+  import flax.linen as nn
+  import jax
+
+  from ao_mdm import model, sharding
+
+  shapes = nn.unbox(jax.eval_shape(lambda k: model.init_params(cfg, k), jax.random.key(0)))
+  n = model.count_params(shapes)
+  fpt = model.flops_per_token(cfg, n)
+  return (
+    f"variant={cfg.variant} L={cfg.n_layer} D={cfg.n_embd} H={cfg.n_head} "
+    f"T={cfg.block_size} V={cfg.vocab_size}\nparameters: {n:,}\n"
+    f"training FLOPs per token: {fpt:,.0f} ({fpt / 1e9:.3f} GFLOP)\n"
+    f"{sharding.parameter_table(shapes)}"
+  )
