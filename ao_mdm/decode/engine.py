@@ -170,16 +170,14 @@ class DecodeModel(NamedTuple):
     block = model_lib.Block(self.cfg, return_kv=True)
     kvs, written = [], []
     for i, p in enumerate(self.layered(params)["blocks"]):
-      layer = None
-      if cache is not None:
-        layer = {"k": cache.k[i], "v": cache.v[i]}
-        if write_BW is not None:
-          layer["slots_BW"] = write_BW
+      layer = {"k": cache.k[i], "v": cache.v[i]}
+      if write_BW is not None:
+        layer["slots_BW"] = write_BW
       x, kv = block.apply({"params": p}, x, c, layer, mask)
       x = jax.lax.optimization_barrier(x)
       written.append(kv.get("cache"))
       kvs.append({"k": kv["k"], "v": kv["v"]})
-    if write_BW is not None and cache is not None:
+    if write_BW is not None:
       cache = KVCache(*(tuple(z) for z in zip(*written)))
     return x, c, jax.tree.map(lambda *a: jnp.stack(a), *kvs), cache
 
