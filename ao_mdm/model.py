@@ -110,14 +110,13 @@ def cache_write(
   """A layer's cache (as `attention` reads it) with a chunk's first W columns' K/V written at
   slots slots_BW [B, W] of rows rows_B (default: all, in order); slots >= P are dropped."""
   rows_B1 = (jnp.arange(slots_BW.shape[0]) if rows_B is None else rows_B)[:, None]
-  w = slots_BW.shape[1]
+  k_BWHK, v_BWHK = k_BWHK[:, : slots_BW.shape[1]], v_BWHK[:, : slots_BW.shape[1]]
+  if slots_BW.size == 1:  # one write is a dynamic-update-slice: XLA copies the cache around it
+    slots_BW = jnp.concatenate([slots_BW, jnp.full_like(slots_BW, cache_v_BHPK.shape[2])], 1)
+    k_BWHK, v_BWHK = jnp.repeat(k_BWHK, 2, 1), jnp.repeat(v_BWHK, 2, 1)
   # Advanced indices split by the head axis: the indexed result's axes are [B, W, H, K].
-  k = cache_k_BHKP.at[rows_B1, :, :, slots_BW].set(
-    k_BWHK[:, :w].astype(cache_k_BHKP.dtype), mode="drop"
-  )
-  v = cache_v_BHPK.at[rows_B1, :, slots_BW].set(
-    v_BWHK[:, :w].astype(cache_v_BHPK.dtype), mode="drop"
-  )
+  k = cache_k_BHKP.at[rows_B1, :, :, slots_BW].set(k_BWHK.astype(cache_k_BHKP.dtype), mode="drop")
+  v = cache_v_BHPK.at[rows_B1, :, slots_BW].set(v_BWHK.astype(cache_v_BHPK.dtype), mode="drop")
   return k, v
 
 
