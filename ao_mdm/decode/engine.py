@@ -42,16 +42,18 @@ class KVCache(NamedTuple):
   def length(self) -> int:
     return self.v[0].shape[2]
 
-  def resized(self, length: int) -> "KVCache":
-    """The cache holding `length` slots: the first ones kept, new ones zero."""
-    if length == self.length:
-      return self
-    fit = lambda x, axis: (
-      jax.lax.slice_in_dim(x, 0, length, axis=axis)
-      if length < x.shape[axis]
-      else jnp.pad(x, [(0, length - x.shape[axis] if a == axis else 0) for a in range(4)])
+  @staticmethod
+  def of_layers(layers: list) -> "KVCache":
+    """The cache of per-layer (k, v) pairs."""
+    return KVCache(*(tuple(z) for z in zip(*layers)))
+
+  def grown(self, length: int) -> "KVCache":
+    """The cache holding `length` >= P slots: the P it holds, then zeros."""
+    assert length >= self.length, (length, self.length)
+    pad = lambda x, axis: jnp.pad(
+      x, [(0, length - self.length if a == axis else 0) for a in range(4)]
     )
-    return KVCache(tuple(fit(k, 3) for k in self.k), tuple(fit(v, 2) for v in self.v))
+    return KVCache(tuple(pad(k, 3) for k in self.k), tuple(pad(v, 2) for v in self.v))
 
   def take(self, rows_R: jax.Array) -> "KVCache":
     """The cache of rows rows_R only."""
@@ -60,11 +62,12 @@ class KVCache(NamedTuple):
   def write(self, kv: dict, slots_BW: jax.Array, rows_B: jax.Array | None = None) -> "KVCache":
     """The cache with a chunk's K/V ([L, B, W', H, K], W' >= W) written at cache slots
     slots_BW of rows rows_B (default: every row, in order); slots >= P are dropped."""
-    layers = [
-      model_lib.cache_write(k, v, kv["k"][i], kv["v"][i], slots_BW, rows_B)
-      for i, (k, v) in enumerate(zip(self.k, self.v))
-    ]
-    return KVCache(*(tuple(z) for z in zip(*layers)))
+    return KVCache.of_layers(
+      [
+        model_lib.cache_write(k, v, kv["k"][i], kv["v"][i], slots_BW, rows_B)
+        for i, (k, v) in enumerate(zip(self.k, self.v))
+      ]
+    )
 
   def with_prefix(self, rows_R: jax.Array, start_R: jax.Array, prefix: "KVCache") -> "KVCache":
     """The cache with rows rows_R's slots before start_R taken from `prefix`, a cache of R rows
@@ -178,7 +181,7 @@ class DecodeModel(NamedTuple):
       written.append(kv.get("cache"))
       kvs.append({"k": kv["k"], "v": kv["v"]})
     if write_BW is not None:
-      cache = KVCache(*(tuple(z) for z in zip(*written)))
+      cache = KVCache.of_layers(written)
     return x, c, jax.tree.map(lambda *a: jnp.stack(a), *kvs), cache
 
   def logits(self, params: Any, hidden_BWD: jax.Array, cond: Any, cols_BQ: jax.Array) -> jax.Array:

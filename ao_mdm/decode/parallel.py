@@ -339,7 +339,7 @@ def decoder(spec: DecoderSpec):
       params = dm.layered(params)
     for first, end, cache_len in spec.plan.segments:
       if s.cache is not None:
-        s = s._replace(cache=s.cache.resized(cache_len))
+        s = s._replace(cache=s.cache.grown(cache_len))
       body = lambda i, s, cache_len=cache_len: step(spec, dm, params, s, cache_len)
       if spec.eos_id is not None:  # nothing to do once every row is done
         body = lambda i, s, cache_len=cache_len: jax.lax.cond(
