@@ -260,7 +260,8 @@ def per_slot(dense: nn.Module, cond: tuple) -> list:
 class Block(nn.Module):
   """Pre-norm transformer block; AO-GPT modulates both norms with AdaLN from the target.
   `cache`: None or a layer's {"k", "v"} (`attention`'s layout), with "slots_BW" to write the
-  chunk's K/V there first (returned as kv["cache"])."""
+  chunk's K/V there first (returned as kv["cache"]), "cols_BQ" to return only those columns
+  (every column's K/V is still made; the rest of the block runs on Q rows)."""
 
   cfg: specs.ModelSpec
   return_kv: bool = False
@@ -292,6 +293,14 @@ class Block(nn.Module):
     if cache is not None and "slots_BW" in cache:
       # Written before the cache is read (masked there): a read before the write is a copy.
       written = cache_write(cache["k"], cache["v"], k_BWHK, v_BWHK, cache["slots_BW"])
+    if cache is not None and "cols_BQ" in cache:
+      cols_BQ = cache["cols_BQ"]
+      at = lambda a: jnp.take_along_axis(a, cols_BQ.reshape(cols_BQ.shape + (1,) * (a.ndim - 2)), 1)
+      x_BWD, q_BWHK = at(x_BWD), at(q_BWHK)
+      mask = {n: jnp.take_along_axis(m, cols_BQ[:, None, :, None], 2) for n, m in mask.items()}
+      if cfg.arch.adaln:
+        shift2, scale2, gate1, gate2 = map(at, (shift2, scale2, gate1, gate2))
+    if written is not None:
       cache = {"k": written[0], "v": written[1]}
     a_BWHK = attend(cfg, q_BWHK, k_BWHK, v_BWHK, cache, mask)
     a_BWD = Dense(cfg, (d,), ("heads", "kv", "embed"), resid_std, n_in=2, name="attn_out")(a_BWHK)
@@ -445,23 +454,6 @@ def slot_scores(model: AOGPT, params: Any, tokens_BT: jax.Array, order_Bt: jax.A
     optax.softmax_cross_entropy_with_integer_labels(logits_BtV, labels_Bt),
     target_Bt >= jnp.max(logits_BtV, axis=-1),
   )
-
-
-EMBEDDINGS = ("token_embed", "pos_embed", "none_embed", "target_embed")
-
-
-def weight_decay_mask(params: Any) -> Any:
-  """True for the leaves the authors decay (their >= 2-D tensors): dense kernels and embeddings.
-
-  Decided by name, not rank: nn.scan stacks every block's biases and norm scales along a layer
-  axis, and `none_embed` ([D] here, [1, D] in the reference) is decayed.
-  """
-
-  def decays(path, _):
-    name = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)][-1]
-    return name == "kernel" or name in EMBEDDINGS
-
-  return jax.tree_util.tree_map_with_path(decays, params)
 
 
 def count_params(params: Any) -> int:

@@ -97,9 +97,9 @@ def decoder(spec: DecoderSpec):
         prev_tok, prev_pos, target_BW, jnp.broadcast_to(sees_W, (b, w)), jnp.full((b,), c)
       )
       write_BR = jnp.broadcast_to(jnp.where(real_R < n, real_R, t), (b, r_width))
-      hidden, cond, _, cache = dm.forward(params, cache, chunk, t, write_BR)
       cols_BU = jnp.broadcast_to(r_width + jnp.arange(u_width), (b, u_width))
-      logits_BUV = dm.logits(params, hidden, cond, cols_BU)
+      hidden, cond, _, cache = dm.forward(params, cache, chunk, t, write_BR, cols_BU)
+      logits_BUV = dm.logits(params, hidden, cond)
       conf_BU = jnp.where(
         jnp.arange(u_width)[None, :] < end - n, confidence_score(logits_BUV, spec.score), -jnp.inf
       )

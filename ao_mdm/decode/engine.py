@@ -135,6 +135,7 @@ class DecodeModel(NamedTuple):
     chunk: Chunk,
     cache_len: int | None,
     write_BW: jax.Array | None = None,
+    cols_BQ: jax.Array | None = None,
   ) -> tuple:
     """(hidden [B, W, D], conditioning, chunk K/V [L, B, W, H, K], cache); cache None: no cache
     read (cache_len None), the chunk alone. write_BW: the first columns' K/V are written at
@@ -145,7 +146,9 @@ class DecodeModel(NamedTuple):
       m = {"new": m["new"]}
     elif cache_len is None or cache_len > cache.length:
       raise ValueError(f"cache_len={cache_len} must be in [0, {cache.length}] (the cache held)")
-    return self._run(params, chunk.tok_BW, chunk.pos_BW, chunk.target_BW, cache, m, write_BW)
+    return self._run(
+      params, chunk.tok_BW, chunk.pos_BW, chunk.target_BW, cache, m, write_BW, cols_BQ
+    )
 
   @staticmethod
   def layered(params: Any) -> Any:
@@ -158,13 +161,14 @@ class DecodeModel(NamedTuple):
     n = jax.tree.leaves(blocks)[0].shape[0]
     return {**params, "blocks": tuple(jax.tree.map(lambda a: a[i], blocks) for i in range(n))}
 
-  def _run(self, params: Any, tok, pos, target, cache, mask, write_BW=None) -> tuple:
+  def _run(self, params: Any, tok, pos, target, cache, mask, write_BW=None, cols_BQ=None) -> tuple:
     """Embedding and the layers. Without a cache, the training stack's scan (one layer body to
     compile); with one, the layers one after another, each reading its own cache arrays (a scan
     would copy its slice of a stacked cache every step)."""
+    pick = lambda a: a if cols_BQ is None else jnp.take_along_axis(a, cols_BQ[..., None], axis=1)
     if cache is None:
       h, c, kv = self.module.apply({"params": params}, tok, pos, target, mask, method=_embed_stack)
-      return h, c, kv, None
+      return pick(h), c and (c[0], pick(c[1][..., None])[..., 0]), kv, None
     x, c = self.module.apply({"params": params}, tok, pos, target, method="embed")
     # Barriers where the scan's carry would be: XLA then rounds the bfloat16 activations there
     # as it does in the scan, and tokens stay bitwise those of the layer-scan decoder.
@@ -172,23 +176,29 @@ class DecodeModel(NamedTuple):
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     block = model_lib.Block(self.cfg, return_kv=True)
     kvs, written = [], []
-    for i, p in enumerate(self.layered(params)["blocks"]):
+    blocks = self.layered(params)["blocks"]
+    for i, p in enumerate(blocks):
       layer = {"k": cache.k[i], "v": cache.v[i]}
       if write_BW is not None:
         layer["slots_BW"] = write_BW
+      if cols_BQ is not None and i == len(blocks) - 1:
+        layer["cols_BQ"] = cols_BQ
       x, kv = block.apply({"params": p}, x, c, layer, mask)
       x = jax.lax.optimization_barrier(x)
       written.append(kv.get("cache"))
       kvs.append({"k": kv["k"], "v": kv["v"]})
     if write_BW is not None:
       cache = KVCache.of_layers(written)
-    return x, c, jax.tree.map(lambda *a: jnp.stack(a), *kvs), cache
+    return (
+      x,
+      c and (c[0], pick(c[1][..., None])[..., 0]),
+      jax.tree.map(lambda *a: jnp.stack(a), *kvs),
+      cache,
+    )
 
-  def logits(self, params: Any, hidden_BWD: jax.Array, cond: Any, cols_BQ: jax.Array) -> jax.Array:
-    """float32 logits [B, Q, V] of the chunk columns cols_BQ."""
-    h_BQD = jnp.take_along_axis(hidden_BWD, cols_BQ[..., None], axis=1)
-    cond_Q = None if cond is None else (cond[0], jnp.take_along_axis(cond[1], cols_BQ, axis=1))
-    out = self.module.apply({"params": params}, h_BQD, cond_Q, method="logits")
+  def logits(self, params: Any, hidden_BQD: jax.Array, cond: Any) -> jax.Array:
+    """float32 logits [B, Q, V] of the columns `forward` returned."""
+    out = self.module.apply({"params": params}, hidden_BQD, cond, method="logits")
     return cast(jax.Array, out)
 
   def prefill(

@@ -263,13 +263,13 @@ def step(spec: DecoderSpec, dm: engine.DecodeModel, params: Any, s: State, cache
   # The real slots' K/V join the cache (hidden from this step's queries there); padding columns
   # are dropped.
   write_BR = jnp.where((real_BR <= n_B1) & active_B[:, None], real_BR, t)
-  hidden, cond, _, cache = dm.forward(
-    params, s.cache, chunk, cache_len if s.cache is not None else None, write_BR
-  )
   cols_BQ = jnp.concatenate(
     [(n_B - c_B)[:, None], jnp.broadcast_to(w_r + jnp.arange(w_p), (b, w_p))], 1
   )
-  logits_BQV = dm.logits(params, hidden, cond, cols_BQ)
+  hidden, cond, _, cache = dm.forward(
+    params, s.cache, chunk, cache_len if s.cache is not None else None, write_BR, cols_BQ
+  )
+  logits_BQV = dm.logits(params, hidden, cond)
   tok_BQ, lp_BQ, raw_BQ = engine.draw(rows, spec.draw, logits_BQV, i_B)
   q_slots = n_B1 + jnp.arange(1 + w_p)
   live = (q_slots < n_next_B[:, None]) & active_B[:, None]  # padding queries write nothing

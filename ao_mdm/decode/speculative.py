@@ -144,8 +144,7 @@ def decoder(spec: DecoderSpec):
       hidden, cond, _, cache = dm.forward(
         params, cache, chunk, t, jnp.where(real_BR < end, real_BR, t)
       )
-      cols_BW = jnp.broadcast_to(jnp.arange(slot_BW.shape[1]), slot_BW.shape)
-      logits_BWV = dm.logits(params, hidden, cond, cols_BW)
+      logits_BWV = dm.logits(params, hidden, cond)
       scaled_BWV = draw.scaled(logits_BWV)
       probs_BWV = jax.nn.softmax(scaled_BWV, axis=-1)
       p_BRV = probs_BWV[:, : k + 1]  # the conditionals at order slots n..n+k

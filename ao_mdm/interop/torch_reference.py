@@ -269,9 +269,9 @@ class Trainer:
 
 
 def _decay_flags(params: Any, config: specs.Spec) -> dict[str, bool]:
-  """Per PyTorch parameter name: decayed under our `model.weight_decay_mask`?"""
+  """Per PyTorch parameter name: decayed under our `state.weight_decay_mask`?"""
   params = flax_nn.unbox(params)
-  mask = model_lib.weight_decay_mask(params)
+  mask = train_state.weight_decay_mask(params)
   filled = jax.tree.map(lambda p, m: np.full(np.shape(p), m, np.float32), params, mask)
   return {
     k: bool(v.all()) for k, v in torch_layout.to_torch_state_dict(filled, config.model).items()

@@ -15,6 +15,22 @@ import optax
 from ao_mdm import model as model_lib
 from ao_mdm import sharding, specs
 
+EMBEDDINGS = ("token_embed", "pos_embed", "none_embed", "target_embed")
+
+
+def weight_decay_mask(params: Any) -> Any:
+  """True for the leaves the authors decay (their >= 2-D tensors): dense kernels and embeddings.
+
+  Decided by name, not rank: nn.scan stacks every block's biases and norm scales along a layer
+  axis, and `none_embed` ([D] here, [1, D] in the reference) is decayed.
+  """
+
+  def decays(path, _):
+    name = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)][-1]
+    return name == "kernel" or name in EMBEDDINGS
+
+  return jax.tree_util.tree_map_with_path(decays, params)
+
 
 class TrainState(flax.struct.PyTreeNode):  # a flax.struct.dataclass whose `replace` is typed
   step: jax.Array
@@ -47,7 +63,7 @@ def make_optimizer(train: specs.TrainSpec, updates: int = 1) -> optax.GradientTr
       b2=train.b2,
       eps=1e-8,
       weight_decay=train.weight_decay,
-      mask=model_lib.weight_decay_mask,
+      mask=weight_decay_mask,
     ),
   )
 

@@ -183,7 +183,7 @@ def test_weight_decay_hits_exactly_the_authors_tensors(variant):
   # Norm scales start at one and biases at zero; make every leaf non-zero so decay shows.
   params = jax.tree.map(lambda x: x + 0.5, params)
   flat = traverse_util.flatten_dict(params, sep="/")
-  mask = traverse_util.flatten_dict(model.weight_decay_mask(params), sep="/")
+  mask = traverse_util.flatten_dict(train_state.weight_decay_mask(params), sep="/")
   assert {k for k, v in mask.items() if v} == DECAYED[variant]
   tx = train_state.make_optimizer(c.train)
   updates, _ = tx.update(jax.tree.map(np.zeros_like, params), tx.init(params), params)
