@@ -246,22 +246,34 @@ class Dense(nn.Module):
     return y_NO.reshape(x.shape[: -self.n_in] + tuple(self.features))
 
 
-def per_slot(dense: nn.Module, cond: tuple) -> list:
+def per_slot(dense: nn.Module, cond: tuple, mod_TJD: Any = None) -> list:
   """dense(c) ([.., J, D]) for each slot's target position, as J arrays [B, W, D], gathered from
-  the table one part at a time, so that XLA fuses each gather into its consumer."""
+  the table (or mod_TJD, the table made before) one part at a time, so that XLA fuses each
+  gather into its consumer."""
   c_TC, target_BW = cond
-  if target_BW.size > c_TC.shape[0]:
-    mod_TJD = dense(c_TC)
+  if mod_TJD is not None or target_BW.size > c_TC.shape[0]:
+    mod_TJD = dense(c_TC) if mod_TJD is None else mod_TJD
     return [jnp.take(mod_TJD[:, i], target_BW, axis=0) for i in range(mod_TJD.shape[1])]
   mod_BWJD = dense(jnp.take(c_TC, target_BW, axis=0))
   return [mod_BWJD[:, :, i] for i in range(mod_BWJD.shape[2])]
+
+
+def columns(x_BW: jax.Array, cols_BQ: jax.Array) -> jax.Array:
+  """x [B, W, ...] at columns cols_BQ: [B, Q, ...]."""
+  return jnp.take_along_axis(x_BW, cols_BQ.reshape(cols_BQ.shape + (1,) * (x_BW.ndim - 2)), 1)
+
+
+def adaln_dense(cfg: specs.ModelSpec, name: str | None = None) -> "Dense":
+  """A block's AdaLN layer: the target's conditioning -> 6 modulations of D."""
+  return Dense(cfg, (6, cfg.n_embd), ("cond", None, "embed"), name=name)
 
 
 class Block(nn.Module):
   """Pre-norm transformer block; AO-GPT modulates both norms with AdaLN from the target.
   `cache`: None or a layer's {"k", "v"} (`attention`'s layout), with "slots_BW" to write the
   chunk's K/V there first (returned as kv["cache"]), "cols_BQ" to return only those columns
-  (every column's K/V is still made; the rest of the block runs on Q rows)."""
+  (every column's K/V is still made; the rest of the block runs on Q rows), "adaln_TJD" the
+  AdaLN table made before (DecodeModel.loop_params)."""
 
   cfg: specs.ModelSpec
   return_kv: bool = False
@@ -274,8 +286,9 @@ class Block(nn.Module):
     resid_std = 0.02 / (2 * cfg.n_layer) ** 0.5
 
     if cfg.arch.adaln:
+      table = None if cache is None else cache.get("adaln_TJD")
       shift1, scale1, gate1, shift2, scale2, gate2 = per_slot(
-        Dense(cfg, (6, d), ("cond", None, "embed"), name="adaln"), cond
+        adaln_dense(cfg, "adaln"), cond, table
       )
       modulate = lambda y, shift, scale: y * (1 + scale) + shift
     else:
@@ -295,7 +308,7 @@ class Block(nn.Module):
       written = cache_write(cache["k"], cache["v"], k_BWHK, v_BWHK, cache["slots_BW"])
     if cache is not None and "cols_BQ" in cache:
       cols_BQ = cache["cols_BQ"]
-      at = lambda a: jnp.take_along_axis(a, cols_BQ.reshape(cols_BQ.shape + (1,) * (a.ndim - 2)), 1)
+      at = lambda a: columns(a, cols_BQ)
       x_BWD, q_BWHK = at(x_BWD), at(q_BWHK)
       mask = {n: jnp.take_along_axis(m, cols_BQ[:, None, :, None], 2) for n, m in mask.items()}
       if cfg.arch.adaln:
@@ -482,10 +495,3 @@ def init_params(cfg: specs.ModelSpec, key: jax.Array) -> Any:
   t = cfg.block_size
   dummy = jnp.zeros((1, t), jnp.int32)
   return model.init(key, dummy, jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (1, t)))["params"]
-
-
-def abstract_params(cfg: specs.ModelSpec) -> Any:
-  """The unboxed params' ShapeDtypeStructs, on this process's first device (a restore target)."""
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  shapes = nn.unbox(jax.eval_shape(lambda k: init_params(cfg, k), jax.random.key(0)))
-  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), shapes)

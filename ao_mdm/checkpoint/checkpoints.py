@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+import flax.linen as nn
 import grain
 import jax
 import orbax.checkpoint as ocp
@@ -31,6 +32,13 @@ from ao_mdm.storage import fs, gcs, outputs, paths
 from ao_mdm.storage import lease as lease_lib
 
 _TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a step being written (locally)
+
+
+def abstract_params(cfg: specs.ModelSpec) -> Any:
+  """The unboxed params' ShapeDtypeStructs, on this process's first device (a restore target)."""
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  shapes = nn.unbox(jax.eval_shape(lambda k: model_lib.init_params(cfg, k), jax.random.key(0)))
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), shapes)
 
 
 def manager(
@@ -380,7 +388,7 @@ def load_params(
       raise NotATrainingCheckpoint(
         "not a training checkpoint (an export's layout, copied into the work dir?)"
       )
-    abstract = model_lib.abstract_params(config.model)
+    abstract = abstract_params(config.model)
     if shardings is not None:
       abstract = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings(config)

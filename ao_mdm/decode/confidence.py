@@ -73,7 +73,7 @@ def decoder(spec: DecoderSpec):
     draw = common.Draw(temperature, top_p, top_k, spec.draw)
     known_B = jnp.full((b,), known, jnp.int32)
     cache = dm.prefill(params, engine.KVCache.empty(cfg, b), tokens_BT, order_BT, known_B, known)
-    params = dm.layered(params)
+    params = dm.loop_params(params)
     rows_B1 = jnp.arange(b)[:, None]
 
     def step(i, carry: Carry, u_width: int) -> Carry:

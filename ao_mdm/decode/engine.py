@@ -111,6 +111,13 @@ def slot_inputs(tokens_BT: jax.Array, order_BT: jax.Array, slots_BW: jax.Array) 
   )
 
 
+def _layers(blocks: Any) -> tuple:
+  """Stacked layer params [L, ...] as L trees."""
+  return tuple(
+    jax.tree.map(lambda a: a[i], blocks) for i in range(jax.tree.leaves(blocks)[0].shape[0])
+  )
+
+
 def _embed_stack(module: Any, tok, pos, target, mask) -> tuple:
   x, c = module.embed(tok, pos, target)
   h, kv = module.stack(x, c, mask)
@@ -150,25 +157,30 @@ class DecodeModel(NamedTuple):
       params, chunk.tok_BW, chunk.pos_BW, chunk.target_BW, cache, m, write_BW, cols_BQ
     )
 
-  @staticmethod
-  def layered(params: Any) -> Any:
-    """The params with the stacked layers split into one tree per layer, as a chunk that reads
-    the cache takes them. A decode loop splits them once, before it starts (XLA:CPU copies the
-    slices in every step otherwise); a forward without a cache (a prefill) takes them stacked."""
-    blocks = params["blocks"]
-    if isinstance(blocks, tuple):
+  def loop_params(self, params: Any) -> Any:
+    """The params as a decode loop holds them, made once before it starts: the stacked layers
+    split into one tree per layer (XLA:CPU copies the slices in every step otherwise) and, with
+    AdaLN, each layer's modulations [T, 6, D] of every target position (model.per_slot gathers
+    them per column). A forward without a cache (a prefill) takes the params stacked."""
+    if isinstance(params["blocks"], tuple):
       return params
-    n = jax.tree.leaves(blocks)[0].shape[0]
-    return {**params, "blocks": tuple(jax.tree.map(lambda a: a[i], blocks) for i in range(n))}
+    layers = _layers(params["blocks"])
+    if not self.cfg.arch.adaln:
+      return {**params, "blocks": layers}
+    one = jnp.zeros((1, 1), jnp.int32)
+    _, (c_TC, _) = self.module.apply({"params": params}, one, one, one, method="embed")
+    adaln = model_lib.adaln_dense(self.cfg)
+    tables = tuple(adaln.apply({"params": p["adaln"]}, c_TC) for p in layers)
+    return {**params, "blocks": layers, "adaln_TJD": tables}
 
   def _run(self, params: Any, tok, pos, target, cache, mask, write_BW=None, cols_BQ=None) -> tuple:
     """Embedding and the layers. Without a cache, the training stack's scan (one layer body to
     compile); with one, the layers one after another, each reading its own cache arrays (a scan
     would copy its slice of a stacked cache every step)."""
-    pick = lambda a: a if cols_BQ is None else jnp.take_along_axis(a, cols_BQ[..., None], axis=1)
+    pick = lambda a: a if cols_BQ is None else model_lib.columns(a, cols_BQ)
     if cache is None:
       h, c, kv = self.module.apply({"params": params}, tok, pos, target, mask, method=_embed_stack)
-      return pick(h), c and (c[0], pick(c[1][..., None])[..., 0]), kv, None
+      return pick(h), c and (c[0], pick(c[1])), kv, None
     x, c = self.module.apply({"params": params}, tok, pos, target, method="embed")
     # Barriers where the scan's carry would be: XLA then rounds the bfloat16 activations there
     # as it does in the scan, and tokens stay bitwise those of the layer-scan decoder.
@@ -176,9 +188,12 @@ class DecodeModel(NamedTuple):
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     block = model_lib.Block(self.cfg, return_kv=True)
     kvs, written = [], []
-    blocks = self.layered(params)["blocks"]
+    blocks = params["blocks"]  # split per step when not by loop_params (the batching server)
+    blocks = blocks if isinstance(blocks, tuple) else _layers(blocks)
     for i, p in enumerate(blocks):
       layer = {"k": cache.k[i], "v": cache.v[i]}
+      if params.get("adaln_TJD"):
+        layer["adaln_TJD"] = params["adaln_TJD"][i]
       if write_BW is not None:
         layer["slots_BW"] = write_BW
       if cols_BQ is not None and i == len(blocks) - 1:
@@ -191,7 +206,7 @@ class DecodeModel(NamedTuple):
       cache = KVCache.of_layers(written)
     return (
       x,
-      c and (c[0], pick(c[1][..., None])[..., 0]),
+      c and (c[0], pick(c[1])),
       jax.tree.map(lambda *a: jnp.stack(a), *kvs),
       cache,
     )

@@ -336,7 +336,7 @@ def decoder(spec: DecoderSpec):
       known,
     )
     if spec.use_cache:
-      params = dm.layered(params)
+      params = dm.loop_params(params)
     for first, end, cache_len in spec.plan.segments:
       if s.cache is not None:
         s = s._replace(cache=s.cache.grown(cache_len))

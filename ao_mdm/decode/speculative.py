@@ -116,7 +116,7 @@ def decoder(spec: DecoderSpec):
     probs = draw.probs
     known_B = jnp.full((b,), known, jnp.int32)
     cache = dm.prefill(params, engine.KVCache.empty(cfg, b), tokens_BT, order_BT, known_B, known)
-    params = dm.layered(params)
+    params = dm.loop_params(params)
     rows_B1 = jnp.arange(b)[:, None]
     k_loop, k_first = jax.random.split(key)
 

@@ -1,5 +1,7 @@
 """DecodeModel.forward with cols_BQ: its last layer runs only those columns (every column's K/V is
-still made and written), and what it returns is exactly the full chunk's hidden states there."""
+still made and written), and what it returns is exactly the full chunk's hidden states there.
+The same, bitwise, on the params a decode loop holds (DecodeModel.loop_params: the layers split,
+the AdaLN tables made once)."""
 
 import flax.linen as nn
 import jax
@@ -39,7 +41,8 @@ def test_forward_at_columns_equals_full_forward_there(variant, dtype, cached):
   cols = jnp.asarray([[0, 2, 5, 6], [6, 1, 1, 3], [4, 5, 6, 0]], jnp.int32)
   cache_len = T if cached else None
   h, c, kv, new_cache = dm.forward(params, cache, chunk, cache_len, write)
-  h_q, c_q, kv_q, new_cache_q = dm.forward(params, cache, chunk, cache_len, write, cols)
+  loop_params = dm.loop_params(params) if cached else params  # a forward without cache: stacked
+  h_q, c_q, kv_q, new_cache_q = dm.forward(loop_params, cache, chunk, cache_len, write, cols)
   assert h_q.shape == (B, Q, cfg.n_embd)
   np.testing.assert_array_equal(h_q, jnp.take_along_axis(h, cols[..., None], 1))
   np.testing.assert_array_equal(dm.logits(params, h_q, c_q), dm.logits(params, *_at(h, c, cols)))

@@ -10,7 +10,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from ao_mdm import model as model_lib
 from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.config import base_config
@@ -70,7 +69,7 @@ def test_train_reduces_loss_and_resumes(data_dir, tmp_path, capsys, monkeypatch)
   config, ema = checkpoints.load_params(workdir)
   assert config.train.num_steps == 30
   assert jax.tree.structure(ema) == jax.tree.structure(
-    model_lib.abstract_params(specs.parse(cfg).model)
+    checkpoints.abstract_params(specs.parse(cfg).model)
   )
 
 
