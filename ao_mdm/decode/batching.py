@@ -87,8 +87,9 @@ class Batcher:
     widths = parallel.Plan((), (), real_width, phantom_width, ())
     rule = rule or common.DrawRule()
     self.spec = parallel.DecoderSpec(cfg, widths, order, rule, block_len=block_len, eos_id=eos_id)
-    self.params, self.max_steps = params, max_steps
     dm = engine.DecodeModel.of(cfg)
+    self._loop_params = jax.jit(dm.loop_params)
+    self.params, self.max_steps = params, max_steps
     self.state = parallel.empty(self.spec, batch, max_steps)
     self._step = jax.jit(functools.partial(parallel.step, self.spec, dm), static_argnums=2)
     self._insert = jax.jit(
@@ -101,6 +102,17 @@ class Batcher:
     self._keys = jax.jit(functools.partial(parallel.request_keys, spec=self.spec))
     self.requests: list[Request | None] = [None] * batch
     self.rows = jax.device_get(self.state.rows)  # as of the last step, on the host
+
+  @property
+  def params(self) -> Any:
+    return self._params
+
+  @params.setter
+  def params(self, params: Any) -> None:
+    """New params (GRPO swaps them between steps): steps take them as a decode loop does
+    (DecodeModel.loop_params), split once here rather than in every step; prefills, stacked."""
+    self._params = params
+    self._stepped = None if params is None else self._loop_params(params)
 
   @classmethod
   def continuing(
@@ -269,7 +281,7 @@ class Batcher:
     cache_len = common.bucket_for(
       int(cached.max(initial=0)), self.spec.model.block_size, parallel.CACHE_BUCKETS
     )
-    self.state = self._step(self.params, self.state, cache_len)
+    self.state = self._step(self._stepped, self.state, cache_len)
     rows = self.rows = jax.device_get(self.state.rows)
     done = []
     for r, request in enumerate(self.requests):
