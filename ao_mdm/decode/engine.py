@@ -147,7 +147,9 @@ class DecodeModel(NamedTuple):
     """(hidden [B, W, D], conditioning, chunk K/V [L, B, W, H, K], cache); cache None: no cache
     read (cache_len None), the chunk alone. write_BW: the first columns' K/V are written at
     these cache slots (>= P: dropped) before the cache is read, so they must be slots the
-    chunk's mask hides; the cache returned holds them (without write_BW it is `cache`)."""
+    chunk's mask hides; the cache returned holds them (without write_BW it is `cache`).
+    cols_BQ: the hidden states and conditioning of those columns only ([B, Q, D]: what `logits`
+    reads); the last layer then runs only them (every column's K/V is still made)."""
     m = masks(chunk, cache_len or 0)
     if cache is None:
       m = {"new": m["new"]}
