@@ -2,6 +2,8 @@
 step's time and MFU bounds from a compiled program, and what each cached decode step must read
 and compute."""
 
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -65,33 +67,50 @@ def train_step(compiled, config: specs.Spec, devices: list) -> dict:
 
 def weight_counts(cfg: specs.ModelSpec) -> tuple[int, int]:
   """(block weights, head weights: final AdaLN and head, or the tied embedding) of a model."""
-  shapes = nn.unbox(jax.eval_shape(lambda k: model_lib.init_params(cfg, k), jax.random.key(0)))
+  shapes = _shapes(cfg)
   n_blocks = model_lib.count_params(shapes["blocks"])
   if cfg.arch.tied_head:
     return n_blocks, cfg.vocab_size * cfg.n_embd
   return n_blocks, model_lib.count_params({k: shapes[k] for k in ("final_adaln", "head")})
 
 
+def _shapes(cfg: specs.ModelSpec) -> Any:
+  return nn.unbox(jax.eval_shape(lambda k: model_lib.init_params(cfg, k), jax.random.key(0)))
+
+
+def decode_weight_counts(cfg: specs.ModelSpec) -> tuple[int, int, int]:
+  """(block weights a decode slot multiplies by: all but AdaLN's, whose outputs a decode loop
+  makes once per target position; of those, the K and V projections'; head weights)."""
+  blocks = _shapes(cfg)["blocks"]
+  n_blocks, n_head = weight_counts(cfg)
+  n_adaln = model_lib.count_params(blocks["adaln"]) if cfg.arch.adaln else 0
+  return n_blocks - n_adaln, 2 * model_lib.count_params(blocks["qkv"]) // 3, n_head
+
+
 def step_costs(cfg: specs.ModelSpec, plan: parallel.Plan, batch: int) -> list[dict]:
   """What each cache bucket's steps must do at least, in cfg.dtype: `bytes` read per step (the
-  weights it multiplies by: blocks, final AdaLN and head, embedding rows being gathered; plus the
-  K/V cache prefix it attends to) and `flops` per step (2 per weight per slot, the head only for
-  the 1 + W_p queries; attention 4 L D per query-key pair). One dict per plan segment."""
+  weights it multiplies by: blocks but AdaLN, final AdaLN and head; AdaLN table and embedding
+  rows being gathered; plus the K/V cache prefix it attends to) and `flops` per step (2 per
+  weight per slot; the last layer past its K/V and the head only for the 1 + W_p queries read;
+  attention 4 D per layer, query and key). One dict per plan segment."""
   itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
-  n_blocks, n_head = weight_counts(cfg)
-  w = plan.real_width + plan.phantom_width
+  n_slot, n_kv, n_head = decode_weight_counts(cfg)
+  layers, d = cfg.n_layer, cfg.n_embd
+  w, q = plan.real_width + plan.phantom_width, 1 + plan.phantom_width
+  per_slot = (layers - 1) * n_slot / layers + n_kv / layers  # weights of a column not read
+  table_bytes = itemsize * batch * w * layers * 6 * d if cfg.arch.adaln else 0
   costs = []
   for first, end, cache_len in plan.segments:
-    cache_bytes = 2 * cfg.n_layer * batch * cache_len * cfg.n_embd * itemsize
-    flops = 2 * batch * (
-      w * n_blocks + (1 + plan.phantom_width) * n_head
-    ) + 4 * cfg.n_layer * cfg.n_embd * batch * w * (cache_len + w)
+    cache_bytes = 2 * layers * batch * cache_len * d * itemsize
+    queries = (layers - 1) * w + q  # query rows over all layers
+    flops = 2 * batch * (w * per_slot + q * ((n_slot - n_kv) / layers + n_head))
+    flops += 4 * d * batch * queries * (cache_len + w)
     costs.append(
       {
         "steps": end - first,
         "cache_len": cache_len,
         "flops": flops,
-        "bytes": itemsize * (n_blocks + n_head) + cache_bytes,
+        "bytes": itemsize * (n_slot + n_head) + table_bytes + cache_bytes,
         "cache_bytes": cache_bytes,
       }
     )
@@ -132,10 +151,9 @@ def speculative_read_ratio(cfg: specs.ModelSpec, k: int, batch: int, head: bool)
   costs = step_costs(cfg, plan, batch)
   step = sum(c["bytes"] * c["steps"] for c in costs) / sum(c["steps"] for c in costs)
   itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
-  n_blocks, n_head = weight_counts(cfg)
+  n_slot, _, n_head = decode_weight_counts(cfg)
   iteration = (
-    itemsize * (n_blocks + n_head)
-    + 2 * cfg.n_layer * batch * cfg.block_size * cfg.n_embd * itemsize
+    itemsize * (n_slot + n_head) + 2 * cfg.n_layer * batch * cfg.block_size * cfg.n_embd * itemsize
   )
   if head:
     from ao_mdm.decode import draft
