@@ -251,8 +251,9 @@ def per_slot(dense: nn.Module, cond: tuple, mod_TJD: Any = None) -> list:
   the table (or mod_TJD, the table made before) one part at a time, so that XLA fuses each
   gather into its consumer."""
   c_TC, target_BW = cond
-  if mod_TJD is not None or target_BW.size > c_TC.shape[0]:
-    mod_TJD = dense(c_TC) if mod_TJD is None else mod_TJD
+  if mod_TJD is None and target_BW.size > c_TC.shape[0]:
+    mod_TJD = dense(c_TC)
+  if mod_TJD is not None:
     return [jnp.take(mod_TJD[:, i], target_BW, axis=0) for i in range(mod_TJD.shape[1])]
   mod_BWJD = dense(jnp.take(c_TC, target_BW, axis=0))
   return [mod_BWJD[:, :, i] for i in range(mod_BWJD.shape[2])]

@@ -2,6 +2,7 @@
 step's time and MFU bounds from a compiled program, and what each cached decode step must read
 and compute."""
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -74,7 +75,9 @@ def weight_counts(cfg: specs.ModelSpec) -> tuple[int, int]:
   return n_blocks, model_lib.count_params({k: shapes[k] for k in ("final_adaln", "head")})
 
 
+@functools.cache
 def _shapes(cfg: specs.ModelSpec) -> Any:
+  """The unboxed param shapes of a model (one trace per spec: the counts below share it)."""
   return nn.unbox(jax.eval_shape(lambda k: model_lib.init_params(cfg, k), jax.random.key(0)))
 
 
