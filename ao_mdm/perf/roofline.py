@@ -90,13 +90,23 @@ def decode_weight_counts(cfg: specs.ModelSpec) -> tuple[int, int, int]:
   return n_blocks - n_adaln, 2 * model_lib.count_params(blocks["qkv"]) // 3, n_head
 
 
+def _itemsize(cfg: specs.ModelSpec) -> int:
+  """Bytes of one number in the model's compute dtype (weights and cache are read in it)."""
+  return jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
+
+
+def _cache_bytes(cfg: specs.ModelSpec, batch: int, length: int) -> int:
+  """Bytes of every layer's K and V for `length` positions of `batch` rows."""
+  return 2 * cfg.n_layer * batch * length * cfg.n_embd * _itemsize(cfg)
+
+
 def step_costs(cfg: specs.ModelSpec, plan: parallel.Plan, batch: int) -> list[dict]:
   """What each cache bucket's steps must do at least, in cfg.dtype: `bytes` read per step (the
   weights it multiplies by: blocks but AdaLN, final AdaLN and head; AdaLN table and embedding
   rows being gathered; plus the K/V cache prefix it attends to) and `flops` per step (2 per
   weight per slot; the last layer past its K/V and the head only for the 1 + W_p queries read;
   attention 4 D per layer, query and key). One dict per plan segment."""
-  itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
+  itemsize = _itemsize(cfg)
   n_slot, n_kv, n_head = decode_weight_counts(cfg)
   layers, d = cfg.n_layer, cfg.n_embd
   w, q = plan.real_width + plan.phantom_width, 1 + plan.phantom_width
@@ -104,7 +114,7 @@ def step_costs(cfg: specs.ModelSpec, plan: parallel.Plan, batch: int) -> list[di
   table_bytes = itemsize * batch * w * layers * 6 * d if cfg.arch.adaln else 0
   costs = []
   for first, end, cache_len in plan.segments:
-    cache_bytes = 2 * layers * batch * cache_len * d * itemsize
+    cache_bytes = _cache_bytes(cfg, batch, cache_len)
     queries = (layers - 1) * w + q  # query rows over all layers
     flops = 2 * batch * (w * per_slot + q * ((n_slot - n_kv) / layers + n_head))
     flops += 4 * d * batch * queries * (cache_len + w)
@@ -122,7 +132,7 @@ def step_costs(cfg: specs.ModelSpec, plan: parallel.Plan, batch: int) -> list[di
 
 def forward_costs(cfg: specs.ModelSpec, batch: int) -> dict:
   """The same counts for one full training forward of [batch, T] (attention over all T x T)."""
-  itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
+  itemsize = _itemsize(cfg)
   n_blocks, n_head = weight_counts(cfg)
   t = cfg.block_size
   attention = 4 * cfg.n_layer * cfg.n_embd * batch * t * t
@@ -153,11 +163,9 @@ def speculative_read_ratio(cfg: specs.ModelSpec, k: int, batch: int, head: bool)
   plan = parallel.Plan.make(parallel.schedule_counts(cfg.block_size, 0, cfg.block_size, "linear"))
   costs = step_costs(cfg, plan, batch)
   step = sum(c["bytes"] * c["steps"] for c in costs) / sum(c["steps"] for c in costs)
-  itemsize = jnp.dtype(model_lib.DTYPES[cfg.dtype]).itemsize
+  itemsize = _itemsize(cfg)
   n_slot, _, n_head = decode_weight_counts(cfg)
-  iteration = (
-    itemsize * (n_slot + n_head) + 2 * cfg.n_layer * batch * cfg.block_size * cfg.n_embd * itemsize
-  )
+  iteration = itemsize * (n_slot + n_head) + _cache_bytes(cfg, batch, cfg.block_size)
   if head:
     from ao_mdm.decode import draft
 
