@@ -33,11 +33,9 @@ def train_step(compiled, config: specs.Spec, devices: list) -> dict:
   n = len(devices)
   cost = compiled.cost_analysis()
   cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
-  abstract = jax.eval_shape(lambda: model_lib.init_params(config.model, jax.random.key(0)))
   tokens = config.train.batch_size * config.model.block_size
-  model_flops = (
-    tokens * model_lib.flops_per_token(config.model, model_lib.count_params(nn.unbox(abstract))) / n
-  )
+  n_params = model_lib.count_params(_shapes(config.model))
+  model_flops = tokens * model_lib.flops_per_token(config.model, n_params) / n
   xla_flops = float(cost.get("flops", 0.0))
   hbm_bytes = float(cost.get("bytes accessed", 0.0))
   traffic = hlo.hlo_traffic(compiled.as_text())
@@ -111,7 +109,9 @@ def step_costs(cfg: specs.ModelSpec, plan: parallel.Plan, batch: int) -> list[di
   layers, d = cfg.n_layer, cfg.n_embd
   w, q = plan.real_width + plan.phantom_width, 1 + plan.phantom_width
   per_slot = (layers - 1) * n_slot / layers + n_kv / layers  # weights of a column not read
-  table_bytes = itemsize * batch * w * layers * 6 * d if cfg.arch.adaln else 0
+  # A slot gathers each layer's row of its AdaLN table: as many numbers as that layer's bias.
+  adaln = _shapes(cfg)["blocks"]["adaln"]["bias"] if cfg.arch.adaln else None
+  table_bytes = itemsize * batch * w * (model_lib.count_params(adaln) if adaln else 0)
   costs = []
   for first, end, cache_len in plan.segments:
     cache_bytes = _cache_bytes(cfg, batch, cache_len)
