@@ -180,3 +180,20 @@ def split_files(split):
   """{file name: bytes} of a preparation's shards, counts and manifest."""
   names = [s["file"] for s in split.manifest["shards"]] + ["token_counts.npy", "manifest.json"]
   return {n: open(os.path.join(split.directory, n), "rb").read() for n in names}
+
+
+def filtered_probs(logits, temperature: float, top_p: float, top_k: int) -> np.ndarray:
+  """The distribution a row draws from, written out plainly: softmax(logits / temperature),
+  then the top_k most likely, then the authors' top-p (drop each token whose inclusive
+  cumulative probability exceeds top_p, the most likely always kept), renormalised."""
+  x = np.asarray(logits, np.float64) / temperature
+  probs = np.exp(x - x.max())
+  probs /= probs.sum()
+  keep = np.ones(len(probs), bool)
+  ranked = np.argsort(-probs, kind="stable")
+  if top_k:
+    keep[ranked[top_k:]] = False
+  kept = np.where(keep, probs, 0.0)
+  cum = np.cumsum(kept[ranked] / kept.sum())
+  keep[ranked[(cum > top_p) & (np.arange(len(ranked)) > 0)]] = False
+  return np.where(keep, probs, 0.0) / probs[keep].sum()

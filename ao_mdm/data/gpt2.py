@@ -84,5 +84,9 @@ class GPT2Tokenizer:
     """The text of `ids` (a list or a 1-D integer array)."""
     return self._enc.decode([int(i) for i in ids])
 
+  def token_bytes(self, token_id: int) -> bytes:
+    """The token's bytes (byte-level BPE: a token may hold part of a character)."""
+    return self._enc.decode_single_token_bytes(int(token_id))
+
   def __reduce__(self):  # worker processes rebuild it from the files
     return GPT2Tokenizer, (self.data_dir,)

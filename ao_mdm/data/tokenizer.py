@@ -37,6 +37,10 @@ class Tokenizer(Protocol):
   def decode(self, ids: Sequence[int]) -> str:
     """The text of `ids`; decode(encode(t)) == t."""
 
+  def token_bytes(self, token_id: int) -> bytes:
+    """The UTF-8 bytes token `token_id` adds to a text (a part of a character, for a byte
+    token): what the server shows of a token and where it starts in the text."""
+
 
 class SentencePieceTokenizer:
   """A trained SentencePiece model loaded from a file (local or gs://)."""
@@ -66,6 +70,15 @@ class SentencePieceTokenizer:
   def decode(self, ids: Sequence[int] | Any) -> str:
     """The text of `ids` (a list or a 1-D integer array)."""
     return self._sp.decode([int(i) for i in ids])
+
+  def token_bytes(self, token_id: int) -> bytes:
+    """A byte piece's one byte (`<0xE6>`), else the piece's text with its spaces (`▁`)."""
+    i = int(token_id)
+    if self._sp.is_byte(i):
+      return bytes([int(self._sp.id_to_piece(i)[3:5], 16)])
+    if self._sp.is_control(i) or self._sp.is_unknown(i):
+      return self._sp.decode([i]).encode()
+    return self._sp.id_to_piece(i).replace("\u2581", " ").encode()
 
   def __reduce__(self):  # worker processes reload the model from its file
     return SentencePieceTokenizer, (self.model_path,)

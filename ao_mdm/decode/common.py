@@ -86,19 +86,12 @@ def filter_logits(
 
 @dataclasses.dataclass(frozen=True)
 class DrawRule:
-  """The static part of a draw (part of a decoder's spec): whether to filter (top_p < 1 or
-  top_k > 0), by which top-p rule, and the ids >= vocab_limit (the padding rows of a padded
-  vocab) that are never drawn."""
+  """The static part of a draw (part of a decoder's spec): the top-p rule, and the ids >=
+  vocab_limit (the padding rows of a padded vocab) that are never drawn. Whether a row is
+  filtered is its own top_p and top_k (traced), never a static switch."""
 
-  use_filter: bool = False
   top_p_rule: str = "authors"
   vocab_limit: int | None = None
-
-  @classmethod
-  def of(
-    cls, top_p: float, top_k: int, top_p_rule: str = "authors", vocab_limit: int | None = None
-  ) -> "DrawRule":
-    return cls(top_p < 1 or top_k > 0, top_p_rule, vocab_limit)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,9 +108,15 @@ class Draw:
     """float32 logits / temperature, filtered: the draw is from their softmax."""
     logits_NV = self.limited(logits_NV)
     scaled = logits_NV / jnp.maximum(self.temperature, 1e-6)
-    if self.rule.use_filter:
-      scaled = filter_logits(scaled, self.top_p, self.top_k, self.rule.top_p_rule)
-    return scaled
+    # Each row by its own top_p / top_k (an identity where top_p >= 1 and top_k = 0); the sort is
+    # skipped when no row filters.
+    filtering = jnp.any((jnp.asarray(self.top_p) < 1) | (jnp.asarray(self.top_k) > 0))
+    return jax.lax.cond(
+      filtering,
+      lambda x: filter_logits(x, self.top_p, self.top_k, self.rule.top_p_rule),
+      lambda x: x,
+      scaled,
+    )
 
   def limited(self, logits_NV: jax.Array) -> jax.Array:
     logits_NV = logits_NV.astype(jnp.float32)

@@ -166,7 +166,7 @@ def sample(
       cfg,
       tuple(int(n) for n in counts),
       score,
-      common.DrawRule.of(top_p, top_k, top_p_rule, vocab_limit),
+      common.DrawRule(top_p_rule, vocab_limit),
     )
   )
   out = decode(

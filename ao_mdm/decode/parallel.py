@@ -408,7 +408,7 @@ def sample(
       cfg,
       plan,
       order,
-      common.DrawRule.of(top_p, top_k, top_p_rule, vocab_limit),
+      common.DrawRule(top_p_rule, vocab_limit),
       use_cache,
       return_logits,
       block_len,

@@ -298,7 +298,7 @@ def sample(
       cfg,
       int(draft),
       known,
-      common.DrawRule.of(top_p, top_k, top_p_rule, vocab_limit),
+      common.DrawRule(top_p_rule, vocab_limit),
       order,
       draft_head is not None,
       eos_id=None if eos_id is None else int(eos_id),

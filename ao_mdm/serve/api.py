@@ -1,9 +1,10 @@
 """The OpenAI completions API over the serving engine (docs/serving.md): POST /v1/completions
 (streamed as server-sent events with `stream`), GET /v1/models, /health and /metrics. Bad input
-is a 400 naming the field, a full queue a 429, a draining server a 503; nothing of one request
-disturbs another."""
+is a 400 naming the field, a body over MAX_BODY_BYTES a 413, a full queue a 429, a draining
+server a 503, each in OpenAI's error shape; nothing of one request disturbs another."""
 
 import asyncio
+import codecs
 import json
 import secrets
 import time
@@ -13,24 +14,31 @@ import fastapi
 from fastapi import responses
 import prometheus_client as prom
 import pydantic
+from starlette import exceptions as starlette_exceptions
 
 from ao_mdm.serve import engine as engine_lib
 
 MAX_N = 8  # choices per prompt
+MAX_BODY_BYTES = 1 << 20  # a larger request body is refused before it is read (413)
+SERVED = "POST /v1/completions, GET /v1/models, GET /health and GET /metrics"
+PROMPT_FORMS = (
+  "a string, a list of strings, a list of token ids (integers) or a list of lists of token ids"
+)
 
 
 class CompletionRequest(pydantic.BaseModel):
   """The fields of OpenAI's completions request that we take; any other field is a 400.
   tokens_per_step and top_k are ours (pass them in the client's extra_body)."""
 
-  model_config = pydantic.ConfigDict(extra="forbid")
+  # Strict: a bool is not a count, a string not a number (a float field takes an integer).
+  model_config = pydantic.ConfigDict(extra="forbid", strict=True)
 
   model: str | None = None
   prompt: str | list[str] | list[int] | list[list[int]]  # text, or token ids
   suffix: str | None = None
   max_tokens: int | None = pydantic.Field(16, ge=0)  # None: 16
-  temperature: float = pydantic.Field(1.0, ge=0.0, le=2.0)
-  top_p: float = pydantic.Field(1.0, gt=0.0, le=1.0)
+  temperature: float = pydantic.Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+  top_p: float = pydantic.Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
   n: int = pydantic.Field(1, ge=1, le=MAX_N)
   stream: bool = False
   logprobs: int | None = pydantic.Field(None, ge=0, le=5)
@@ -40,8 +48,8 @@ class CompletionRequest(pydantic.BaseModel):
   user: str | None = None
   stream_options: dict | None = None
   # Taken at their neutral values only (the API's defaults), refused otherwise.
-  frequency_penalty: float | None = None
-  presence_penalty: float | None = None
+  frequency_penalty: float | None = pydantic.Field(None, allow_inf_nan=False)
+  presence_penalty: float | None = pydantic.Field(None, allow_inf_nan=False)
   best_of: int | None = None
   logit_bias: dict | None = None
   tokens_per_step: int = pydantic.Field(1, ge=1)
@@ -54,6 +62,40 @@ def error(status: int, message: str, param: str | None = None, kind: str = "") -
   )
   body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
   return responses.JSONResponse(body, status_code=status)
+
+
+class BodyLimit:
+  """ASGI middleware: a request body over `limit` bytes is a 413, by its Content-Length before
+  anything is read, or (a body without one) as soon as more has arrived."""
+
+  def __init__(self, app: Any, limit: int):
+    self.app, self.limit = app, limit
+
+  async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+      return await self.app(scope, receive, send)
+    length = dict(scope["headers"]).get(b"content-length", b"0")
+    if not length.isdigit() or int(length) > self.limit:
+      return await too_large(length.decode(errors="replace"), self.limit)(scope, receive, send)
+    received = 0
+
+    async def counted() -> dict:
+      nonlocal received
+      message = await receive()
+      received += len(message.get("body", b""))
+      if received > self.limit:  # FastAPI passes an HTTPException on to its handler
+        raise starlette_exceptions.HTTPException(413, f"more than {received}")
+      return message
+
+    await self.app(scope, counted, send)
+
+
+def too_large(size: str, limit: int) -> Any:
+  return error(
+    413,
+    f"the request body is {size} bytes; this server takes at most {limit} (docs/serving.md)",
+    kind="invalid_request_error",
+  )
 
 
 class Metrics:
@@ -102,9 +144,13 @@ class Metrics:
 def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
   """The app; `app.state.draining` set makes every new completion a 503."""
   app = fastapi.FastAPI(title="ao-mdm serve", docs_url=None, redoc_url=None)
+  app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
   app.state.draining = False
   metrics = Metrics(engine)
   tok, t = engine.tokenizer, engine.cfg.block_size
+  # A text of more bytes than T of the longest tokens holds more than T tokens: refused
+  # without tokenizing it.
+  max_text_bytes = t * max(len(tok.token_bytes(i)) for i in range(engine.vocab_limit))
 
   @app.exception_handler(fastapi.exceptions.RequestValidationError)
   async def invalid(request: fastapi.Request, exc: Any) -> Any:
@@ -113,7 +159,29 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
       return error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}")
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
     param = loc[0] if loc else None
+    if param == "prompt":  # pydantic names every form it tried; say which ones are taken
+      return error(400, f"prompt: must be {PROMPT_FORMS}", param)
     return error(400, f"{'.'.join(loc) or 'body'}: {first.get('msg')}", param)
+
+  @app.exception_handler(starlette_exceptions.HTTPException)
+  async def http_error(request: fastapi.Request, exc: Any) -> Any:
+    path = f"{request.method} {request.url.path}"
+    if exc.status_code in (404, 405):
+      chat = request.url.path.rstrip("/").endswith("chat/completions")
+      hint = (
+        "; chat is not served: send the conversation to /v1/completions as a prompt of "
+        "`role: content` lines ending in `assistant: ` (as post-training renders chats)"
+      )
+      return error(
+        exc.status_code,
+        f"{path} is not served; this server has {SERVED}{hint if chat else ''}",
+        kind="not_found_error",
+      )
+    if exc.status_code == 413:
+      return too_large(str(exc.detail), MAX_BODY_BYTES)
+    if exc.status_code == 400:  # FastAPI's body parser: the bytes are not UTF-8 text
+      return error(400, "the body is not valid JSON: it is not UTF-8 text")
+    return error(exc.status_code, str(exc.detail), kind="server_error")
 
   @app.get("/health")
   async def health() -> Any:
@@ -158,18 +226,32 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
     given: list[Any] = [body.prompt] if one else list(body.prompt)
     if not given:
       return error(400, "prompt: an empty list", "prompt")
-    for i, x in enumerate(given):
+    if len(given) * body.n > engine.max_queue:  # could never be queued: not a retry later
+      return error(
+        400,
+        f"{len(given)} prompts x n={body.n} = {len(given) * body.n} choices; this server queues "
+        f"at most {engine.max_queue} (ao-mdm serve --max_queue)",
+        "n" if body.n > 1 else "prompt",
+      )
+    for i, x in enumerate(given + [body.suffix or ""]):
+      what = f"prompt[{i}]" if i < len(given) else "suffix"
+      if isinstance(x, str) and len(x.encode()) > max_text_bytes:
+        return error(400, f"{what} is longer than the model's {t} positions", what[:6])
       if not isinstance(x, str) and any(not 0 <= v < engine.vocab_limit for v in x):
         return error(400, f"prompt[{i}]: token ids must be in [0, {engine.vocab_limit})", "prompt")
-    prompts = [x if isinstance(x, str) else tok.decode(list(x)) for x in given]  # the echo's text
     usage_chunk = bool((body.stream_options or {}).get("include_usage"))
     stop = tuple(s for s in ([body.stop] if isinstance(body.stop, str) else body.stop or ()) if s)
-    suffix = tuple(tok.encode(body.suffix)) if body.suffix else ()
+    # Texts are tokenized off the event loop (the tokenizers release the GIL): a long prompt
+    # does not hold up the other requests.
+    encoded = await asyncio.to_thread(
+      lambda: [tuple(tok.encode(x)) if isinstance(x, str) and x else tuple(x) for x in given]
+    )
+    prompts = [x if isinstance(x, str) else tok.decode(list(x)) for x in given]  # the echo's text
+    suffix = tuple(await asyncio.to_thread(tok.encode, body.suffix)) if body.suffix else ()
     loop = asyncio.get_running_loop()
     seed = secrets.randbits(31) if body.seed is None else body.seed
     jobs, queues = [], []
-    for i, x in enumerate(given):
-      ids = tuple(x) if not isinstance(x, str) else tuple(tok.encode(x)) if x else ()
+    for i, ids in enumerate(encoded):
       if not ids and not suffix and body.max_tokens == 0:
         return error(400, f"prompt[{i}] is empty: nothing to score", "prompt")
       room = t - len(ids) - len(suffix)
@@ -269,11 +351,21 @@ async def _gather(engine: engine_lib.Engine, jobs: list, queues: list, request: 
   return results
 
 
-def _token_logprobs(ids: list, lps: list, tok: Any, offset: int = 0) -> tuple:
-  """(tokens, logprobs, text offsets) of `ids`: each id's own text, and where its text starts
-  in the decoded whole (prefix decodes: a byte token alone may not be a character)."""
-  tokens = [tok.decode([i]) for i in ids]
-  return tokens, list(lps), [offset + len(tok.decode(list(ids[:k]))) for k in range(len(ids))]
+def token_texts(ids: list, tok: Any, offset: int = 0) -> tuple[list, list]:
+  """(tokens, text offsets) of `ids`: each token's text, or `bytes:\\xe6\\x97` where it holds
+  part of a character (as OpenAI shows one), and the index in the text of the character it
+  starts or continues, so the offsets never decrease."""
+  utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+  tokens, offsets, chars = [], [], offset
+  for i in ids:
+    piece = tok.token_bytes(i)
+    offsets.append(chars)
+    chars += len(utf8.decode(piece))
+    try:
+      tokens.append(piece.decode())
+    except UnicodeDecodeError:
+      tokens.append("bytes:" + "".join(f"\\x{b:02x}" for b in piece))
+  return tokens, offsets
 
 
 def _choice(i, text, ids, lps, done, body, prompt, job, tok) -> dict:
@@ -286,9 +378,11 @@ def _choice(i, text, ids, lps, done, body, prompt, job, tok) -> dict:
     values: list = []
     offsets: list = []
     if body.echo and done.get("prompt_logprobs") is not None:
-      tokens, values, offsets = _token_logprobs(job.prompt, done["prompt_logprobs"], tok)
-    gen = _token_logprobs(ids, lps, tok, len(prompt) if body.echo else 0)
-    tokens, values, offsets = tokens + gen[0], values + gen[1], offsets + gen[2]
+      tokens, offsets = token_texts(list(job.prompt), tok)
+      values = list(done["prompt_logprobs"])
+    gen = token_texts(ids, tok, len(prompt) if body.echo else 0)
+    tokens, values, offsets = tokens + gen[0], values + list(lps), offsets + gen[1]
+    offsets = [min(o, len(out["text"])) for o in offsets]  # a tokenizer's decode may trim
     out["logprobs"] = {
       "tokens": tokens,
       "token_logprobs": values,
@@ -319,7 +413,7 @@ async def _stream(engine, jobs, queues, head, body, prompt_of, request, usage_ch
           generated += len(payload["ids"])
           logprobs = None
           if body.logprobs is not None:
-            pieces = [engine.tokenizer.decode([x]) for x in payload["ids"]]
+            pieces = token_texts(payload["ids"], engine.tokenizer)[0]
             logprobs = {"tokens": pieces, "token_logprobs": payload["logprobs"]}
             logprobs["top_logprobs"] = None
           yield _sse(head, i, payload["text"], None, logprobs)

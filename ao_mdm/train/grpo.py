@@ -256,7 +256,7 @@ class Rollouts:
     tokens_BT, order_BT = (np.zeros((len(rows), t), np.int32) for _ in range(2))
     counted_BT, logprob_BT = np.zeros((len(rows), t), bool), np.zeros((len(rows), t), np.float32)
     eos_id = self.tokenizer.eos_id if g.order == "l2r" else None  # speculative stops in L2R only
-    rule = common.DrawRule.of(1.0, 0, vocab_limit=self.vocab_limit)
+    rule = common.DrawRule(vocab_limit=self.vocab_limit)
     for p in sorted(set(prompt_P.tolist())):
       out = np.flatnonzero(rows == p)
       n = len(out)  # padded to one of a few batch sizes (a compile each), the padding dropped

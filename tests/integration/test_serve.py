@@ -9,6 +9,7 @@ import pathlib
 import random
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,10 +18,12 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from scipy import stats
 
 from ao_mdm.decode import parallel
 from ao_mdm.eval import scoring
-from helpers import ROOT
+from ao_mdm.serve.api import token_texts
+from helpers import ROOT, filtered_probs
 
 # They time bounded detections or signal processes after delays: the slow stage runs them one
 # at a time (`alone`), never beside another test.
@@ -107,7 +110,9 @@ def export(eos_export, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(export):
-  s = Server(export[0], "--max_batch=4", "--max_queue=8", "--prefix_cache=4")
+  s = Server(
+    export[0], "--max_batch=4", "--max_queue=8", "--prefix_cache=4", "--max_tokens_per_step=2"
+  )
   yield s
   code, out, err = s.stop()
   assert code == 0 and "stopped" in out and "Traceback" not in err, err
@@ -213,8 +218,16 @@ def test_completions_streaming_logprobs_and_bad_input_through_the_openai_client(
   bad = server.post("{not json")
   assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
   assert server.post({"prompt": "x" * 4000, "max_tokens": 1}).json()["error"]["param"] == "prompt"
-  with pytest.raises(openai.RateLimitError):  # 10 choices for a queue of 8: refused at once
+  # 10 choices can never fit a queue of 8: a 400, not "retry later".
+  with pytest.raises(openai.BadRequestError) as e:
     server.complete(prompt=["We", "the"], max_tokens=2, n=5)
+  assert e.value.body["param"] == "n" and "at most 8" in e.value.body["message"]
+  # 8 choices on 4 rows, 4 of them queued for 28 steps: 5 more overflow the queue, a 429 at once.
+  running = server.complete(prompt="We", max_tokens=28, n=8, stream=True, seed=1)
+  next(iter(running))
+  with pytest.raises(openai.RateLimitError):
+    server.complete(prompt="We", max_tokens=2, n=5)
+  assert sum(1 for c in running if c.choices and c.choices[0].finish_reason) == 8
   assert server.get("/health").json()["status"] == "ok"
   assert server.metric("ao_mdm_tokens_generated") > 0 and server.metric("ao_mdm_forwards") > 0
   # Prompts that share 8 or more leading tokens with an earlier one copy those slots
@@ -296,3 +309,155 @@ def test_a_client_gone_frees_its_row_and_its_queued_choices(export):
   finally:
     code, out, err = s.stop(signal.SIGINT)  # Ctrl-C drains as SIGTERM does
   assert code == 0 and "SIGINT: draining" in out and "Traceback" not in err, err
+
+
+def first_token_logits(export, prompt_ids: list) -> np.ndarray:
+  """The model's logits for the token after `prompt_ids` (float64)."""
+  _, config, params, _ = export
+  p = len(prompt_ids)
+  out = parallel.sample(
+    params, config.model, batch_size=1, steps=1, order="l2r", known_positions=range(p),
+    known_tokens=prompt_ids, end=p + 1, return_logits=True,
+  )  # fmt: skip
+  return out.logits[0, p].astype(np.float64)
+
+
+def test_top_p_and_top_k_apply_to_each_request_through_the_openai_client(server, export):
+  """top_k=1 and a tiny top_p at temperature 1 give the greedy text for every seed, one and two
+  tokens per forward; requests of three draw settings sent together (rows mixed in the batch)
+  each draw from their own filtered distribution (chi-square on counts)."""
+  for prompt in ("We the people", "Fellow citizens"):
+    for k in (1, 2):
+      ask = lambda **kw: server.complete(
+        prompt=prompt, max_tokens=10, extra_body={"tokens_per_step": k, **kw.pop("extra", {})}, **kw
+      ).choices[0].text  # fmt: skip
+      greedy_text = ask(temperature=0)
+      for seed in (1, 2, 3):
+        assert ask(temperature=1, seed=seed, extra={"top_k": 1}) == greedy_text, (prompt, k, seed)
+        assert ask(temperature=1, seed=seed, top_p=1e-9) == greedy_text, (prompt, k, seed)
+  tok = export[3]
+  ids = tok.encode("We the")
+  logits = first_token_logits(export, ids)
+  probs = filtered_probs(logits, 1.0, 1.0, 0)
+  top4 = float(np.sort(probs)[::-1][:4].sum()) + 1e-6  # a top-p that keeps the 4 most likely
+  settings = [(1.0, 1.0, 3), (1.0, top4, 0), (0.7, 1.0, 0)]  # (temperature, top_p, top_k)
+  requests = 100  # each 2 choices: 200 draws per setting
+
+  def draws(setting_and_seed):
+    (temperature, top_p, top_k), seed = setting_and_seed
+    out = server.complete(
+      prompt=ids, max_tokens=1, n=2, seed=seed, temperature=temperature, top_p=top_p,
+      logprobs=0, extra_body={"top_k": top_k},
+    )  # fmt: skip
+    return [c.logprobs.tokens[0] for c in out.choices]
+
+  jobs = [(s, 2 * i) for i in range(requests) for s in settings]  # 3 in flight: 6 choices <= 8
+  with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    drawn = list(pool.map(draws, jobs))
+  pieces = {v: token_texts([v], tok)[0][0] for v in range(len(logits))}
+  for j, setting in enumerate(settings):
+    got = [x for d in drawn[j :: len(settings)] for x in d]
+    expected = filtered_probs(logits, *setting)
+    support = np.flatnonzero(expected)
+    names = [pieces[v] for v in support]
+    assert set(got) <= set(names), (setting, set(got) - set(names))
+    # The support's tokens, the rarest merged into one bin, against 200 draws.
+    order = support[np.argsort(-expected[support])]
+    head = order[:4]
+    counts = [got.count(pieces[v]) for v in head] + [
+      len(got) - sum(got.count(pieces[v]) for v in head)
+    ]
+    exp = [expected[v] for v in head] + [1 - expected[head].sum()]
+    counts, exp = np.asarray(counts), np.asarray(exp) * len(got)
+    keep = exp > 0
+    assert stats.chisquare(counts[keep], exp[keep]).pvalue > 1e-3, (setting, counts, exp)
+
+
+def test_fields_are_checked_strictly_and_every_error_has_openai_shape(server, export):
+  """A bool is not a count, NaN not a temperature; a prompt of the wrong form names the
+  accepted ones; a body that is not UTF-8 or too large, an unserved path: OpenAI's error
+  shape. The server goes on after each."""
+  prompt = "We the people"
+  for body, param, words in [
+    ({"max_tokens": True}, "max_tokens", "valid integer"),
+    ({"n": 2.0}, "n", "valid integer"),
+    ({"logprobs": False}, "logprobs", "valid integer"),
+    ({"seed": "7"}, "seed", "valid integer"),
+    ({"temperature": "0.5"}, "temperature", "valid number"),
+    ({"stream": 1}, "stream", "valid boolean"),
+    ({"prompt": 5}, "prompt", "a list of token ids"),
+    ({"prompt": ["Fellow", [100, 200]]}, "prompt", "a list of lists of token ids"),
+    ({"prompt": [1, True]}, "prompt", "a list of token ids"),
+  ]:
+    reply = server.post({"prompt": prompt, "max_tokens": 2, **body})
+    err = reply.json()["error"]
+    assert reply.status_code == 400 and err["param"] == param and words in err["message"], err
+  nan = server.post('{"prompt": "We", "max_tokens": 2, "temperature": NaN}')
+  err = nan.json()["error"]
+  assert nan.status_code == 400 and err["param"] == "temperature"
+  assert "finite number" in err["message"], err
+  with pytest.raises(openai.BadRequestError) as e:
+    server.complete(prompt=prompt, max_tokens=True)
+  assert e.value.body["param"] == "max_tokens"
+  # Not UTF-8: the same error shape as every other 400.
+  raw = httpx.post(
+    f"{server.url}/completions", content=b'{"prompt": "\xff\xfe"}',
+    headers={"content-type": "application/json"}, timeout=30,
+  )  # fmt: skip
+  assert raw.status_code == 400 and "UTF-8" in raw.json()["error"]["message"], raw.text
+  # Chat is not served: a 404 that says what is.
+  with pytest.raises(openai.NotFoundError) as e:
+    server.client.chat.completions.create(
+      model=server.model, messages=[{"role": "user", "content": "hi"}]
+    )
+  assert "/v1/completions" in e.value.body["message"] and "chat" in e.value.body["message"]
+  missing = server.get("/v2/nothing")
+  assert missing.status_code == 404 and "/v1/completions" in missing.json()["error"]["message"]
+  # A 50 MB body is refused by its length before it is read; one sent in chunks once past
+  # the limit. A small request right after is served at once.
+  host, port = server.url.removeprefix("http://").removesuffix("/v1").split(":")
+  with socket.create_connection((host, int(port)), timeout=30) as conn:
+    start = time.monotonic()
+    conn.sendall(
+      b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+      b"content-length: 52428800\r\n\r\n" + b'{"prompt": "' + b"x" * 65536
+    )
+    head = conn.recv(65536).decode(errors="replace")
+    assert head.startswith("HTTP/1.1 413") and "at most 1048576" in head, head
+    assert time.monotonic() - start < 5
+  chunks = (b'{"prompt": "' if i == 0 else b"y" * 65536 for i in range(40))
+  big = httpx.post(
+    f"{server.url}/completions", content=chunks, headers={"content-type": "application/json"},
+    timeout=60,
+  )  # fmt: skip
+  assert big.status_code == 413 and big.json()["error"]["type"] == "invalid_request_error"
+  start = time.monotonic()
+  assert server.complete(prompt="We", max_tokens=4, temperature=0).choices[0].text
+  assert time.monotonic() - start < 5
+  assert server.get("/health").json()["status"] == "ok"
+
+
+def test_token_offsets_never_run_backwards_and_byte_tokens_show_as_bytes(server, export):
+  """A text with characters of several bytes: each token's text starts at its offset in the
+  returned text (offsets never decrease), and a token holding part of a character shows its
+  bytes (`bytes:\\xe6...`)."""
+  text = "é and 日本 ok"
+  tok = export[3]
+  assert any(
+    len(tok.token_bytes(i)) == 1 and tok.token_bytes(i)[0] >= 0x80 for i in tok.encode(text)
+  )
+  for kwargs in (dict(max_tokens=0), dict(max_tokens=6, temperature=0)):
+    choice = server.complete(prompt=text, echo=True, logprobs=0, **kwargs).choices[0]
+    tokens, offsets = choice.logprobs.tokens, choice.logprobs.text_offset
+    assert choice.text.startswith(text) and len(tokens) == len(offsets)
+    assert offsets == sorted(offsets) and offsets[-1] <= len(choice.text), offsets
+    assert any(t.startswith("bytes:\\x") for t in tokens), tokens
+    for t, o in zip(tokens, offsets):
+      if not t.startswith("bytes:"):
+        assert choice.text[o : o + len(t)] == t, (t, o, choice.text)
+    joined = b"".join(
+      bytes.fromhex(t[6:].replace("\\x", "")) if t.startswith("bytes:") else t.encode()
+      for t in tokens
+    )
+    if not kwargs["max_tokens"]:  # drawn tokens may be bytes that make no character
+      assert joined.decode() == choice.text

@@ -9,7 +9,7 @@ from scipy.special import logsumexp
 from test_parallel import T, cached_model, tiny_model
 
 from ao_mdm.decode import batching, parallel
-from helpers import default_stage_keeps
+from helpers import default_stage_keeps, filtered_probs
 
 # (known positions, steps, end): prompts of 0, 3 and 7 tokens, an infill that ends at its text,
 # plans of T, T/4 and T/8 steps.
@@ -147,3 +147,32 @@ def test_steps_within_commit_at_most_the_asked_tokens_per_step():
       too_few = parallel.block_counts(t, known, s - 1, "linear", block)
       assert np.diff(too_few).max() > k
   assert grew > 0  # the rounding case occurs on this grid
+
+
+def test_rows_mixed_in_one_batch_draw_from_their_own_filtered_distributions():
+  """Counts test: rows of three draw settings decode in the same batch (the continuous batcher
+  the server and GRPO run), each from its own filtered distribution; every row's first token
+  after the same prompt, chi-square against the distribution written out in numpy."""
+  cfg, params = tiny_model(vocab=16)
+  prompt = [3, 1, 4]
+  settings = [(1.0, 1.0, 2), (1.0, 0.6, 0), (0.8, 1.0, 0)]  # (temperature, top_p, top_k)
+  per_setting = 400
+  requests = [
+    batching.Request((0, 1, 2), tuple(prompt), 1, end=4, seed=i, temperature=tt, top_p=p, top_k=k)
+    for i in range(per_setting)
+    for tt, p, k in settings
+  ]
+  batcher = batching.Batcher.continuing(params, cfg, batch=len(requests), tokens_per_step=1)
+  done = batching.decode_all(batcher, requests)
+  logits = parallel.sample(
+    params, cfg, batch_size=1, steps=1, order="l2r", known_positions=(0, 1, 2),
+    known_tokens=prompt, end=4, return_logits=True,
+  ).logits[0, 3].astype(np.float64)  # fmt: skip
+  for j, (tt, p, k) in enumerate(settings):
+    drawn = np.asarray([f.tokens[3] for f in done[j :: len(settings)]])
+    expected = filtered_probs(logits, tt, p, k)
+    assert set(np.unique(drawn)) <= set(np.flatnonzero(expected)), (tt, p, k)
+    support = np.flatnonzero(expected)
+    counts = np.asarray([np.sum(drawn == v) for v in support])
+    assert stats.chisquare(counts, expected[support] * per_setting).pvalue > 1e-3, (tt, p, k)
+  assert 1 < len(np.flatnonzero(filtered_probs(logits, 1.0, 0.6, 0))) < cfg.vocab_size

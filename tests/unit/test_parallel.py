@@ -315,10 +315,10 @@ def test_top_p_rules_on_a_hand_computed_example(p, authors, nucleus):
   for rule, expected in (("authors", authors), ("nucleus", nucleus)):
     kept = np.asarray(common.filter_logits(logits, jnp.float32(p), jnp.int32(0), rule))[0]
     assert set(np.flatnonzero(np.isfinite(kept))) == expected, rule
-    draw = common.Draw(jnp.float32(1), jnp.float32(p), jnp.int32(0), common.DrawRule(True, rule))
+    draw = common.Draw(jnp.float32(1), jnp.float32(p), jnp.int32(0), common.DrawRule(rule))
     drawn = np.asarray(draw.tokens(jax.random.key(0), jnp.repeat(logits, 4000, 0)))
     assert set(np.unique(drawn)) == expected, rule
-  draw = common.Draw(jnp.float32(1), jnp.float32(1), jnp.int32(2), common.DrawRule(True))
+  draw = common.Draw(jnp.float32(1), jnp.float32(1), jnp.int32(2), common.DrawRule())
   drawn = np.asarray(draw.tokens(jax.random.key(1), jnp.repeat(logits, 4000, 0)))
   assert set(np.unique(drawn)) == {1, 3}  # top-k
 

@@ -5,6 +5,7 @@ requests get 503, running ones finish or, after --drain_timeout, end with an err
 import asyncio
 import contextlib
 import signal
+import socket
 import sys
 import time
 
@@ -76,6 +77,24 @@ def check(v: dict, given: set) -> None:
     raise ValueError(f"--port={v['port']} must be in [0, 65535]")
   if not v["drain_timeout"] >= 0:
     raise ValueError(f"--drain_timeout={v['drain_timeout']} must be >= 0")
+  for module in ("fastapi", "uvicorn"):
+    checks.extra_installed(module, "serve", "ao-mdm serve")
+  check_address(v["host"], v["port"])
+
+
+def check_address(host: str, port: int) -> None:
+  """The server can listen at host:port (a name that resolves, a port no other server holds),
+  checked before the model loads."""
+  try:
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+  except socket.gaierror as e:
+    raise ValueError(f"--host={host!r} is not an address of this machine: {e.strerror}") from None
+  with socket.socket(family, kind, proto) as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
+    try:
+      s.bind(address)
+    except OSError as e:
+      raise ValueError(f"cannot listen at --host={host} --port={port}: {e.strerror}") from None
 
 
 def run(v: dict, given: set) -> None:
