@@ -553,6 +553,37 @@ def test_a_missing_extra_is_refused_before_anything_is_written(tmp_path):
   )
 
 
+def test_serve_refuses_a_missing_extra_a_taken_port_and_a_bad_host_before_loading(eos_export):
+  """Each in about a second, before the model loads: one error line, exit 2."""
+  import socket
+
+  path = eos_export[0]
+  hidden = (
+    "import sys; sys.modules['uvicorn'] = None; from ao_mdm.cli import main; "
+    f"sys.argv = ['ao-mdm', 'serve', '--checkpoint={path}']; main.run()"
+  )
+  out = subprocess.run(
+    [sys.executable, "-c", hidden], capture_output=True, text=True, timeout=120, cwd=ROOT,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )  # fmt: skip
+  assert out.returncode == 2 and out.stderr.splitlines() == [
+    "error: ao-mdm serve needs uvicorn, which is not installed: pip install -e '.[serve]'"
+  ], out.stderr
+  with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    for flags, message in [
+      ([f"--port={port}"], f"cannot listen at --host=127.0.0.1 --port={port}: Address already"),
+      (["--host=no.such.host.invalid"], "--host='no.such.host.invalid' is not an address"),
+    ]:
+      start = time.monotonic()
+      out = ao_mdm("serve", f"--checkpoint={path}", *flags)
+      errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+      assert out.returncode == 2 and len(errors) == 1 and message in errors[0], out.stderr
+      assert "Traceback" not in out.stderr and time.monotonic() - start < 30
+
+
 def _unused_port() -> int:
   import socket
 
