@@ -474,16 +474,17 @@ def count_params(params: Any) -> int:
   return sum(int(x.size) for x in jax.tree.leaves(params))
 
 
-def flops_per_token(cfg: specs.ModelSpec, n_params: int) -> float:
+def flops_per_token(cfg: specs.ModelSpec, n_params: int, width: int | None = None) -> float:
   """Training FLOPs per token: 6N for the weights (embedding lookups excluded) plus attention.
 
-  Attention: 12 * L * D * T (QK^T and AV, forward and backward, full T x T as computed here).
+  Attention: 12 * L * D * width (QK^T and AV, forward and backward, the full square of the
+  `width` positions a row runs, T unless narrowed).
   """
   t, d = cfg.block_size, cfg.n_embd
   # The token embedding, when tied, is also the head: its matmul counts.
   n_lookup = (t + 2) * d + t * (cfg.cond_dim if cfg.arch.adaln else d)
   n_lookup += 0 if cfg.arch.tied_head else cfg.vocab_size * d
-  return 6 * (n_params - n_lookup) + 12 * cfg.n_layer * d * t
+  return 6 * (n_params - n_lookup) + 12 * cfg.n_layer * d * (width or t)
 
 
 def make_model(cfg: specs.ModelSpec, decode: bool = False) -> AOGPT:

@@ -14,6 +14,7 @@ import numpy as np
 from ao_mdm import hardware, profiler, sharding, specs
 from ao_mdm import model as model_lib
 from ao_mdm.checkpoint import checkpoints, layout
+from ao_mdm.data import pairs
 from ao_mdm.eval import perplexity, scoring
 from ao_mdm.runtime import interrupts
 from ao_mdm.storage import fs, gcs
@@ -239,15 +240,17 @@ def _train(
   table = sharding.parameter_table(state.params, shardings=True)
   run_log.text(int(state.step), "parameters", f"```\n{table}\n```")
   say(table)
-  tokens_per_step = train.batch_size * config.model.block_size
-  flops_per_step = tokens_per_step * model_lib.flops_per_token(
-    config.model, model_lib.count_params(state.params)
+  n_params = model_lib.count_params(state.params)
+  work = records.StepWork(  # GRPO makes grpo.updates passes over a batch
+    lambda width: model_lib.flops_per_token(config.model, n_params, width) * config.grpo.updates,
+    train.batch_size,
+    pairs.EXTRA if config.data.pairs else 0,
   )
   peak = train.peak_flops_per_device * jax.device_count()
   if peak <= 0 and jax.default_backend() == "cpu":  # CPU devices share one host's cores
     peak = hardware.matmul_peak(1024, model_lib.DTYPES[config.model.dtype]) * jax.process_count()
     say(
-      f"measured matmul peak {peak / 1e9:.1f} GFLOP/s (for MFU; set "
+      f"measured matmul peak {peak / 1e9:.1f} GFLOP/s, best of 5 (for MFU; set "
       "train.peak_flops_per_device to skip)"
     )
   elif peak <= 0:
@@ -260,15 +263,21 @@ def _train(
     )
 
   def log_metrics(step: int, values: dict, seconds: float | None) -> None:
+    nonlocal peak
+    finite.check(saved)
     values = {k: float(v) for k, v in values.items()}
     for share in ("loss_l2r", "loss_any_order"):  # NaN: the batch held no sequence of that kind
       if math.isnan(values[share]):
         del values[share]
+    tokens, flops = work.read()
     if seconds:
-      values["tokens_per_s"] = tokens_per_step / seconds
-      values["tokens_per_s_per_device"] = tokens_per_step / seconds / jax.device_count()
+      values["tokens_per_s"] = tokens / seconds
+      values["tokens_per_s_per_device"] = tokens / seconds / jax.device_count()
+      if 0 < peak < flops / seconds:  # the start-up measurement was low (a busy machine)
+        peak = flops / seconds
+        say(f"MFU is against {peak / 1e9:.1f} GFLOP/s from now on, the rate this step ran at")
       if peak > 0:
-        values["mfu"] = flops_per_step / seconds / peak
+        values["mfu"] = flops / seconds / peak
     run_log.scalars(step, values)
     run_log.flush()
     say(f"step {step}: {format_metrics(values)}")
@@ -286,6 +295,7 @@ def _train(
   pending, window = None, None  # (step, metrics) of the previous step; (time, step) of a read
   means = records.WindowMeans()  # what a logged step shows: the means since the last one
   saved = None  # the step of the last checkpoint written, checked at the next save
+  finite = records.FirstNonFinite()  # read before each log, eval and save
   try:
     for step in range(first, train.num_steps):
       batch, drawn = next(data_iter), dict[str, float]()
@@ -296,6 +306,8 @@ def _train(
       with profile.step(step):
         state, metrics = program.step(state, batch)
       metrics = {**metrics, **drawn}
+      work.add(batch)
+      finite.add(step + 1, metrics)
       profile.after(step, metrics)
       if step == first:  # the start, phase by phase, once its first step has run
         jax.block_until_ready(metrics)
@@ -310,6 +322,7 @@ def _train(
       pending = (step + 1, metrics)
       done = step + 1
       if train.eval_every and done % train.eval_every == 0 and done < train.num_steps:
+        finite.check(saved)
         ev = run_eval(state.ema_params, ("validation",))["validation"]
         scalars = {"eval/l2r_loss": ev["l2r"], "eval/any_order_loss": ev["random"]}
         run_log.scalars(done, scalars)
@@ -328,6 +341,7 @@ def _train(
         # restart begins after that step). The save waits for the step anyway.
         window = _maybe_log(pending, window, train, log_metrics, means, force=stopping)
         pending = None
+        finite.check(saved, done, (state.params, state.ema_params))
         if saved is not None:
           checkpoints.check_saved(mgr, saved)
           cluster.note_checkpoint(workdir, saved)

@@ -10,6 +10,7 @@ record is a serialized `Event` proto framed as TFRecord (length, masked CRC32C, 
 CRC32C), which TensorBoard reads from a local directory or a bucket.
 """
 
+from collections.abc import Callable
 import hashlib
 import json
 import math
@@ -17,6 +18,7 @@ import os
 import socket
 import struct
 import time
+from typing import Any
 
 from clu import metrics as clu_metrics
 import flax
@@ -226,3 +228,61 @@ class WindowMeans:
     values = jax.device_get(self._acc.compute())
     self._acc = None
     return {k: float(v) for k, v in values.items()}
+
+
+@jax.jit
+def _first_bad(first: jax.Array, step: int, loss: jax.Array, grad_norm: jax.Array) -> jax.Array:
+  now = jnp.stack([jnp.float32(step), loss, grad_norm]).astype(jnp.float32)
+  bad = ~(jnp.isfinite(loss) & jnp.isfinite(grad_norm))
+  return jnp.where((first[0] < 0) & bad, now, first)
+
+
+@jax.jit
+def _all_finite(tree: Any) -> jax.Array:
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+class FirstNonFinite:
+  """The first step whose loss or gradient norm is not finite, kept on device (no host sync per
+  step); `check` raises once there is one (or, given params about to be saved, when any of them
+  is not finite), before anything trained from it is saved."""
+
+  def __init__(self) -> None:
+    self._first = jnp.asarray([-1.0, 0.0, 0.0], jnp.float32)
+
+  def add(self, step: int, metrics: dict) -> None:
+    self._first = _first_bad(self._first, step, metrics["loss"], metrics["grad_norm"])
+
+  def check(self, saved: int | None, step: int = 0, params: Any = None) -> None:
+    first, loss, norm = jax.device_get(self._first).tolist()
+    what = f"the loss is {loss:g} and the gradient norm {norm:g}"
+    if first < 0 and params is not None and not bool(_all_finite(params)):
+      first, what = step, "the params are not all finite"
+    if first >= 0:
+      raise ValueError(
+        f"step {int(first)}: {what}; training stops without saving it or anything after it "
+        f"(the last checkpoint is {f'step {saved}' if saved is not None else 'none of this run'}"
+        "): lower train.learning_rate, or check the data and, for GRPO, the reward"
+      )
+
+
+class StepWork:
+  """Tokens and training FLOPs per step since the last read, from the width of the rows each
+  step ran (fine-tuning and GRPO narrow them to their longest pair), for tokens/s and MFU."""
+
+  def __init__(self, flops_per_token: Callable[[int], float], batch_size: int, extra: int):
+    """flops_per_token(width); `extra`: columns after a row's tokens (pairs' lengths)."""
+    self.flops_per_token, self.batch_size, self.extra = flops_per_token, batch_size, extra
+    self._widths: list[int] = []
+
+  def add(self, batch: Any) -> None:
+    """A step's batch: [B, width + extra] rows, or GRPO's dict of [B, width] arrays."""
+    rows = batch["tokens"] if isinstance(batch, dict) else batch
+    self._widths.append(rows.shape[1] - (0 if isinstance(batch, dict) else self.extra))
+
+  def read(self) -> tuple[float, float]:
+    """(tokens, FLOPs) per step, the mean since the last read."""
+    widths, self._widths = self._widths, []
+    tokens = [self.batch_size * w for w in widths]
+    flops = [n * self.flops_per_token(w) for n, w in zip(tokens, widths)]
+    return sum(tokens) / max(len(widths), 1), sum(flops) / max(len(widths), 1)

@@ -584,6 +584,25 @@ def test_serve_refuses_a_missing_extra_a_taken_port_and_a_bad_host_before_loadin
       assert "Traceback" not in out.stderr and time.monotonic() - start < 30
 
 
+@pytest.mark.slow  # a short training run (about 30 s here)
+def test_a_step_that_is_not_finite_stops_the_run_before_it_is_saved(tmp_path):
+  """A learning rate that blows up at step 3: one error line naming it, exit 2, and only the
+  finite checkpoint of step 2 on disk."""
+  workdir = tmp_path / "w"
+  out = ao_mdm(
+    "train", TINY, f"--workdir={workdir}", "--config.train.learning_rate=1e12",
+    "--config.train.num_steps=6", "--config.train.checkpoint_every=2",
+    "--config.train.log_every=4", "--config.train.eval_every=0",
+  )  # fmt: skip
+  errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+  assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+  assert len(errors) == 1 and errors[0].startswith("error: step 3: the loss is nan"), errors
+  assert "the last checkpoint is step 2" in errors[0]
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["2"]
+  _, params, _ = checkpoints.load_run(str(workdir), "params", log=lambda _: None)
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
 def _unused_port() -> int:
   import socket
 
