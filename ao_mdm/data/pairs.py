@@ -27,32 +27,40 @@ def render_chat(messages: list) -> tuple[str, str]:
     not isinstance(m, dict) or not isinstance(m.get("content"), str) for m in messages
   ):
     raise ValueError("messages must be a non-empty list of {role, content} objects")
-  if messages[-1].get("role") != "assistant":
+  for i, m in enumerate(messages):
+    if not isinstance(m.get("role"), str) or not m["role"]:
+      raise ValueError(f'messages[{i}] has no role: each turn needs a "role" string')
+  if messages[-1]["role"] != "assistant":
     raise ValueError("the last message must be the assistant's (the response)")
-  turns = "".join(f"{m.get('role', 'user')}: {m['content']}\n" for m in messages[:-1])
+  turns = "".join(f"{m['role']}: {m['content']}\n" for m in messages[:-1])
   return turns + "assistant: ", messages[-1]["content"]
 
 
 def read_pairs(path: str) -> list[tuple[str, str]]:
   """The (prompt, response) of each line of a JSON-lines file: {"prompt", "response"} strings,
   or {"messages": [{"role", "content"}, ...]} (render_chat). Blank lines are skipped."""
+  data = fs.read_bytes(path)
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = data[: e.start].count(b"\n") + 1
+    raise ValueError(f"{path}, line {line}: not UTF-8 text (byte 0x{data[e.start]:02x})") from None
   pairs = []
-  with fs.open_text(path) as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        item = json.loads(line)
-        if not isinstance(item, dict):
-          raise ValueError("not a JSON object")
-        if "messages" in item:
-          pairs.append(render_chat(item["messages"]))
-        elif isinstance(item.get("prompt"), str) and isinstance(item.get("response"), str):
-          pairs.append((item["prompt"], item["response"]))
-        else:
-          raise ValueError('expected string fields "prompt" and "response", or "messages"')
-      except ValueError as e:  # json.JSONDecodeError is one
-        raise ValueError(f"{path}, line {number}: {e}") from None
+  for number, line in enumerate(text.split("\n"), 1):
+    if not line.strip():
+      continue
+    try:
+      item = json.loads(line)
+      if not isinstance(item, dict):
+        raise ValueError("not a JSON object")
+      if "messages" in item:
+        pairs.append(render_chat(item["messages"]))
+      elif isinstance(item.get("prompt"), str) and isinstance(item.get("response"), str):
+        pairs.append((item["prompt"], item["response"]))
+      else:
+        raise ValueError('expected string fields "prompt" and "response", or "messages"')
+    except ValueError as e:  # json.JSONDecodeError is one
+      raise ValueError(f"{path}, line {number}: {e}") from None
   if len(pairs) < 2:
     raise ValueError(f"{path} holds {len(pairs)} pair(s); train and validation need 2 or more")
   return pairs

@@ -64,6 +64,8 @@ def files(data_dir, tmp_path_factory):
   (root / "no_tokens.jsonl").write_text('{"text": "hello"}\n')
   (root / "blank.jsonl").write_text("\n")
   (root / "big_ids.jsonl").write_text(json.dumps({"text": "x", "tokens": [1, 99999, 3]}) + "\n")
+  no_role = {"messages": [{"content": "hi"}, {"role": "assistant", "content": "hello"}]}
+  (root / "no_role.jsonl").write_text(json.dumps(no_role) + "\n" + json.dumps(no_role) + "\n")
   (root / "bad_syntax.py").write_text("def get_config(:\n")
   (root / "no_get_config.py").write_text("x = 1\n")
   (root / "list_config.py").write_text("def get_config():\n  return [1]\n")
@@ -365,6 +367,35 @@ BAD_INPUTS = [
     "[4096] outside [1, 1024]",
   ),
   (["sample", "--checkpoint=gs:/bucket/run"], "did you mean gs://BUCKET/PATH?"),
+  # what a new user met (issue 58): pairs and the reward checked before anything is written
+  (
+    [
+      "train",
+      TINY,
+      "--workdir={root}/w",
+      "--init_from={export}",
+      "--config.data.pairs={root}/not_json.jsonl",
+    ],
+    "not_json.jsonl, line 1: ",
+  ),
+  (
+    ["train", TINY, "--workdir={root}/w", "--config.data.pairs={root}/latin1.txt"],
+    "latin1.txt' is not UTF-8 text",
+  ),
+  (
+    ["train", TINY, "--workdir={root}/w", "--config.data.pairs={root}/no_role.jsonl"],
+    "no_role.jsonl, line 1: messages[0] has no role",
+  ),
+  (
+    [
+      "train",
+      "--config=configs/grpo.py",
+      "--workdir={root}/w",
+      "--init_from={export}",
+      "--config.grpo.reward=notamodulepath",
+    ],
+    "grpo.reward='notamodulepath'",
+  ),
 ]
 
 

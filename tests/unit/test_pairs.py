@@ -136,6 +136,15 @@ def test_pairs_are_read_from_json_lines_and_chats(tmp_path):
   path.write_text(json.dumps(lines[0]) + "\n" + json.dumps(last_user) + "\n")
   with pytest.raises(ValueError, match="line 2: the last message must be the assistant's"):
     pairs.read_pairs(str(path))
+  no_role = {"messages": [{"content": "hi"}, {"role": "assistant", "content": "hello"}]}
+  path.write_text(json.dumps(lines[0]) + "\n" + json.dumps(no_role) + "\n")
+  with pytest.raises(
+    ValueError, match=r'line 2: messages\[0\] has no role: each turn needs a "role"'
+  ):
+    pairs.read_pairs(str(path))
+  path.write_bytes(json.dumps(lines[0]).encode() + b'\n{"prompt": "caf\xe9", "response": "x"}\n')
+  with pytest.raises(ValueError, match=rf"{path}, line 2: not UTF-8 text \(byte 0xe9\)"):
+    pairs.read_pairs(str(path))
   with pytest.raises(ValueError, match=r"expected arithmetic:N"):
     pairs.load("arithmetic:x", "train")
 

@@ -6,10 +6,12 @@ import traceback
 
 from absl import flags
 
+from ao_mdm import specs
 from ao_mdm.checkpoint import layout
 from ao_mdm.cli import checks
 from ao_mdm.cli import flags as flags_lib
 from ao_mdm.runtime import hosts
+from ao_mdm.storage import paths
 
 HOLDS_SIGNALS = True  # a SIGTERM during start-up stops at the first step boundary
 SUMMARY = "train a model: --config=configs/tiny.py --workdir=DIR [--config.x.y=value ...]"
@@ -112,6 +114,22 @@ def check(v: dict, given: set) -> None:
   processes(
     v["coordinator"], v["num_processes"], v["process_id"], v["init_timeout"], v["heartbeat_timeout"]
   )
+  post_training(v["config"])
+
+
+def post_training(config: specs.Spec) -> None:
+  """Every pair of a data.pairs file and the GRPO reward function, checked before anything is
+  written or loaded (a bad line or reward name fails in seconds, the work dir untouched)."""
+  from ao_mdm.data import pairs
+
+  source = config.data.pairs
+  if source and source.partition(":")[0] not in pairs.GENERATED:
+    paths.text_file(source, "config.data.pairs")
+    pairs.read_pairs(source)
+  if config.grpo.reward:
+    from ao_mdm.train import grpo  # imports JAX (seconds), not the model
+
+    grpo.load_reward(config.grpo.reward)
 
 
 def run(v: dict, given: set) -> None:
