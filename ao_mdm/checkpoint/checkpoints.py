@@ -12,6 +12,7 @@ from collections.abc import Callable
 import concurrent.futures
 import contextlib
 import gc
+import logging
 import os
 import sys
 import threading
@@ -335,6 +336,18 @@ def _first_line(e: Exception) -> str:
   return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 
 
+@contextlib.contextmanager
+def _absl_errors_only() -> Any:
+  """absl's Python logger (Orbax's) shows errors only inside; its level is restored after."""
+  logger = logging.getLogger("absl")
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
 def reader(path: str) -> ocp.CheckpointManager:
   """A read-only manager over a training work dir or an export directory."""
   ckpt_dir = fs.join(path, layout.CHECKPOINTS)
@@ -343,10 +356,9 @@ def reader(path: str) -> ocp.CheckpointManager:
     raise FileNotFoundError(f"no checkpoint directory at {path!r}")
   gcs.configure()
   where = fs.absolute(directory)
-  mgr = probed(
-    where,
-    lambda: ocp.CheckpointManager(where, options=ocp.CheckpointManagerOptions(read_only=True)),
-  )
+  options = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False)
+  with _absl_errors_only():  # Orbax's notes that a read-only manager writes nothing
+    mgr = probed(where, lambda: ocp.CheckpointManager(where, options=options))
   if mgr.latest_step() is None:
     raise FileNotFoundError(f"{directory!r} holds no complete checkpoint")
   return mgr

@@ -3,8 +3,11 @@ written and decodes as the parallel sampler it builds on; a policy's options and
 orders are checked by name."""
 
 import math
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -25,8 +28,9 @@ def test_the_docs_new_policy_is_ten_lines_and_decodes_as_its_parallel_steps(
 ):
   monkeypatch.setattr(policies, "POLICIES", dict(policies.POLICIES))
   code = docs_policy()
-  assert len([line for line in code.splitlines() if line.strip()]) <= 10, code
-  exec(compile(code, str(DOCS), "exec"), {})
+  rule = code[code.index("def k_per_step") : code.index("if __name__")]
+  assert len([line for line in rule.splitlines() if line.strip()]) <= 10, rule
+  exec(compile(code, str(DOCS), "exec"), {"__name__": "docs"})
   _, config, params, tokenizer = eos_export
   prompt = "We the people"
   records = list(
@@ -51,9 +55,23 @@ def test_the_docs_new_policy_is_ten_lines_and_decodes_as_its_parallel_steps(
   with pytest.raises(ValueError, match="--until_eos applies to --mode=parallel or --mode=spec"):
     policies.check_until_eos("k_per_step", None)
   with pytest.raises(ValueError, match="'k_per_step' exists already"):
-    exec(compile(code, str(DOCS), "exec"), {})
+    exec(compile(code, str(DOCS), "exec"), {"__name__": "docs"})
   with pytest.raises(TypeError, match=r"unknown options \['kk'\]"):
     generate.sample_texts(params, config.model, tokenizer, num_samples=1, batch_size=1, kk=2)
+
+
+def test_the_docs_policy_script_runs_as_written_and_quietly(eos_export, tmp_path):
+  """The block saved as a file and run on an export: two samples of the prompt on stdout,
+  nothing of the libraries (TPU start-up, Orbax's notes) on stderr."""
+  script = tmp_path / "k_per_step.py"
+  script.write_text(docs_policy())
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  out = subprocess.run(
+    [sys.executable, str(script), eos_export[0], "We the people"], capture_output=True,
+    text=True, timeout=300, env=env,
+  )  # fmt: skip
+  assert out.returncode == 0 and out.stderr == "", out.stderr
+  assert out.stdout.startswith("We the people") and out.stdout.count("We the people") >= 2
 
 
 def test_an_unknown_policy_names_the_known_ones():
