@@ -14,7 +14,7 @@ import pytest
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
-from ao_mdm.decode import confidence, parallel, speculative
+from ao_mdm.decode import batching, confidence, parallel, speculative
 
 T, H, K = 32, 2, 16
 
@@ -66,3 +66,20 @@ def test_cache_copies_finds_a_copy_of_loop_state():
   # The pattern the tests above must not find, as XLA prints it.
   hlo = f"  %copy.913 = f32[3,{H},{T},{K}]{{3,2,1,0}} copy(%get-tuple-element.3593)"
   assert len(cache_copies(hlo, 3)) == 1
+
+
+def test_the_served_step_and_insert_copy_no_cache_array():
+  """The continuous batcher's step and insert (the server's, GRPO's rollouts) take the state
+  donated: without it each copied every layer's cache in full (4 copies here)."""
+  cfg, params = _model()
+  b = batching.Batcher.continuing(params, cfg, batch=3, tokens_per_step=2)
+  full = rf"f32\[3,{H},(?:{K},{T}|{T},{K})\]"  # the whole cache, as the server's step holds it
+  copies = lambda hlo: re.findall(rf"%\S+ = {full}\S* copy\(", hlo)
+  step = b._step.lower(b._stepped, b.state, T).compile().as_text()
+  assert re.search(full, step) and copies(step) == []
+  zeros = lambda *shape: jnp.zeros(shape, jnp.int32)
+  insert = b._insert.lower(
+    b.params, b.state, zeros(1), zeros(1, T), zeros(1, T), zeros(1, T + 1), zeros(1, T + 1),
+    jax.random.split(jax.random.key(0), 1), (jnp.ones(1), jnp.ones(1), zeros(1)), width=8,
+  ).compile().as_text()  # fmt: skip
+  assert re.search(full, insert) and copies(insert) == []
