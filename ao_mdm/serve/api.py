@@ -17,6 +17,7 @@ import pydantic
 from starlette import exceptions as starlette_exceptions
 
 from ao_mdm.serve import engine as engine_lib
+from ao_mdm.serve import metrics as metrics_lib
 
 MAX_N = 8  # choices per prompt
 MAX_BODY_BYTES = 1 << 20  # a larger request body is refused before it is read (413)
@@ -98,55 +99,12 @@ def too_large(size: str, limit: int) -> Any:
   )
 
 
-class Metrics:
-  """The Prometheus view of the engine's Stats, read at each scrape."""
-
-  def __init__(self, engine: engine_lib.Engine):
-    self.engine = engine
-    self.registry = prom.CollectorRegistry()
-    gauge = lambda name, doc: prom.Gauge(name, doc, registry=self.registry)
-    self.queue = gauge("ao_mdm_queue_depth", "Jobs (completion choices) waiting for a row.")
-    self.active = gauge("ao_mdm_active_rows", "Rows of the batch decoding a job.")
-    self.tokens = gauge("ao_mdm_tokens_generated", "Tokens generated since the start.")
-    self.forwards = gauge("ao_mdm_forwards", "Engine steps (batched forwards) since the start.")
-    self.per_forward = gauge("ao_mdm_tokens_per_forward", "Tokens generated per engine step.")
-    self.rate = gauge("ao_mdm_tokens_per_second", "Tokens generated per second, since the start.")
-    self.reused = gauge(
-      "ao_mdm_prefix_tokens_reused",
-      "Prompt cache slots copied from a shared prefix (--prefix_cache).",
-    )
-    self.cancelled = gauge(
-      "ao_mdm_cancelled", "Running choices whose client left, since the start."
-    )
-    self.ttft = prom.Histogram(
-      "ao_mdm_time_to_first_token_seconds",
-      "From a job's arrival to its first final text.",
-      registry=self.registry,
-      buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-    )
-    self.started = time.monotonic()
-
-  def render(self) -> bytes:
-    s = self.engine.stats
-    self.queue.set(len(self.engine.queue))
-    self.active.set(len(self.engine.active))
-    self.tokens.set(s.tokens)
-    self.forwards.set(s.forwards)
-    self.cancelled.set(s.cancelled)
-    self.reused.set(self.engine.batcher.reused_slots)
-    self.per_forward.set(s.tokens / s.forwards if s.forwards else 0.0)
-    self.rate.set(s.tokens / (time.monotonic() - self.started))
-    while s.ttft_s:
-      self.ttft.observe(s.ttft_s.pop())
-    return prom.generate_latest(self.registry)
-
-
 def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
   """The app; `app.state.draining` set makes every new completion a 503."""
   app = fastapi.FastAPI(title="ao-mdm serve", docs_url=None, redoc_url=None)
   app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
   app.state.draining = False
-  metrics = Metrics(engine)
+  metrics = metrics_lib.Metrics(engine)
   tok, t = engine.tokenizer, engine.cfg.block_size
   # A text of more bytes than T of the longest tokens holds more than T tokens: refused
   # without tokenizing it.

@@ -54,6 +54,7 @@ class Stats:
 
   forwards: int = 0
   tokens: int = 0
+  row_steps: int = 0  # active rows, summed over the steps
   finished: int = 0
   failed: int = 0
   cancelled: int = 0  # clients gone
@@ -61,6 +62,21 @@ class Stats:
   ttft_s: collections.deque = dataclasses.field(
     default_factory=lambda: collections.deque(maxlen=4096)
   )
+  step_s: collections.deque = dataclasses.field(
+    default_factory=lambda: collections.deque(maxlen=4096)
+  )
+  # (time, tokens, row_steps) after each step, for the rates of a recent window.
+  marks: collections.deque = dataclasses.field(
+    default_factory=lambda: collections.deque(maxlen=4096)
+  )
+
+  def recent(self, now: float, window_s: float) -> tuple[int, int, float]:
+    """(tokens, row steps, seconds) of the steps in the last window_s seconds."""
+    inside = [m for m in list(self.marks) if m[0] >= now - window_s]
+    if len(inside) < 2:
+      return 0, 0, 0.0
+    (t0, tokens0, rows0), (t1, tokens1, rows1) = inside[0], inside[-1]
+    return tokens1 - tokens0, rows1 - rows0, t1 - t0
 
 
 class Engine:
@@ -215,12 +231,14 @@ class Engine:
         job.emit("error", {"message": job.failed})
 
   def _step(self) -> None:
+    start = time.monotonic()
     try:
       finished = self.batcher.step()
     except Exception as e:  # the batch is lost: every job in it fails, the engine goes on
       self._fail_active(f"{type(e).__name__}: {e}")
       return
     self.stats.forwards += 1
+    self.stats.row_steps += len(self.active)
     del finished  # read from the rows: a finished row keeps its tokens until it is refilled
     rows = self.batcher.rows
     for row, job in list(self.active.items()):
@@ -241,6 +259,9 @@ class Engine:
           self.batcher.cancel(row)
         del self.active[row]
         self._finish(job, reason)
+    now = time.monotonic()
+    self.stats.step_s.append(now - start)
+    self.stats.marks.append((now, self.stats.tokens, self.stats.row_steps))
 
   def _progress(self, job: Job, row_ids: np.ndarray, raw_T: np.ndarray, done: bool) -> str | None:
     """Emits the generated text that is final (nothing a stop string could still cut, no

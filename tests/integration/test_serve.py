@@ -229,7 +229,17 @@ def test_completions_streaming_logprobs_and_bad_input_through_the_openai_client(
     server.complete(prompt="We", max_tokens=2, n=5)
   assert sum(1 for c in running if c.choices and c.choices[0].finish_reason) == 8
   assert server.get("/health").json()["status"] == "ok"
-  assert server.metric("ao_mdm_tokens_generated") > 0 and server.metric("ao_mdm_forwards") > 0
+  # Counters as counters; rates over the recent window; the step time; tokens per forward
+  # per row (one token per forward at tokens_per_step=1, here).
+  page = server.get("/metrics").text
+  for name in ("tokens_generated", "forwards", "row_steps", "finished", "cancelled"):
+    assert f"# TYPE ao_mdm_{name}_total counter" in page, name
+  assert server.metric("ao_mdm_tokens_generated_total") > 0
+  forwards = server.metric("ao_mdm_forwards_total")
+  assert server.metric("ao_mdm_step_seconds_count") == forwards > 0
+  assert server.metric("ao_mdm_tokens_per_second") > 0
+  assert server.metric("ao_mdm_tokens_generated_total") <= server.metric("ao_mdm_row_steps_total")
+  assert 0 < server.metric("ao_mdm_tokens_per_forward_per_row") <= 1
   # Prompts that share 8 or more leading tokens with an earlier one copy those slots
   # (--prefix_cache): the same texts as decoded alone.
   opening = "We the people of the united states"
@@ -237,7 +247,7 @@ def test_completions_streaming_logprobs_and_bad_input_through_the_openai_client(
   for tail in (" and", " in order"):
     got = server.complete(prompt=opening + tail, max_tokens=6, temperature=0).choices[0].text
     assert got == greedy(export, opening + tail, 6)[0]
-  assert server.metric("ao_mdm_prefix_tokens_reused") >= 8
+  assert server.metric("ao_mdm_prefix_tokens_reused_total") >= 8
 
 
 @pytest.mark.slow  # 64 requests and a server of its own
@@ -301,9 +311,9 @@ def test_a_client_gone_frees_its_row_and_its_queued_choices(export):
     ) as r:
       next(r.iter_lines())  # the first final text, then the client leaves
     deadline = time.time() + 30
-    while s.metric("ao_mdm_cancelled") < 1 and time.time() < deadline:
+    while s.metric("ao_mdm_cancelled_total") < 1 and time.time() < deadline:
       time.sleep(0.1)
-    assert s.metric("ao_mdm_cancelled") >= 1 and s.metric("ao_mdm_active_rows") == 0
+    assert s.metric("ao_mdm_cancelled_total") >= 1 and s.metric("ao_mdm_active_rows") == 0
     assert s.metric("ao_mdm_queue_depth") == 0  # its 8 choices gone, not decoded for nobody
     assert s.complete(prompt="We", max_tokens=3).choices[0].index == 0
   finally:
