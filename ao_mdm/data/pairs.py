@@ -43,8 +43,8 @@ def read_pairs(path: str) -> list[tuple[str, str]]:
   try:
     text = data.decode("utf-8")
   except UnicodeDecodeError as e:
-    line = data[: e.start].count(b"\n") + 1
-    raise ValueError(f"{path}, line {line}: not UTF-8 text (byte 0x{data[e.start]:02x})") from None
+    where = data[: e.start].count(b"\n") + 1
+    raise ValueError(f"{path}, line {where}: not UTF-8 text (byte 0x{data[e.start]:02x})") from None
   pairs = []
   for number, line in enumerate(text.split("\n"), 1):
     if not line.strip():
