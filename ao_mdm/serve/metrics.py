@@ -49,8 +49,8 @@ class Metrics:
       yield core.CounterMetricFamily(f"ao_mdm_{name}", doc, value=value)
     tokens, row_steps, seconds = s.recent(time.monotonic(), WINDOW_S)
     gauges = [
-      ("queue_depth", "Jobs (completion choices) waiting for a row.", float(len(e.queue))),
-      ("active_rows", "Rows of the batch decoding a job.", float(len(e.active))),
+      ("queue_depth", "Jobs (completion choices) waiting for a row.", len(e.queue)),
+      ("active_rows", "Rows of the batch decoding a job.", len(e.active)),
       (
         "tokens_per_second",
         f"Tokens generated per second over the last {WINDOW_S:g} s.",
@@ -62,8 +62,8 @@ class Metrics:
         tokens / row_steps if row_steps else 0.0,
       ),
     ]
-    for name, doc, value in gauges:
-      yield core.GaugeMetricFamily(f"ao_mdm_{name}", doc, value=value)
+    for name, doc, level in gauges:
+      yield core.GaugeMetricFamily(f"ao_mdm_{name}", doc, value=level)
 
   def render(self) -> bytes:
     s = self.engine.stats
