@@ -276,6 +276,29 @@ class Batcher:
       while len(self.prefixes) > self.max_prefixes:
         self.prefixes.popitem(last=False)
 
+  def warm_up(self, progress: Any = None) -> None:
+    """Compiles, on a free row (its work dropped), the prefill of each width bucket and the step
+    of each cache bucket: a server says it is ready only once no request waits on a compile.
+    progress(done, total) after each."""
+    t, k = self.spec.model.block_size, self.spec.plan.real_width
+    widths = common.bucket_bounds(t, PREFILL_BUCKETS)
+    lengths = common.bucket_bounds(t, parallel.CACHE_BUCKETS)
+    done, total = 0, len(widths) + len(lengths)
+    for width in widths:
+      known = min(width, t - 1)
+      steps = parallel.steps_within(t, known, k, block_len=self.spec.block_len)
+      self.cancel(self.add(Request(tuple(range(known)), (0,) * known, steps)))
+      done += 1
+      if progress:
+        progress(done, total)
+    self.prefixes.clear()
+    self.reused_slots = 0
+    for cache_len in lengths:  # every row free: the step changes nothing
+      self.state = jax.block_until_ready(self._step(self._stepped, self.state, cache_len))
+      done += 1
+      if progress:
+        progress(done, total)
+
   def cancel(self, row: int) -> None:
     """Ends row `row`'s request now (a client gone, a stop string seen): the row is free."""
     rows = self.state.rows

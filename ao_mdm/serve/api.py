@@ -145,6 +145,8 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
   async def health() -> Any:
     if app.state.draining:
       return error(503, "draining: the server is shutting down")
+    if engine.warming:  # requests are taken, and wait for the compiles
+      return error(503, f"starting: {engine.warming}")
     return {"status": "ok", "queued": len(engine.queue), "active": len(engine.active)}
 
   @app.get("/metrics")

@@ -113,11 +113,15 @@ class Engine:
     self.lock = threading.Condition()
     self.stopping = False
     self.failing = ""  # fail_all's message
-    self.admitting = 0  # a job between the queue and `active` (scoring, prefill, compiles)
+    self.admitting = 0  # jobs between the queue and `active` (scoring, prefill, compiles)
+    self.warming = "not started"  # what start()'s compiles have done; "" once all are
     self._scorer: Any = None
     self.thread = threading.Thread(target=self._loop, name="engine", daemon=True)
 
-  def start(self) -> "Engine":
+  def start(self, warm_up: bool = True) -> "Engine":
+    """The engine thread; with warm_up, it first compiles every program a request may need
+    (`warming` says how far; jobs submitted meanwhile wait in the queue)."""
+    self.warming = "compiling" if warm_up else ""
     self.thread.start()
     return self
 
@@ -162,6 +166,10 @@ class Engine:
   # The engine thread.
 
   def _loop(self) -> None:
+    if self.warming:
+      note = lambda done, total: setattr(self, "warming", f"compiled {done} of {total} programs")
+      self.batcher.warm_up(note)
+      self.warming = ""
     while True:
       with self.lock:
         while not self.stopping and not self.queue and not self.active:
@@ -185,25 +193,51 @@ class Engine:
     self.active.clear()
 
   def _admit(self) -> None:
+    """Queued jobs into the free rows, all prefilled by one forward."""
     while self.batcher.free_rows():
       with self.lock:
-        if not self.queue:
+        jobs = [self.queue.popleft() for _ in range(min(len(self.queue), self.batcher.free_rows()))]
+        if not jobs:
           return
-        job = self.queue.popleft()
-        self.admitting = 1
+        self.admitting = len(jobs)
       try:
-        job.scored = self._prompt_logprobs(job) if job.score_prompt else None
-        if job.max_tokens == 0:
-          self._finish(job, "length")
-        else:
-          job.row = self.batcher.add(self._request(job))
-          self.active[job.row] = job
-      except Exception as e:  # this job fails; the others go on
-        self.stats.failed += 1
-        job.emit("error", {"message": f"{type(e).__name__}: {e}"})
+        joining = []
+        for job in jobs:
+          try:
+            job.scored = self._prompt_logprobs(job) if job.score_prompt else None
+          except Exception as e:  # this job fails; the others go on
+            self._fail(job, e)
+            continue
+          if job.max_tokens == 0:
+            self._finish(job, "length")
+          else:
+            joining.append(job)
+        self._insert(joining)
       finally:
         with self.lock:
           self.admitting = 0
+
+  def _insert(self, jobs: list[Job]) -> None:
+    """The jobs into free rows by one prefill; when it fails, each job alone, so that only the
+    jobs that fail alone fail."""
+    if not jobs:
+      return
+    try:
+      rows = self.batcher.add_many([self._request(job) for job in jobs])
+    except Exception as e:
+      if len(jobs) == 1:
+        self._fail(jobs[0], e)
+      else:
+        for job in jobs:
+          self._insert([job])
+      return
+    for job, row in zip(jobs, rows):
+      job.row = row
+      self.active[row] = job
+
+  def _fail(self, job: Job, e: Exception) -> None:
+    self.stats.failed += 1
+    job.emit("error", {"message": f"{type(e).__name__}: {e}"})
 
   def _request(self, job: Job) -> batching.Request:
     p, m = len(job.prompt), job.max_tokens
@@ -251,8 +285,7 @@ class Engine:
         if not done:
           self.batcher.cancel(row)
         del self.active[row]
-        self.stats.failed += 1
-        job.emit("error", {"message": f"{type(e).__name__}: {e}"})
+        self._fail(job, e)
         continue
       if reason:
         if not done:

@@ -2,6 +2,7 @@
 is made, fails alone; the jobs beside it finish as they do alone, and the engine goes on."""
 
 import threading
+import time
 
 from test_grpo import Ids
 from test_parallel import cached_model
@@ -59,5 +60,31 @@ def test_a_job_that_raises_fails_alone_and_the_engine_goes_on(monkeypatch):
     alone = [run(eng, [job])[0] for job in (a, b)]
     assert text(together[0]) == text(alone[0]) and text(together[3]) == text(alone[1])
     assert text(alone[0]) and text(alone[1])
+  finally:
+    eng.stop()
+
+
+def test_jobs_that_wait_together_are_prefilled_by_one_forward_after_the_warm_up():
+  """The engine first compiles every prefill width and step length (`warming` says how far);
+  then 4 jobs submitted together into 4 free rows join by one prefill, and decode as alone."""
+  cfg, params = cached_model("ao")
+  eng = engine_lib.Engine(params, cfg, Ids(), max_batch=4, max_queue=8, max_tokens_per_step=1)
+  seen = []
+  warm_up = eng.batcher.warm_up
+  eng.batcher.warm_up = lambda progress: warm_up(lambda *a: (seen.append(a), progress(*a)))
+  eng.start()
+  try:
+    deadline = time.monotonic() + 120
+    while eng.warming and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert eng.warming == "" and seen[-1] == (12, 12)  # 8 prefill widths, 4 cache lengths
+    inserts = []
+    insert = eng.batcher._insert
+    eng.batcher._insert = lambda *a, **k: (inserts.append(1), insert(*a, **k))[1]
+    jobs = [((3, 4, 5), 8, 1), ((6, 7), 12, 2), ((1,), 5, 3), ((2, 2, 2, 2), 9, 4)]
+    together = run(eng, jobs)
+    assert len(inserts) == 1
+    alone = [run(eng, [job])[0] for job in jobs]
+    assert [text(e) for e in together] == [text(e) for e in alone]
   finally:
     eng.stop()

@@ -153,6 +153,8 @@ async def _serve(server, app, engine, name: str, drain_timeout: float) -> None:
     await task
     sys.exit(2)
   host, port = server.servers[0].sockets[0].getsockname()[:2]
+  while engine.warming and signals.empty():  # /health says 503 "starting" meanwhile
+    await asyncio.sleep(0.05)
   print(
     f"serving {name} at http://{host}:{port}/v1 (SIGTERM or Ctrl-C: drain and stop)", flush=True
   )
