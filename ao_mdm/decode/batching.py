@@ -90,8 +90,10 @@ class Batcher:
     dm = engine.DecodeModel.of(cfg)
     self._loop_params = jax.jit(dm.loop_params)
     self.params, self.max_steps = params, max_steps
-    # A buffer of its own per leaf (empty() shares its zeros), as donation needs.
-    self.state = jax.tree.map(jnp.copy, parallel.empty(self.spec, batch, max_steps))
+    # The state holds 1 row while at most row 0 is busy, else all `batch`: a step computes
+    # every row it holds, and a lone request should not pay for a full batch.
+    self.sizes = (1, batch) if batch > 1 else (1,)
+    self.state = self._empty(1)
     # The state is donated: a step or insert updates it (its K/V cache above all) in place,
     # where a copy of the cache every forward cost more than the forward (16 rows of ao_small).
     self._step = jax.jit(
@@ -162,6 +164,21 @@ class Batcher:
     than the batch was built for, or more steps."""
     return self.add_many([request])[0]
 
+  def _empty(self, rows: int) -> parallel.State:
+    """A state of free rows, a buffer of its own per leaf (empty() shares its zeros), as
+    donation needs."""
+    return jax.tree.map(jnp.copy, parallel.empty(self.spec, rows, self.max_steps))
+
+  def _resize(self, rows: int) -> None:
+    """The state at `rows` rows: cut after its first rows (the others free), or padded with
+    free rows. A copy of the state, once per change of size."""
+    held = self.state.rows.active_B.shape[0]
+    if rows < held:
+      self.state = jax.tree.map(lambda x: x[:rows], self.state)
+    elif rows > held:
+      more = self._empty(rows - held)
+      self.state = jax.tree.map(lambda x, y: jnp.concatenate([x, y]), self.state, more)
+
   def add_many(self, requests: list[Request]) -> list[int]:
     """Start each request in a free row, all prefilled by one forward (their rows); ValueError
     as `add`, or when fewer rows are free."""
@@ -192,6 +209,7 @@ class Batcher:
       order, keys = self._keys(jax.random.key(request.seed), jnp.asarray(mask), end=jnp.int32(end))
       parts.append((tokens, order, counts, bounds, keys, known))
     rows = free[: len(requests)]
+    self._resize(max(self.state.rows.active_B.shape[0], self._size(max(rows) + 1)))
     reuse = [self._shared_prefix(q) for q in requests]
     self.reused_slots += sum(r[0] for r in reuse)
     for group in (
@@ -206,10 +224,18 @@ class Batcher:
     self._remember(rows, requests)
     return rows
 
+  def _size(self, rows: int) -> int:
+    """The smallest state size that holds `rows` rows."""
+    return min(n for n in self.sizes if n >= rows)
+
   def _insert_rows(self, rows: list, requests: list, parts: list, reuse: list) -> None:
     """One insert (a prefill forward) of requests into rows; reuse: per request (the slots
-    copied from a stored prompt's cache, that cache), all 0 or all > 0."""
+    copied from a stored prompt's cache, that cache), all 0 or all > 0. More than one request
+    is padded to the state's size with copies of the last (the same values written twice): an
+    insert is compiled for 1 row or all of them, not for every count."""
     t = self.spec.model.block_size
+    pad = self._size(len(rows)) - len(rows)
+    rows, requests, parts, reuse = (xs + xs[-1:] * pad for xs in (rows, requests, parts, reuse))
     column = lambda values, dtype=jnp.int32: jnp.asarray(values, dtype)
     starts = [r[0] for r in reuse]
     todo = max(p[5] - m for p, m in zip(parts, starts))
@@ -277,37 +303,46 @@ class Batcher:
         self.prefixes.popitem(last=False)
 
   def warm_up(self, progress: Any = None) -> None:
-    """Compiles, on a free row (its work dropped), the prefill of each width bucket and the step
-    of each cache bucket: a server says it is ready only once no request waits on a compile.
+    """Compiles, at each state size, the one-row prefill of each width bucket (on a free row,
+    its work dropped) and the step of each cache bucket: a server says it is ready only once a
+    request waits on no compile (but a prefill of several rows at once, compiled at first use).
     progress(done, total) after each."""
     t, k = self.spec.model.block_size, self.spec.plan.real_width
     widths = common.bucket_bounds(t, PREFILL_BUCKETS)
     lengths = common.bucket_bounds(t, parallel.CACHE_BUCKETS)
-    done, total = 0, len(widths) + len(lengths)
-    for width in widths:
-      known = min(width, t - 1)
-      steps = parallel.steps_within(t, known, k, block_len=self.spec.block_len)
-      self.cancel(self.add(Request(tuple(range(known)), (0,) * known, steps)))
-      done += 1
-      if progress:
-        progress(done, total)
+    done, total = 0, len(self.sizes) * (len(widths) + len(lengths))
+    for size in self.sizes:
+      self._resize(size)
+      for width in widths:
+        known = min(width, t - 1)
+        steps = parallel.steps_within(t, known, k, block_len=self.spec.block_len)
+        self.cancel(self.add(Request(tuple(range(known)), (0,) * known, steps)))
+        done += 1
+        if progress:
+          progress(done, total)
+      for cache_len in lengths:  # every row free: the step changes nothing
+        self.state = jax.block_until_ready(self._step(self._stepped, self.state, cache_len))
+        done += 1
+        if progress:
+          progress(done, total)
     self.prefixes.clear()
     self.reused_slots = 0
-    for cache_len in lengths:  # every row free: the step changes nothing
-      self.state = jax.block_until_ready(self._step(self._stepped, self.state, cache_len))
-      done += 1
-      if progress:
-        progress(done, total)
+    self._resize(self.sizes[0])
 
   def cancel(self, row: int) -> None:
     """Ends row `row`'s request now (a client gone, a stop string seen): the row is free."""
     rows = self.state.rows
-    self.state = self.state._replace(rows=rows._replace(active_B=rows.active_B.at[row].set(False)))
+    if row < rows.active_B.shape[0]:
+      active_B = rows.active_B.at[row].set(False)
+      self.state = self.state._replace(rows=rows._replace(active_B=active_B))
     self.requests[row] = None
 
   def step(self) -> list[Finished]:
     """One step of every active row; the requests that finished leave their rows."""
-    cached = np.asarray(self.state.rows.cached_B)[np.asarray(self.state.rows.active_B)]
+    active = np.asarray(self.state.rows.active_B)
+    self._resize(self._size(int(np.flatnonzero(active).max(initial=0)) + 1))
+    active = active[: self.state.rows.active_B.shape[0]]
+    cached = np.asarray(self.state.rows.cached_B)[active]
     cache_len = common.bucket_for(
       int(cached.max(initial=0)), self.spec.model.block_size, parallel.CACHE_BUCKETS
     )

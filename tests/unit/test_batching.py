@@ -1,5 +1,6 @@
 """Continuous batching: rows that join and leave a running batch decode as they do alone."""
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -176,3 +177,25 @@ def test_rows_mixed_in_one_batch_draw_from_their_own_filtered_distributions():
     counts = np.asarray([np.sum(drawn == v) for v in support])
     assert stats.chisquare(counts, expected[support] * per_setting).pvalue > 1e-3, (tt, p, k)
   assert 1 < len(np.flatnonzero(filtered_probs(logits, 1.0, 0.6, 0))) < cfg.vocab_size
+
+
+def test_the_state_holds_one_row_while_only_row_0_is_busy():
+  """A lone request runs at one row, not at the batch's; the state grows to the batch when a
+  second row is taken, back to one row when only row 0 is left, and every request decodes
+  as it does alone."""
+  cfg, params = cached_model("ao")
+  b = batching.Batcher.continuing(params, cfg, batch=4, tokens_per_step=1)
+  size = lambda: b.state.rows.active_B.shape[0]
+  long, short = (batching.prompt_request([3, 1, 4], T, 1, seed=s) for s in (0, 1))
+  short = dataclasses.replace(short, end=8, steps=5)
+  row = b.add(long)
+  b.step()
+  assert row == 0 and size() == 1
+  b.add_many([short, short])
+  sizes, done = [size()], []
+  while any(q is not None for q in b.requests):
+    done += b.step()
+    sizes.append(size())
+  assert sizes[0] == 4 and sizes[-2:] == [1, 1] and len(done) == 3
+  for f in done:
+    np.testing.assert_array_equal(f.tokens, alone(params, cfg, f.request, "l2r").tokens[0])

@@ -68,12 +68,15 @@ def test_cache_copies_finds_a_copy_of_loop_state():
   assert len(cache_copies(hlo, 3)) == 1
 
 
-def test_the_served_step_and_insert_copy_no_cache_array():
-  """The continuous batcher's step and insert (the server's, GRPO's rollouts) take the state
-  donated: without it each copied every layer's cache in full (4 copies here)."""
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_served_step_and_insert_copy_no_cache_array(rows):
+  """The continuous batcher's step and insert (the server's, GRPO's rollouts), at both of its
+  state sizes, take the state donated: without it each copied every layer's cache in full (4
+  copies here)."""
   cfg, params = _model()
   b = batching.Batcher.continuing(params, cfg, batch=3, tokens_per_step=2)
-  full = rf"f32\[3,{H},(?:{K},{T}|{T},{K})\]"  # the whole cache, as the server's step holds it
+  b._resize(rows)
+  full = rf"f32\[{rows},{H},(?:{K},{T}|{T},{K})\]"  # the whole cache, as the step holds it
   copies = lambda hlo: re.findall(rf"%\S+ = {full}\S* copy\(", hlo)
   step = b._step.lower(b._stepped, b.state, T).compile().as_text()
   assert re.search(full, step) and copies(step) == []
