@@ -230,11 +230,11 @@ class Batcher:
 
   def _insert_rows(self, rows: list, requests: list, parts: list, reuse: list) -> None:
     """One insert (a prefill forward) of requests into rows; reuse: per request (the slots
-    copied from a stored prompt's cache, that cache), all 0 or all > 0. More than one request
-    is padded to the state's size with copies of the last (the same values written twice): an
-    insert is compiled for 1 row or all of them, not for every count."""
+    copied from a stored prompt's cache, that cache), all 0 or all > 0. They are padded to a
+    power of two with copies of the last (the same values written twice): an insert is
+    compiled for a few counts of rows, not for every count."""
     t = self.spec.model.block_size
-    pad = self._size(len(rows)) - len(rows)
+    pad = min(1 << (len(rows) - 1).bit_length(), self.state.rows.active_B.shape[0]) - len(rows)
     rows, requests, parts, reuse = (xs + xs[-1:] * pad for xs in (rows, requests, parts, reuse))
     column = lambda values, dtype=jnp.int32: jnp.asarray(values, dtype)
     starts = [r[0] for r in reuse]
