@@ -16,8 +16,22 @@ import numpy as np
 from ao_mdm import specs
 from ao_mdm.decode import common, engine, parallel
 
-PREFILL_BUCKETS = 8
+MIN_PREFILL = 8  # the narrowest prefill forward; wider ones double up to T
 PREFIX_MIN = 8  # shorter shared prefixes are recomputed: a second prefill forward costs more
+
+
+def prefill_widths(t: int) -> list[int]:
+  """The widths a prefill forward is compiled for: powers of two from MIN_PREFILL, and T. A
+  prompt pays at most twice its length (32 tokens of T = 1024 paid 128 in steps of T / 8)."""
+  widths = [MIN_PREFILL]
+  while widths[-1] < t:
+    widths.append(min(2 * widths[-1], t))
+  return widths
+
+
+def prefill_width(n: int, t: int) -> int:
+  """The narrowest prefill width that holds n slots."""
+  return min(w for w in prefill_widths(t) if w >= n)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,7 +273,7 @@ class Batcher:
         column([q.top_k for q in requests]),
       ),
       # A few static prefill widths (a compile each), not one per prompt length.
-      width=common.bucket_for(todo, t, PREFILL_BUCKETS) if todo else 0,
+      width=prefill_width(todo, t) if todo else 0,
       prefix=prefix,
       cache_len=cache_len,
     )
@@ -308,7 +322,7 @@ class Batcher:
     request waits on no compile (but a prefill of several rows at once, compiled at first use).
     progress(done, total) after each."""
     t, k = self.spec.model.block_size, self.spec.plan.real_width
-    widths = common.bucket_bounds(t, PREFILL_BUCKETS)
+    widths = prefill_widths(t)
     lengths = common.bucket_bounds(t, parallel.CACHE_BUCKETS)
     done, total = 0, len(self.sizes) * (len(widths) + len(lengths))
     for size in self.sizes:

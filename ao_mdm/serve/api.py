@@ -193,12 +193,12 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
         f"at most {engine.max_queue} (ao-mdm serve --max_queue)",
         "n" if body.n > 1 else "prompt",
       )
-    for i, x in enumerate(given + [body.suffix or ""]):
-      what = f"prompt[{i}]" if i < len(given) else "suffix"
+    named = [(f"prompt[{i}]", "prompt", x) for i, x in enumerate(given)]
+    for what, param, x in named + [("suffix", "suffix", body.suffix or "")]:
       if isinstance(x, str) and len(x.encode()) > max_text_bytes:
-        return error(400, f"{what} is longer than the model's {t} positions", what[:6])
+        return error(400, f"{what} is longer than the model's {t} positions", param)
       if not isinstance(x, str) and any(not 0 <= v < engine.vocab_limit for v in x):
-        return error(400, f"prompt[{i}]: token ids must be in [0, {engine.vocab_limit})", "prompt")
+        return error(400, f"{what}: token ids must be in [0, {engine.vocab_limit})", param)
     usage_chunk = bool((body.stream_options or {}).get("include_usage"))
     stop = tuple(s for s in ([body.stop] if isinstance(body.stop, str) else body.stop or ()) if s)
     # Texts are tokenized off the event loop (the tokenizers release the GIL): a long prompt

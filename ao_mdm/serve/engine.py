@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ao_mdm.decode import batching, common, parallel
+from ao_mdm.decode import batching, parallel
 
 EVENTS = ("text", "done", "error")  # what a job's `emit` is called with
 
@@ -350,7 +350,7 @@ class Engine:
     if self._scorer is None:
       self._scorer = scoring.Scorer(self.params, self.cfg)
     t, p = self.cfg.block_size, len(job.prompt)
-    width = common.bucket_for(p, t, batching.PREFILL_BUCKETS)
+    width = batching.prefill_width(p, t)
     tokens = np.zeros((1, t), np.int32)
     tokens[0, :p] = job.prompt
     nll = self._scorer.slot_nll(tokens, np.arange(width)[None])

@@ -77,7 +77,10 @@ def test_jobs_that_wait_together_are_prefilled_by_one_forward_after_the_warm_up(
     deadline = time.monotonic() + 120
     while eng.warming and time.monotonic() < deadline:
       time.sleep(0.05)
-    assert eng.warming == "" and seen[-1] == (24, 24)  # at 1 row and at 4: 8 prefill widths, 4 cache lengths
+    assert eng.warming == "" and seen[-1] == (
+      14,
+      14,
+    )  # at 1 row and at 4: prefill widths 8, 16, 32; 4 cache lengths
     inserts = []
     insert = eng.batcher._insert
     eng.batcher._insert = lambda *a, **k: (inserts.append(1), insert(*a, **k))[1]
