@@ -1,6 +1,7 @@
 """GRPO with exact log-probabilities (config section grpo; docs/posttraining.md): each step draws
-`group` answers per prompt with the decode engine, rewards them, and the train step (train/step.py)
-optimises the clipped ratio objective with a KL penalty to the initial params.
+`group` answers per prompt with the decode engine, rewards them, replaces the groups whose answers
+all got one reward (no signal) by groups of other training prompts, and the train step
+(train/step.py) optimises the clipped ratio objective with a KL penalty to the initial params.
 
 An answer's probability is exact: the decoder draws each token given the tokens of its earlier
 steps (all earlier tokens when one token is drawn per step), and eval/responses.answer_logprobs
@@ -10,6 +11,8 @@ recomputes that same probability in one forward, for the policy, the old policy 
 from collections.abc import Callable
 import functools
 import importlib
+import math
+import numbers
 import time
 from typing import Any, NamedTuple
 
@@ -37,6 +40,24 @@ def load_reward(name: str) -> Callable[[str, str, str], float]:
   if not callable(fn):
     raise ValueError(f"grpo.reward={name!r} must name a function as module:function")
   return fn
+
+
+def scored(
+  reward: Callable[[str, str, str], Any], name: str, prompt: str, answer: str, reference: str
+) -> float:
+  """reward(prompt, answer, reference) as a float, or a ValueError naming the reward function
+  (grpo.reward), the prompt and the answer: a reward that raises, is not a number (int, float,
+  bool or a numpy number) or is not finite would otherwise fail without a source, or train on."""
+  where = f"grpo.reward={name!r} on prompt {prompt!r}, answer {answer!r}"
+  try:
+    value = reward(prompt, answer, reference)
+  except Exception as e:  # the user's code: any failure is reported with its inputs
+    raise ValueError(f"{where} raised {type(e).__name__}: {e}") from e
+  if not isinstance(value, (numbers.Real, np.bool_)):
+    raise ValueError(f"{where} returned {type(value).__name__} {value!r}, not a number")
+  if not math.isfinite(value):
+    raise ValueError(f"{where} returned {value}; a reward must be a finite number")
+  return float(value)
 
 
 def exact_match(prompt: str, answer: str, reference: str) -> float:
@@ -123,6 +144,11 @@ def _narrowed(batch: dict) -> dict:
   return {k: v if v.shape[1] != t else v[:, :width] for k, v in batch.items()}
 
 
+# Draws, at most, of other training prompts for the groups whose answers all got one reward: twice
+# as many prompts as such groups a draw (DAPO's dynamic sampling; docs/posttraining.md).
+RESAMPLE_ROUNDS = 2
+
+
 class Answers(NamedTuple):
   """A step's drawn answers, [B, T]: tokens (by position) and order; by slot, the slots drawn,
   the first slot of each slot's decoding step, and the model's log-prob of the drawn token (at
@@ -133,6 +159,22 @@ class Answers(NamedTuple):
   counted: np.ndarray
   first: np.ndarray
   logprobs: np.ndarray
+
+
+def replaced_groups(
+  answers: Answers, into: np.ndarray, more: Answers, useful: np.ndarray, group: int
+) -> Answers:
+  """`answers` with its groups `into` (of `group` rows each) replaced by the groups `useful` of
+  `more`, in turn."""
+  out_b = (into[:, None] * group + np.arange(group)).ravel()
+  from_b = (useful[:, None] * group + np.arange(group)).ravel()
+
+  def swapped(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+    mine = mine.copy()
+    mine[out_b] = theirs[from_b]
+    return mine
+
+  return Answers(*(swapped(m, t) for m, t in zip(answers, more)))
 
 
 class Rollouts:
@@ -160,31 +202,24 @@ class Rollouts:
         vocab_limit=self.vocab_limit,
       )
     self._logprobs = jax.jit(train_step.answers_logprobs(config), out_shardings=batch_sharding)
+    self._train_rows: pairs.Rows | None = None  # the prompts of resampled groups, when needed
 
   def __call__(self, params: Any, rows_PX: np.ndarray, step: int) -> tuple[dict, dict]:
     g = self.config.grpo
-    tokens_PT, prompt_P, length_P = pairs.split_rows(np.asarray(rows_PX))
     jax.block_until_ready(params)  # the last update's time is not the rollout's
     start = time.perf_counter()
+    local = on_this_host(params)
     # Seeds numbered by the row of the global batch: the answers do not depend on the processes.
     n = len(rows_PX)
     row = step * n * jax.process_count() + jax.process_index() * n
-    answers = self.draw(
-      on_this_host(params),
-      tokens_PT,
-      prompt_P,
-      (self.config.seed * 1_000_003 + row * g.group) % 2**31,
-    )
+    seed = (self.config.seed * 1_000_003 + row * g.group) % 2**31
+    answers, rewards_PG, reward_s = self._rewarded(local, np.asarray(rows_PX), seed)
+    drawn_reward = rewards_PG.mean()  # the policy's reward on the step's own prompts
+    signal_fraction = float(np.mean(rewards_PG.std(-1) > 0))
+    answers, rewards_PG, extra_s = self._resampled(local, answers, rewards_PG, step)
+    reward_s += extra_s
     tokens_BT, counted_BT = answers.tokens, answers.counted
-    rollout_s = time.perf_counter() - start
-    rewards = []
-    decode = self.tokenizer.decode
-    for b, tokens_T in enumerate(tokens_BT):
-      i, p = b // g.group, int(prompt_P[b // g.group])
-      answer = decode(responses.response_ids(tokens_T, p, self.tokenizer.eos_id))
-      reference = decode(tokens_PT[i, p : int(length_P[i]) - 1].tolist())
-      rewards.append(float(self.reward(decode(tokens_PT[i, :p].tolist()), answer, reference)))
-    rewards_PG = np.asarray(rewards, np.float32).reshape(-1, g.group)
+    rollout_s = time.perf_counter() - start - reward_s
     batch = {
       "tokens": tokens_BT,
       "order": answers.order,
@@ -197,7 +232,16 @@ class Rollouts:
     batch["ref"] = jax.block_until_ready(self._logprobs(self.reference, batch))
     scoring_s = time.perf_counter() - start
     every = _agreed(
-      np.array([rewards_PG.sum(), rewards_PG.size, counted_BT.sum(), rollout_s, scoring_s])
+      np.array(
+        [
+          drawn_reward * rewards_PG.size,
+          rewards_PG.size,
+          counted_BT.sum(),
+          rollout_s,
+          scoring_s,
+          reward_s,
+        ]
+      )
     )
     reward, answers_n, tokens = every[:, :3].sum(0)
     metrics = {
@@ -205,9 +249,56 @@ class Rollouts:
       "answer_tokens": float(tokens / answers_n),
       "rollout_s": float(every[:, 3].max()),
       "scoring_s": float(every[:, 4].max()),
+      "reward_s": float(every[:, 5].max()),
+      "signal_fraction": signal_fraction,
       "rollout_tokens_per_s": float(tokens / every[:, 3].max()),
     }
     return batch, metrics
+
+  def _rewarded(self, params: Any, rows_PX: np.ndarray, seed: int) -> tuple:
+    """(answers, rewards [P, group], seconds in the reward function) of `group` answers drawn
+    to each prompt row."""
+    g = self.config.grpo
+    tokens_PT, prompt_P, length_P = pairs.split_rows(rows_PX)
+    answers = self.draw(params, tokens_PT, prompt_P, seed)
+    rewards, reward_s, decode = [], 0.0, self.tokenizer.decode
+    for b, tokens_T in enumerate(answers.tokens):
+      i, p = b // g.group, int(prompt_P[b // g.group])
+      answer = decode(responses.response_ids(tokens_T, p, self.tokenizer.eos_id))
+      reference = decode(tokens_PT[i, p : int(length_P[i]) - 1].tolist())
+      prompt = decode(tokens_PT[i, :p].tolist())
+      start = time.perf_counter()
+      rewards.append(scored(self.reward, g.reward, prompt, answer, reference))
+      reward_s += time.perf_counter() - start
+    return answers, np.asarray(rewards, np.float32).reshape(-1, g.group), reward_s
+
+  def _resampled(self, params: Any, answers: Answers, rewards_PG: np.ndarray, step: int) -> tuple:
+    """(answers, rewards, reward seconds) with the groups whose rewards are all equal, which
+    carry no signal (zero advantages), replaced by groups of other training prompts that have
+    some: prompts drawn by a seed of the step and process, so that a resumed run draws alike."""
+    g, reward_s = self.config.grpo, 0.0
+    if self._train_rows is None:
+      self._train_rows = pairs.rows_for(
+        self.config.data.pairs,
+        "train",
+        self.tokenizer,
+        self.config.model.block_size,
+        log=lambda _: None,
+      )
+    for attempt in range(RESAMPLE_ROUNDS):
+      flat = np.flatnonzero(rewards_PG.std(-1) == 0)
+      if not len(flat):
+        break
+      rng = np.random.default_rng([self.config.seed, step, jax.process_index(), attempt])
+      rows = self._train_rows.rows(rng.integers(0, len(self._train_rows), 2 * len(flat)).tolist())
+      more, more_PG, more_s = self._rewarded(params, rows, int(rng.integers(2**31)))
+      reward_s += more_s
+      useful = np.flatnonzero(more_PG.std(-1) > 0)[: len(flat)]
+      into = flat[: len(useful)]
+      answers = replaced_groups(answers, into, more, useful, g.group)
+      rewards_PG = rewards_PG.copy()
+      rewards_PG[into] = more_PG[useful]
+    return answers, rewards_PG, reward_s
 
   def draw(self, params: Any, tokens_PT: np.ndarray, prompt_P: np.ndarray, seed: int) -> Answers:
     """`group` answers to each prompt (tokens_PT[i, :prompt_P[i]]), drawn by grpo.policy."""

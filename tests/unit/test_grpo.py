@@ -12,6 +12,7 @@ from test_parallel import T, cached_model
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
+from ao_mdm.data import pairs
 from ao_mdm.decode import batching
 from ao_mdm.eval import responses
 from ao_mdm.train import grpo
@@ -223,3 +224,62 @@ def test_grpo_needs_pairs_and_whole_groups():
       train=c.train.replace(batch_size=12),
       grpo=c.grpo.replace(reward="ao_mdm.train.grpo:exact_match"),
     )
+
+
+def test_a_reward_must_be_a_finite_number_and_failures_name_their_source():
+  import reward_fns
+
+  name = "reward_fns:f"
+  assert grpo.scored(lambda p, a, r: True, name, "1+1=", "2", "2") == 1.0
+  assert grpo.scored(lambda p, a, r: np.float32(0.5), name, "1+1=", "2", "2") == 0.5
+  assert grpo.scored(lambda p, a, r: np.int64(1), name, "1+1=", "2", "2") == 1.0
+  assert grpo.scored(lambda p, a, r: np.bool_(False), name, "1+1=", "2", "2") == 0.0
+  source = r"grpo.reward='reward_fns:f' on prompt '1\+1=', answer '3'"
+  cases = {
+    reward_fns.not_a_number: "returned nan; a reward must be a finite number",
+    reward_fns.infinite: "returned inf; a reward must be a finite number",
+    reward_fns.explodes: "raised RuntimeError: reward exploded on purpose",
+    reward_fns.says_high: "returned str 'high', not a number",
+    (lambda p, a, r: None): "returned NoneType None, not a number",
+    (lambda p, a, r: [1.0]): r"returned list \[1.0\], not a number",
+  }
+  for fn, why in cases.items():
+    with pytest.raises(ValueError, match=f"^{source} {why}"):
+      grpo.scored(fn, name, "1+1=", "3", "2")
+
+
+def test_groups_without_signal_are_replaced_by_other_prompts_groups_with_some():
+  """Prompt rows whose first token is even get rewards 1, 0 (signal); odd ones 0, 0 (none)."""
+  rollouts = object.__new__(grpo.Rollouts)
+  c = specs.default()
+  rollouts.config = c.replace(grpo=c.grpo.replace(group=2), seed=3)
+  train_NX = np.zeros((40, 6), np.int32)
+  train_NX[:, 0] = np.arange(40)
+  rollouts._train_rows = pairs.Rows(train_NX, "train")
+  calls = []
+
+  def rewarded(params, rows_PX, seed):
+    calls.append(len(rows_PX))
+    ids_B = np.repeat(rows_PX[:, 0], 2)
+    answers = grpo.Answers(*(np.stack([ids_B, ids_B + k], 1) for k in range(5)))
+    rewards_PG = np.stack([ids_B[::2] % 2 == 0, np.zeros(len(rows_PX), bool)], 1)
+    return answers, rewards_PG.astype(np.float32), 0.25
+
+  rollouts._rewarded = rewarded
+  mine_PX = np.zeros((4, 6), np.int32)
+  mine_PX[:, 0] = [1, 2, 3, 4]  # rows 1 and 3 (ids 2, 4) have signal, 0 and 2 none
+  answers, rewards_PG, _ = rewarded(None, mine_PX, 0)
+  calls.clear()
+  got, got_PG, reward_s = rollouts._resampled(None, answers, rewards_PG, step=5)
+  assert calls == [4] and reward_s == 0.25  # 2 flat groups: 4 prompts drawn, once
+  assert (got_PG.std(-1) > 0).all()
+  ids = got.tokens[::2, 0]
+  assert ids[1] == 2 and ids[3] == 4 and ids[0] % 2 == 0 and ids[2] % 2 == 0
+  assert (got.tokens[::2] == got.tokens[1::2]).all()  # whole groups moved, every field alike
+  assert (got.logprobs[:, 1] == got.tokens[:, 0] + 4).all()
+  again = rollouts._resampled(None, answers, rewards_PG, step=5)[0]
+  assert (again.tokens == got.tokens).all()  # the step's seed: a resumed run draws alike
+  rollouts._train_rows = pairs.Rows(train_NX[1::2], "train")  # odd ids only: never a signal
+  calls.clear()
+  still_PG = rollouts._resampled(None, answers, rewards_PG, step=5)[1]
+  assert calls == [4, 4] and (still_PG == rewards_PG).all()  # RESAMPLE_ROUNDS draws, no more
