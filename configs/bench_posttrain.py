@@ -1,5 +1,6 @@
-"""`ao-mdm bench posttrain --config=configs/bench_posttrain.py --checkpoint=runs/demo`: the
-arithmetic task's fine-tuning then GRPO (configs/grpo.py's settings) from the demo model."""
+"""`ao-mdm bench posttrain --config=configs/bench_posttrain.py --checkpoint=runs/demo`: on each
+of two generated tasks with a binary reward (exact_match), fine-tuning then GRPO (configs/grpo.py's
+settings) from the demo model, and GRPO's reward curve."""
 
 import ml_collections
 
@@ -11,12 +12,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.update(block_size=64, unroll_layers=True)  # the demo's model
   c.data.pairs = "arithmetic:4000"
   c.order.kind = "l2r"
-  c.grpo.update(reward="ao_mdm.train.grpo:digit_match", group=8, updates=2, kl=0.04)
+  c.grpo.update(reward="ao_mdm.train.grpo:exact_match", group=8, updates=2, kl=0.04)
   c.train.update(
     batch_size=128,
-    learning_rate=1e-4,
+    learning_rate=3e-4,
     warmup_steps=0,
-    min_lr=1e-4,
+    min_lr=3e-4,
     weight_decay=0.0,
     ema_decay=0.9,
     eval_batches=2,
@@ -28,5 +29,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.bench.sft_order = "mixed"  # the answers' order in fine-tuning: mixed(0.5)
   c.bench.sft_learning_rate = 3e-3
   c.bench.sft_batch_size = 32
-  c.bench.grpo_steps = 200
+  c.bench.grpo_steps = 300
+  c.bench.tasks = ("arithmetic:4000", "reversal:4000")  # data.pairs of each task, in turn
+  c.bench.window = 50  # GRPO steps per point of the reward curve
+  c.bench.plot = ""  # an SVG of the tasks' reward curves; empty: none
   return c

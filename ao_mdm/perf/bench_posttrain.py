@@ -1,11 +1,13 @@
 """`ao-mdm bench posttrain --config=configs/bench_posttrain.py --checkpoint=DIR`: fine-tuning
-then GRPO on the config's pairs, from a trained model, in one run (docs/posttraining.md).
+then GRPO on each of the config's tasks (bench.tasks), from a trained model, in one run
+(docs/posttraining.md).
 
-Prints the exact match on the validation pairs (greedy, and of draws at GRPO's temperature) of the
-model, after fine-tuning and after GRPO; GRPO's step time split into rollout, scoring and update,
-and its rollout tokens/s against the same answers drawn by `parallel.sample`; and how far d1's
-mean-field estimate of an answer's log-probability (each token given the prompt alone) lies from
-the exact one. One JSON line last.
+Prints per task the exact match on the validation pairs (greedy, and of draws at GRPO's
+temperature) of the model, after fine-tuning and after GRPO; GRPO's sampled reward per window of
+steps (its curve; bench.plot: an SVG of every task's); GRPO's step time split into rollout, reward
+function, scoring and update, and its rollout tokens/s against the same answers drawn by
+`parallel.sample`; and how far d1's mean-field estimate of an answer's log-probability (each token
+given the prompt alone) lies from the exact one. One JSON line last.
 """
 
 from collections.abc import Callable
@@ -73,23 +75,63 @@ def _mean_field_gap(config: specs.Spec, params: Any, tokenizer: Any, items: list
   }
 
 
-def _grpo_costs(workdir: str, config: specs.Spec) -> dict:
-  """Mean seconds per GRPO step in rollout, scoring and update (the rest of the step), and
-  rollout tokens/s, from the run's logged windows."""
+def _grpo_rows(workdir: str) -> list[dict]:
+  """The GRPO run's logged steps (one a step in the bench), in order."""
   rows = [json.loads(x) for x in fs.read_text(fs.join(workdir, layout.METRICS)).splitlines()]
-  rows = [r for r in rows if r.get("rollout_s") is not None and r.get("tokens_per_s")]
+  return [r for r in rows if r.get("rollout_s") is not None and r.get("tokens_per_s")]
+
+
+def _grpo_costs(rows: list[dict], config: specs.Spec) -> dict:
+  """Mean seconds per GRPO step in rollout, reward, scoring and update (the rest of the step),
+  and rollout tokens/s, from the run's logged steps."""
   tokens = config.train.batch_size * config.model.block_size
   step_s = float(np.mean([tokens / r["tokens_per_s"] for r in rows]))
-  rollout, scoring = (float(np.mean([r[k] for r in rows])) for k in ("rollout_s", "scoring_s"))
+  rollout, reward, scoring = (  # NaN: not in the log
+    float(np.mean([r.get(k, np.nan) for r in rows])) for k in ("rollout_s", "reward_s", "scoring_s")
+  )
   return {
     "step_s": step_s,
     "rollout_s": rollout,
+    "reward_s": reward,
     "scoring_s": scoring,
-    "update_s": step_s - rollout - scoring,
+    "update_s": step_s - rollout - np.nan_to_num(reward) - scoring,
     "rollout_tokens_per_s": float(np.mean([r["rollout_tokens_per_s"] for r in rows])),
-    "reward_first": rows[0]["reward"],
-    "reward_last": rows[-1]["reward"],
   }
+
+
+def reward_curve(rows: list[dict], window: int) -> list[float]:
+  """The mean logged reward of each `window` steps (the last window may be shorter)."""
+  by_window: dict[int, list[float]] = {}
+  for r in rows:
+    by_window.setdefault((r["step"] - 1) // window, []).append(r["reward"])
+  return [float(np.mean(v)) for _, v in sorted(by_window.items())]
+
+
+def curves_svg(curves: dict[str, list[float]], window: int) -> str:
+  """A plain SVG line plot of each task's reward per window of steps (no plotting library)."""
+  w, h, pad = 480, 300, 40
+  n = max(len(c) for c in curves.values())
+  x = lambda i: pad + (w - 2 * pad) * (i + 0.5) / n
+  y = lambda r: h - pad - (h - 2 * pad) * r
+  parts = [
+    f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-size="11">',
+    f'<rect width="{w}" height="{h}" fill="white"/>',
+    f'<line x1="{pad}" y1="{y(0)}" x2="{w - pad}" y2="{y(0)}" stroke="black"/>',
+    f'<line x1="{pad}" y1="{y(0)}" x2="{pad}" y2="{y(1)}" stroke="black"/>',
+    f'<text x="{w / 2}" y="{h - 8}" text-anchor="middle">GRPO steps ({window} a point)</text>',
+    f'<text x="4" y="{pad - 12}">sampled reward</text>',
+  ]
+  for r in (0, 0.5, 1):
+    parts.append(f'<text x="{pad - 4}" y="{y(r) + 4}" text-anchor="end">{r:g}</text>')
+  for i in range(n):
+    parts.append(f'<text x="{x(i)}" y="{y(0) + 14}" text-anchor="middle">{(i + 1) * window}</text>')
+  for k, (name, curve) in enumerate(curves.items()):
+    colour = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")[k % 4]
+    points = " ".join(f"{x(i):.1f},{y(r):.1f}" for i, r in enumerate(curve))
+    parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"/>')
+    label = f'<text x="{w - pad}" y="{pad + 14 * k}" fill="{colour}" text-anchor="end">'
+    parts.append(f"{label}{name}</text>")
+  return "\n".join([*parts, "</svg>", ""])
 
 
 def _sampler_tokens_per_s(config: specs.Spec, params: Any, tokenizer: Any, items: list) -> float:
@@ -114,7 +156,9 @@ def _sampler_tokens_per_s(config: specs.Spec, params: Any, tokenizer: Any, items
   return drawn / (time.perf_counter() - start)
 
 
-def bench_posttrain(config: specs.Spec, bench: Any, checkpoint: str, log=print) -> dict:
+def _task(config: specs.Spec, bench: Any, checkpoint: str, log: Callable) -> dict:
+  """Fine-tuning then GRPO on config.data.pairs's task from `checkpoint`: the exact matches
+  before, after fine-tuning and after GRPO, the GRPO step's split and its reward curve."""
   from ao_mdm.train import loop
 
   items = pairs.load(config.data.pairs, "validation")[: bench.eval_pairs]
@@ -133,6 +177,7 @@ def bench_posttrain(config: specs.Spec, bench: Any, checkpoint: str, log=print) 
         learning_rate=bench.sft_learning_rate,
         min_lr=bench.sft_learning_rate / 10,
         warmup_steps=bench.sft_steps // 20,
+        ema_decay=0.99,  # configs/finetune.py's (GRPO's 0.9 is the bench config's)
         checkpoint_every=bench.sft_steps,
         eval_every=0,
         log_every=bench.sft_steps,
@@ -151,18 +196,41 @@ def bench_posttrain(config: specs.Spec, bench: Any, checkpoint: str, log=print) 
     )
     loop.train_and_evaluate(grpo, grpo_dir, init_from=sft_dir, log=quiet)
     result["grpo_accuracy"] = _accuracy(grpo_dir, items, *drawn, log, "after GRPO")[0]
-    result["grpo"] = _grpo_costs(grpo_dir, grpo)
+    rows = _grpo_rows(grpo_dir)
+    result["grpo"] = _grpo_costs(rows, grpo)
     result["grpo"]["sampler_tokens_per_s"] = _sampler_tokens_per_s(grpo, params, tokenizer, items)
+    result["reward_curve"] = reward_curve(rows, bench.window)
   g, m = result["grpo"], result["mean_field"]
   log(
-    f"GRPO step {g['step_s']:.2f} s: rollout {g['rollout_s']:.2f} s, scoring "
-    f"{g['scoring_s']:.2f} s, update {g['update_s']:.2f} s; rollout {g['rollout_tokens_per_s']:.0f}"
-    f" tokens/s against {g['sampler_tokens_per_s']:.0f} for parallel.sample; reward "
-    f"{g['reward_first']:.2f} at the first logged step, {g['reward_last']:.2f} at the last"
+    f"GRPO step {g['step_s']:.2f} s: rollout {g['rollout_s']:.2f} s, reward {g['reward_s']:.3f}"
+    f" s, scoring {g['scoring_s']:.2f} s, update {g['update_s']:.2f} s; rollout "
+    f"{g['rollout_tokens_per_s']:.0f} tokens/s against {g['sampler_tokens_per_s']:.0f} for "
+    "parallel.sample"
+  )
+  curve = result["reward_curve"]
+  log(
+    f"sampled reward per {bench.window} GRPO steps: "
+    + ", ".join(f"{r:.3f}" for r in curve)
+    + f" (last - first: {curve[-1] - curve[0]:+.3f})"
   )
   log(
     f"d1's mean-field log-prob against the exact one: {m['mae_per_token']:.3f} nats per token, "
     f"{m['mae_per_answer']:.3f} per answer (exact: {m['exact_logprob_per_answer']:.3f} per answer)"
   )
+  return result
+
+
+def bench_posttrain(config: specs.Spec, bench: Any, checkpoint: str, log=print) -> dict:
+  """Each of bench.tasks (data.pairs values) in turn, its reward curve plotted to bench.plot
+  (an SVG; empty: none); one JSON line last."""
+  result: dict = {"tasks": {}}
+  for task in bench.tasks:
+    log(f"task {task}, reward {config.grpo.reward}:")
+    task_config = config.replace(data=config.data.replace(pairs=task))
+    result["tasks"][task] = _task(task_config, bench, checkpoint, log)
+  if bench.plot:
+    curves = {task: r["reward_curve"] for task, r in result["tasks"].items()}
+    fs.write_text(bench.plot, curves_svg(curves, bench.window))
+    log(f"reward curves plotted to {bench.plot}")
   log(json.dumps(result))
   return result

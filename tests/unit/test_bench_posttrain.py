@@ -1,0 +1,22 @@
+"""bench posttrain's reward curve per window of GRPO steps and its SVG plot."""
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from ao_mdm.perf import bench_posttrain
+
+
+def test_the_reward_curve_is_the_mean_of_each_window_of_steps():
+  rows = [{"step": s, "reward": 0.1 * (s > 4)} for s in range(1, 11)]
+  assert bench_posttrain.reward_curve(rows, 4) == pytest.approx([0.0, 0.1, 0.1])
+  assert bench_posttrain.reward_curve(rows, 10) == pytest.approx([0.06])
+
+
+def test_the_curves_plot_is_an_svg_with_a_line_and_a_label_per_task():
+  svg = bench_posttrain.curves_svg({"arithmetic:4000": [0.1, 0.3], "reversal:4000": [0.5]}, 50)
+  root = ET.fromstring(svg)
+  lines = root.findall("{http://www.w3.org/2000/svg}polyline")
+  assert [len(x.get("points").split()) for x in lines] == [2, 1]
+  texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+  assert "arithmetic:4000" in texts and "reversal:4000" in texts and "100" in texts
