@@ -7,8 +7,9 @@ credit for digits in place; a binary reward such as exact_match works too), repl
 whose 8 rewards are all equal by other prompts' (train/grpo.py), and makes two updates of the
 clipped ratio objective with a KL penalty to the fine-tuned params.
 
-The learning rate, 3e-4 (a tenth of fine-tuning's peak), is what moves the sampled reward in 300
-steps; 1e-4 left it flat on binary rewards and 1e-3 collapsed it (docs/posttraining.md, the runs).
+With exact_match, the replacement and the learning rate of 3e-4 (a tenth of fine-tuning's peak)
+raise the sampled reward by 0.19 to 0.22 in 300 steps, against 0.08 to 0.13 at 1e-4 without the
+replacement; 1e-3 collapses it (docs/posttraining.md, "Binary rewards").
 """
 
 import ml_collections
