@@ -104,10 +104,12 @@ class Batcher:
     dm = engine.DecodeModel.of(cfg)
     self._loop_params = jax.jit(dm.loop_params)
     self.params, self.max_steps = params, max_steps
-    # The state holds 1 row while at most row 0 is busy, else all `batch`: a step computes
-    # every row it holds, and a lone request should not pay for a full batch.
-    self.sizes = (1, batch) if batch > 1 else (1,)
-    self.state = self._empty(1)
+    # The state holds 2 rows while only rows 0-1 are busy, else all `batch`: a step computes
+    # every row it holds, and a lone request should not pay for a full batch. Not 1: XLA:CPU
+    # multiplies a single row by other kernels, whose rounding differs, and a row's tokens
+    # would depend on what else runs (from 2 rows up they are bitwise the same).
+    self.sizes = tuple(sorted({min(2, batch), batch}))
+    self.state = self._empty(self.sizes[0])
     # The state is donated: a step or insert updates it (its K/V cache above all) in place,
     # where a copy of the cache every forward cost more than the forward (16 rows of ao_small).
     self._step = jax.jit(

@@ -179,10 +179,11 @@ def test_rows_mixed_in_one_batch_draw_from_their_own_filtered_distributions():
   assert 1 < len(np.flatnonzero(filtered_probs(logits, 1.0, 0.6, 0))) < cfg.vocab_size
 
 
-def test_the_state_holds_one_row_while_only_row_0_is_busy():
-  """A lone request runs at one row, not at the batch's; the state grows to the batch when a
-  second row is taken, back to one row when only row 0 is left, and every request decodes
-  as it does alone."""
+def test_the_state_holds_two_rows_while_only_rows_0_and_1_are_busy():
+  """A lone request runs at two rows, not at the batch's; the state grows to the batch when a
+  third row is taken and back when only rows 0-1 are left; every request decodes as alone, and
+  a row's log-probs are bitwise those of the same request in a full batch (not at one row:
+  XLA:CPU's single-row kernels round otherwise)."""
   cfg, params = cached_model("ao")
   b = batching.Batcher.continuing(params, cfg, batch=4, tokens_per_step=1)
   size = lambda: b.state.rows.active_B.shape[0]
@@ -190,12 +191,15 @@ def test_the_state_holds_one_row_while_only_row_0_is_busy():
   short = dataclasses.replace(short, end=8, steps=5)
   row = b.add(long)
   b.step()
-  assert row == 0 and size() == 1
+  assert row == 0 and size() == 2
   b.add_many([short, short])
   sizes, done = [size()], []
   while any(q is not None for q in b.requests):
     done += b.step()
     sizes.append(size())
-  assert sizes[0] == 4 and sizes[-2:] == [1, 1] and len(done) == 3
+  assert sizes[0] == 4 and sizes[-2:] == [2, 2] and len(done) == 3
   for f in done:
     np.testing.assert_array_equal(f.tokens, alone(params, cfg, f.request, "l2r").tokens[0])
+  full = batching.Batcher.continuing(params, cfg, batch=4, tokens_per_step=1)
+  together = batching.decode_all(full, [long, *[dataclasses.replace(long, seed=9)] * 3])[0]
+  np.testing.assert_array_equal(together.raw_logprobs, done[-1].raw_logprobs)
