@@ -211,12 +211,13 @@ class Rollouts:
     local = on_this_host(params)
     # Seeds numbered by the row of the global batch: the answers do not depend on the processes.
     n = len(rows_PX)
-    row = step * n * jax.process_count() + jax.process_index() * n
-    seed = (self.config.seed * 1_000_003 + row * g.group) % 2**31
-    answers, rewards_PG, reward_s = self._rewarded(local, np.asarray(rows_PX), seed)
+    first = jax.process_index() * n  # this process's first prompt in the global batch
+    row = step * n * jax.process_count() + first
+    seeds_P = (self.config.seed * 1_000_003 + (row + np.arange(n)) * g.group) % 2**31
+    answers, rewards_PG, reward_s = self._rewarded(local, np.asarray(rows_PX), seeds_P)
     drawn_reward = rewards_PG.mean()  # the policy's reward on the step's own prompts
-    signal_fraction = float(np.mean(rewards_PG.std(-1) > 0))
-    answers, rewards_PG, extra_s = self._resampled(local, answers, rewards_PG, step)
+    signal = np.sum(rewards_PG.std(-1) > 0)
+    answers, rewards_PG, extra_s = self._resampled(local, answers, rewards_PG, step, first)
     reward_s += extra_s
     tokens_BT, counted_BT = answers.tokens, answers.counted
     rollout_s = time.perf_counter() - start - reward_s
@@ -240,6 +241,7 @@ class Rollouts:
           rollout_s,
           scoring_s,
           reward_s,
+          signal,
         ]
       )
     )
@@ -250,17 +252,17 @@ class Rollouts:
       "rollout_s": float(every[:, 3].max()),
       "scoring_s": float(every[:, 4].max()),
       "reward_s": float(every[:, 5].max()),
-      "signal_fraction": signal_fraction,
+      "signal_fraction": float(every[:, 6].sum() * g.group / answers_n),
       "rollout_tokens_per_s": float(tokens / every[:, 3].max()),
     }
     return batch, metrics
 
-  def _rewarded(self, params: Any, rows_PX: np.ndarray, seed: int) -> tuple:
+  def _rewarded(self, params: Any, rows_PX: np.ndarray, seeds_P: np.ndarray) -> tuple:
     """(answers, rewards [P, group], seconds in the reward function) of `group` answers drawn
-    to each prompt row."""
+    to each prompt row, answer j of prompt i with seed seeds_P[i] + j."""
     g = self.config.grpo
     tokens_PT, prompt_P, length_P = pairs.split_rows(rows_PX)
-    answers = self.draw(params, tokens_PT, prompt_P, seed)
+    answers = self.draw(params, tokens_PT, prompt_P, seeds_P)
     rewards, reward_s, decode = [], 0.0, self.tokenizer.decode
     for b, tokens_T in enumerate(answers.tokens):
       i, p = b // g.group, int(prompt_P[b // g.group])
@@ -272,10 +274,14 @@ class Rollouts:
       reward_s += time.perf_counter() - start
     return answers, np.asarray(rewards, np.float32).reshape(-1, g.group), reward_s
 
-  def _resampled(self, params: Any, answers: Answers, rewards_PG: np.ndarray, step: int) -> tuple:
+  def _resampled(
+    self, params: Any, answers: Answers, rewards_PG: np.ndarray, step: int, first: int
+  ) -> tuple:
     """(answers, rewards, reward seconds) with the groups whose rewards are all equal, which
     carry no signal (zero advantages), replaced by groups of other training prompts that have
-    some: prompts drawn by a seed of the step and process, so that a resumed run draws alike."""
+    some. Each such group draws 2 candidate prompts and their answers by a seed of the step
+    and its prompt's index in the global batch (local index + `first`), and takes the first
+    candidate with signal: a resumed run, and any split among processes, draws alike."""
     g, reward_s = self.config.grpo, 0.0
     if self._train_rows is None:
       self._train_rows = pairs.rows_for(
@@ -289,24 +295,30 @@ class Rollouts:
       flat = np.flatnonzero(rewards_PG.std(-1) == 0)
       if not len(flat):
         break
-      rng = np.random.default_rng([self.config.seed, step, jax.process_index(), attempt])
-      rows = self._train_rows.rows(rng.integers(0, len(self._train_rows), 2 * len(flat)).tolist())
-      more, more_PG, more_s = self._rewarded(params, rows, int(rng.integers(2**31)))
+      rngs = [np.random.default_rng([self.config.seed, step, first + i, attempt]) for i in flat]
+      picks = np.concatenate([r.integers(0, len(self._train_rows), 2) for r in rngs])
+      seeds = np.concatenate([r.integers(0, 2**31 - g.group, 2) for r in rngs])
+      more, more_PG, more_s = self._rewarded(params, self._train_rows.rows(picks.tolist()), seeds)
       reward_s += more_s
-      useful = np.flatnonzero(more_PG.std(-1) > 0)[: len(flat)]
-      into = flat[: len(useful)]
+      has_signal = (more_PG.std(-1) > 0).reshape(-1, 2)  # per flat group, its 2 candidates
+      into = flat[has_signal.any(1)]
+      useful = (2 * np.arange(len(flat)) + has_signal.argmax(1))[has_signal.any(1)]
       answers = replaced_groups(answers, into, more, useful, g.group)
       rewards_PG = rewards_PG.copy()
       rewards_PG[into] = more_PG[useful]
     return answers, rewards_PG, reward_s
 
-  def draw(self, params: Any, tokens_PT: np.ndarray, prompt_P: np.ndarray, seed: int) -> Answers:
-    """`group` answers to each prompt (tokens_PT[i, :prompt_P[i]]), drawn by grpo.policy."""
-    draw = self._speculative if self.config.grpo.policy == "speculative" else self._parallel
-    return draw(params, tokens_PT, prompt_P, seed)
+  def draw(
+    self, params: Any, tokens_PT: np.ndarray, prompt_P: np.ndarray, seeds_P: np.ndarray
+  ) -> Answers:
+    """`group` answers to each prompt (tokens_PT[i, :prompt_P[i]]), drawn by grpo.policy,
+    answer j of prompt i with seed seeds_P[i] + j (speculative: one key, seeds_P[0]'s)."""
+    if self.config.grpo.policy == "speculative":
+      return self._speculative(params, tokens_PT, prompt_P, int(seeds_P[0]))
+    return self._parallel(params, tokens_PT, prompt_P, seeds_P)
 
   def _parallel(
-    self, params: Any, tokens_PT: np.ndarray, prompt_P: np.ndarray, seed: int
+    self, params: Any, tokens_PT: np.ndarray, prompt_P: np.ndarray, seeds_P: np.ndarray
   ) -> Answers:
     """Drawn by the engine's continuous batch, tokens_per_step per forward, each its own
     request."""
@@ -316,7 +328,7 @@ class Rollouts:
         tokens_PT[i, :p],
         t,
         g.tokens_per_step,
-        seed=(seed + i * g.group + j) % 2**31,
+        seed=int(seeds_P[i] + j) % 2**31,
         temperature=g.temperature,
         block_len=g.block_len or None,
       )

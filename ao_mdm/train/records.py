@@ -197,6 +197,8 @@ GRPO_KEYS = (
   "answer_tokens",
   "rollout_s",
   "scoring_s",
+  "reward_s",
+  "signal_fraction",
   "rollout_tokens_per_s",
 )
 _StepMetrics = clu_metrics.Collection.create(**_STEP)

@@ -133,7 +133,7 @@ def test_the_loss_scores_rollouts_by_the_probability_they_were_drawn_with(policy
   )
   tokens_PT = np.random.default_rng(2).integers(2, cfg.vocab_size, (len(PROMPTS), T))
   prompt_P = np.asarray(PROMPTS)
-  a = rollouts.draw(params, tokens_PT.astype(np.int32), prompt_P, seed=5)
+  a = rollouts.draw(params, tokens_PT.astype(np.int32), prompt_P, 5 + 2 * np.arange(len(PROMPTS)))
   batch = {"tokens": a.tokens, "order": a.order, "first": a.first.astype(np.int32)}
   got = np.asarray(jax.jit(train_step.answers_logprobs(config))(params, batch))
   np.testing.assert_allclose(got[a.counted], a.logprobs[a.counted], atol=1e-5)
@@ -258,7 +258,7 @@ def test_groups_without_signal_are_replaced_by_other_prompts_groups_with_some():
   rollouts._train_rows = pairs.Rows(train_NX, "train")
   calls = []
 
-  def rewarded(params, rows_PX, seed):
+  def rewarded(params, rows_PX, seeds_P):
     calls.append(len(rows_PX))
     ids_B = np.repeat(rows_PX[:, 0], 2)
     answers = grpo.Answers(*(np.stack([ids_B, ids_B + k], 1) for k in range(5)))
@@ -270,16 +270,28 @@ def test_groups_without_signal_are_replaced_by_other_prompts_groups_with_some():
   mine_PX[:, 0] = [1, 2, 3, 4]  # rows 1 and 3 (ids 2, 4) have signal, 0 and 2 none
   answers, rewards_PG, _ = rewarded(None, mine_PX, 0)
   calls.clear()
-  got, got_PG, reward_s = rollouts._resampled(None, answers, rewards_PG, step=5)
-  assert calls == [4] and reward_s == 0.25  # 2 flat groups: 4 prompts drawn, once
-  assert (got_PG.std(-1) > 0).all()
+  got, got_PG, reward_s = rollouts._resampled(None, answers, rewards_PG, step=5, first=0)
+  assert calls[0] == 4 and reward_s == 0.25 * len(calls)  # 2 flat groups: 2 prompts each
   ids = got.tokens[::2, 0]
-  assert ids[1] == 2 and ids[3] == 4 and ids[0] % 2 == 0 and ids[2] % 2 == 0
+  replaced = ids != mine_PX[:, 0]  # a group with no signal in its 2 x 2 candidates stays
+  assert list(replaced) == [True, False, True, False] or replaced.sum() == 1, ids
+  assert not replaced[[1, 3]].any() and (ids[replaced] % 2 == 0).all()
+  assert (got_PG[replaced].std(-1) > 0).all()
   assert (got.tokens[::2] == got.tokens[1::2]).all()  # whole groups moved, every field alike
   assert (got.logprobs[:, 1] == got.tokens[:, 0] + 4).all()
-  again = rollouts._resampled(None, answers, rewards_PG, step=5)[0]
+  again = rollouts._resampled(None, answers, rewards_PG, step=5, first=0)[0]
   assert (again.tokens == got.tokens).all()  # the step's seed: a resumed run draws alike
+  # Two processes, each with two of the prompts, replace as one process does.
+  split = grpo.Answers(*(x.reshape(2, 4, -1) for x in answers))
+  halves = [
+    rollouts._resampled(
+      None, grpo.Answers(*(x[h] for x in split)), rewards_PG[2 * h : 2 * h + 2], 5, 2 * h
+    )
+    for h in range(2)
+  ]
+  assert (np.concatenate([h[0].tokens for h in halves]) == got.tokens).all()
+  assert (np.concatenate([h[1] for h in halves]) == got_PG).all()
   rollouts._train_rows = pairs.Rows(train_NX[1::2], "train")  # odd ids only: never a signal
   calls.clear()
-  still_PG = rollouts._resampled(None, answers, rewards_PG, step=5)[1]
+  still_PG = rollouts._resampled(None, answers, rewards_PG, step=5, first=0)[1]
   assert calls == [4, 4] and (still_PG == rewards_PG).all()  # RESAMPLE_ROUNDS draws, no more
