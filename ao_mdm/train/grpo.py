@@ -295,7 +295,9 @@ class Rollouts:
       flat = np.flatnonzero(rewards_PG.std(-1) == 0)
       if not len(flat):
         break
-      rngs = [np.random.default_rng([self.config.seed, step, first + i, attempt]) for i in flat]
+      rngs = [
+        np.random.default_rng([self.config.seed, step, first + int(i), attempt]) for i in flat
+      ]
       picks = np.concatenate([r.integers(0, len(self._train_rows), 2) for r in rngs])
       seeds = np.concatenate([r.integers(0, 2**31 - g.group, 2) for r in rngs])
       more, more_PG, more_s = self._rewarded(params, self._train_rows.rows(picks.tolist()), seeds)
