@@ -73,6 +73,7 @@ setup(
     "serve": [
       "openai>=3.60,<4",
       "fastapi>=0.165,<0.166",
+      "starlette>=1.10,<1.11",  # fastapi's own: its HTTPException base (404s, body errors)
       "uvicorn>=0.55,<0.56",
       "pydantic>=2.14,<3",
       "prometheus-client>=0.26,<0.27",

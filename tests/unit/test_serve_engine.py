@@ -4,6 +4,7 @@ is made, fails alone; the jobs beside it finish as they do alone, and the engine
 import threading
 import time
 
+import pytest
 from test_grpo import Ids
 from test_parallel import cached_model
 
@@ -64,6 +65,7 @@ def test_a_job_that_raises_fails_alone_and_the_engine_goes_on(monkeypatch):
     eng.stop()
 
 
+@pytest.mark.slow  # compiles 14 programs (about 20 s here)
 def test_jobs_that_wait_together_are_prefilled_by_one_forward_after_the_warm_up():
   """The engine first compiles every prefill width and step length (`warming` says how far);
   then 4 jobs submitted together into 4 free rows join by one prefill, and decode as alone."""
