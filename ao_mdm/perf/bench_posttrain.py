@@ -78,14 +78,14 @@ def _mean_field_gap(config: specs.Spec, params: Any, tokenizer: Any, items: list
 def _grpo_rows(workdir: str) -> list[dict]:
   """The GRPO run's logged steps (one a step in the bench), in order."""
   rows = [json.loads(x) for x in fs.read_text(fs.join(workdir, layout.METRICS)).splitlines()]
-  return [r for r in rows if r.get("rollout_s") is not None and r.get("tokens_per_s")]
+  return [r for r in rows if r.get("rollout_s") is not None and r.get("step_s")]
 
 
 def _grpo_costs(rows: list[dict], config: specs.Spec) -> dict:
   """Mean seconds per GRPO step in rollout, reward, scoring and update (the rest of the step),
   and rollout tokens/s, from the run's logged steps."""
-  tokens = config.train.batch_size * config.model.block_size
-  step_s = float(np.mean([tokens / r["tokens_per_s"] for r in rows]))
+  del config
+  step_s = float(np.mean([r["step_s"] for r in rows]))
   rollout, reward, scoring = (  # NaN: not in the log
     float(np.mean([r.get(k, np.nan) for r in rows])) for k in ("rollout_s", "reward_s", "scoring_s")
   )
@@ -208,11 +208,8 @@ def _task(config: specs.Spec, bench: Any, checkpoint: str, log: Callable) -> dic
     "parallel.sample"
   )
   curve = result["reward_curve"]
-  log(
-    f"sampled reward per {bench.window} GRPO steps: "
-    + ", ".join(f"{r:.3f}" for r in curve)
-    + f" (last - first: {curve[-1] - curve[0]:+.3f})"
-  )
+  gain = f" (last - first: {curve[-1] - curve[0]:+.3f})" if curve else ""
+  log(f"sampled reward per {bench.window} GRPO steps: {', '.join(f'{r:.3f}' for r in curve)}{gain}")
   log(
     f"d1's mean-field log-prob against the exact one: {m['mae_per_token']:.3f} nats per token, "
     f"{m['mae_per_answer']:.3f} per answer (exact: {m['exact_logprob_per_answer']:.3f} per answer)"

@@ -269,8 +269,9 @@ def _train(
     for share in ("loss_l2r", "loss_any_order"):  # NaN: the batch held no sequence of that kind
       if math.isnan(values[share]):
         del values[share]
-    tokens, flops = work.read()
+    tokens, flops = work.read(step)
     if seconds:
+      values["step_s"] = seconds
       values["tokens_per_s"] = tokens / seconds
       values["tokens_per_s_per_device"] = tokens / seconds / jax.device_count()
       if 0 < peak < flops / seconds:  # the start-up measurement was low (a busy machine)
@@ -306,7 +307,7 @@ def _train(
       with profile.step(step):
         state, metrics = program.step(state, batch)
       metrics = {**metrics, **drawn}
-      work.add(batch)
+      work.add(step + 1, batch)
       finite.add(step + 1, metrics)
       profile.after(step, metrics)
       if step == first:  # the start, phase by phase, once its first step has run

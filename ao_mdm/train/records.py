@@ -275,16 +275,18 @@ class StepWork:
   def __init__(self, flops_per_token: Callable[[int], float], batch_size: int, extra: int):
     """flops_per_token(width); `extra`: columns after a row's tokens (pairs' lengths)."""
     self.flops_per_token, self.batch_size, self.extra = flops_per_token, batch_size, extra
-    self._widths: list[int] = []
+    self._widths: dict[int, int] = {}
 
-  def add(self, batch: Any) -> None:
-    """A step's batch: [B, width + extra] rows, or GRPO's dict of [B, width] arrays."""
+  def add(self, step: int, batch: Any) -> None:
+    """Step `step`'s batch: [B, width + extra] rows, or GRPO's dict of [B, width] arrays."""
     rows = batch["tokens"] if isinstance(batch, dict) else batch
-    self._widths.append(rows.shape[1] - (0 if isinstance(batch, dict) else self.extra))
+    self._widths[step] = rows.shape[1] - (0 if isinstance(batch, dict) else self.extra)
 
-  def read(self) -> tuple[float, float]:
-    """(tokens, FLOPs) per step, the mean since the last read."""
-    widths, self._widths = self._widths, []
+  def read(self, step: int) -> tuple[float, float]:
+    """(tokens, FLOPs) per step, the mean over the steps up to `step` since the last read (the
+    loop logs a step while the next one runs: its batch is not this window's)."""
+    widths = [w for s, w in self._widths.items() if s <= step]
+    self._widths = {s: w for s, w in self._widths.items() if s > step}
     tokens = [self.batch_size * w for w in widths]
     flops = [n * self.flops_per_token(w) for n, w in zip(tokens, widths)]
     return sum(tokens) / max(len(widths), 1), sum(flops) / max(len(widths), 1)

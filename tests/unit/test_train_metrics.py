@@ -18,13 +18,14 @@ def test_step_work_counts_the_width_each_step_ran():
   cfg = specs.default().model.replace(block_size=64)
   per_token = lambda w: model_lib.flops_per_token(cfg, 10**6, w)
   work = records.StepWork(per_token, batch_size=4, extra=2)
-  work.add(np.zeros((4, 10), np.int32))
-  work.add({"tokens": np.zeros((4, 24), np.int32), "order": np.zeros((4, 24), np.int32)})
-  tokens, flops = work.read()
+  work.add(1, np.zeros((4, 10), np.int32))
+  work.add(2, {"tokens": np.zeros((4, 24), np.int32), "order": np.zeros((4, 24), np.int32)})
+  work.add(3, np.zeros((4, 66), np.int32))  # dispatched while step 2 is logged
+  tokens, flops = work.read(2)
   assert tokens == (4 * 8 + 4 * 24) / 2
   assert flops == (4 * 8 * per_token(8) + 4 * 24 * per_token(24)) / 2
   assert per_token(8) < per_token(24) < per_token(64) == model_lib.flops_per_token(cfg, 10**6)
-  assert work.read() == (0, 0)  # the window starts again
+  assert work.read(3) == (4 * 64, 4 * 64 * per_token(64))  # step 3's, in the next window
 
 
 def test_mfu_never_exceeds_1_when_the_peak_was_set_low(sp_export, sotu_config, tmp_path):
