@@ -185,10 +185,15 @@ class Batcher:
     donation needs."""
     return jax.tree.map(jnp.copy, parallel.empty(self.spec, rows, self.max_steps))
 
+  @property
+  def held(self) -> int:
+    """The rows the state holds now (one of `sizes`)."""
+    return self.state.rows.active_B.shape[0]
+
   def _resize(self, rows: int) -> None:
     """The state at `rows` rows: cut after its first rows (the others free), or padded with
     free rows. A copy of the state, once per change of size."""
-    held = self.state.rows.active_B.shape[0]
+    held = self.held
     if rows < held:
       self.state = jax.tree.map(lambda x: x[:rows], self.state)
     elif rows > held:
@@ -225,7 +230,7 @@ class Batcher:
       order, keys = self._keys(jax.random.key(request.seed), jnp.asarray(mask), end=jnp.int32(end))
       parts.append((tokens, order, counts, bounds, keys, known))
     rows = free[: len(requests)]
-    self._resize(max(self.state.rows.active_B.shape[0], self._size(max(rows) + 1)))
+    self._resize(max(self.held, self._size(max(rows) + 1)))
     reuse = [self._shared_prefix(q) for q in requests]
     self.reused_slots += sum(r[0] for r in reuse)
     for group in (
@@ -250,7 +255,7 @@ class Batcher:
     power of two with copies of the last (the same values written twice): an insert is
     compiled for a few counts of rows, not for every count."""
     t = self.spec.model.block_size
-    pad = min(1 << (len(rows) - 1).bit_length(), self.state.rows.active_B.shape[0]) - len(rows)
+    pad = min(1 << (len(rows) - 1).bit_length(), self.held) - len(rows)
     rows, requests, parts, reuse = (xs + xs[-1:] * pad for xs in (rows, requests, parts, reuse))
     column = lambda values, dtype=jnp.int32: jnp.asarray(values, dtype)
     starts = [r[0] for r in reuse]
@@ -326,21 +331,20 @@ class Batcher:
     t, k = self.spec.model.block_size, self.spec.plan.real_width
     widths = prefill_widths(t)
     lengths = common.bucket_bounds(t, parallel.CACHE_BUCKETS)
-    done, total = 0, len(self.sizes) * (len(widths) + len(lengths))
+    total = len(self.sizes) * (len(widths) + len(lengths))
+    done = iter(range(1, total + 1))
     for size in self.sizes:
       self._resize(size)
       for width in widths:
         known = min(width, t - 1)
         steps = parallel.steps_within(t, known, k, block_len=self.spec.block_len)
         self.cancel(self.add(Request(tuple(range(known)), (0,) * known, steps)))
-        done += 1
         if progress:
-          progress(done, total)
+          progress(next(done), total)
       for cache_len in lengths:  # every row free: the step changes nothing
         self.state = jax.block_until_ready(self._step(self._stepped, self.state, cache_len))
-        done += 1
         if progress:
-          progress(done, total)
+          progress(next(done), total)
     self.prefixes.clear()
     self.reused_slots = 0
     self._resize(self.sizes[0])
@@ -348,7 +352,7 @@ class Batcher:
   def cancel(self, row: int) -> None:
     """Ends row `row`'s request now (a client gone, a stop string seen): the row is free."""
     rows = self.state.rows
-    if row < rows.active_B.shape[0]:
+    if row < self.held:
       active_B = rows.active_B.at[row].set(False)
       self.state = self.state._replace(rows=rows._replace(active_B=active_B))
     self.requests[row] = None
@@ -357,7 +361,7 @@ class Batcher:
     """One step of every active row; the requests that finished leave their rows."""
     active = np.asarray(self.state.rows.active_B)
     self._resize(self._size(int(np.flatnonzero(active).max(initial=0)) + 1))
-    active = active[: self.state.rows.active_B.shape[0]]
+    active = active[: self.held]
     cached = np.asarray(self.state.rows.cached_B)[active]
     cache_len = common.bucket_for(
       int(cached.max(initial=0)), self.spec.model.block_size, parallel.CACHE_BUCKETS
