@@ -332,6 +332,7 @@ def first_token_logits(export, prompt_ids: list) -> np.ndarray:
   return out.logits[0, p].astype(np.float64)
 
 
+@pytest.mark.slow  # about 330 requests (the default stage's 6-minute budget)
 def test_top_p_and_top_k_apply_to_each_request_through_the_openai_client(server, export):
   """top_k=1 and a tiny top_p at temperature 1 give the greedy text for every seed, one and two
   tokens per forward; requests of three draw settings sent together (rows mixed in the batch)
