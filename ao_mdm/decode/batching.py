@@ -7,14 +7,14 @@ with key fold_in(key(s), r), so a request with seed s decodes as `sample(batch_s
 import collections
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ao_mdm import specs
-from ao_mdm.decode import common, engine, parallel
+from ao_mdm.decode import common, engine, parallel, protocol
 
 MIN_PREFILL = 8  # the narrowest prefill forward; wider ones double up to T
 PREFIX_MIN = 8  # shorter shared prefixes are recomputed: a second prefill forward costs more
@@ -32,6 +32,17 @@ def prefill_widths(t: int) -> list[int]:
 def prefill_width(n: int, t: int) -> int:
   """The narrowest prefill width that holds n slots."""
   return min(w for w in prefill_widths(t) if w >= n)
+
+
+class _Start(NamedTuple):
+  """A request as its rows are inserted: known tokens [1, T], order [1, T], the policy's plan,
+  draw keys [1], the known count."""
+
+  tokens: Any
+  order: jax.Array
+  plan: Any
+  keys: jax.Array
+  known: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,28 +91,15 @@ class Finished:
 
 
 class Batcher:
-  """A batch of `batch` rows decoding by the parallel policy; `add` starts a request in a free
-  row, `step` advances every row once and returns the requests that finished."""
+  """A batch of `batch` rows decoding by one policy (a protocol.PolicySpec); `add` starts a
+  request in a free row, `step` advances every active row once and returns the requests that
+  finished."""
 
   def __init__(
-    self,
-    params: Any,
-    cfg: specs.ModelSpec,
-    *,
-    batch: int,
-    max_steps: int,
-    real_width: int,
-    phantom_width: int,
-    order: str = "l2r",
-    block_len: int | None = None,
-    eos_id: int | None = None,
-    rule: common.DrawRule | None = None,
-    prefixes: int = 0,
+    self, params: Any, spec: protocol.PolicySpec, *, batch: int, max_steps: int, prefixes: int = 0
   ):
-    widths = parallel.Plan((), (), real_width, phantom_width, ())
-    rule = rule or common.DrawRule()
-    self.spec = parallel.DecoderSpec(cfg, widths, order, rule, block_len=block_len, eos_id=eos_id)
-    dm = engine.DecodeModel.of(cfg)
+    self.spec = spec
+    dm = engine.DecodeModel.of(spec.model)
     self._loop_params = jax.jit(dm.loop_params)
     self.params, self.max_steps = params, max_steps
     # The state holds 2 rows while only rows 0-1 are busy, else all `batch`: a step computes
@@ -112,11 +110,9 @@ class Batcher:
     self.state = self._empty(self.sizes[0])
     # The state is donated: a step or insert updates it (its K/V cache above all) in place,
     # where a copy of the cache every forward cost more than the forward (16 rows of ao_small).
-    self._step = jax.jit(
-      functools.partial(parallel.step, self.spec, dm), static_argnums=2, donate_argnums=1
-    )
+    self._step = jax.jit(functools.partial(spec.step, dm), static_argnums=2, donate_argnums=1)
     self._insert = jax.jit(
-      functools.partial(parallel.insert, self.spec, dm),
+      functools.partial(protocol.insert, spec, dm),
       static_argnames=("width", "cache_len"),
       donate_argnums=1,
     )
@@ -124,7 +120,7 @@ class Batcher:
     # a new request whose prompt shares a prefix with one copies those slots, not computes them.
     self.prefixes: collections.OrderedDict[tuple, engine.KVCache] = collections.OrderedDict()
     self.max_prefixes, self.reused_slots = prefixes, 0
-    self._keys = jax.jit(functools.partial(parallel.request_keys, spec=self.spec))
+    self._keys = jax.jit(spec.orders)
     self.requests: list[Request | None] = [None] * batch
     self.rows = jax.device_get(self.state.rows)  # as of the last step, on the host
 
@@ -158,19 +154,15 @@ class Batcher:
     holds it): what the server, completions and GRPO's rollouts run; with `prefixes` > 0, the
     caches of that many recent prompts are kept for reuse."""
     k = tokens_per_step
-    return cls(
-      params,
-      cfg,
-      batch=batch,
-      max_steps=cfg.block_size,
-      real_width=k,
-      phantom_width=k - 1,
+    spec = parallel.DecoderSpec(
+      model=cfg,
+      plan=parallel.Plan.widths(k, k - 1),
       order=order,
+      draw=common.DrawRule(vocab_limit=vocab_limit),
       block_len=block_len,
       eos_id=eos_id if order == "l2r" or block_len else None,
-      rule=common.DrawRule(vocab_limit=vocab_limit),
-      prefixes=prefixes,
     )
+    return cls(params, spec, batch=batch, max_steps=cfg.block_size, prefixes=prefixes)
 
   def free_rows(self) -> int:
     return self.requests.count(None)
@@ -180,10 +172,10 @@ class Batcher:
     than the batch was built for, or more steps."""
     return self.add_many([request])[0]
 
-  def _empty(self, rows: int) -> parallel.State:
+  def _empty(self, rows: int) -> protocol.DecodeState:
     """A state of free rows, a buffer of its own per leaf (empty() shares its zeros), as
     donation needs."""
-    return jax.tree.map(jnp.copy, parallel.empty(self.spec, rows, self.max_steps))
+    return jax.tree.map(jnp.copy, protocol.empty(self.spec, rows, self.max_steps))
 
   @property
   def held(self) -> int:
@@ -206,29 +198,19 @@ class Batcher:
     free = [r for r, q in enumerate(self.requests) if q is None]
     if len(requests) > len(free):
       raise ValueError(f"{len(requests)} requests for {len(free)} free rows")
-    cfg, built = self.spec.model, self.spec.plan
     parts = []
     for request in requests:
-      tokens, mask = common.known_inputs(cfg, 1, request.positions, request.token_ids, None)
+      tokens, mask = common.known_inputs(
+        self.spec.model, 1, request.positions, request.token_ids, None
+      )
       end = common.decode_end(request.end, mask[0])
       known = int(mask[0].sum())
-      counts = parallel.block_counts(
-        end, known, request.steps, request.schedule, self.spec.block_len
-      )
-      plan = parallel.Plan.make(counts)
-      if (
-        plan.real_width > built.real_width
-        or plan.phantom_width > built.phantom_width
-        or len(counts) - 1 > self.max_steps
-      ):
-        raise ValueError(
-          f"{request} needs {len(counts) - 1} steps of {plan.real_width} real + "
-          f"{plan.phantom_width} phantom slots; this batch takes at most {self.max_steps} "
-          f"steps of {built.real_width} + {built.phantom_width}"
-        )
-      counts, bounds = parallel.plan_rows(self.spec, counts.tolist(), known, self.max_steps)
+      try:
+        plan = self.spec.plan_request(known, end, request.steps, request.schedule, self.max_steps)
+      except ValueError as e:
+        raise ValueError(f"{request} needs {e}") from None
       order, keys = self._keys(jax.random.key(request.seed), jnp.asarray(mask), end=jnp.int32(end))
-      parts.append((tokens, order, counts, bounds, keys, known))
+      parts.append(_Start(tokens, order, plan, keys, known))
     rows = free[: len(requests)]
     self._resize(max(self.held, self._size(max(rows) + 1)))
     reuse = [self._shared_prefix(q) for q in requests]
@@ -259,26 +241,27 @@ class Batcher:
     rows, requests, parts, reuse = (xs + xs[-1:] * pad for xs in (rows, requests, parts, reuse))
     column = lambda values, dtype=jnp.int32: jnp.asarray(values, dtype)
     starts = [r[0] for r in reuse]
-    todo = max(p[5] - m for p, m in zip(parts, starts))
+    todo = max(p.known - m for p, m in zip(parts, starts))
     prefix, cache_len = None, 0
     if max(starts):
       stored = jax.tree.map(lambda *x: jnp.concatenate(x), *[r[1] for r in reuse])
       prefix, cache_len = (column(starts), stored), max(starts)
       cache_len = common.bucket_for(cache_len, t, parallel.CACHE_BUCKETS)
+    plans = jax.tree.map(lambda *x: column(x), *[p.plan for p in parts], is_leaf=protocol.is_row)
     self.state = self._insert(
       self.params,
       self.state,
       column(rows),
-      jnp.concatenate([jnp.asarray(p[0]) for p in parts]),
-      jnp.concatenate([p[1] for p in parts]),
-      column([p[2] for p in parts]),
-      column([p[3] for p in parts]),
-      jnp.concatenate([p[4] for p in parts]),
+      jnp.concatenate([jnp.asarray(p.tokens) for p in parts]),
+      jnp.concatenate([p.order for p in parts]),
+      column([p.known for p in parts]),
+      jnp.concatenate([p.keys for p in parts]),
       (
         column([q.temperature for q in requests], jnp.float32),
         column([q.top_p for q in requests], jnp.float32),
         column([q.top_k for q in requests]),
       ),
+      plans,
       # A few static prefill widths (a compile each), not one per prompt length.
       width=prefill_width(todo, t) if todo else 0,
       prefix=prefix,
@@ -328,21 +311,20 @@ class Batcher:
     its work dropped) and the step of each cache bucket: a server says it is ready only once a
     request waits on no compile (but a prefill of several rows at once, compiled at first use).
     progress(done, total) after each."""
-    t, k = self.spec.model.block_size, self.spec.plan.real_width
+    t = self.spec.model.block_size
     widths = prefill_widths(t)
-    lengths = common.bucket_bounds(t, parallel.CACHE_BUCKETS)
-    total = len(self.sizes) * (len(widths) + len(lengths))
+    shapes = self.spec.shapes()
+    total = len(self.sizes) * (len(widths) + len(shapes))
     done = iter(range(1, total + 1))
     for size in self.sizes:
       self._resize(size)
       for width in widths:
         known = min(width, t - 1)
-        steps = parallel.steps_within(t, known, k, block_len=self.spec.block_len)
-        self.cancel(self.add(Request(tuple(range(known)), (0,) * known, steps)))
+        self.cancel(self.add(Request(tuple(range(known)), (0,) * known, t - known)))
         if progress:
           progress(next(done), total)
-      for cache_len in lengths:  # every row free: the step changes nothing
-        self.state = jax.block_until_ready(self._step(self._stepped, self.state, cache_len))
+      for shape in shapes:  # every row free: the step changes nothing
+        self.state = jax.block_until_ready(self._step(self._stepped, self.state, shape))
         if progress:
           progress(next(done), total)
     self.prefixes.clear()
@@ -361,12 +343,8 @@ class Batcher:
     """One step of every active row; the requests that finished leave their rows."""
     active = np.asarray(self.state.rows.active_B)
     self._resize(self._size(int(np.flatnonzero(active).max(initial=0)) + 1))
-    active = active[: self.held]
-    cached = np.asarray(self.state.rows.cached_B)[active]
-    cache_len = common.bucket_for(
-      int(cached.max(initial=0)), self.spec.model.block_size, parallel.CACHE_BUCKETS
-    )
-    self.state = self._step(self._stepped, self.state, cache_len)
+    shape = self.spec.shape(self.state.rows, self.state.fields)
+    self.state = self._step(self._stepped, self.state, shape)
     rows = self.rows = jax.device_get(self.state.rows)
     done = []
     for r, request in enumerate(self.requests):

@@ -9,7 +9,6 @@ committed slots enter the cache one step late: step i's real slots are those of 
 """
 
 import dataclasses
-import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -17,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ao_mdm import specs
-from ao_mdm.decode import common, engine, noise, options, parallel
+from ao_mdm.decode import common, engine, options, parallel, protocol
 
 QUERY_BUCKETS = 4  # decode loops, each with a query width for the unknown positions it can have
 
@@ -30,104 +29,147 @@ def confidence_score(logits_NV: jax.Array, score: str) -> jax.Array:
   return jnp.sum(jnp.exp(logp) * logp, axis=-1)  # minus the entropy
 
 
-@dataclasses.dataclass(frozen=True)
-class DecoderSpec:
-  """What one jitted confidence-ordered loop is made for (hashable: the key of its cache)."""
+class RowPlan(NamedTuple):
+  """One request's plan: known counts n_0..n_S after each step, padded with n_S (the end)."""
 
-  model: specs.ModelSpec
-  counts: tuple  # known positions after each step, n_0 .. n_S (the last: the end slot)
-  score: str  # options.SCORES
-  draw: common.DrawRule = common.DrawRule()
+  counts: Any
 
 
-class Carry(NamedTuple):
-  """The loop's state between steps: the order grows as positions are committed."""
+class Fields(NamedTuple):
+  """Per row: its plan, where it is in it, and which positions are closed (known, committed,
+  or at/after its end): the rest are the candidates."""
 
-  tokens_BT: jax.Array
-  closed_BT: jax.Array  # known, committed, or at/after the end slot
-  order_BT: jax.Array
-  cache: engine.KVCache
-  drawn: engine.Drawn
+  counts_BS: jax.Array
+  step_B: jax.Array
+  closed_BT: jax.Array
 
 
-@functools.lru_cache(maxsize=16)
-def decoder(spec: DecoderSpec):
-  """The jitted confidence-ordered loop of a spec: run(params, tokens, known, key, temperature,
-  top_p, top_k) -> (tokens, order)."""
-  cfg, counts = spec.model, spec.counts
-  dm = engine.DecodeModel.of(cfg)
-  t = cfg.block_size
-  known = counts[0]
-  commits = np.diff(counts)
-  r_width, m_width = int(max(commits[:-1], default=1)), int(commits.max())
-  counts_j = jnp.asarray(counts, jnp.int32)
-  prev_j = jnp.asarray((known,) + counts[:-2], jnp.int32)  # n_{i-2}: first slot of step i's chunk
-  # (first step, end step, query width): a width for the unknown positions each step can have
-  end = counts[-1]  # positions from here on are never drawn
-  segments = common.bucket_segments([end - n for n in counts[:-1]], end, QUERY_BUCKETS)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecoderSpec(protocol.PolicySpec):
+  """An adaptive order: each step commits the positions whose predictions score highest
+  (`confidence`). width: the most positions a step commits; real_width: the most a step
+  before the last commits (their slots enter the cache at the next step)."""
 
-  def run(params, tokens_BT, known_BT, key, temperature, top_p, top_k):
-    b = tokens_BT.shape[0]
-    order_BT = common.make_orders(key, known_BT, "l2r")  # known first; the rest is chosen below
-    closed_BT = known_BT | (jnp.arange(t) >= end)[None, :]  # no candidates at or after end
-    draw = common.Draw(temperature, top_p, top_k, spec.draw)
-    known_B = jnp.full((b,), known, jnp.int32)
-    cache = dm.prefill(params, engine.KVCache.empty(cfg, b), tokens_BT, order_BT, known_B, known)
-    params = dm.loop_params(params)
-    rows_B1 = jnp.arange(b)[:, None]
+  score: str = "max_prob"  # options.SCORES
+  width: int = 1
+  real_width: int = 1
 
-    def step(i, carry: Carry, u_width: int) -> Carry:
-      tokens_BT, closed_BT, order_BT, cache, drawn = carry
-      n, c, m = counts_j[i], prev_j[i], counts_j[i + 1] - counts_j[i]
-      w = r_width + u_width
-      # Real slots c..n-1 (committed last step, targets now known), then one query per unknown
-      # position (ascending), each a copy of slot n's input.
-      real_R = c + jnp.arange(r_width)
-      slots_W = jnp.concatenate([jnp.minimum(real_R, t - 1), jnp.full((u_width,), n)])
-      prev_tok, prev_pos = engine.slot_inputs(
-        tokens_BT, order_BT, jnp.broadcast_to(slots_W, (b, w))
+  def confidence(self, logits_BUV: jax.Array) -> jax.Array:
+    """[B, U] how sure each prediction is (higher: committed first)."""
+    return confidence_score(logits_BUV, self.score)
+
+  def plan_request(
+    self, known: int, end: int, steps: int, schedule: str, max_steps: int
+  ) -> RowPlan:
+    counts = parallel.schedule_counts(end, known, steps, schedule).tolist()
+    if max(np.diff(counts)) > min(self.width, self.real_width) or steps > max_steps:
+      raise ValueError(
+        f"{steps} steps of up to {max(np.diff(counts))} positions; this batch commits at most "
+        f"{min(self.width, self.real_width)} a step in at most {max_steps} steps"
       )
-      cand_BU = jnp.argsort(closed_BT, axis=1, stable=True)[:, :u_width].astype(jnp.int32)
-      target_BW = jnp.concatenate(
-        [jnp.take(order_BT, jnp.minimum(real_R, t - 1), axis=1), cand_BU], axis=1
-      )
-      # A real slot sees the real slots before it; a query, every real slot in place.
-      sees_W = jnp.where(jnp.arange(w) < r_width, jnp.arange(w), n - c)
-      chunk = engine.Chunk(
-        prev_tok, prev_pos, target_BW, jnp.broadcast_to(sees_W, (b, w)), jnp.full((b,), c)
-      )
-      write_BR = jnp.broadcast_to(jnp.where(real_R < n, real_R, t), (b, r_width))
-      cols_BU = jnp.broadcast_to(r_width + jnp.arange(u_width), (b, u_width))
-      hidden, cond, _, cache = dm.forward(params, cache, chunk, t, write_BR, cols_BU)
-      logits_BUV = dm.logits(params, hidden, cond)
-      conf_BU = jnp.where(
-        jnp.arange(u_width)[None, :] < end - n, confidence_score(logits_BUV, spec.score), -jnp.inf
-      )
-      rank_BA = jnp.argsort(-conf_BU, axis=1, stable=True)[:, :m_width]  # ties: lower position
-      logits_BAV = jnp.take_along_axis(logits_BUV, rank_BA[..., None], axis=1)
-      logits_NV = logits_BAV.reshape(b * m_width, -1)
-      gumbel_NV = noise.gumbel(jax.random.fold_in(key, i), logits_NV.shape)
-      picked_N, scaled_NV = draw.perturbed(logits_NV, gumbel_NV)
-      picked = picked_N.reshape(b, m_width)
-      lp, raw = engine.logprobs(
-        scaled_NV.reshape(logits_BAV.shape), logits_BAV, picked, temperature
-      )
-      live = jnp.arange(m_width)[None, :] < m
-      pos_BA = jnp.where(live, jnp.take_along_axis(cand_BU, rank_BA, axis=1), t)
-      tokens_BT = tokens_BT.at[rows_B1, pos_BA].set(picked, mode="drop")
-      closed_BT = closed_BT.at[rows_B1, pos_BA].set(True, mode="drop")
-      slot_BA = jnp.where(live, n + jnp.arange(m_width)[None, :], t)
-      order_BT = order_BT.at[rows_B1, slot_BA].set(pos_BA, mode="drop")
-      return Carry(tokens_BT, closed_BT, order_BT, cache, drawn.put(pos_BA, lp, raw, i))
+    return self.row_plan(counts, max_steps)
 
-    carry = Carry(
-      jnp.where(known_BT, tokens_BT, 0), closed_BT, order_BT, cache, engine.Drawn.empty(b, t)
+  def row_plan(self, counts: list, max_steps: int) -> RowPlan:
+    return RowPlan(tuple(counts) + (counts[-1],) * (max_steps + 1 - len(counts)))
+
+  def extent(self, plan: RowPlan) -> tuple[int, int, int]:
+    return plan.counts[0], plan.counts[-1], len(plan.counts) - 1
+
+  def fields(self, batch: int, steps: int) -> Fields:
+    t = self.model.block_size
+    zeros_B = jnp.zeros((batch,), jnp.int32)
+    return Fields(jnp.zeros((batch, steps + 1), jnp.int32), zeros_B, jnp.ones((batch, t), bool))
+
+  def start(self, plan_R: RowPlan, order_RT: jax.Array, known_R: jax.Array) -> Fields:
+    r, t = order_RT.shape
+    known_RT = (
+      jnp.zeros((r, t), bool)
+      .at[jnp.arange(r)[:, None], order_RT]
+      .set(jnp.arange(t) < known_R[:, None])
     )
-    for first, last, u_width in segments:
-      carry = jax.lax.fori_loop(first, last, functools.partial(step, u_width=u_width), carry)
-    return carry.tokens_BT, carry.order_BT, carry.drawn
+    closed_RT = known_RT | (jnp.arange(t) >= plan_R.counts[:, -1:])
+    return Fields(plan_R.counts, jnp.zeros_like(known_R), closed_RT)
 
-  return jax.jit(run)
+  def segments(self, plan: RowPlan) -> tuple:
+    counts = plan.counts
+    end = counts[-1]
+    return tuple(
+      (a, b, protocol.Shape(self.model.block_size, u))
+      for a, b, u in common.bucket_segments([end - n for n in counts[:-1]], end, QUERY_BUCKETS)
+    )
+
+  def shapes(self) -> list:
+    t = self.model.block_size
+    return [
+      protocol.Shape(c, u)
+      for c in common.bucket_bounds(t, parallel.CACHE_BUCKETS)
+      for u in common.bucket_bounds(t, QUERY_BUCKETS)
+    ]
+
+  def shape(self, rows: engine.Rows, fields: Fields) -> protocol.Shape:
+    """The cache bucket holding every active row's filled slots; the query bucket holding its
+    candidates."""
+    active = np.asarray(rows.active_B)
+    n = np.asarray(rows.filled_B)[active]
+    left = np.asarray(fields.counts_BS)[active, -1] - n
+    t = self.model.block_size
+    return protocol.Shape(
+      common.bucket_for(int(n.max(initial=0)), t, parallel.CACHE_BUCKETS),
+      common.bucket_for(int(left.max(initial=1)), t, QUERY_BUCKETS),
+    )
+
+  def step(
+    self, dm: engine.DecodeModel, params: Any, s: protocol.DecodeState, shape: protocol.Shape
+  ) -> protocol.DecodeState:
+    """Real slots c..n-1 (committed last step, their targets now known) enter the cache; one
+    query per candidate (ascending; a copy of slot n's input) scores it; the m best commit."""
+    rows, f = s.rows, s.fields
+    tokens_BT, order_BT, active_B = rows.tokens_BT, rows.order_BT, rows.active_B
+    b, t = tokens_BT.shape
+    r_width, u_width, m_width = self.real_width, shape.width, self.width
+    at = lambda x_BS, i_B: jnp.take_along_axis(x_BS, i_B[:, None], axis=1)[:, 0]
+    i_B, n_B, c_B = f.step_B, rows.filled_B, rows.cached_B
+    next_B = at(f.counts_BS, jnp.minimum(i_B + 1, f.counts_BS.shape[1] - 1))
+    end_B1, n_B1 = f.counts_BS[:, -1:], n_B[:, None]
+    real_BR = c_B[:, None] + jnp.arange(r_width)
+    slots_BW = jnp.concatenate([jnp.minimum(real_BR, t - 1), jnp.repeat(n_B1, u_width, 1)], 1)
+    prev_tok, prev_pos = engine.slot_inputs(tokens_BT, order_BT, slots_BW)
+    cand_BU = jnp.argsort(f.closed_BT, axis=1, stable=True)[:, :u_width].astype(jnp.int32)
+    target_BW = jnp.concatenate(
+      [jnp.take_along_axis(order_BT, jnp.minimum(real_BR, t - 1), 1), cand_BU], 1
+    )
+    # A real slot sees the real slots before it; a query, every real slot in place.
+    w = r_width + u_width
+    sees_BW = jnp.where(jnp.arange(w) < r_width, jnp.arange(w), (n_B - c_B)[:, None])
+    chunk = engine.Chunk(prev_tok, prev_pos, target_BW, sees_BW, c_B)
+    write_BR = jnp.where((real_BR < n_B1) & active_B[:, None], real_BR, t)
+    cols_BU = jnp.broadcast_to(r_width + jnp.arange(u_width), (b, u_width))
+    hidden, cond, _, cache = dm.forward(params, s.cache, chunk, shape.cache_len, write_BR, cols_BU)
+    logits_BUV = dm.logits(params, hidden, cond)
+    conf_BU = jnp.where(jnp.arange(u_width) < end_B1 - n_B1, self.confidence(logits_BUV), -jnp.inf)
+    rank_BA = jnp.argsort(-conf_BU, axis=1, stable=True)[:, :m_width]  # ties: lower position
+    logits_BAV = jnp.take_along_axis(logits_BUV, rank_BA[..., None], axis=1)
+    tok_BA, lp_BA, raw_BA = engine.draw(rows, self.draw, logits_BAV, i_B)
+    live = (jnp.arange(m_width) < (next_B - n_B)[:, None]) & active_B[:, None]
+    pos_BA = jnp.where(live, jnp.take_along_axis(cand_BU, rank_BA, axis=1), t)
+    r_B1 = jnp.arange(b)[:, None]
+    rows = engine.commit(rows, pos_BA, tok_BA, lp_BA, raw_BA, i_B)
+    slot_BA = jnp.where(live, n_B1 + jnp.arange(m_width), t)
+    filled_B = jnp.where(active_B, next_B, n_B)
+    rows = rows._replace(
+      order_BT=order_BT.at[r_B1, slot_BA].set(pos_BA, mode="drop"),
+      filled_B=filled_B,
+      cached_B=jnp.where(active_B, n_B, c_B),
+      active_B=active_B & (filled_B < end_B1[:, 0]),
+      forwards_B=rows.forwards_B + active_B,
+    )
+    f = Fields(f.counts_BS, i_B + active_B, f.closed_BT.at[r_B1, pos_BA].set(True, mode="drop"))
+    return protocol.DecodeState(rows, cache, f)
+
+
+def decoder(spec: DecoderSpec, counts: list):
+  """The static loop (protocol.decoder) of a batch committing n_0..n_S (counts) positions."""
+  return protocol.decoder(spec, spec.row_plan(counts, len(counts) - 1))
 
 
 def sample(
@@ -148,8 +190,10 @@ def sample(
   vocab_limit: int | None = None,
   dtype: str = "float32",
   end: int | None = None,
+  rule: type[DecoderSpec] = DecoderSpec,
 ) -> common.SampleOutput:
-  """[batch_size, T] samples in `steps` steps, committing the most confident positions first.
+  """[batch_size, T] samples in `steps` steps, committing the most confident positions first
+  (`rule`: an adaptive order's spec, whose `confidence` ranks the candidates).
 
   The output's `order` is the order the positions were committed in (known ones first). end:
   only the positions before it are drawn; the later ones stay 0 and last in the order.
@@ -160,16 +204,16 @@ def sample(
   tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
   counts = parallel.schedule_counts(
     common.decode_end(end, mask[0]), int(mask[0].sum()), int(steps), schedule
+  ).tolist()
+  commits = np.diff(counts)
+  spec = rule(
+    model=cfg,
+    draw=common.DrawRule(top_p_rule, vocab_limit),
+    score=score,
+    width=int(commits.max()),
+    real_width=int(max(commits[:-1], default=1)),
   )
-  decode = decoder(
-    DecoderSpec(
-      cfg,
-      tuple(int(n) for n in counts),
-      score,
-      common.DrawRule(top_p_rule, vocab_limit),
-    )
-  )
-  out = decode(
+  out = decoder(spec, counts)(
     params,
     jnp.asarray(tokens),
     jnp.asarray(mask),
@@ -178,5 +222,6 @@ def sample(
     jnp.float32(top_p),
     jnp.int32(top_k),
   )
-  tokens_BT, order_BT, drawn = jax.device_get(out)
+  rows = jax.device_get(out.rows)
+  tokens_BT, order_BT, drawn = rows.tokens_BT, rows.order_BT, rows.drawn
   return common.SampleOutput(tokens_BT, order_BT, **common.drawn_arrays(drawn))

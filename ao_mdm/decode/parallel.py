@@ -11,7 +11,6 @@ the block that holds a row's first EOS once every row has one (docs/sampling.md,
 """
 
 import dataclasses
-import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -19,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ao_mdm import specs
-from ao_mdm.decode import common, engine, options, policies
+from ao_mdm.decode import common, engine, options, policies, protocol
 
 CACHE_BUCKETS = 4  # decode loops, each reading only the cache prefix its steps can see
 
@@ -113,6 +112,11 @@ class Plan:
   segments: tuple  # (first step, end step, cache length held and read): skips the empty tail
 
   @staticmethod
+  def widths(real: int, phantom: int) -> "Plan":
+    """The chunk widths alone: a continuous batch's, whose rows bring their own counts."""
+    return Plan((), (), real, phantom, ())
+
+  @staticmethod
   def make(step_counts: np.ndarray, use_cache: bool = True) -> "Plan":
     counts = tuple(int(n) for n in step_counts)
     t = counts[-1]
@@ -130,225 +134,153 @@ class Plan:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class DecoderSpec:
-  """What one jitted decode loop is made for (hashable: the key of its cache)."""
+class RowPlan(NamedTuple):
+  """One request's plan: known counts n_0..n_S after each step (padded with n_S), and before
+  each step the bound of its EOS check: a row is done once an EOS sits at order slots
+  [known, bound) (the end of the blocks before it; L2R: every slot decoded)."""
 
-  model: specs.ModelSpec
-  plan: Plan
-  order: str  # of the unknown positions: "random" or "l2r"
-  draw: common.DrawRule = common.DrawRule()
-  use_cache: bool = True  # False: every real slot recomputed at every step
-  return_logits: bool = False
-  block_len: int | None = None  # unknown positions per block (None: one block)
-  eos_id: int | None = None  # stop after the block holding each row's first EOS
+  counts: Any
+  bounds: Any
 
 
-class PlanRows(NamedTuple):
-  """The parallel policy's state per row: its plan (counts n_0..n_S, padded with n_S) and where
-  it is in it."""
+class Fields(NamedTuple):
+  """The parallel policy's state per row: its plan, where it is in it, and (return_logits) the
+  logits each position was drawn from."""
 
   counts_BS: jax.Array
-  bounds_BS: jax.Array  # a row is done before step i when an EOS sits at order slots [known, bound)
+  bounds_BS: jax.Array
   step_B: jax.Array
-
-
-class State(NamedTuple):
-  """The decode state between steps: the rows, the cache, the policy's per-row plans."""
-
-  rows: engine.Rows
-  cache: engine.KVCache | None
-  plan: PlanRows
   logits_BTV: jax.Array | None
 
 
-def plan_rows(spec: DecoderSpec, counts: Any, known: int, steps: int) -> tuple:
-  """(counts, bounds) of one row's plan padded to `steps` steps: the EOS check's bound before
-  each step is the end of the blocks before it (L2R: every slot decoded)."""
-  block = spec.block_len or spec.model.block_size
-  counts = list(counts) + [counts[-1]] * (steps + 1 - len(counts))
-  bounds = [n if spec.order == "l2r" else known + (n - known) // block * block for n in counts]
-  return counts, bounds
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecoderSpec(protocol.PolicySpec):
+  """The parallel policy for one model and chunk layout (hashable: the key of its programs)."""
 
+  plan: Plan  # the chunk widths (and, for a static batch, its steps); use_cache False: every
+  # real slot recomputed at every step (the encoder-only cost model)
+  return_logits: bool = False
 
-def empty(spec: DecoderSpec, batch: int, steps: int, cache_len: int | None = None) -> State:
-  """A state of `batch` free rows, whose plans may have up to `steps` steps, and a cache of
-  cache_len slots (default T)."""
-  b, t, v = batch, spec.model.block_size, spec.model.vocab_size
-  zeros_BT, zeros_B = jnp.zeros((b, t), jnp.int32), jnp.zeros((b,), jnp.int32)
-  rows = engine.new_rows(
-    zeros_BT,
-    zeros_BT,
-    zeros_B,
-    engine.row_keys(jax.random.key(0), b),
-    jnp.zeros((b,), jnp.float32),
-    jnp.zeros((b,), jnp.float32),
-    zeros_B,
-  )._replace(active_B=jnp.zeros((b,), bool))
-  cache = engine.KVCache.empty(spec.model, b, cache_len) if spec.use_cache else None
-  zeros_BS = jnp.zeros((b, steps + 1), jnp.int32)
-  logits_BTV = jnp.zeros((b, t, v), jnp.float32) if spec.return_logits else None
-  return State(rows, cache, PlanRows(zeros_BS, zeros_BS, zeros_B), logits_BTV)
+  def plan_request(
+    self, known: int, end: int, steps: int, schedule: str, max_steps: int
+  ) -> RowPlan:
+    """A request's plan padded to max_steps steps; ValueError when it needs wider chunks."""
+    counts = block_counts(end, known, steps, schedule, self.block_len)
+    plan, built = Plan.make(counts), self.plan
+    if (
+      plan.real_width > built.real_width
+      or plan.phantom_width > built.phantom_width
+      or len(counts) - 1 > max_steps
+    ):
+      raise ValueError(
+        f"{len(counts) - 1} steps of {plan.real_width} real + {plan.phantom_width} phantom "
+        f"slots; this batch takes at most {max_steps} steps of {built.real_width} + "
+        f"{built.phantom_width}"
+      )
+    return self.row_plan(counts.tolist(), max_steps)
 
+  def row_plan(self, counts: list, max_steps: int) -> RowPlan:
+    """The plan of counts n_0..n_S padded to max_steps steps, with its EOS bounds."""
+    known, block = counts[0], self.block_len or self.model.block_size
+    counts = [int(n) for n in counts] + [int(counts[-1])] * (max_steps + 1 - len(counts))
+    bounds = [n if self.order == "l2r" else known + (n - known) // block * block for n in counts]
+    return RowPlan(tuple(counts), tuple(bounds))
 
-def insert(
-  spec: DecoderSpec,
-  dm: engine.DecodeModel,
-  params: Any,
-  s: State,
-  rows_R: jax.Array,
-  tokens_RT: jax.Array,
-  order_RT: jax.Array,
-  counts_RS: jax.Array,
-  bounds_RS: jax.Array,
-  keys_R: jax.Array,
-  draw_R: tuple,
-  width: int,
-  prefix: tuple | None = None,
-  cache_len: int = 0,
-) -> State:
-  """The state with rows rows_R starting new requests: their tokens (the known ones at the
-  first counts_RS[:, 0] slots of their orders), plans, draw keys and settings (temperature,
-  top_p, top_k per row); each row's known slots are prefilled by one forward of `width` >= its
-  known count slots. prefix (start_R, stored): each row's slots before start_R are copied from
-  `stored`, a KVCache of R rows (KVCache.with_prefix), and the forward starts there (reading
-  cache_len)."""
-  known_R = counts_RS[:, 0]
-  new = engine.new_rows(tokens_RT, order_RT, known_R, keys_R, *draw_R)
-  put = lambda old, x: old.at[rows_R].set(x)
-  rows = jax.tree.map(put, s.rows, new)
-  cache = s.cache
-  if cache is not None and prefix is not None:
-    start_R, stored = prefix
-    cache = cache.with_prefix(rows_R, start_R, stored)
-    cache = dm.prefill(
-      params, cache, tokens_RT, order_RT, known_R, width, rows_R, start_R, cache_len
-    )
-  elif cache is not None:
-    cache = dm.prefill(params, cache, tokens_RT, order_RT, known_R, width, rows_R)
-  else:
-    rows = rows._replace(cached_B=rows.cached_B.at[rows_R].set(0))
-  plan = PlanRows(
-    put(s.plan.counts_BS, counts_RS),
-    put(s.plan.bounds_BS, bounds_RS),
-    put(s.plan.step_B, jnp.zeros_like(known_R)),
-  )
-  logits_BTV = None if s.logits_BTV is None else s.logits_BTV.at[rows_R].set(0.0)
-  return State(rows, cache, plan, logits_BTV)
+  def extent(self, plan: RowPlan) -> tuple:
+    """(known, end, steps) of a plan."""
+    return plan.counts[0], plan.counts[-1], len(plan.counts) - 1
 
+  def fields(self, batch: int, steps: int) -> Fields:
+    zeros_BS, zeros_B = jnp.zeros((batch, steps + 1), jnp.int32), jnp.zeros((batch,), jnp.int32)
+    t, v = self.model.block_size, self.model.vocab_size
+    logits = jnp.zeros((batch, t, v), jnp.float32) if self.return_logits else None
+    return Fields(zeros_BS, zeros_BS, zeros_B, logits)
 
-def step(spec: DecoderSpec, dm: engine.DecodeModel, params: Any, s: State, cache_len: int) -> State:
-  """One parallel step of every active row: its real slots from the cached count to n (their
-  K/V join the cache), then one phantom per extra target (a copy of slot n's input); slot n and
-  the phantoms draw the tokens of order slots n .. n_next - 1."""
-  rows, plan = s.rows, s.plan
-  tokens_BT, order_BT = rows.tokens_BT, rows.order_BT
-  b, t = tokens_BT.shape
-  w_r, w_p = spec.plan.real_width, spec.plan.phantom_width
-  at = lambda x_BS, i_B: jnp.take_along_axis(x_BS, i_B[:, None], axis=1)[:, 0]
-  i_B, n_B = plan.step_B, rows.filled_B
-  n_next_B = at(plan.counts_BS, jnp.minimum(i_B + 1, plan.counts_BS.shape[1] - 1))
-  active_B = rows.active_B
-  c_B = rows.cached_B  # stays 0 without a cache (insert): every real slot is recomputed
-  real_BR = c_B[:, None] + jnp.arange(w_r)
-  n_B1 = n_B[:, None]
-  tok, pos = engine.slot_inputs(
-    tokens_BT, order_BT, jnp.concatenate([jnp.minimum(real_BR, n_B1), jnp.repeat(n_B1, w_p, 1)], 1)
-  )
-  targets = jnp.minimum(jnp.concatenate([real_BR, n_B1 + 1 + jnp.arange(w_p)], 1), t - 1)
-  sees = jnp.concatenate(
-    [jnp.broadcast_to(jnp.arange(w_r), (b, w_r)), jnp.repeat((n_B - c_B)[:, None], w_p, 1)], 1
-  )
-  chunk = engine.Chunk(tok, pos, jnp.take_along_axis(order_BT, targets, 1), sees, c_B)
-  # The real slots' K/V join the cache (hidden from this step's queries there); padding columns
-  # are dropped.
-  write_BR = jnp.where((real_BR <= n_B1) & active_B[:, None], real_BR, t)
-  cols_BQ = jnp.concatenate(
-    [(n_B - c_B)[:, None], jnp.broadcast_to(w_r + jnp.arange(w_p), (b, w_p))], 1
-  )
-  hidden, cond, _, cache = dm.forward(
-    params, s.cache, chunk, cache_len if s.cache is not None else None, write_BR, cols_BQ
-  )
-  logits_BQV = dm.logits(params, hidden, cond)
-  tok_BQ, lp_BQ, raw_BQ = engine.draw(rows, spec.draw, logits_BQV, i_B)
-  q_slots = n_B1 + jnp.arange(1 + w_p)
-  live = (q_slots < n_next_B[:, None]) & active_B[:, None]  # padding queries write nothing
-  pos_BQ = jnp.where(live, jnp.take_along_axis(order_BT, jnp.minimum(q_slots, t - 1), 1), t)
-  rows = engine.commit(rows, pos_BQ, tok_BQ, lp_BQ, raw_BQ, i_B)
-  logits_BTV = s.logits_BTV
-  if logits_BTV is not None:  # spec.return_logits
-    logits_BTV = logits_BTV.at[jnp.arange(b)[:, None], pos_BQ].set(logits_BQV, mode="drop")
-  filled_B = jnp.where(active_B, n_next_B, n_B)
-  rows = rows._replace(
-    filled_B=filled_B,
-    cached_B=jnp.where(active_B & spec.use_cache, n_B + 1, rows.cached_B),
-    active_B=active_B & (filled_B < plan.counts_BS[:, -1]),
-    forwards_B=rows.forwards_B + active_B,
-  )
-  plan = plan._replace(step_B=i_B + active_B)
-  if spec.eos_id is not None:  # done once an EOS sits in a block before the next step's
-    slot_1T = jnp.arange(t)[None, :]
-    eos_BT = jnp.take_along_axis(rows.tokens_BT, order_BT, axis=1) == spec.eos_id
-    bound_B1 = at(plan.bounds_BS, plan.step_B)[:, None]
-    known_B1 = plan.counts_BS[:, :1]
-    done_B = jnp.any(eos_BT & (slot_1T >= known_B1) & (slot_1T < bound_B1), 1)
-    rows = rows._replace(active_B=rows.active_B & ~done_B)
-  return State(rows, cache, plan, logits_BTV)
+  def start(self, plan_R: RowPlan, order_RT: jax.Array, known_R: jax.Array) -> Fields:
+    r, t, v = known_R.shape[0], self.model.block_size, self.model.vocab_size
+    logits = jnp.zeros((r, t, v), jnp.float32) if self.return_logits else None
+    return Fields(plan_R.counts, plan_R.bounds, jnp.zeros_like(known_R), logits)
 
+  def segments(self, plan: RowPlan) -> tuple:
+    made = Plan.make(np.asarray(plan.counts), self.use_cache)
+    return tuple((a, b, protocol.Shape(n)) for a, b, n in made.segments)
 
-def request_keys(key: jax.Array, known_BT: jax.Array, spec: DecoderSpec, end: int) -> tuple:
-  """(orders, per-row draw keys) of a batch drawn with `key`: the orders from one split of it
-  (common.make_orders of the batch), row r's draws from fold_in(the other, r)."""
-  k_order, k_steps = jax.random.split(key)
-  order_BT = common.make_orders(k_order, known_BT, spec.order, spec.block_len, end)
-  return order_BT, engine.row_keys(k_steps, known_BT.shape[0])
+  def shapes(self) -> list:
+    """Every static shape a batch of this spec steps with."""
+    return [protocol.Shape(n) for n in common.bucket_bounds(self.model.block_size, CACHE_BUCKETS)]
 
+  def shape(self, rows: engine.Rows, fields: Fields) -> protocol.Shape:
+    """The cache bucket that holds every active row's cached slots (host arrays)."""
+    cached = np.asarray(rows.cached_B)[np.asarray(rows.active_B)]
+    t = self.model.block_size
+    return protocol.Shape(common.bucket_for(int(cached.max(initial=0)), t, CACHE_BUCKETS))
 
-@functools.lru_cache(maxsize=32)
-def decoder(spec: DecoderSpec):
-  """The jitted decode loop of a spec: run(params, tokens, known, key, temperature, top_p,
-  top_k) -> State after every step; compiled once per batch shape."""
-  dm = engine.DecodeModel.of(spec.model)
-
-  def run(params, tokens_BT, known_BT, key, temperature, top_p, top_k):
-    b = tokens_BT.shape[0]
-    plan = spec.plan
-    known, steps = plan.counts[0], len(plan.counts) - 1
-    counts, bounds = plan_rows(spec, plan.counts, known, steps)
-    rows = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.int32), (b, len(x)))
-    full = lambda x: jnp.full((b,), x)
-    order_BT, keys_B = request_keys(key, known_BT, spec, plan.counts[-1])
-    draw_B = (full(temperature), full(top_p), full(top_k))
-    tokens_BT = jnp.where(known_BT, tokens_BT, 0)
-    s = empty(spec, b, steps, spec.plan.segments[0][2])
-    s = insert(
-      spec,
-      dm,
-      params,
-      s,
-      jnp.arange(b),
+  def step(
+    self, dm: engine.DecodeModel, params: Any, s: protocol.DecodeState, shape: protocol.Shape
+  ) -> protocol.DecodeState:
+    """One parallel step of every active row: its real slots from the cached count to n (their
+    K/V join the cache), then one phantom per extra target (a copy of slot n's input); slot n
+    and the phantoms draw the tokens of order slots n .. n_next - 1."""
+    rows, plan = s.rows, s.fields
+    tokens_BT, order_BT = rows.tokens_BT, rows.order_BT
+    b, t = tokens_BT.shape
+    w_r, w_p = self.plan.real_width, self.plan.phantom_width
+    at = lambda x_BS, i_B: jnp.take_along_axis(x_BS, i_B[:, None], axis=1)[:, 0]
+    i_B, n_B = plan.step_B, rows.filled_B
+    n_next_B = at(plan.counts_BS, jnp.minimum(i_B + 1, plan.counts_BS.shape[1] - 1))
+    active_B = rows.active_B
+    c_B = rows.cached_B  # stays 0 without a cache (insert): every real slot is recomputed
+    real_BR = c_B[:, None] + jnp.arange(w_r)
+    n_B1 = n_B[:, None]
+    tok, pos = engine.slot_inputs(
       tokens_BT,
       order_BT,
-      rows(counts),
-      rows(bounds),
-      keys_B,
-      draw_B,
-      known,
+      jnp.concatenate([jnp.minimum(real_BR, n_B1), jnp.repeat(n_B1, w_p, 1)], 1),
     )
-    if spec.use_cache:
-      params = dm.loop_params(params)
-    for first, end, cache_len in spec.plan.segments:
-      if s.cache is not None:
-        s = s._replace(cache=s.cache.grown(cache_len))
-      body = lambda i, s, cache_len=cache_len: step(spec, dm, params, s, cache_len)
-      if spec.eos_id is not None:  # nothing to do once every row is done
-        body = lambda i, s, cache_len=cache_len: jax.lax.cond(
-          jnp.any(s.rows.active_B), lambda s: step(spec, dm, params, s, cache_len), lambda s: s, s
-        )
-      s = jax.lax.fori_loop(first, end, body, s)
-    return s
+    targets = jnp.minimum(jnp.concatenate([real_BR, n_B1 + 1 + jnp.arange(w_p)], 1), t - 1)
+    sees = jnp.concatenate(
+      [jnp.broadcast_to(jnp.arange(w_r), (b, w_r)), jnp.repeat((n_B - c_B)[:, None], w_p, 1)], 1
+    )
+    chunk = engine.Chunk(tok, pos, jnp.take_along_axis(order_BT, targets, 1), sees, c_B)
+    # The real slots' K/V join the cache (hidden from this step's queries there); padding
+    # columns are dropped.
+    write_BR = jnp.where((real_BR <= n_B1) & active_B[:, None], real_BR, t)
+    cols_BQ = jnp.concatenate(
+      [(n_B - c_B)[:, None], jnp.broadcast_to(w_r + jnp.arange(w_p), (b, w_p))], 1
+    )
+    cache_len = shape.cache_len if s.cache is not None else None
+    hidden, cond, _, cache = dm.forward(params, s.cache, chunk, cache_len, write_BR, cols_BQ)
+    logits_BQV = dm.logits(params, hidden, cond)
+    tok_BQ, lp_BQ, raw_BQ = engine.draw(rows, self.draw, logits_BQV, i_B)
+    q_slots = n_B1 + jnp.arange(1 + w_p)
+    live = (q_slots < n_next_B[:, None]) & active_B[:, None]  # padding queries write nothing
+    pos_BQ = jnp.where(live, jnp.take_along_axis(order_BT, jnp.minimum(q_slots, t - 1), 1), t)
+    rows = engine.commit(rows, pos_BQ, tok_BQ, lp_BQ, raw_BQ, i_B)
+    logits_BTV = plan.logits_BTV
+    if logits_BTV is not None:  # return_logits
+      logits_BTV = logits_BTV.at[jnp.arange(b)[:, None], pos_BQ].set(logits_BQV, mode="drop")
+    filled_B = jnp.where(active_B, n_next_B, n_B)
+    rows = rows._replace(
+      filled_B=filled_B,
+      cached_B=jnp.where(active_B & self.use_cache, n_B + 1, rows.cached_B),
+      active_B=active_B & (filled_B < plan.counts_BS[:, -1]),
+      forwards_B=rows.forwards_B + active_B,
+    )
+    plan = plan._replace(step_B=i_B + active_B, logits_BTV=logits_BTV)
+    if self.eos_id is not None:  # done once an EOS sits in a block before the next step's
+      slot_1T = jnp.arange(t)[None, :]
+      eos_BT = jnp.take_along_axis(rows.tokens_BT, order_BT, axis=1) == self.eos_id
+      bound_B1 = at(plan.bounds_BS, plan.step_B)[:, None]
+      known_B1 = plan.counts_BS[:, :1]
+      done_B = jnp.any(eos_BT & (slot_1T >= known_B1) & (slot_1T < bound_B1), 1)
+      rows = rows._replace(active_B=rows.active_B & ~done_B)
+    return protocol.DecodeState(rows, cache, plan)
 
-  return jax.jit(run)
+
+def decoder(spec: DecoderSpec):
+  """The static loop (protocol.decoder) of a batch that takes the steps of spec.plan."""
+  counts = list(spec.plan.counts)
+  return protocol.decoder(spec, spec.row_plan(counts, len(counts) - 1))
 
 
 def sample(
@@ -402,20 +334,18 @@ def sample(
   end = common.decode_end(end, mask[0])
   order = order or policies.authors_order(known)
   block_len = None if block_len is None else int(block_len)
-  plan = Plan.make(block_counts(end, known, int(steps), schedule, block_len), use_cache)
-  decode = decoder(
-    DecoderSpec(
-      cfg,
-      plan,
-      order,
-      common.DrawRule(top_p_rule, vocab_limit),
-      use_cache,
-      return_logits,
-      block_len,
-      None if eos_id is None else int(eos_id),
-    )
+  counts = block_counts(end, known, int(steps), schedule, block_len)
+  spec = DecoderSpec(
+    model=cfg,
+    plan=Plan.make(counts, use_cache),
+    order=order,
+    draw=common.DrawRule(top_p_rule, vocab_limit),
+    use_cache=use_cache,
+    return_logits=return_logits,
+    block_len=block_len,
+    eos_id=None if eos_id is None else int(eos_id),
   )
-  out = decode(
+  out = decoder(spec)(
     params,
     jnp.asarray(tokens),
     jnp.asarray(mask),
@@ -432,7 +362,7 @@ def sample(
       "forwards": np.asarray(rows.forwards_B),
       "length": common.eos_lengths(tokens_BT, known, int(eos_id)),
     }
-  logits = None if out.logits_BTV is None else np.asarray(out.logits_BTV)
+  logits = None if out.fields.logits_BTV is None else np.asarray(out.fields.logits_BTV)
   return common.SampleOutput(
     tokens_BT,
     np.asarray(rows.order_BT),

@@ -123,5 +123,6 @@ BUILT_IN = (
     "ao_mdm.decode.confidence:sample",
     ("steps", "schedule", "score", *DRAW),
   ),
+  Policy("margin", "ao_mdm.decode.margin:sample", ("steps", "schedule", *DRAW)),
 )
 POLICIES: dict[str, Policy] = {p.name: p for p in BUILT_IN}

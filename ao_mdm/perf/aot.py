@@ -110,7 +110,7 @@ def compile_sampler(
   )
   t = cfg.block_size
   plan = parallel.Plan.make(parallel.schedule_counts(t, 0, steps, schedule))
-  decoder = parallel.decoder(parallel.DecoderSpec(cfg, plan, "random"))
+  decoder = parallel.decoder(parallel.DecoderSpec(model=cfg, plan=plan, order="random"))
   on_device = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
   args = (
     jax.tree.map(on_device, abstract),

@@ -92,7 +92,9 @@ def bench_sample(
         plan = parallel.Plan.make(run_counts, use_cache)
         if not use_cache:  # a truncated plan keeps the full-length recomputation of every step
           plan = dataclasses.replace(plan, real_width=t)
-        decoder = parallel.decoder(parallel.DecoderSpec(cfg, plan, "random", use_cache=use_cache))
+        decoder = parallel.decoder(
+          parallel.DecoderSpec(model=cfg, plan=plan, order="random", use_cache=use_cache)
+        )
         args = (params, zeros, known, jax.random.key(2), *scalars)
         compiled, compile_s = _compile(decoder, *args)
         elapsed, _ = _timed(lambda _: compiled(*args), repeats if use_cache else 1)

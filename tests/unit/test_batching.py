@@ -57,15 +57,11 @@ def test_rows_that_join_and_leave_decode_as_they_do_alone(order, temperature):
     parallel.Plan.make(parallel.block_counts(r.end or T, len(r.positions), r.steps, "linear"))
     for r in reqs
   ]
-  engine = batching.Batcher(
-    params,
-    cfg,
-    batch=3,
-    max_steps=T,
-    order=order,
-    real_width=max(p.real_width for p in plans),
-    phantom_width=max(p.phantom_width for p in plans),
+  widths = parallel.Plan.widths(
+    max(p.real_width for p in plans), max(p.phantom_width for p in plans)
   )
+  spec = parallel.DecoderSpec(model=cfg, plan=widths, order=order)
+  engine = batching.Batcher(params, spec, batch=3, max_steps=T)
   pending, finished, step = list(zip(ARRIVALS, reqs)), {}, 0
   while pending or any(r is not None for r in engine.requests):
     while pending and pending[0][0] <= step and engine.free_rows():
@@ -104,7 +100,8 @@ def test_the_tokens_of_one_step_are_independent_draws_of_their_conditionals():
 def test_a_request_needing_wider_chunks_than_the_batch_is_refused():
   """Each width is checked on its own: 4 real and 3 phantom slots do not fit 5 + 1."""
   cfg, params = cached_model("ao")
-  engine = batching.Batcher(params, cfg, batch=1, max_steps=T, real_width=5, phantom_width=1)
+  spec = parallel.DecoderSpec(model=cfg, plan=parallel.Plan.widths(5, 1))
+  engine = batching.Batcher(params, spec, batch=1, max_steps=T)
   with pytest.raises(ValueError, match=r"needs 8 steps of 4 real \+ 3 phantom slots; .* 5 \+ 1"):
     engine.add(batching.Request(steps=8))
   assert engine.free_rows() == 1

@@ -14,7 +14,7 @@ import pytest
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
-from ao_mdm.decode import batching, confidence, parallel, speculative
+from ao_mdm.decode import batching, confidence, parallel, protocol, speculative
 
 T, H, K = 32, 2, 16
 
@@ -38,11 +38,11 @@ def _compiled(name: str, b: int = 3, steps: int = 8) -> str:
   draw = (jax.random.key(1), jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
   if name == "parallel":  # S = 8: four cache buckets, 4 tokens per step
     plan = parallel.Plan.make(parallel.schedule_counts(T, 0, steps, "linear"))
-    fn = parallel.decoder(parallel.DecoderSpec(cfg, plan, "random"))
+    fn = parallel.decoder(parallel.DecoderSpec(model=cfg, plan=plan, order="random"))
     args = (params, tokens, known, *draw)
   elif name == "confidence":
-    counts = tuple(int(n) for n in parallel.schedule_counts(T, 0, 8, "linear"))
-    fn = confidence.decoder(confidence.DecoderSpec(cfg, counts, "max_prob"))
+    counts = parallel.schedule_counts(T, 0, 8, "linear").tolist()
+    fn = confidence.decoder(confidence.DecoderSpec(model=cfg, width=4, real_width=4), counts)
     args = (params, tokens, known, *draw)
   else:
     fn = speculative.decoder(speculative.DecoderSpec(cfg, k=3, known=0))
@@ -78,11 +78,12 @@ def test_the_served_step_and_insert_copy_no_cache_array(rows):
   b._resize(rows)
   full = rf"f32\[{rows},{H},(?:{K},{T}|{T},{K})\]"  # the whole cache, as the step holds it
   copies = lambda hlo: re.findall(rf"%\S+ = {full}\S* copy\(", hlo)
-  step = b._step.lower(b._stepped, b.state, T).compile().as_text()
+  step = b._step.lower(b._stepped, b.state, protocol.Shape(T)).compile().as_text()
   assert re.search(full, step) and copies(step) == []
   zeros = lambda *shape: jnp.zeros(shape, jnp.int32)
   insert = b._insert.lower(
-    b.params, b.state, zeros(1), zeros(1, T), zeros(1, T), zeros(1, T + 1), zeros(1, T + 1),
-    jax.random.split(jax.random.key(0), 1), (jnp.ones(1), jnp.ones(1), zeros(1)), width=8,
+    b.params, b.state, zeros(1), zeros(1, T), zeros(1, T), zeros(1),
+    jax.random.split(jax.random.key(0), 1), (jnp.ones(1), jnp.ones(1), zeros(1)),
+    parallel.RowPlan(zeros(1, T + 1), zeros(1, T + 1)), width=8,
   ).compile().as_text()  # fmt: skip
   assert re.search(full, insert) and copies(insert) == []

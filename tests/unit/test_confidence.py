@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import stats
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
@@ -52,6 +53,25 @@ def test_the_most_confident_position_is_committed_first(score):
   np.testing.assert_array_equal(out.order[0, :2], [5, 6])
   assert set(out.order[0, 2:4]) == {1, 3} and set(out.order[0, 4:6]) == {7, 4}
   np.testing.assert_array_equal(out.tokens[0, [5, 6]], [3, 4])
+
+
+def test_each_row_draws_from_the_model_with_its_own_key():
+  """Temperature 1: every position's token is drawn from its softmax (the model's logits depend
+  on the position alone), each row independently (a key per row): a counts test per position."""
+  alpha = np.asarray([0.3, 2.0, 0.1, 1.5]) / 10
+  cfg, params = _position_confident_model(np.concatenate([alpha, alpha]))
+  rows = 3000
+  out = confidence.sample(params, cfg, batch_size=rows, steps=4, seed=3)
+  d = cfg.n_embd
+  for p, a in enumerate(alpha):
+    logits = np.zeros(cfg.vocab_size)
+    logits[0] = d * a / (1 + np.exp(-a))  # D * silu(alpha)
+    probs = np.exp(logits) / np.exp(logits).sum()
+    counts = np.bincount(out.tokens[:, p], minlength=cfg.vocab_size)
+    assert stats.chisquare(counts, probs * rows).pvalue > 1e-3, (p, counts)
+  pairs = np.bincount(out.tokens[:, 0] * 8 + out.tokens[:, 1], minlength=64)  # rows independent
+  expected = np.outer(*[np.bincount(out.tokens[:, i], minlength=8) / rows for i in (0, 1)])
+  assert stats.chisquare(pairs, expected.ravel() * rows, ddof=14).pvalue > 1e-3
 
 
 @pytest.mark.slow

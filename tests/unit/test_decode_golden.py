@@ -135,16 +135,19 @@ def test_decoder_gives_its_golden_outputs(name):
   of the engine (issue 45) are allowed: the parallel policy's draws use a key per row (row r:
   fold_in(the batch's draw key, r), then its step), so its sampled cases keep their orders and
   known tokens only (test_batching.py shows the draws' distribution); and an until-EOS row
-  stops at its EOS, so its tokens are compared up to its length."""
+  stops at its EOS, so its tokens are compared up to its length. Issue 60 moved the confidence
+  policy to a key per row too: its sampled cases keep their known tokens (test_confidence.py
+  shows the draws' distribution)."""
   c = BY_NAME[name]
   with np.load(GOLDEN, allow_pickle=False) as golden:
     want = {k: golden[k] for k in golden.files if k.startswith(f"{name}/")}
   got = run(c)
   assert sorted(got) == sorted(want)
-  redrawn = c["sampler"] == "par" and not c["greedy"]
+  redrawn = c["sampler"] in ("par", "conf") and not c["greedy"]
+  known = np.asarray(c["kw"].get("known_positions", []), int)
   for key, value in want.items():
     assert got[key].dtype == value.dtype, key
-    if redrawn and not key.endswith("/order"):
+    if redrawn and (c["sampler"] == "conf" or not key.endswith("/order")):
       continue
     if key.endswith("/tokens") and "eos_id" in c["kw"]:
       for row, length in enumerate(want[f"{name}/stats/length"]):
@@ -153,8 +156,9 @@ def test_decoder_gives_its_golden_outputs(name):
       np.testing.assert_allclose(got[key], value, rtol=1e-6, atol=1e-6, err_msg=key)
     else:
       np.testing.assert_array_equal(got[key], value, err_msg=key)
-  if redrawn:  # the known tokens stay
-    known = np.asarray(c["kw"].get("known_positions", []), int)
+  if redrawn:  # the known tokens stay, first in the order
+    order = got[f"{name}/order"][:, : len(known)]
+    np.testing.assert_array_equal(order, want[f"{name}/order"][:, : len(known)])
     np.testing.assert_array_equal(got[f"{name}/tokens"][:, known], want[f"{name}/tokens"][:, known])
   if "eos_id" in c["kw"]:  # the golden rows stop at different lengths
     assert len(set(want[f"{name}/stats/length"].tolist())) > 1

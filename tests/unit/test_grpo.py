@@ -13,7 +13,7 @@ from test_parallel import T, cached_model
 from ao_mdm import model as model_lib
 from ao_mdm import specs
 from ao_mdm.data import pairs
-from ao_mdm.decode import batching
+from ao_mdm.decode import batching, parallel
 from ao_mdm.eval import responses
 from ao_mdm.train import grpo
 from ao_mdm.train import step as train_step
@@ -26,9 +26,8 @@ def drawn(order, k, temperature=1.0):
   """Answers to four prompts drawn by the engine, k tokens per step, in one continuous batch."""
   cfg, params = cached_model("ao")
   rng = np.random.default_rng(1)
-  batcher = batching.Batcher(
-    params, cfg, batch=2, max_steps=T, real_width=k, phantom_width=k - 1, order=order
-  )
+  spec = parallel.DecoderSpec(model=cfg, plan=parallel.Plan.widths(k, k - 1), order=order)
+  batcher = batching.Batcher(params, spec, batch=2, max_steps=T)
   requests = [
     batching.Request(
       positions=tuple(range(p)),

@@ -363,7 +363,7 @@ def test_new_seed_does_not_recompile():
   parallel.sample(params, cfg, seed=0, **kwargs)
   decoder = parallel.decoder(
     parallel.DecoderSpec(
-      cfg, parallel.Plan.make(parallel.schedule_counts(T, 2, 8, "linear")), "l2r"
+      model=cfg, plan=parallel.Plan.make(parallel.schedule_counts(T, 2, 8, "linear")), order="l2r"
     )
   )
   before = decoder._cache_size()
