@@ -83,7 +83,8 @@ def test_ties_break_by_position():
 
 def _naive_greedy(cfg, params, steps, score, known_positions=(), known_tokens=(), end=None):
   """Greedy confidence decoding by full forwards: each unknown p before `end` scored at slot n
-  with the order so far plus p, the best n_i - n_{i-1} committed in confidence order."""
+  with the order so far plus p (`score`: a name in options.SCORES or a numpy function of the
+  logits), the best n_i - n_{i-1} committed in confidence order."""
   from ao_mdm.decode import parallel
 
   t = cfg.block_size
@@ -102,7 +103,8 @@ def _naive_greedy(cfg, params, steps, score, known_positions=(), known_tokens=()
     logits = forward(jnp.asarray(np.repeat(tokens[None], t, 0)), jnp.asarray(orders))[
       : len(unknown), n
     ]
-    conf = np.asarray(confidence.confidence_score(logits, score))
+    named = lambda x: confidence.confidence_score(x, score)
+    conf = np.asarray((score if callable(score) else named)(np.asarray(logits)))
     best = np.argsort(-conf, kind="stable")[: n_next - n]
     for i in best:
       tokens[unknown[i]] = int(np.argmax(logits[i]))

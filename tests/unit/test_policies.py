@@ -1,8 +1,7 @@
-"""The decoding policies' registry (decode/policies.py): the docs' ten-line policy runs as
-written and decodes as the parallel sampler it builds on; a policy's options and until-EOS
-orders are checked by name."""
+"""The decoding policies' registry (decode/policies.py): the docs' one-file rule runs as written
+and decodes as the built-in margin policy; a policy's options and until-EOS orders are checked
+by name."""
 
-import math
 import os
 import pathlib
 import re
@@ -12,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from ao_mdm.decode import generate, parallel, policies
+from ao_mdm.decode import generate, policies
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "sampling.md"
 
@@ -23,38 +22,27 @@ def docs_policy() -> str:
   return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_the_docs_new_policy_is_ten_lines_and_decodes_as_its_parallel_steps(
+def test_the_docs_new_rule_is_one_short_file_and_decodes_as_the_built_in_margin(
   eos_export, monkeypatch
 ):
   monkeypatch.setattr(policies, "POLICIES", dict(policies.POLICIES))
   code = docs_policy()
-  rule = code[code.index("def k_per_step") : code.index("if __name__")]
-  assert len([line for line in rule.splitlines() if line.strip()]) <= 10, rule
+  rule = code[code.index("class Margin") : code.index("if __name__")]
+  assert len([line for line in rule.splitlines() if line.strip()]) <= 8, rule
   exec(compile(code, str(DOCS), "exec"), {"__name__": "docs"})
   _, config, params, tokenizer = eos_export
-  prompt = "We the people"
-  records = list(
-    generate.sample_texts(
-      params, config.model, tokenizer, num_samples=3, batch_size=3, prompt=prompt,
-      mode="k_per_step", k=4, seed=5, temperature=0.7,
-    )
-  )  # fmt: skip
-  ids = tokenizer.encode(prompt)
-  t = config.model.block_size
-  expected = parallel.sample(
-    params, config.model, batch_size=3, steps=math.ceil((t - len(ids)) / 4), seed=5,
-    temperature=0.7, known_positions=np.arange(len(ids)), known_tokens=ids,
-    vocab_limit=min(tokenizer.vocab_size, config.model.vocab_size),
-  )  # fmt: skip
-  np.testing.assert_array_equal([r["tokens"] for r in records], expected.tokens)
-  for name in ("logprobs", "raw_logprobs"):  # the records carry the draws' log-probs
-    np.testing.assert_allclose([r[name] for r in records], getattr(expected, name), rtol=1e-6)
-  assert all(r["tokens"][: len(ids)] == ids for r in records)
-  with pytest.raises(ValueError, match="--score applies to --mode=confidence, not --mode=k_per"):
-    policies.check_options("k_per_step", {"score"})
+  kw = dict(num_samples=3, batch_size=3, prompt="We the people", steps=8, seed=5, temperature=0.7)
+  mine = list(generate.sample_texts(params, config.model, tokenizer, mode="my_margin", **kw))
+  built_in = list(generate.sample_texts(params, config.model, tokenizer, mode="margin", **kw))
+  for name in ("tokens", "logprobs", "raw_logprobs"):  # the records carry the draws' log-probs
+    np.testing.assert_array_equal([r[name] for r in mine], [r[name] for r in built_in])
+  ids = tokenizer.encode("We the people")
+  assert all(r["tokens"][: len(ids)] == ids for r in mine)
+  with pytest.raises(ValueError, match="--score applies to --mode=confidence, not --mode=my_marg"):
+    policies.check_options("my_margin", {"score"})
   with pytest.raises(ValueError, match="--until_eos applies to --mode=parallel or --mode=spec"):
-    policies.check_until_eos("k_per_step", None)
-  with pytest.raises(ValueError, match="'k_per_step' exists already"):
+    policies.check_until_eos("my_margin", None)
+  with pytest.raises(ValueError, match="'my_margin' exists already"):
     exec(compile(code, str(DOCS), "exec"), {"__name__": "docs"})
   with pytest.raises(TypeError, match=r"unknown options \['kk'\]"):
     generate.sample_texts(params, config.model, tokenizer, num_samples=1, batch_size=1, kk=2)
@@ -64,7 +52,7 @@ def test_the_docs_new_policy_is_ten_lines_and_decodes_as_its_parallel_steps(
 def test_the_docs_policy_script_runs_as_written_and_quietly(eos_export, tmp_path):
   """The block saved as a file and run on an export: two samples of the prompt on stdout,
   nothing of the libraries (TPU start-up, Orbax's notes) on stderr."""
-  script = tmp_path / "k_per_step.py"
+  script = tmp_path / "my_margin.py"
   script.write_text(docs_policy())
   env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
   out = subprocess.run(
@@ -76,7 +64,8 @@ def test_the_docs_policy_script_runs_as_written_and_quietly(eos_export, tmp_path
 
 
 def test_an_unknown_policy_names_the_known_ones():
-  with pytest.raises(ValueError, match="mode='beam'; accepted: parallel, speculative, confidence"):
+  accepted = "parallel, speculative, confidence, margin"
+  with pytest.raises(ValueError, match=f"mode='beam'; accepted: {accepted}"):
     policies.get("beam")
   assert policies.get("speculative").order(None, 0) == "l2r"
   assert policies.get("confidence").order("l2r", 3) is None  # it takes no order

@@ -42,11 +42,11 @@ def define(fv: flags.FlagValues) -> None:
     "parallel = S steps in a random (or L2R) order; speculative = exact samples "
     "of one-token-per-step decoding in an L2R (or random) order, --draft tokens "
     "drafted and verified per forward; confidence = S steps, the most confident "
-    "positions first.",
+    "positions first; margin = S steps, the largest top-1 minus top-2 probability first.",
     flag_values=fv,
   )
   flags.DEFINE_integer(
-    "steps", DEFAULT_STEPS, "Decoding steps S (parallel, confidence).", flag_values=fv
+    "steps", DEFAULT_STEPS, "Decoding steps S (parallel, confidence, margin).", flag_values=fv
   )
   flags.DEFINE_boolean(
     "until_eos",
