@@ -81,7 +81,7 @@ def test_ties_break_by_position():
   np.testing.assert_array_equal(out.order[0], np.arange(6))
 
 
-def _naive_greedy(cfg, params, steps, score, known_positions=(), known_tokens=(), end=None):
+def naive_greedy(cfg, params, steps, score, known_positions=(), known_tokens=(), end=None):
   """Greedy confidence decoding by full forwards: each unknown p before `end` scored at slot n
   with the order so far plus p (`score`: a name in options.SCORES or a numpy function of the
   logits), the best n_i - n_{i-1} committed in confidence order."""
@@ -123,7 +123,7 @@ def test_cached_equals_naive_full_forwards(steps, known):
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(3)))
   params = jax.tree.map(lambda p: p * 4.0 if p.ndim >= 2 else p, params)
   prompt = dict(known_positions=[2, 7, 9][:known], known_tokens=[4, 5, 6][:known])
-  want_tokens, want_order = _naive_greedy(cfg, params, steps, "max_prob", **prompt)
+  want_tokens, want_order = naive_greedy(cfg, params, steps, "max_prob", **prompt)
   out = confidence.sample(params, cfg, batch_size=1, steps=steps, temperature=0.0, **prompt)
   np.testing.assert_array_equal(out.order[0], want_order)
   np.testing.assert_array_equal(out.tokens[0], want_tokens)
@@ -137,7 +137,7 @@ def test_confidence_stops_at_end():
   params = nn.unbox(model_lib.init_params(cfg, jax.random.key(3)))
   params = jax.tree.map(lambda p: p * 4.0 if p.ndim >= 2 else p, params)
   prompt = dict(known_positions=[2, 7], known_tokens=[4, 5])
-  want_tokens, want_order = _naive_greedy(cfg, params, 3, "max_prob", end=8, **prompt)
+  want_tokens, want_order = naive_greedy(cfg, params, 3, "max_prob", end=8, **prompt)
   out = confidence.sample(params, cfg, batch_size=1, steps=3, temperature=0.0, end=8, **prompt)
   np.testing.assert_array_equal(out.order[0], want_order)
   np.testing.assert_array_equal(out.tokens[0], want_tokens)

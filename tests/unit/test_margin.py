@@ -4,7 +4,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from test_confidence import _naive_greedy
+from test_confidence import naive_greedy
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
@@ -33,7 +33,7 @@ def test_margin_equals_naive_full_forwards_in_both_drivers(steps, known):
   tokens and order."""
   cfg, params = _model()
   prompt = dict(known_positions=[2, 7, 9][:known], known_tokens=[4, 5, 6][:known])
-  want_tokens, want_order = _naive_greedy(cfg, params, steps, margin_np, **prompt)
+  want_tokens, want_order = naive_greedy(cfg, params, steps, margin_np, **prompt)
   out = policies.get("margin").sample(
     params, cfg, batch_size=2, steps=steps, temperature=0.0, **prompt
   )
