@@ -107,20 +107,14 @@ def _count(grid: list[int], used: tuple, empty: list[int], limit: int) -> int:
 def count_solutions(puzzle_81: Any, limit: int = 2) -> int:
   """How many solutions a puzzle (0 for an empty cell) has, counted up to `limit`; 0 when its
   givens clash."""
-  grid = [int(x) for x in _as_rows(puzzle_81, "puzzle")[0]]
-  if not all(0 <= d <= 9 for d in grid):
-    raise ValueError(f"a puzzle holds 0-9 in each cell; got {min(grid)}..{max(grid)}")
-  rows, cols, boxes = [0] * 9, [0] * 9, [0] * 9
-  for c, d in enumerate(grid):
-    bit = 1 << d if d else 0
-    if (rows[_ROW[c]] | cols[_COL[c]] | boxes[_BOX[c]]) & bit:
+  puzzle = _as_rows(puzzle_81, "puzzle").reshape(CELLS)
+  if puzzle.min() < 0 or puzzle.max() > 9:
+    raise ValueError(f"a puzzle holds 0-9 in each cell; got {puzzle.min()}..{puzzle.max()}")
+  for unit in puzzle[UNITS_U9]:
+    if len(set(unit[unit > 0].tolist())) < np.count_nonzero(unit):
       return 0
-    rows[_ROW[c]], cols[_COL[c]], boxes[_BOX[c]] = (
-      rows[_ROW[c]] | bit,
-      cols[_COL[c]] | bit,
-      boxes[_BOX[c]] | bit,
-    )
-  return _count(grid, (rows, cols, boxes), [c for c in range(CELLS) if not grid[c]], limit)
+  grid = puzzle.tolist()
+  return _count(grid, _used(grid), [c for c in range(CELLS) if not grid[c]], limit)
 
 
 def _stream(seed: int, split: str, index: int) -> np.random.Generator:
