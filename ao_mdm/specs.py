@@ -48,8 +48,6 @@ ORDER_KINDS = ("random", "l2r", "mixed", "fixed", "blockwise")  # orders.ORDERS'
 PROMPT_ORDERS = ("l2r", "random")  # order.prompt: the prompt's part of a prompt-first order
 RESPONSE_ORDERS = ("l2r", "random", "mixed")  # order.kind with data.pairs (orders.prompt_first)
 GRPO_POLICIES = ("parallel", "speculative")  # grpo.policy: train/grpo.py's Rollouts.draw
-SUDOKU = "sudoku"  # data.dataset and data.tokenizer of a Sudoku run (data/sudoku.py)
-SUDOKU_CELLS = 81  # its model.block_size: one grid a row
 
 
 def field(default: Any, help: str, choices: Collection[str] = (), bounds: str = "") -> Any:
@@ -234,37 +232,20 @@ class DataSpec(Section):
   """Where the text comes from and how it is tokenized and prepared."""
 
   NAME: ClassVar[str] = "data"
-  dataset: str = field(
-    "sotu", "a registry name (ao_mdm.data.datasets), text_file, or sudoku (generated grids)"
-  )
+  dataset: str = field("sotu", "a registry name (ao_mdm.data.datasets), text_file or sudoku")
   text_file: str = field("", "with dataset=text_file: a local UTF-8 file, one document per line")
   pairs: str = field(
     "",
     "fine-tune on prompt/response pairs instead of data.dataset (docs/posttraining.md): a "
     "JSON-lines file or arithmetic:N (N generated sums)",
   )
-  tokenizer: str = field(
-    "sentencepiece", "sentencepiece (trained for each run), gpt2, or sudoku (digits 1-9)"
-  )
+  tokenizer: str = field("sentencepiece", "sentencepiece (trained for each run), gpt2 or sudoku")
   tfds_dir: str = field("", "TFDS data; empty: $TFDS_DATA_DIR or ~/tensorflow_datasets")
   prepared_dir: str = field(
     "",
     "where `ao-mdm prepare` (or train/eval, when missing) writes token shards; empty: "
     "<tfds_dir>/ao_mdm_prepared",
   )
-  sudoku_grids: int = field(
-    1_000_000,
-    "with dataset=sudoku: distinct training grids; row i is grid i of the run's seed, drawn "
-    "as it is read (ao_mdm/data/sudoku.py)",
-    bounds=">= 1",
-  )
-
-  def check(self) -> None:
-    if (self.dataset == SUDOKU) != (self.tokenizer == SUDOKU):
-      raise ValueError(
-        f"data.dataset={self.dataset!r} with data.tokenizer={self.tokenizer!r}: a Sudoku run "
-        f"sets both to {SUDOKU!r} (a grid's digits are its tokens), no other run either"
-      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -393,12 +374,6 @@ class Spec:
       raise ValueError(
         f"order.kind={self.order.kind!r} with data.pairs: a response is ordered "
         f"{', '.join(RESPONSE_ORDERS)} after its prompt"
-      )
-    if self.data.dataset == SUDOKU and (self.data.pairs or self.model.block_size != SUDOKU_CELLS):
-      raise ValueError(
-        f"data.dataset={SUDOKU!r} trains on whole grids: model.block_size must be "
-        f"{SUDOKU_CELLS} (got {self.model.block_size}) and data.pairs empty (got "
-        f"{self.data.pairs!r})"
       )
     if self.grpo.reward and not self.data.pairs:
       raise ValueError(

@@ -18,7 +18,7 @@ def get_config(name: str = "ao") -> ml_collections.ConfigDict:
   if name not in RUNS:
     raise ValueError(f"unknown sudoku run {name!r}; accepted: {', '.join(RUNS)}")
   c = base_config()
-  c.data.update(dataset="sudoku", tokenizer="sudoku", sudoku_grids=1_000_000)
+  c.data.update(dataset="sudoku", tokenizer="sudoku")
   c.model.update(
     vocab_size=16, block_size=81, n_layer=4, n_embd=128, n_head=4, cond_dim=64, unroll_layers=True
   )

@@ -18,8 +18,9 @@ import numpy as np
 from ao_mdm import specs
 from ao_mdm.storage import fs
 
-NAME = specs.SUDOKU  # data.dataset and data.tokenizer of a Sudoku run
-CELLS = specs.SUDOKU_CELLS
+NAME = "sudoku"  # data.dataset and data.tokenizer of a Sudoku run
+CELLS = 81  # its model.block_size: one grid a row
+ROWS = 2**31 - 1  # the training rows: a run never reads one twice
 SPLITS = ("train", "heldout")
 HELDOUT_BUCKETS = 16  # of a grid hash's 256 first-byte values: 1/16 of all grids are held out
 GIVENS = (36, 44)  # the scored range of givens per puzzle, both ends included
@@ -328,9 +329,22 @@ class SudokuTokenizer:
     return self.decode([token_id]).encode()
 
 
+def check_run(config: specs.Spec) -> None:
+  """Refuses a Sudoku run (data.dataset or data.tokenizer 'sudoku') that cannot hold its grids:
+  both must be 'sudoku', model.block_size 81 and data.pairs empty."""
+  got = (config.data.dataset, config.data.tokenizer, config.model.block_size, config.data.pairs)
+  if got != (NAME, NAME, CELLS, ""):
+    raise ValueError(
+      f"a Sudoku run sets data.dataset and data.tokenizer to {NAME!r}, model.block_size to "
+      f"{CELLS} and no data.pairs; got data.dataset={got[0]!r}, data.tokenizer={got[1]!r}, "
+      f"model.block_size={got[2]}, data.pairs={got[3]!r}"
+    )
+
+
 class Grids:
   """The training rows of a run (a pipeline.RowSource): row i is solved grid i of the seed's
-  split, drawn when read (about 5,600 grids/s on one core), so a run holds no grid in memory."""
+  split, drawn when read (about 5,600 grids/s on one core), so a run holds no grid in memory
+  and, with ROWS rows, never reads one twice."""
 
   block_size = CELLS
 

@@ -14,7 +14,7 @@ import numpy as np
 from ao_mdm import hardware, profiler, sharding, specs
 from ao_mdm import model as model_lib
 from ao_mdm.checkpoint import checkpoints, layout
-from ao_mdm.data import pairs
+from ao_mdm.data import pairs, sudoku
 from ao_mdm.eval import perplexity, scoring
 from ao_mdm.runtime import interrupts
 from ao_mdm.storage import fs, gcs
@@ -127,11 +127,10 @@ def _train(
   if config.data.pairs:  # fine-tuning: rows of prompt/response pairs
     pair_data = finetune.PairData(config, workdir, init_from, say)
     source: pipeline.RowSource = pair_data.train
-  elif config.data.dataset == specs.SUDOKU:  # generated grids, one a row (data/sudoku.py)
-    from ao_mdm.data import sudoku
-
+  elif config.data.dataset == sudoku.NAME:  # generated grids, one a row
+    sudoku.check_run(config)
     tokenizer = tok_lib.run_tokenizer(config, workdir)  # checks the model's vocab
-    source = sudoku.Grids(config.data.sudoku_grids, config.seed)
+    source = sudoku.Grids(sudoku.ROWS, config.seed)
     n_eval = train.eval_batches * train.batch_size
     eval_sets = {  # validation: held-out grids, which no training row is
       "train": source.rows(range(n_eval)),

@@ -20,7 +20,6 @@ TINY = (
   "--config.train.eval_every=0",
   "--config.train.eval_batches=1",
   "--config.train.checkpoint_every=4",
-  "--config.data.sudoku_grids=100",
 )
 
 
@@ -45,4 +44,19 @@ def test_prepare_has_nothing_to_do_for_sudoku():
   assert error_lines(out) == [
     "error: data.dataset='sudoku' has nothing to prepare: `ao-mdm train` draws its grids as it "
     "reads them (ao_mdm/data/sudoku.py)"
+  ]
+
+
+def test_train_refuses_a_sudoku_run_that_cannot_hold_its_grids(tmp_path):
+  out = ao_mdm(
+    "train",
+    f"--config={ROOT}/configs/sudoku.py",
+    f"--workdir={tmp_path / 'run'}",
+    "--config.model.block_size=128",
+  )
+  assert out.returncode != 0 and not (tmp_path / "run").exists()
+  assert error_lines(out) == [
+    "error: a Sudoku run sets data.dataset and data.tokenizer to 'sudoku', model.block_size to "
+    "81 and no data.pairs; got data.dataset='sudoku', data.tokenizer='sudoku', "
+    "model.block_size=128, data.pairs=''"
   ]

@@ -160,29 +160,30 @@ def test_the_tokenizer_reads_digits_only():
 
 
 def test_a_sudoku_run_sets_dataset_tokenizer_and_block_size_together():
-  def config(**data):
+  def config(**changes):
     c = base_config()
-    c.data.update({"dataset": "sudoku", "tokenizer": "sudoku", **data})
+    c.data.update(dataset="sudoku", tokenizer="sudoku")
     c.model.block_size = 81
-    return c
+    for key, value in changes.items():
+      section, name = key.split("__")
+      c[section][name] = value
+    return specs.parse(c)
 
-  assert specs.parse(config()).data.sudoku_grids == 1_000_000
-  c = config(tokenizer="gpt2")
-  with pytest.raises(ValueError, match="a Sudoku run sets both to 'sudoku'"):
-    specs.parse(c)
-  c = config()
-  c.model.block_size = 128
-  with pytest.raises(ValueError, match="model.block_size must be 81 .got 128."):
-    specs.parse(c)
-  c = config(pairs="arithmetic:10")
-  with pytest.raises(ValueError, match="data.pairs empty"):
-    specs.parse(c)
-  c = config(sudoku_grids=0)
-  with pytest.raises(ValueError, match="data.sudoku_grids=0 must be >= 1"):
-    specs.parse(c)
+  sudoku.check_run(config())
+  for changes, got in (
+    ({"data__tokenizer": "gpt2"}, "data.tokenizer='gpt2'"),
+    ({"data__dataset": "sotu"}, "data.dataset='sotu'"),
+    ({"model__block_size": 128}, "model.block_size=128"),
+    ({"data__pairs": "arithmetic:10"}, "data.pairs='arithmetic:10'"),
+  ):
+    with pytest.raises(ValueError, match="a Sudoku run sets data.dataset and data.tokenizer to"):
+      sudoku.check_run(config(**changes))
+    with pytest.raises(ValueError, match=got):
+      sudoku.check_run(config(**changes))
 
 
 def test_training_batches_are_whole_seeded_grids():
+  assert len(sudoku.Grids(sudoku.ROWS, seed=0)) == 2**31 - 1
   grids = sudoku.Grids(1000, seed=4)
   assert len(grids) == 1000 and grids.block_size == 81 and "1,000 Sudoku train grids" in grids.name
   rows = grids.rows([3, 999, 3])
