@@ -232,14 +232,14 @@ class DataSpec(Section):
   """Where the text comes from and how it is tokenized and prepared."""
 
   NAME: ClassVar[str] = "data"
-  dataset: str = field("sotu", "a registry name (ao_mdm.data.datasets) or text_file")
+  dataset: str = field("sotu", "a registry name (ao_mdm.data.datasets), text_file or sudoku")
   text_file: str = field("", "with dataset=text_file: a local UTF-8 file, one document per line")
   pairs: str = field(
     "",
     "fine-tune on prompt/response pairs instead of data.dataset (docs/posttraining.md): a "
     "JSON-lines file or arithmetic:N (N generated sums)",
   )
-  tokenizer: str = field("sentencepiece", "sentencepiece (trained for each run) or gpt2")
+  tokenizer: str = field("sentencepiece", "sentencepiece (trained for each run), gpt2 or sudoku")
   tfds_dir: str = field("", "TFDS data; empty: $TFDS_DATA_DIR or ~/tensorflow_datasets")
   prepared_dir: str = field(
     "",

@@ -80,7 +80,8 @@ def eval_blocks(
 
 
 class RowSource(Protocol):
-  """What batches are drawn from: prepared.Blocks, or train/pairs.Rows (fine-tuning pairs)."""
+  """What batches are drawn from: prepared.Blocks, pairs.Rows (fine-tuning pairs) or
+  sudoku.Grids (generated grids)."""
 
   block_size: int
 

@@ -11,7 +11,7 @@ import sentencepiece as spm
 from ao_mdm import specs
 from ao_mdm.storage import fs
 
-TOKENIZERS = ("sentencepiece", "gpt2")
+TOKENIZERS = ("sentencepiece", "gpt2", "sudoku")
 VOCAB_MULTIPLE = 128
 # SentencePiece skips training lines longer than this many bytes; longer pieces are cut.
 _MAX_SENTENCE_BYTES = 4096
@@ -183,6 +183,10 @@ def get_tokenizer(data_config: specs.DataSpec, vocab_size: int, cache_dir: str |
         f">= {gpt2.VOCAB_SIZE} (the paper pads to 50304)"
       )
     return gpt2.GPT2Tokenizer()
+  if name == "sudoku":  # a grid's digits: nothing to train or keep
+    from ao_mdm.data import sudoku
+
+    return sudoku.SudokuTokenizer()
   check_vocab_size(vocab_size)
   assert cache_dir, "a SentencePiece tokenizer is kept in a directory"  # run_tokenizer checks
   path = fs.join(cache_dir, "tokenizer", f"sp_{_dataset_tag(data_config)}_{vocab_size}.model")

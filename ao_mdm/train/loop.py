@@ -14,7 +14,7 @@ import numpy as np
 from ao_mdm import hardware, profiler, sharding, specs
 from ao_mdm import model as model_lib
 from ao_mdm.checkpoint import checkpoints, layout
-from ao_mdm.data import pairs
+from ao_mdm.data import pairs, sudoku
 from ao_mdm.eval import perplexity, scoring
 from ao_mdm.runtime import interrupts
 from ao_mdm.storage import fs, gcs
@@ -127,6 +127,16 @@ def _train(
   if config.data.pairs:  # fine-tuning: rows of prompt/response pairs
     pair_data = finetune.PairData(config, workdir, init_from, say)
     source: pipeline.RowSource = pair_data.train
+  elif config.data.dataset == sudoku.NAME:  # generated grids, one a row
+    sudoku.check_run(config)
+    tokenizer = tok_lib.run_tokenizer(config, workdir)  # checks the model's vocab
+    source = sudoku.Grids(sudoku.ROWS, config.seed)
+    n_eval = train.eval_batches * train.batch_size
+    eval_sets = {  # validation: held-out grids, which no training row is
+      "train": source.rows(range(n_eval)),
+      "validation": sudoku.Grids(n_eval, config.seed, "heldout").rows(range(n_eval)),
+    }
+    train_counts = lambda: np.bincount(eval_sets["train"].ravel(), minlength=tokenizer.vocab_size)
   else:
     tokenizer = tok_lib.run_tokenizer(config, workdir)
     splits = {
@@ -139,6 +149,7 @@ def _train(
       )
       for split, prepared_split in splits.items()
     }
+    train_counts = splits["train"].token_counts
   grpo_on = bool(config.grpo.reward)  # a step's batch: answers drawn to B / group prompts
   data_iter = pipeline.train_iterator(
     source,
@@ -217,7 +228,7 @@ def _train(
       return pair_data.evaluate(scorer, splits, seed=config.seed, batch_size=eval_batch)
 
   else:
-    counts = _unigram_counts(splits["train"], workdir)
+    counts = _unigram_counts(train_counts, workdir)
     unigram = {split: perplexity.unigram_nll(counts, b) for split, b in eval_sets.items()}
 
     def run_eval(params, splits=("train", "validation")):
@@ -425,13 +436,13 @@ def _format_eval(r: dict) -> str:
   )
 
 
-def _unigram_counts(train_split, workdir: str) -> np.ndarray:
+def _unigram_counts(train_counts: Callable[[], np.ndarray], workdir: str) -> np.ndarray:
   """Token counts of the training split (from its preparation), saved with the run and its
   export so that `ao-mdm eval` reports the same baseline."""
   path = fs.join(workdir, perplexity.UNIGRAM_FILE)
   if fs.isfile(path):
     return fs.read_npy(path)
-  counts = train_split.token_counts()
+  counts = train_counts()
   if jax.process_index() == 0:
     fs.write_npy(path, counts)
   return counts

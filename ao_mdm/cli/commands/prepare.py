@@ -4,6 +4,7 @@ from absl import flags
 
 from ao_mdm.cli import checks
 from ao_mdm.cli import flags as flags_lib
+from ao_mdm.data import sudoku
 from ao_mdm.storage import paths
 
 SUMMARY = (
@@ -37,6 +38,11 @@ def define(fv: flags.FlagValues) -> None:
 def check(v: dict, given: set) -> None:
   del given
   checks.require(v, "config")
+  if v["config"].data.dataset == sudoku.NAME:
+    raise ValueError(
+      f"data.dataset={sudoku.NAME!r} has nothing to prepare: `ao-mdm train` draws its grids as it "
+      "reads them (ao_mdm/data/sudoku.py)"
+    )
   checks.data_dirs(v["config"].data)
   paths.directory(v["workdir"], "--workdir")
   if v["workers"] is not None and v["workers"] < 1:

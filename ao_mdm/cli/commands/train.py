@@ -10,6 +10,7 @@ from ao_mdm import specs
 from ao_mdm.checkpoint import layout
 from ao_mdm.cli import checks
 from ao_mdm.cli import flags as flags_lib
+from ao_mdm.data import sudoku
 from ao_mdm.runtime import hosts
 from ao_mdm.storage import paths
 
@@ -108,6 +109,8 @@ def check(v: dict, given: set) -> None:
       "wandb", "wandb", f"config.train.wandb_project={v['config'].train.wandb_project!r}"
     )
   checks.data_dirs(v["config"].data)
+  if sudoku.NAME in (v["config"].data.dataset, v["config"].data.tokenizer):
+    sudoku.check_run(v["config"])
   layout.check_writable(v["workdir"])
   if v["init_from"]:
     layout.check_checkpoint(v["init_from"], "--init_from")
