@@ -55,6 +55,7 @@ def test_the_most_confident_position_is_committed_first(score):
   np.testing.assert_array_equal(out.tokens[0, [5, 6]], [3, 4])
 
 
+@pytest.mark.slow
 def test_each_row_draws_from_the_model_with_its_own_key():
   """Temperature 1: every position's token is drawn from its softmax (the model's logits depend
   on the position alone), each row independently (a key per row): a counts test per position."""

@@ -26,19 +26,28 @@ def _model():
   return cfg, jax.tree.map(lambda p: p * 4.0 if p.ndim >= 2 else p, params)
 
 
-@pytest.mark.parametrize("steps,known", [(5, 3), pytest.param(12, 0, marks=pytest.mark.slow)])
-def test_margin_equals_naive_full_forwards_in_both_drivers(steps, known):
-  """Greedy: the static loop (policies' `margin`, as `ao-mdm sample --mode=margin` runs it) and
-  the continuous Batcher (the request alone, then beside two others) give the naive decoder's
-  tokens and order."""
-  cfg, params = _model()
+def _want(cfg, params, steps, known) -> tuple:
   prompt = dict(known_positions=[2, 7, 9][:known], known_tokens=[4, 5, 6][:known])
-  want_tokens, want_order = naive_greedy(cfg, params, steps, margin_np, **prompt)
+  return prompt, naive_greedy(cfg, params, steps, margin_np, **prompt)
+
+
+@pytest.mark.parametrize("steps,known", [(5, 3), pytest.param(12, 0, marks=pytest.mark.slow)])
+def test_margin_equals_naive_full_forwards(steps, known):
+  """Greedy, the static loop (policies' `margin`, as `ao-mdm sample --mode=margin` runs it)."""
+  cfg, params = _model()
+  prompt, (want_tokens, want_order) = _want(cfg, params, steps, known)
   out = policies.get("margin").sample(
     params, cfg, batch_size=2, steps=steps, temperature=0.0, **prompt
   )
   np.testing.assert_array_equal(out.order, [want_order] * 2)
   np.testing.assert_array_equal(out.tokens, [want_tokens] * 2)
+
+
+@pytest.mark.slow  # compiles the step at every cache and query bucket (about 20 s)
+@pytest.mark.parametrize("steps,known", [(5, 3), (12, 0)])
+def test_margin_in_the_continuous_batcher_equals_naive_alone_and_beside_others(steps, known):
+  cfg, params = _model()
+  prompt, (want_tokens, want_order) = _want(cfg, params, steps, known)
   width = int(np.diff(parallel.schedule_counts(12, known, steps, "linear")).max())
   spec = margin.DecoderSpec(model=cfg, width=width, real_width=width)
   request = batching.Request(
@@ -48,10 +57,9 @@ def test_margin_equals_naive_full_forwards_in_both_drivers(steps, known):
     batching.Request((0,), (1,), parallel.steps_within(12, 1, width), seed=5),
     batching.Request(steps=parallel.steps_within(12, 0, width), seed=6),
   ]
+  batcher = batching.Batcher(params, spec, batch=3, max_steps=12)
   for requests in ([request], [request, *others], [*others, request]):
-    batcher = batching.Batcher(params, spec, batch=3, max_steps=12)
-    got = batching.decode_all(batcher, requests)
-    mine = got[requests.index(request)]
+    mine = batching.decode_all(batcher, requests)[requests.index(request)]
     np.testing.assert_array_equal(mine.order, want_order)
     np.testing.assert_array_equal(mine.tokens, want_tokens)
 
