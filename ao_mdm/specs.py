@@ -47,7 +47,7 @@ REMAT = ("none", "full", "dots")  # model.REMAT's
 ORDER_KINDS = ("random", "l2r", "mixed", "fixed", "blockwise")  # orders.ORDERS'
 PROMPT_ORDERS = ("l2r", "random")  # order.prompt: the prompt's part of a prompt-first order
 RESPONSE_ORDERS = ("l2r", "random", "mixed")  # order.kind with data.pairs (orders.prompt_first)
-GRPO_POLICIES = ("parallel", "speculative")  # grpo.policy: train/grpo.py's Rollouts.draw
+GRPO_POLICIES = ("parallel", "confidence", "margin", "speculative")  # decode/policies.py's
 
 
 def field(default: Any, help: str, choices: Collection[str] = (), bounds: str = "") -> Any:
@@ -79,8 +79,7 @@ def _check(name: str, value: Any, meta: Mapping) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Section:
-  """A config section: each field checked against its declaration, then `check`'s rules across
-  fields."""
+  """A config section: each field checked against its declaration, then `check`'s rules."""
 
   NAME: ClassVar[str]
 
@@ -312,13 +311,15 @@ class GrpoSpec(Section):
   tokens_per_step: int = field(1, "answer tokens per forward (1: sequential)", bounds=">= 1")
   order: str = field("l2r", "order of an answer's positions after its prompt", ("l2r", "random"))
   policy: str = field(
-    "parallel", "parallel (tokens_per_step a forward) or speculative (as drafts)", GRPO_POLICIES
+    "parallel", "how answers are drawn (speculative: tokens_per_step drafts)", GRPO_POLICIES
   )
   block_len: int = field(0, "parallel: answers in blocks of this many, L2R (0: one)", bounds=">= 0")
 
   def check(self) -> None:
     if self.block_len and self.policy != "parallel":
       raise ValueError(f"grpo.block_len={self.block_len} needs policy=parallel, not {self.policy}")
+    if self.order != "l2r" and self.policy not in ("parallel", "speculative"):
+      raise ValueError(f"grpo.order={self.order}: policy={self.policy} chooses its own order")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ao_mdm import specs
-from ao_mdm.decode import common, engine, parallel, protocol
+from ao_mdm.decode import common, engine, parallel, policies, protocol
 
 MIN_PREFILL = 8  # the narrowest prefill forward; wider ones double up to T
 PREFIX_MIN = 8  # shorter shared prefixes are recomputed: a second prefill forward costs more
@@ -142,26 +142,15 @@ class Batcher:
     cfg: specs.ModelSpec,
     *,
     batch: int,
-    tokens_per_step: int,
-    order: str = "l2r",
-    block_len: int | None = None,
-    eos_id: int | None = None,
-    vocab_limit: int | None = None,
+    policy: str = "parallel",
     prefixes: int = 0,
+    **options: Any,
   ) -> "Batcher":
-    """A batch continuing prompts (prompt_request), up to tokens_per_step tokens per forward,
-    in blocks of block_len (None: one), a row done at its EOS (in L2R, or after the block that
-    holds it): what the server, completions and GRPO's rollouts run; with `prefixes` > 0, the
-    caches of that many recent prompts are kept for reuse."""
-    k = tokens_per_step
-    spec = parallel.DecoderSpec(
-      model=cfg,
-      plan=parallel.Plan.widths(k, k - 1),
-      order=order,
-      draw=common.DrawRule(vocab_limit=vocab_limit),
-      block_len=block_len,
-      eos_id=eos_id if order == "l2r" or block_len else None,
-    )
+    """A batch continuing prompts (prompt_request) by a registered policy (its `batched` spec,
+    built from `options`: tokens_per_step, eos_id, vocab_limit, its own): what the server,
+    completions and GRPO's rollouts run; with `prefixes` > 0, the caches of that many recent
+    prompts are kept for reuse."""
+    spec = policies.get(policy).batch_spec(cfg, **options)
     return cls(params, spec, batch=batch, max_steps=cfg.block_size, prefixes=prefixes)
 
   def free_rows(self) -> int:

@@ -167,6 +167,22 @@ class DecoderSpec(protocol.PolicySpec):
     return protocol.DecodeState(rows, cache, f)
 
 
+def continuing(
+  cfg: specs.ModelSpec,
+  *,
+  tokens_per_step: int,
+  eos_id: int | None = None,
+  vocab_limit: int | None = None,
+  rule: type[DecoderSpec] = DecoderSpec,
+) -> DecoderSpec:
+  """The spec of a continuous batch committing up to tokens_per_step positions a step (scored
+  by max_prob). eos_id stops no row early (what follows an EOS may be drawn before it): callers
+  cut the text there."""
+  del eos_id
+  k = tokens_per_step
+  return rule(model=cfg, draw=common.DrawRule(vocab_limit=vocab_limit), width=k, real_width=k)
+
+
 def decoder(spec: DecoderSpec, counts: list):
   """The static loop (protocol.decoder) of a batch committing n_0..n_S (counts) positions."""
   return protocol.decoder(spec, spec.row_plan(counts, len(counts) - 1))

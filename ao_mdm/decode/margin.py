@@ -22,3 +22,4 @@ class DecoderSpec(confidence.DecoderSpec):
 
 
 sample = functools.partial(confidence.sample, rule=DecoderSpec)
+continuing = functools.partial(confidence.continuing, rule=DecoderSpec)

@@ -277,6 +277,29 @@ class DecoderSpec(protocol.PolicySpec):
     return protocol.DecodeState(rows, cache, plan)
 
 
+def continuing(
+  cfg: specs.ModelSpec,
+  *,
+  tokens_per_step: int,
+  eos_id: int | None = None,
+  vocab_limit: int | None = None,
+  order: str = "l2r",
+  block_len: int | None = None,
+) -> DecoderSpec:
+  """The spec of a continuous batch continuing prompts, up to tokens_per_step tokens per
+  forward, in blocks of block_len (None: one), a row done at its EOS (in L2R, or after the block
+  that holds it)."""
+  k = tokens_per_step
+  return DecoderSpec(
+    model=cfg,
+    plan=Plan.widths(k, k - 1),
+    order=order,
+    draw=common.DrawRule(vocab_limit=vocab_limit),
+    block_len=block_len,
+    eos_id=eos_id if order == "l2r" or block_len else None,
+  )
+
+
 def decoder(spec: DecoderSpec):
   """The static loop (protocol.decoder) of a batch that takes the steps of spec.plan."""
   counts = list(spec.plan.counts)

@@ -21,6 +21,9 @@ class Policy:
   orders: the `order` values it takes (() : none; its first one is its default, "authors": left
   to right after known tokens, random without). until_eos: the orders with which it can stop
   each row at its first EOS (it then takes eos_id), and the options it then defaults.
+  batched: "module:function" -> its protocol.PolicySpec continuing prompts in a
+  batching.Batcher, `fn(cfg, *, tokens_per_step, eos_id, vocab_limit, **its options)` (None:
+  it runs in static batches only).
   """
 
   name: str
@@ -29,13 +32,28 @@ class Policy:
   orders: tuple[str, ...] = ()
   until_eos: tuple[str, ...] = ()
   until_eos_defaults: tuple[tuple[str, Any], ...] = ()
+  batched: str | Callable[..., Any] | None = None
 
   def sample(self, params: Any, cfg: Any, **kwargs) -> Any:
-    fn = self.sampler
-    if isinstance(fn, str):
-      module, name = fn.split(":")
-      fn = getattr(importlib.import_module(module), name)
-    return fn(params, cfg, **kwargs)
+    return _resolve(self.sampler)(params, cfg, **kwargs)
+
+  def batch_spec(self, cfg: Any, **kwargs) -> Any:
+    """Its PolicySpec for a continuous batch (ValueError when it has none)."""
+    if self.batched is None:
+      served = [p.name for p in POLICIES.values() if p.batched]
+      raise ValueError(
+        f"policy {self.name!r} runs in static batches only; a continuous batch (the server, "
+        f"GRPO) takes {', '.join(served)}"
+      )
+    return _resolve(self.batched)(cfg, **kwargs)
+
+
+def _resolve(fn: str | Callable[..., Any]) -> Callable[..., Any]:
+  """A function, or the one named "module:function" (imported at first use)."""
+  if isinstance(fn, str):
+    module, name = fn.split(":")
+    return getattr(importlib.import_module(module), name)
+  return fn
 
   def order(self, given: str | None, num_known: int) -> str | None:
     """The order it decodes in: `given`, or its default (None: it takes no order)."""
@@ -110,6 +128,7 @@ BUILT_IN = (
     orders=("authors", "random", "l2r"),
     until_eos=("random", "l2r"),
     until_eos_defaults=(("block_len", options.DEFAULT_BLOCK_LEN),),
+    batched="ao_mdm.decode.parallel:continuing",
   ),
   Policy(
     "speculative",
@@ -122,7 +141,13 @@ BUILT_IN = (
     "confidence",
     "ao_mdm.decode.confidence:sample",
     ("steps", "schedule", "score", *DRAW),
+    batched="ao_mdm.decode.confidence:continuing",
   ),
-  Policy("margin", "ao_mdm.decode.margin:sample", ("steps", "schedule", *DRAW)),
+  Policy(
+    "margin",
+    "ao_mdm.decode.margin:sample",
+    ("steps", "schedule", *DRAW),
+    batched="ao_mdm.decode.margin:continuing",
+  ),
 )
 POLICIES: dict[str, Policy] = {p.name: p for p in BUILT_IN}

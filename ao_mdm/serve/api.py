@@ -29,7 +29,7 @@ PROMPT_FORMS = (
 
 class CompletionRequest(pydantic.BaseModel):
   """The fields of OpenAI's completions request that we take; any other field is a 400.
-  tokens_per_step and top_k are ours (pass them in the client's extra_body)."""
+  tokens_per_step, top_k and policy are ours (pass them in the client's extra_body)."""
 
   # Strict: a bool is not a count, a string not a number (a float field takes an integer).
   model_config = pydantic.ConfigDict(extra="forbid", strict=True)
@@ -55,6 +55,7 @@ class CompletionRequest(pydantic.BaseModel):
   logit_bias: dict | None = None
   tokens_per_step: int = pydantic.Field(1, ge=1)
   top_k: int = pydantic.Field(0, ge=0)
+  policy: str = "parallel"  # a decoding policy the server runs (ao-mdm serve --policies)
 
 
 def error(status: int, message: str, param: str | None = None, kind: str = "") -> Any:
@@ -180,6 +181,13 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
         f"{engine.max_tokens_per_step} (ao-mdm serve --max_tokens_per_step)",
         "tokens_per_step",
       )
+    if body.policy not in engine.batchers:
+      return error(
+        400,
+        f"policy={body.policy!r} is not served; this server runs {', '.join(engine.batchers)} "
+        "(ao-mdm serve --policies)",
+        "policy",
+      )
     if body.max_tokens == 0 and not body.echo:
       return error(400, "max_tokens=0 needs echo=true (the prompt's log-probs)", "max_tokens")
     one = isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], int))
@@ -244,6 +252,7 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
             body.top_p,
             body.top_k,
             body.tokens_per_step,
+            body.policy,
             score_prompt=body.echo and body.logprobs is not None,
           )
         )

@@ -1,6 +1,7 @@
-"""The serving engine (docs/serving.md): one thread owns the model and a decode.batching.Batcher;
-jobs (one completion choice each) wait in a bounded queue, join free rows between steps and
-leave when done, and each job hears of the text that became final at every step."""
+"""The serving engine (docs/serving.md): one thread owns the model and a decode.batching.Batcher
+per decoding policy served; jobs (one completion choice each) wait in a bounded queue, join free
+rows of their policy's batch between steps and leave when done, and each job hears of the text
+that became final at every step."""
 
 import collections
 from collections.abc import Callable
@@ -35,6 +36,7 @@ class Job:
   top_p: float = 1.0
   top_k: int = 0
   tokens_per_step: int = 1
+  policy: str = "parallel"  # one of Engine.batchers
   score_prompt: bool = False  # echo: the prompt's own L2R log-probs too
   cancelled: bool = False
   failed: str = ""  # fail_all's message
@@ -80,7 +82,8 @@ class Stats:
 
 
 class Engine:
-  """Decodes jobs in L2R order, `tokens_per_step` tokens per forward at most, in a batch of
+  """Decodes jobs, `tokens_per_step` tokens per forward at most, each by its policy (default the
+  parallel one in L2R order: exact sampling at one token a step) in that policy's batch of
   `max_batch` rows (the model's KV cache exact for every row, whatever the others do)."""
 
   def __init__(
@@ -93,22 +96,27 @@ class Engine:
     max_queue: int,
     max_tokens_per_step: int,
     prefix_cache: int = 0,
+    policies: tuple[str, ...] = ("parallel",),
   ):
     self.cfg, self.tokenizer = cfg, tokenizer
     self.vocab_limit = min(tokenizer.vocab_size, cfg.vocab_size)
     k = max_tokens_per_step
-    self.batcher = batching.Batcher.continuing(
-      params,
-      cfg,
-      batch=max_batch,
-      tokens_per_step=k,
-      eos_id=tokenizer.eos_id,
-      vocab_limit=self.vocab_limit,
-      prefixes=prefix_cache,
-    )
+    self.batchers = {
+      name: batching.Batcher.continuing(
+        params,
+        cfg,
+        batch=max_batch,
+        policy=name,
+        prefixes=prefix_cache,
+        tokens_per_step=k,
+        eos_id=tokenizer.eos_id,
+        vocab_limit=self.vocab_limit,
+      )
+      for name in policies
+    }
     self.params, self.max_queue, self.max_tokens_per_step = params, max_queue, k
     self.queue: collections.deque[Job] = collections.deque()
-    self.active: dict[int, Job] = {}
+    self.active: dict[tuple[str, int], Job] = {}  # (policy, row) -> its job
     self.stats = Stats()
     self.lock = threading.Condition()
     self.stopping = False
@@ -167,8 +175,12 @@ class Engine:
 
   def _loop(self) -> None:
     if self.warming:
-      note = lambda done, total: setattr(self, "warming", f"compiled {done} of {total} programs")
-      self.batcher.warm_up(note)
+      for i, (name, batcher) in enumerate(self.batchers.items()):
+        note = lambda done, total, i=i, name=name: setattr(
+          self, "warming", f"policy {i + 1} of {len(self.batchers)} ({name}): compiled {done} "
+          f"of {total} programs"
+        )  # fmt: skip
+        batcher.warm_up(note)
       self.warming = ""
     while True:
       with self.lock:
@@ -184,19 +196,29 @@ class Engine:
       except Exception as e:  # a bug of ours: the running jobs fail, the engine goes on
         self._fail_active(f"{type(e).__name__}: {e}")
 
-  def _fail_active(self, message: str) -> None:
-    for row, job in list(self.active.items()):
-      if self.batcher.requests[row] is not None:
-        self.batcher.cancel(row)
+  def _fail_active(self, message: str, policy: str | None = None) -> None:
+    """Every running job (of `policy`, or of all) fails with `message`."""
+    for (name, row), job in list(self.active.items()):
+      if policy not in (None, name):
+        continue
+      if self.batchers[name].requests[row] is not None:
+        self.batchers[name].cancel(row)
       self.stats.failed += 1
       job.emit("error", {"message": message})
-    self.active.clear()
+      del self.active[name, row]
 
   def _admit(self) -> None:
-    """Queued jobs into the free rows, all prefilled by one forward."""
-    while self.batcher.free_rows():
+    """Queued jobs into the free rows of their policies' batches, in queue order (a job whose
+    batch is full waits, the others pass it), each policy's prefilled by one forward."""
+    while True:
       with self.lock:
-        jobs = [self.queue.popleft() for _ in range(min(len(self.queue), self.batcher.free_rows()))]
+        free = {name: b.free_rows() for name, b in self.batchers.items()}
+        jobs = []
+        for job in list(self.queue):
+          if free[job.policy]:
+            free[job.policy] -= 1
+            jobs.append(job)
+            self.queue.remove(job)
         if not jobs:
           return
         self.admitting = len(jobs)
@@ -212,18 +234,20 @@ class Engine:
             self._finish(job, "length")
           else:
             joining.append(job)
-        self._insert(joining)
+        for name in self.batchers:
+          self._insert([job for job in joining if job.policy == name])
       finally:
         with self.lock:
           self.admitting = 0
 
   def _insert(self, jobs: list[Job]) -> None:
-    """The jobs into free rows by one prefill; when it fails, each job alone, so that only the
-    jobs that fail alone fail."""
+    """Jobs of one policy into free rows by one prefill; when it fails, each job alone, so that
+    only the jobs that fail alone fail."""
     if not jobs:
       return
+    policy = jobs[0].policy
     try:
-      rows = self.batcher.add_many([self._request(job) for job in jobs])
+      rows = self.batchers[policy].add_many([self._request(job) for job in jobs])
     except Exception as e:
       if len(jobs) == 1:
         self._fail(jobs[0], e)
@@ -233,7 +257,7 @@ class Engine:
       return
     for job, row in zip(jobs, rows):
       job.row = row
-      self.active[row] = job
+      self.active[policy, row] = job
 
   def _fail(self, job: Job, e: Exception) -> None:
     self.stats.failed += 1
@@ -254,43 +278,51 @@ class Engine:
     )
 
   def _drop_cancelled(self) -> None:
-    for row, job in list(self.active.items()):
+    for (name, row), job in list(self.active.items()):
       job.failed = job.failed or self.failing
       if job.cancelled or job.failed:
-        self.batcher.cancel(row)
-        del self.active[row]
+        self.batchers[name].cancel(row)
+        del self.active[name, row]
         self.stats.cancelled += job.cancelled
       if job.failed and not job.cancelled:
         self.stats.failed += 1
         job.emit("error", {"message": job.failed})
 
   def _step(self) -> None:
+    """One step of each policy's batch that has running jobs."""
+    for name, batcher in self.batchers.items():
+      jobs = {row: job for (policy, row), job in self.active.items() if policy == name}
+      if jobs:
+        self._step_batch(name, batcher, jobs)
+
+  def _step_batch(self, name: str, batcher: batching.Batcher, jobs: dict[int, Job]) -> None:
     start = time.monotonic()
     try:
-      finished = self.batcher.step()
+      batcher.step()  # its finished rows keep their tokens until refilled: read from the rows
     except Exception as e:  # the batch is lost: every job in it fails, the engine goes on
-      self._fail_active(f"{type(e).__name__}: {e}")
+      self._fail_active(f"{type(e).__name__}: {e}", name)
       return
     self.stats.forwards += 1
-    self.stats.row_steps += len(self.active)
-    del finished  # read from the rows: a finished row keeps its tokens until it is refilled
-    rows = self.batcher.rows
-    for row, job in list(self.active.items()):
-      done = self.batcher.requests[row] is None
-      committed = int(rows.filled_B[row]) - len(job.prompt) - len(job.suffix)
-      ids = rows.tokens_BT[row][len(job.prompt) : len(job.prompt) + max(committed, 0)]
+    self.stats.row_steps += len(jobs)
+    rows = batcher.rows
+    for row, job in jobs.items():
+      done = batcher.requests[row] is None
+      # The text so far: the generated positions drawn without a gap (every one, in L2R).
+      p = len(job.prompt)
+      drawn = rows.drawn.step_BT[row][p : p + job.max_tokens] >= 0
+      ids = rows.tokens_BT[row][p : p + int(np.argmin(np.append(drawn, False)))]
       try:
         reason = self._progress(job, ids, rows.drawn.raw_logprob_BT[row], done)
       except Exception as e:  # this job fails; the others go on
         if not done:
-          self.batcher.cancel(row)
-        del self.active[row]
+          batcher.cancel(row)
+        del self.active[name, row]
         self._fail(job, e)
         continue
       if reason:
         if not done:
-          self.batcher.cancel(row)
-        del self.active[row]
+          batcher.cancel(row)
+        del self.active[name, row]
         self._finish(job, reason)
     now = time.monotonic()
     self.stats.step_s.append(now - start)

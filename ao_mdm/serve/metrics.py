@@ -36,6 +36,7 @@ class Metrics:
 
   def collect(self) -> Iterator[Any]:
     e, s = self.engine, self.engine.stats
+    reused = sum(b.reused_slots for b in e.batchers.values())
     counters = [
       ("tokens_generated", "Tokens generated.", s.tokens),
       ("forwards", "Engine steps (batched forwards).", s.forwards),
@@ -43,7 +44,7 @@ class Metrics:
       ("finished", "Choices finished.", s.finished),
       ("failed", "Choices ended by an error.", s.failed),
       ("cancelled", "Running choices whose client left.", s.cancelled),
-      ("prefix_tokens_reused", "Prompt slots copied (--prefix_cache).", e.batcher.reused_slots),
+      ("prefix_tokens_reused", "Prompt slots copied (--prefix_cache).", reused),
     ]
     for name, doc, value in counters:
       yield core.CounterMetricFamily(f"ao_mdm_{name}", doc, value=value)

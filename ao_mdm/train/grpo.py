@@ -24,7 +24,7 @@ import numpy as np
 
 from ao_mdm import sharding, specs
 from ao_mdm.data import pairs
-from ao_mdm.decode import batching, common, speculative
+from ao_mdm.decode import batching, common, policies, speculative
 from ao_mdm.eval import responses
 from ao_mdm.storage import fs
 from ao_mdm.train import step as train_step
@@ -190,16 +190,17 @@ class Rollouts:
     self.reward = load_reward(config.grpo.reward)
     cfg, g = config.model, config.grpo
     self.vocab_limit = min(tokenizer.vocab_size, cfg.vocab_size)
-    if g.policy == "parallel":
+    if g.policy != "speculative":  # a policy of the continuous batch
+      orders = policies.get(g.policy).orders  # its own: order and blocks
       self.batcher = batching.Batcher.continuing(
         None,  # each call's params
         cfg,
         batch=config.train.batch_size // jax.process_count(),
+        policy=g.policy,
         tokens_per_step=g.tokens_per_step,
-        order=g.order,
-        block_len=g.block_len or None,
         eos_id=tokenizer.eos_id,
         vocab_limit=self.vocab_limit,
+        **(dict(order=g.order, block_len=g.block_len or None) if orders else {}),
       )
     self._logprobs = jax.jit(train_step.answers_logprobs(config), out_shardings=batch_sharding)
     self._train_rows: pairs.Rows | None = None  # the prompts of resampled groups, when needed
@@ -317,12 +318,12 @@ class Rollouts:
     answer j of prompt i with seed seeds_P[i] + j (speculative: one key, seeds_P[0]'s)."""
     if self.config.grpo.policy == "speculative":
       return self._speculative(params, tokens_PT, prompt_P, int(seeds_P[0]))
-    return self._parallel(params, tokens_PT, prompt_P, seeds_P)
+    return self._batched(params, tokens_PT, prompt_P, seeds_P)
 
-  def _parallel(
+  def _batched(
     self, params: Any, tokens_PT: np.ndarray, prompt_P: np.ndarray, seeds_P: np.ndarray
   ) -> Answers:
-    """Drawn by the engine's continuous batch, tokens_per_step per forward, each its own
+    """Drawn by the continuous batch of grpo.policy, tokens_per_step per forward, each its own
     request."""
     g, t = self.config.grpo, self.config.model.block_size
     requests = [

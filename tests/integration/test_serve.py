@@ -278,6 +278,45 @@ def test_tokens_do_not_depend_on_what_else_runs(export):
   assert together == alone and code == 0, err
 
 
+@pytest.mark.slow  # a server of its own, three policies compiled
+def test_every_served_policy_through_the_openai_client_alone_and_together(export):
+  """`--policies=parallel,margin,confidence`: a request's `policy` (extra_body) picks its
+  decoder. Greedy requests of every policy sent alone, then all at once: the same text each;
+  top_k=1 or top_p=1e-9 at temperature 1 give the greedy text; a stream gives the whole text."""
+  served = ("parallel", "margin", "confidence")
+  s = Server(
+    export[0], "--max_batch=2", "--max_queue=32", "--max_tokens_per_step=2",
+    f"--policies={','.join(served)}",
+  )  # fmt: skip
+  try:
+
+    def ask(policy, prompt, extra=(), **kw):
+      body = {"policy": policy, "tokens_per_step": 2, **dict(extra)}
+      reply = s.complete(prompt=prompt, max_tokens=12, seed=3, extra_body=body, **kw)
+      return reply.choices[0].text
+
+    cases = [(p, prompt) for p in served for prompt in ("We the people", "Congress shall")]
+    alone = {c: ask(*c, temperature=0) for c in cases}
+    assert len({alone[p, "We the people"] for p in served}) > 1  # the policies differ
+    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
+      together = list(pool.map(lambda c: ask(*c, temperature=0), cases))
+    assert together == [alone[c] for c in cases]
+    for c in cases:
+      assert ask(*c, temperature=1.0, extra={"top_k": 1}) == alone[c], c
+      assert ask(*c, temperature=1.0, top_p=1e-9) == alone[c], c
+    stream = s.complete(
+      prompt="We the people", max_tokens=12, temperature=0, stream=True,
+      extra_body={"policy": "margin", "tokens_per_step": 2},
+    )  # fmt: skip
+    assert "".join(c.choices[0].text for c in stream) == alone["margin", "We the people"]
+    with pytest.raises(openai.BadRequestError) as e:
+      ask("speculative", "We")
+    assert e.value.body["param"] == "policy" and "margin, confidence" in e.value.body["message"]
+  finally:
+    code, _, err = s.stop()
+  assert code == 0 and "Traceback" not in err, err
+
+
 @pytest.mark.slow  # a server of its own, signalled
 def test_sigterm_drains_503s_new_requests_and_exits_0(export):
   """SIGTERM while 16 choices queue for one row: each still finishes, a new request gets 503
@@ -399,6 +438,8 @@ def test_fields_are_checked_strictly_and_every_error_has_openai_shape(server, ex
     ({"prompt": 5}, "prompt", "a list of token ids"),
     ({"prompt": ["Fellow", [100, 200]]}, "prompt", "a list of lists of token ids"),
     ({"prompt": [1, True]}, "prompt", "a list of token ids"),
+    ({"policy": "margin"}, "policy", "'margin' is not served; this server runs parallel"),
+    ({"policy": 1}, "policy", "valid string"),
   ]:
     reply = server.post({"prompt": prompt, "max_tokens": 2, **body})
     err = reply.json()["error"]

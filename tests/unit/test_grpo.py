@@ -104,6 +104,8 @@ class Ids:
       ("parallel", "random", 2, 0),
       ("speculative", "l2r", 3, 0),
       ("speculative", "random", 2, 0),
+      ("margin", "l2r", 2, 0),
+      ("confidence", "l2r", 1, 0),
     ],
     [("parallel", "l2r", 3, 0)],
   ),
@@ -207,6 +209,15 @@ def test_a_reward_is_named_as_module_function():
   for bad in ("ao_mdm.train.grpo", "ao_mdm.train.grpo:nothing", "no_such_module:f"):
     with pytest.raises(ValueError, match="grpo.reward="):
       grpo.load_reward(bad)
+
+
+def test_grpo_policies_are_the_registry_s_batched_ones_and_speculative():
+  from ao_mdm.decode import policies
+
+  batched = {p.name for p in policies.POLICIES.values() if p.batched}
+  assert set(specs.GRPO_POLICIES) == batched | {"speculative"}
+  with pytest.raises(ValueError, match="grpo.order=random: policy=margin chooses its own order"):
+    specs.default().grpo.replace(policy="margin", order="random")
 
 
 def test_grpo_needs_pairs_and_whole_groups():

@@ -12,7 +12,8 @@ from ao_mdm.serve import engine as engine_lib
 
 
 def run(eng, specs):
-  """Submits jobs (prompt, max_tokens, seed) together; each one's events once all ended."""
+  """Submits jobs (prompt, max_tokens, seed[, policy]) together; each one's events once all
+  ended."""
   events = [[] for _ in specs]
   ended = threading.Semaphore(0)
 
@@ -26,8 +27,8 @@ def run(eng, specs):
 
   eng.submit(
     [
-      engine_lib.Job(prompt, m, emitter(i), seed=seed, temperature=0.0)
-      for i, (prompt, m, seed) in enumerate(specs)
+      engine_lib.Job(prompt, m, emitter(i), seed=seed, temperature=0.0, policy=policy)
+      for i, (prompt, m, seed, policy) in enumerate(s + ("parallel",) * (4 - len(s)) for s in specs)
     ]
   )
   for _ in specs:
@@ -72,8 +73,9 @@ def test_jobs_that_wait_together_are_prefilled_by_one_forward_after_the_warm_up(
   cfg, params = cached_model("ao")
   eng = engine_lib.Engine(params, cfg, Ids(), max_batch=4, max_queue=8, max_tokens_per_step=1)
   seen = []
-  warm_up = eng.batcher.warm_up
-  eng.batcher.warm_up = lambda progress: warm_up(lambda *a: (seen.append(a), progress(*a)))
+  batcher = eng.batchers["parallel"]
+  warm_up = batcher.warm_up
+  batcher.warm_up = lambda progress: warm_up(lambda *a: (seen.append(a), progress(*a)))
   eng.start()
   try:
     deadline = time.monotonic() + 120
@@ -84,12 +86,33 @@ def test_jobs_that_wait_together_are_prefilled_by_one_forward_after_the_warm_up(
       14,
     )  # at 1 row and at 4: prefill widths 8, 16, 32; 4 cache lengths
     inserts = []
-    insert = eng.batcher._insert
-    eng.batcher._insert = lambda *a, **k: (inserts.append(1), insert(*a, **k))[1]
+    insert = eng.batchers["parallel"]._insert
+    eng.batchers["parallel"]._insert = lambda *a, **k: (inserts.append(1), insert(*a, **k))[1]
     jobs = [((3, 4, 5), 8, 1), ((6, 7), 12, 2), ((1,), 5, 3), ((2, 2, 2, 2), 9, 4)]
     together = run(eng, jobs)
     assert len(inserts) == 1
     alone = [run(eng, [job])[0] for job in jobs]
     assert [text(e) for e in together] == [text(e) for e in alone]
+  finally:
+    eng.stop()
+
+
+@pytest.mark.slow  # compiles the adaptive policies' steps (about 30 s here)
+def test_jobs_of_every_served_policy_run_together_each_as_it_runs_alone():
+  """Margin, confidence and parallel jobs submitted at once: each policy's batch steps its own
+  rows, and every job's greedy text is the one it gets alone."""
+  cfg, params = cached_model("ao")
+  served = ("parallel", "margin", "confidence")
+  eng = engine_lib.Engine(
+    params, cfg, Ids(), max_batch=2, max_queue=16, max_tokens_per_step=2, policies=served
+  )
+  eng.start(warm_up=False)
+  try:
+    jobs = [((3, 4, 5), 8, seed, policy) for policy in served for seed in (1, 2)]
+    together = run(eng, jobs)
+    alone = [run(eng, [job])[0] for job in jobs]
+    for job, both, one in zip(jobs, together, alone):
+      assert text(both) == text(one) and text(one), job
+    assert eng.stats.failed == 0
   finally:
     eng.stop()

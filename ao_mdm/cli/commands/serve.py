@@ -14,6 +14,7 @@ from absl import flags
 from ao_mdm.checkpoint import layout
 from ao_mdm.cli import checks
 from ao_mdm.cli import flags as flags_lib
+from ao_mdm.decode import policies
 
 SUMMARY = "an OpenAI-compatible completions server: --checkpoint=DIR [--port=8000 --max_batch=8]"
 
@@ -42,6 +43,12 @@ def define(fv: flags.FlagValues) -> None:
   flags.DEFINE_integer(
     "max_tokens_per_step", 1, "The most tokens a request may ask to commit per forward "
     "(tokens_per_step); every row pays for that many per step. 1: exact L2R sampling.",
+    flag_values=fv,
+  )  # fmt: skip
+  flags.DEFINE_string(
+    "policies", "parallel", "Decoding policies clients may ask for (a request's `policy`, "
+    "default parallel: L2R), comma-separated; each is compiled before the server is ready and "
+    "has its own batch of --max_batch rows.",
     flag_values=fv,
   )  # fmt: skip
   flags.DEFINE_integer(
@@ -75,11 +82,23 @@ def check(v: dict, given: set) -> None:
       raise ValueError(f"--{name}={v[name]} must be >= {low}")
   if v["port"] > 65535:
     raise ValueError(f"--port={v['port']} must be in [0, 65535]")
+  served_policies(v["policies"])
   if not v["drain_timeout"] >= 0:
     raise ValueError(f"--drain_timeout={v['drain_timeout']} must be >= 0")
   for module in ("fastapi", "uvicorn"):
     checks.extra_installed(module, "serve", "ao-mdm serve")
   check_address(v["host"], v["port"])
+
+
+def served_policies(given: str) -> tuple[str, ...]:
+  """--policies as names, each a policy that runs in a continuous batch."""
+  names = tuple(dict.fromkeys(n.strip() for n in given.split(",") if n.strip()))
+  batched = [p.name for p in policies.POLICIES.values() if p.batched]
+  for name in names or ("",):
+    if name not in batched:
+      accepted = ", ".join(batched)
+      raise ValueError(f"--policies={given!r}: {name!r} is not served; accepted: {accepted}")
+  return names
 
 
 def check_address(host: str, port: int) -> None:
@@ -117,6 +136,7 @@ def run(v: dict, given: set) -> None:
     max_queue=v["max_queue"],
     max_tokens_per_step=v["max_tokens_per_step"],
     prefix_cache=v["prefix_cache"],
+    policies=served_policies(v["policies"]),
   ).start()
   name = v["name"] or v["checkpoint"].rstrip("/").split("/")[-1]
   app = api.build(engine, name)
