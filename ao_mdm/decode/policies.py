@@ -47,14 +47,6 @@ class Policy:
       )
     return _resolve(self.batched)(cfg, **kwargs)
 
-
-def _resolve(fn: str | Callable[..., Any]) -> Callable[..., Any]:
-  """A function, or the one named "module:function" (imported at first use)."""
-  if isinstance(fn, str):
-    module, name = fn.split(":")
-    return getattr(importlib.import_module(module), name)
-  return fn
-
   def order(self, given: str | None, num_known: int) -> str | None:
     """The order it decodes in: `given`, or its default (None: it takes no order)."""
     if not self.orders:
@@ -62,6 +54,14 @@ def _resolve(fn: str | Callable[..., Any]) -> Callable[..., Any]:
     if given is not None or self.orders[0] != "authors":
       return given or self.orders[0]
     return authors_order(num_known)
+
+
+def _resolve(fn: str | Callable[..., Any]) -> Callable[..., Any]:
+  """A function, or the one named "module:function" (imported at first use)."""
+  if isinstance(fn, str):
+    module, name = fn.split(":")
+    return getattr(importlib.import_module(module), name)
+  return fn
 
 
 def authors_order(num_known: int) -> str:

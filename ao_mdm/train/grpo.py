@@ -191,7 +191,9 @@ class Rollouts:
     cfg, g = config.model, config.grpo
     self.vocab_limit = min(tokenizer.vocab_size, cfg.vocab_size)
     if g.policy != "speculative":  # a policy of the continuous batch
-      orders = policies.get(g.policy).orders  # its own: order and blocks
+      orders: dict[str, Any] = {}  # a policy of fixed orders takes grpo's order and blocks
+      if policies.get(g.policy).orders:
+        orders = dict(order=g.order, block_len=g.block_len or None)
       self.batcher = batching.Batcher.continuing(
         None,  # each call's params
         cfg,
@@ -200,7 +202,7 @@ class Rollouts:
         tokens_per_step=g.tokens_per_step,
         eos_id=tokenizer.eos_id,
         vocab_limit=self.vocab_limit,
-        **(dict(order=g.order, block_len=g.block_len or None) if orders else {}),
+        **orders,
       )
     self._logprobs = jax.jit(train_step.answers_logprobs(config), out_shardings=batch_sharding)
     self._train_rows: pairs.Rows | None = None  # the prompts of resampled groups, when needed
