@@ -26,6 +26,7 @@ from ao_mdm.checkpoint import checkpoints, layout
 from ao_mdm.data import pairs
 from ao_mdm.decode import parallel
 from ao_mdm.eval import responses
+from ao_mdm.perf import svg
 from ao_mdm.storage import fs
 
 
@@ -105,33 +106,6 @@ def reward_curve(rows: list[dict], window: int) -> list[float]:
   for r in rows:
     by_window.setdefault((r["step"] - 1) // window, []).append(r["reward"])
   return [float(np.mean(v)) for _, v in sorted(by_window.items())]
-
-
-def curves_svg(curves: dict[str, list[float]], window: int) -> str:
-  """A plain SVG line plot of each task's reward per window of steps (no plotting library)."""
-  w, h, pad = 480, 300, 40
-  n = max(len(c) for c in curves.values())
-  x = lambda i: pad + (w - 2 * pad) * (i + 0.5) / n
-  y = lambda r: h - pad - (h - 2 * pad) * r
-  parts = [
-    f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-size="11">',
-    f'<rect width="{w}" height="{h}" fill="white"/>',
-    f'<line x1="{pad}" y1="{y(0)}" x2="{w - pad}" y2="{y(0)}" stroke="black"/>',
-    f'<line x1="{pad}" y1="{y(0)}" x2="{pad}" y2="{y(1)}" stroke="black"/>',
-    f'<text x="{w / 2}" y="{h - 8}" text-anchor="middle">GRPO steps ({window} a point)</text>',
-    f'<text x="4" y="{pad - 12}">sampled reward</text>',
-  ]
-  for r in (0, 0.5, 1):
-    parts.append(f'<text x="{pad - 4}" y="{y(r) + 4}" text-anchor="end">{r:g}</text>')
-  for i in range(n):
-    parts.append(f'<text x="{x(i)}" y="{y(0) + 14}" text-anchor="middle">{(i + 1) * window}</text>')
-  for k, (name, curve) in enumerate(curves.items()):
-    colour = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")[k % 4]
-    points = " ".join(f"{x(i):.1f},{y(r):.1f}" for i, r in enumerate(curve))
-    parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"/>')
-    label = f'<text x="{w - pad}" y="{pad + 14 * k}" fill="{colour}" text-anchor="end">'
-    parts.append(f"{label}{name}</text>")
-  return "\n".join([*parts, "</svg>", ""])
 
 
 def _sampler_tokens_per_s(config: specs.Spec, params: Any, tokenizer: Any, items: list) -> float:
@@ -226,8 +200,12 @@ def bench_posttrain(config: specs.Spec, bench: Any, checkpoint: str, log=print) 
     task_config = config.replace(data=config.data.replace(pairs=task))
     result["tasks"][task] = _task(task_config, bench, checkpoint, log)
   if bench.plot:
-    curves = {task: r["reward_curve"] for task, r in result["tasks"].items()}
-    fs.write_text(bench.plot, curves_svg(curves, bench.window))
+    curves = {
+      task: [((i + 1) * bench.window, r) for i, r in enumerate(t["reward_curve"])]
+      for task, t in result["tasks"].items()
+    }
+    x_label = f"GRPO steps ({bench.window} a point)"
+    fs.write_text(bench.plot, svg.line_plot(curves, x_label, "sampled reward"))
     log(f"reward curves plotted to {bench.plot}")
   log(json.dumps(result))
   return result

@@ -4,7 +4,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from ao_mdm.perf import bench_posttrain
+from ao_mdm.perf import bench_posttrain, svg
 
 
 def test_the_reward_curve_is_the_mean_of_each_window_of_steps():
@@ -14,8 +14,8 @@ def test_the_reward_curve_is_the_mean_of_each_window_of_steps():
 
 
 def test_the_curves_plot_is_an_svg_with_a_line_and_a_label_per_task():
-  svg = bench_posttrain.curves_svg({"arithmetic:4000": [0.1, 0.3], "reversal:4000": [0.5]}, 50)
-  root = ET.fromstring(svg)
+  curves = {"arithmetic:4000": [(50, 0.1), (100, 0.3)], "reversal:4000": [(50, 0.5)]}
+  root = ET.fromstring(svg.line_plot(curves, "GRPO steps", "sampled reward"))
   lines = root.findall("{http://www.w3.org/2000/svg}polyline")
   assert [len(x.get("points").split()) for x in lines] == [2, 1]
   texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]

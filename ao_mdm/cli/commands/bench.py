@@ -1,4 +1,4 @@
-"""`ao-mdm bench sample|train|data|restart|serve|posttrain`: the benchmarks of ao_mdm/perf/,
+"""`ao-mdm bench sample|train|data|restart|serve|posttrain|plan`: the benchmarks of ao_mdm/perf/,
 figures and ratios measured in one run (docs/performance.md)."""
 
 from absl import flags
@@ -13,15 +13,17 @@ SUMMARY = (
   "--checkpoint=DIR]`, `bench train --config=configs/bench_train.py`, "
   "`bench data --config=configs/bench_data.py`, `bench restart --config=configs/demo.py` "
   "(any training config), `bench serve --config=configs/bench_serve.py --checkpoint=DIR`, "
-  "`bench posttrain --config=configs/bench_posttrain.py --checkpoint=DIR`"
+  "`bench posttrain --config=configs/bench_posttrain.py --checkpoint=DIR`, "
+  "`bench plan --config=configs/bench_plan.py --checkpoint=DIR [--puzzles=FILE.csv]`"
 )
-SUBCOMMANDS = ("sample", "train", "data", "restart", "serve", "posttrain")
+SUBCOMMANDS = ("sample", "train", "data", "restart", "serve", "posttrain", "plan")
 CONFIGS = {
   "sample": "configs/bench_sampler.py",
   "train": "configs/bench_train.py",
   "data": "configs/bench_data.py",
   "serve": "configs/bench_serve.py",
   "posttrain": "configs/bench_posttrain.py",
+  "plan": "configs/bench_plan.py",
 }  # bench restart reads its run's own config
 
 
@@ -62,6 +64,13 @@ def define(fv: flags.FlagValues) -> None:
     "written by `ao-mdm train-draft`, timed beside self-drafting.",
     flag_values=fv,
   )
+  flags.DEFINE_string(
+    "puzzles",
+    None,
+    "bench plan: Sudoku puzzles to score, a CSV in the public form (quizzes,solutions; 81 "
+    "characters each, 0 or . empty); default: the config's generated held-out puzzles.",
+    flag_values=fv,
+  )
   flags_lib.profile(fv, "bench sample's whole run")
   flags_lib.storage_timeout(fv)
   flags_lib.compile_cache(fv)
@@ -86,7 +95,13 @@ def check(v: dict, given: set, what: str) -> None:
       "bench sample --mode=speculative needs --checkpoint (a trained model: "
       "acceptance depends on it)"
     )
-  if what in ("serve", "posttrain") and not v["checkpoint"]:
+  if v["puzzles"] and what != "plan":
+    raise ValueError(f"--puzzles applies to `ao-mdm bench plan` only, not bench {what}")
+  if v["puzzles"]:
+    from ao_mdm.data import sudoku
+
+    sudoku.read_csv(v["puzzles"])  # a bad file fails here, before any model loads
+  if what in ("serve", "posttrain", "plan") and not v["checkpoint"]:
     raise ValueError(f"bench {what} needs --checkpoint (the trained run or export)")
   if v["draft_head"] and v["mode"] != "speculative":
     raise ValueError("--draft_head applies to `ao-mdm bench sample --mode=speculative`")
@@ -133,6 +148,10 @@ def run(v: dict, given: set, what: str) -> None:
     from ao_mdm.perf import bench_posttrain
 
     bench_posttrain.bench_posttrain(config, bench, v["checkpoint"], log=_print)
+  elif what == "plan":
+    from ao_mdm.perf import bench_plan
+
+    bench_plan.bench_plan(bench, v["checkpoint"], v["puzzles"], log=_print)
   elif what == "serve":
     from ao_mdm.perf import bench_serve
 

@@ -1,0 +1,158 @@
+"""`ao-mdm bench plan --config=configs/bench_plan.py --checkpoint=RUN [--puzzles=FILE.csv]`: does
+choosing the order pay? Sudoku puzzles (generated held-out ones, or a CSV in the public form)
+solved by one model under every decoding policy, each cell one forward: left to right, a random
+order, the most confident cell first, the largest top-1 minus top-2 margin first (Kim et al.
+2025), greedy and sampled; and likelihood-ranked sampling, n margin draws of which the one with
+the highest exact log-probability is kept (an any-order model scores any finished grid exactly:
+one forward in a fixed order). Prints each policy's solve rate with its standard error, forwards
+and seconds per puzzle, optionally left to right on a baseline run (bench.baseline) and the runs'
+training curves (bench.plot, an SVG); one JSON line last."""
+
+from collections.abc import Callable
+import json
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from ao_mdm.checkpoint import checkpoints, layout
+from ao_mdm.data import sudoku
+from ao_mdm.decode import batching
+from ao_mdm.eval import scoring
+from ao_mdm.perf import svg
+from ao_mdm.storage import fs
+
+# Label -> (policy, its options): every policy the table compares, one cell a forward.
+POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
+  "l2r": ("parallel", {"order": "l2r"}),
+  "random": ("parallel", {"order": "random"}),
+  "confidence": ("confidence", {}),
+  "margin": ("margin", {}),
+}
+
+
+class Solved:
+  """One policy's outcome: solve rate, its standard error, forwards and seconds per puzzle."""
+
+  def __init__(self, solved_N: np.ndarray, forwards: float, seconds: float):
+    n = len(solved_N)
+    self.rate = float(solved_N.mean())
+    self.stderr = math.sqrt(self.rate * (1 - self.rate) / n)
+    self.forwards, self.seconds = forwards, seconds
+
+  def line(self, label: str) -> str:
+    return (
+      f"  {label:<22} solved {self.rate:6.1%} +- {self.stderr:.1%}   "
+      f"{self.forwards:5.1f} forwards, {1e3 * self.seconds:7.1f} ms a puzzle"
+    )
+
+
+def requests(quiz_N81: np.ndarray, seed: int, temperature: float) -> list:
+  """One request per puzzle: its givens known, every empty cell drawn one per step."""
+  out = []
+  for i, quiz in enumerate(quiz_N81):
+    given = np.flatnonzero(quiz)
+    out.append(
+      batching.Request(
+        tuple(given.tolist()),
+        tuple(int(quiz[p]) for p in given),
+        steps=sudoku.CELLS - len(given),
+        seed=seed + i,
+        temperature=temperature,
+      )
+    )
+  return out
+
+
+def _decode(batcher: batching.Batcher, quiz_N81: np.ndarray, seed: int, temperature: float):
+  """(grids [N, 81], forwards per puzzle, seconds per puzzle) of the batcher's policy; timed
+  after a first batch decoded untimed (its compiles)."""
+  batching.decode_all(batcher, requests(quiz_N81[: len(batcher.requests)], seed, temperature))
+  start = time.perf_counter()
+  done = batching.decode_all(batcher, requests(quiz_N81, seed, temperature))
+  seconds = (time.perf_counter() - start) / len(quiz_N81)
+  grids = np.stack([f.tokens[: sudoku.CELLS] for f in done])
+  return grids, float(np.mean([f.forwards for f in done])), seconds
+
+
+def exact_logprobs(scorer: scoring.Scorer, grids_N81: np.ndarray, quiz_N81: np.ndarray):
+  """[N] log p(grid's empty cells | its givens), exact: one forward with the givens first, then
+  the empty cells left to right."""
+  order = np.argsort(quiz_N81 == 0, axis=1, kind="stable")
+  nll = scorer.slot_nll(grids_N81.astype(np.int32), order)
+  drawn = np.arange(sudoku.CELLS)[None, :] >= (quiz_N81 != 0).sum(1, keepdims=True)
+  return -(nll * drawn).sum(1)
+
+
+def _score_run(
+  run: str, bench: Any, quiz: np.ndarray, labels: tuple, ranked: tuple, log: Callable
+) -> dict:
+  """Every policy of `labels` greedy and sampled, and likelihood-ranked margin draws for each n
+  of `ranked`, on the run's EMA params."""
+  config, params, tokenizer = checkpoints.load_run(run, "ema", log=lambda _: None)
+  sudoku.check_run(config)
+  cfg = config.model
+  vocab_limit = min(tokenizer.vocab_size, cfg.vocab_size)
+  batcher = lambda label: batching.Batcher.continuing(
+    params, cfg, batch=bench.batch, policy=POLICIES[label][0], tokens_per_step=1,
+    vocab_limit=vocab_limit, **POLICIES[label][1],
+  )  # fmt: skip
+  out: dict[str, Solved] = {}
+  for label in labels:
+    decoder = batcher(label)
+    for temperature, kind in ((0.0, "greedy"), (bench.temperature, "sampled")):
+      grids, forwards, seconds = _decode(decoder, quiz, bench.seed, temperature)
+      out[f"{label} {kind}"] = Solved(sudoku.solves(grids, quiz), forwards, seconds)
+      log(out[f"{label} {kind}"].line(f"{label} {kind}"))
+  if ranked:
+    decoder, scorer = batcher("margin"), scoring.Scorer(params, cfg)
+    draws, logp, seconds, forwards = [], [], 0.0, 0.0
+    for j in range(max(ranked)):  # draw j of puzzle i: seed `seed + (j + 1) N + i`
+      grids, f, s = _decode(decoder, quiz, bench.seed + (j + 1) * len(quiz), bench.temperature)
+      start = time.perf_counter()
+      logp.append(exact_logprobs(scorer, grids, quiz))
+      draws.append(grids)
+      seconds += s + (time.perf_counter() - start) / len(quiz)
+      forwards += f + 1  # and its scoring forward
+      if j + 1 in ranked:
+        chosen = np.stack(draws)[np.argmax(np.stack(logp), axis=0), np.arange(len(quiz))]
+        name = f"margin ranked, n={j + 1}"
+        out[name] = Solved(sudoku.solves(chosen, quiz), forwards, seconds)
+        any_of = np.any([sudoku.solves(g, quiz) for g in draws], axis=0).mean()
+        log(f"{out[name].line(name)}   (any of the {j + 1} solves: {any_of:.1%})")
+  return {k: vars(v) for k, v in out.items()}
+
+
+def _loss_curve(run: str) -> list[tuple[float, float]]:
+  """(step, training loss) of each logged step of a training work dir ([] for an export)."""
+  path = fs.join(run, layout.METRICS)
+  if not fs.exists(path):
+    return []
+  rows = [json.loads(x) for x in fs.read_text(path).splitlines()]
+  return [(r["step"], r["loss"]) for r in rows if "loss" in r]
+
+
+def bench_plan(bench: Any, checkpoint: str, puzzles_csv: str | None, log=print) -> dict:
+  """The table of docs/reproducing.md's "Planning the order"; one JSON line last."""
+  if puzzles_csv:
+    quiz, _ = sudoku.read_csv(puzzles_csv)
+    source = puzzles_csv
+  else:
+    quiz, _ = sudoku.puzzles(range(bench.puzzles), bench.seed, "heldout", tuple(bench.givens))
+    source = f"{bench.puzzles} held-out puzzles, {bench.givens[0]}-{bench.givens[1]} givens"
+  log(f"{len(quiz)} puzzles ({source}); {checkpoint}:")
+  result: dict = {"puzzles": len(quiz), "source": source}
+  result["policies"] = _score_run(
+    checkpoint, bench, quiz, tuple(bench.policies), tuple(bench.ranked), log
+  )
+  if bench.baseline:
+    log(f"baseline {bench.baseline}:")
+    result["baseline"] = _score_run(bench.baseline, bench, quiz, ("l2r",), (), log)
+  if bench.plot:
+    curves = {run: _loss_curve(run) for run in (checkpoint, bench.baseline) if run}
+    fs.write_text(bench.plot, svg.line_plot(curves, "training step", "training loss"))
+    log(f"training curves plotted to {bench.plot}")
+  result["solve_rate"] = {k: v["rate"] for k, v in result["policies"].items()}
+  log(json.dumps(result))
+  return result
