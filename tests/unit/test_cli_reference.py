@@ -49,7 +49,8 @@ def test_every_flag_of_every_command_is_listed_under_it(monkeypatch, capsys):
     assert module.SUMMARY in sections[command]
     for name in getattr(module, "FLAG_HINTS", {}):
       assert f"- no `--{name}`: " in sections[command]
-  assert "`ao-mdm bench sample|train|data|restart|serve|posttrain|plan [--flags]`" in sections["bench"]
+  bench = "`ao-mdm bench sample|train|data|restart|serve|posttrain|plan [--flags]`"
+  assert bench in sections["bench"]
   assert "- no `--workdir`: it is `--checkpoint`" in sections["export"]
 
 
