@@ -229,15 +229,6 @@ def sample(
     width=int(commits.max()),
     real_width=int(max(commits[:-1], default=1)),
   )
-  out = decoder(spec, counts)(
-    params,
-    jnp.asarray(tokens),
-    jnp.asarray(mask),
-    jax.random.key(seed),
-    jnp.float32(temperature),
-    jnp.float32(top_p),
-    jnp.int32(top_k),
-  )
-  rows = jax.device_get(out.rows)
-  tokens_BT, order_BT, drawn = rows.tokens_BT, rows.order_BT, rows.drawn
-  return common.SampleOutput(tokens_BT, order_BT, **common.drawn_arrays(drawn))
+  plan = spec.row_plan(counts, len(counts) - 1)
+  out = protocol.run(spec, plan, params, tokens, mask, seed, temperature, top_p, top_k)
+  return protocol.output(out.rows)

@@ -368,28 +368,13 @@ def sample(
     block_len=block_len,
     eos_id=None if eos_id is None else int(eos_id),
   )
-  out = decoder(spec)(
-    params,
-    jnp.asarray(tokens),
-    jnp.asarray(mask),
-    jax.random.key(seed),
-    jnp.float32(temperature),
-    jnp.float32(top_p),
-    jnp.int32(top_k),
-  )
-  rows = jax.device_get(out.rows)
-  tokens_BT = np.asarray(rows.tokens_BT)
+  plan = spec.row_plan(counts.tolist(), len(counts) - 1)
+  out = protocol.run(spec, plan, params, tokens, mask, seed, temperature, top_p, top_k)
+  rows = out.rows
   stats = None
   if eos_id is not None:
     stats = {
-      "forwards": np.asarray(rows.forwards_B),
-      "length": common.eos_lengths(tokens_BT, known, int(eos_id)),
+      "forwards": rows.forwards_B,
+      "length": common.eos_lengths(rows.tokens_BT, known, eos_id),
     }
-  logits = None if out.fields.logits_BTV is None else np.asarray(out.fields.logits_BTV)
-  return common.SampleOutput(
-    tokens_BT,
-    np.asarray(rows.order_BT),
-    logits,
-    stats,
-    **common.drawn_arrays(rows.drawn),
-  )
+  return protocol.output(rows, logits=out.fields.logits_BTV, stats=stats)

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ao_mdm import specs
 from ao_mdm.decode import common, engine
@@ -187,6 +188,28 @@ def decoder(spec: PolicySpec, plan: Any):
     return s
 
   return jax.jit(run)
+
+
+def run(spec: PolicySpec, plan: Any, params: Any, tokens_BT, known_BT, seed: int, *draw) -> Any:
+  """The static loop of a batch sharing `plan` (known tokens tokens_BT where known_BT; the
+  draw: temperature, top_p, top_k) run once: its last DecodeState, on the host."""
+  temperature, top_p, top_k = draw
+  out = decoder(spec, plan)(
+    params,
+    jnp.asarray(tokens_BT),
+    jnp.asarray(known_BT),
+    jax.random.key(seed),
+    jnp.float32(temperature),
+    jnp.float32(top_p),
+    jnp.int32(top_k),
+  )
+  return jax.device_get(out)
+
+
+def output(rows: engine.Rows, **extra: Any) -> common.SampleOutput:
+  """A static batch's SampleOutput: its rows' tokens, orders and draws (extra: logits, stats)."""
+  tokens, order = np.asarray(rows.tokens_BT), np.asarray(rows.order_BT)
+  return common.SampleOutput(tokens, order, **extra, **common.drawn_arrays(rows.drawn))
 
 
 def is_row(x: Any) -> bool:
