@@ -23,8 +23,8 @@ TINY = (
 )
 
 
-@pytest.mark.slow  # a training run in a process of its own (about 20 s)
-@pytest.mark.parametrize("name, kind", [("ao", "random"), ("ar", "l2r")])
+@pytest.mark.slow  # a training run in a process of its own (7-20 s)
+@pytest.mark.parametrize("name, kind", [("ao", "mixed"), ("ar", "l2r")])
 def test_a_tiny_sudoku_run_trains_on_grids(tmp_path, name, kind):
   workdir = tmp_path / "run"
   out = ao_mdm("train", f"--config={ROOT}/configs/sudoku.py:{name}", f"--workdir={workdir}", *TINY)
@@ -33,7 +33,7 @@ def test_a_tiny_sudoku_run_trains_on_grids(tmp_path, name, kind):
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows if "loss" in r] == [2, 4]
   l2r = [r["l2r_fraction"] for r in rows if "l2r_fraction" in r]
-  assert l2r == ([1.0, 1.0] if kind == "l2r" else [0.0, 0.0])
+  assert len(l2r) == 2 and (kind != "l2r" or l2r == [1.0, 1.0])
   config, _ = checkpoints.load_params(str(workdir))
   assert (config.data.dataset, config.order.kind, config.model.block_size) == ("sudoku", kind, 81)
 
