@@ -42,7 +42,7 @@ def alone(params, cfg, req, order):
 
 @pytest.mark.parametrize(
   "order,temperature",
-  default_stage_keeps([("l2r", 0.0), ("random", 0.0), ("random", 1.0)], [("random", 1.0)]),
+  default_stage_keeps([("l2r", 0.0), ("random", 0.0), ("random", 1.0)], []),  # 20-40 s each
 )
 def test_rows_that_join_and_leave_decode_as_they_do_alone(order, temperature):
   cfg, params = cached_model("ao")

@@ -54,7 +54,7 @@ def test_the_figures_are_those_of_the_decoded_grids(run, tmp_path, capsys):
   sudoku.write_csv(csv, quiz, solved)
   bench = ml_collections.ConfigDict(
     dict(puzzles=0, givens=(36, 44), seed=3, policies=("l2r", "margin"), temperature=1.0,
-         ranked=(2,), batch=4, baseline="", plot=str(tmp_path / "curves.svg"))
+         ranked=(2,), batch=8, baseline="", plot=str(tmp_path / "curves.svg"))
   )  # fmt: skip
   result = bench_plan.bench_plan(bench, path, csv, log=print)
   last = capsys.readouterr().out.strip().splitlines()[-1]
@@ -62,7 +62,7 @@ def test_the_figures_are_those_of_the_decoded_grids(run, tmp_path, capsys):
   for label in ("l2r", "margin"):
     policy, options = bench_plan.POLICIES[label]
     batcher = batching.Batcher.continuing(
-      params, config.model, batch=4, policy=policy, tokens_per_step=1, vocab_limit=10, **options
+      params, config.model, batch=8, policy=policy, tokens_per_step=1, vocab_limit=10, **options
     )
     for temperature, kind in ((0.0, "greedy"), (1.0, "sampled")):
       done = batching.decode_all(batcher, bench_plan.requests(quiz, 3, temperature))

@@ -32,7 +32,8 @@ def _position_confident_model(alpha):
   return cfg, params
 
 
-@pytest.mark.parametrize("score", ["max_prob", pytest.param("entropy", marks=pytest.mark.slow)])
+@pytest.mark.slow  # test_cached_equals_naive_full_forwards covers the order in the default stage
+@pytest.mark.parametrize("score", ["max_prob", "entropy"])
 def test_the_most_confident_position_is_committed_first(score):
   alpha = np.asarray([0.3, 2.0, 0.1, 1.5, 0.7, 2.5, 0.2, 1.0]) / 10  # softmax not saturated
   cfg, params = _position_confident_model(alpha)

@@ -17,7 +17,7 @@ T, B, W, Q = 32, 3, 7, 4
 
 
 @pytest.mark.parametrize("variant", ["ao", "sigma"])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("cached", [True, False])
 def test_forward_at_columns_equals_full_forward_there(variant, dtype, cached):
   cfg = specs.default().model.replace(

@@ -378,7 +378,7 @@ def _greedy(path):
   ]
 
 
-@pytest.mark.parametrize("fmt", default_stage_keeps(["torch", "safetensors"], ["safetensors"]))
+@pytest.mark.parametrize("fmt", default_stage_keeps(["torch", "safetensors"], []))  # 15 s each
 def test_export_torch_of_a_sentencepiece_model_imports_back_with_the_same_greedy_samples(
   tmp_path, sp_export, fmt, capsys
 ):

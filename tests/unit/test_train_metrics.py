@@ -4,6 +4,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
@@ -28,6 +29,7 @@ def test_step_work_counts_the_width_each_step_ran():
   assert work.read(3) == (4 * 64, 4 * 64 * per_token(64))  # step 3's, in the next window
 
 
+@pytest.mark.slow  # a training run (about 15 s)
 def test_mfu_never_exceeds_1_when_the_peak_was_set_low(sp_export, sotu_config, tmp_path):
   """A peak far below what the steps achieve (as one measured on a busy machine): the logged
   MFU stays <= 1, and the log says which peak it is against from then on."""
