@@ -4,9 +4,10 @@ solved by one model under every decoding policy, each cell one forward: left to 
 order, the most confident cell first, the largest top-1 minus top-2 margin first (Kim et al.
 2025), greedy and sampled; and likelihood-ranked sampling, n margin draws of which the one with
 the highest exact log-probability is kept (an any-order model scores any finished grid exactly:
-one forward in a fixed order). Prints each policy's solve rate with its standard error, forwards
-and seconds per puzzle, optionally left to right on a baseline run (bench.baseline) and the runs'
-training curves (bench.plot, an SVG); one JSON line last."""
+one forward in a fixed order). Prints each policy's solve rate with its standard error, the share
+of empty cells given the solution's digit, forwards and seconds per puzzle, optionally left to
+right on a baseline run (bench.baseline) and the runs' training curves (bench.plot, an SVG); one
+JSON line last."""
 
 from collections.abc import Callable
 import json
@@ -33,18 +34,21 @@ POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 class Solved:
-  """One policy's outcome: solve rate, its standard error, forwards and seconds per puzzle."""
+  """One policy's outcome: solve rate and its standard error, the share of empty cells given
+  the unique solution's digit, forwards and seconds per puzzle."""
 
-  def __init__(self, solved_N: np.ndarray, forwards: float, seconds: float):
-    n = len(solved_N)
+  def __init__(self, grids: np.ndarray, quiz: np.ndarray, solution: np.ndarray, forwards, seconds):
+    solved_N = sudoku.solves(grids, quiz)
     self.rate = float(solved_N.mean())
-    self.stderr = math.sqrt(self.rate * (1 - self.rate) / n)
-    self.forwards, self.seconds = forwards, seconds
+    self.stderr = math.sqrt(self.rate * (1 - self.rate) / len(solved_N))
+    empty = quiz == 0
+    self.cells = float((grids == solution)[empty].mean())
+    self.forwards, self.seconds = float(forwards), float(seconds)
 
   def line(self, label: str) -> str:
     return (
-      f"  {label:<22} solved {self.rate:6.1%} +- {self.stderr:.1%}   "
-      f"{self.forwards:5.1f} forwards, {1e3 * self.seconds:7.1f} ms a puzzle"
+      f"  {label:<22} solved {self.rate:6.1%} +- {self.stderr:.1%}  cells {self.cells:6.1%}  "
+      f"{self.forwards:5.1f} forwards, {1e3 * self.seconds:6.1f} ms a puzzle"
     )
 
 
@@ -67,8 +71,8 @@ def requests(quiz_N81: np.ndarray, seed: int, temperature: float) -> list:
 
 def _decode(batcher: batching.Batcher, quiz_N81: np.ndarray, seed: int, temperature: float):
   """(grids [N, 81], forwards per puzzle, seconds per puzzle) of the batcher's policy; timed
-  after a first batch decoded untimed (its compiles)."""
-  batching.decode_all(batcher, requests(quiz_N81[: len(batcher.requests)], seed, temperature))
+  after two batches decoded untimed (the compiles of rows joining as others finish)."""
+  batching.decode_all(batcher, requests(quiz_N81[: 2 * len(batcher.requests)], seed, temperature))
   start = time.perf_counter()
   done = batching.decode_all(batcher, requests(quiz_N81, seed, temperature))
   seconds = (time.perf_counter() - start) / len(quiz_N81)
@@ -86,7 +90,13 @@ def exact_logprobs(scorer: scoring.Scorer, grids_N81: np.ndarray, quiz_N81: np.n
 
 
 def _score_run(
-  run: str, bench: Any, quiz: np.ndarray, labels: tuple, ranked: tuple, log: Callable
+  run: str,
+  bench: Any,
+  quiz: np.ndarray,
+  solution: np.ndarray,
+  labels: tuple,
+  ranked: tuple,
+  log: Callable,
 ) -> dict:
   """Every policy of `labels` greedy and sampled, and likelihood-ranked margin draws for each n
   of `ranked`, on the run's EMA params."""
@@ -103,7 +113,7 @@ def _score_run(
     decoder = batcher(label)
     for temperature, kind in ((0.0, "greedy"), (bench.temperature, "sampled")):
       grids, forwards, seconds = _decode(decoder, quiz, bench.seed, temperature)
-      out[f"{label} {kind}"] = Solved(sudoku.solves(grids, quiz), forwards, seconds)
+      out[f"{label} {kind}"] = Solved(grids, quiz, solution, forwards, seconds)
       log(out[f"{label} {kind}"].line(f"{label} {kind}"))
   if ranked:
     decoder, scorer = batcher("margin"), scoring.Scorer(params, cfg)
@@ -118,7 +128,7 @@ def _score_run(
       if j + 1 in ranked:
         chosen = np.stack(draws)[np.argmax(np.stack(logp), axis=0), np.arange(len(quiz))]
         name = f"margin ranked, n={j + 1}"
-        out[name] = Solved(sudoku.solves(chosen, quiz), forwards, seconds)
+        out[name] = Solved(chosen, quiz, solution, forwards, seconds)
         any_of = np.any([sudoku.solves(g, quiz) for g in draws], axis=0).mean()
         log(f"{out[name].line(name)}   (any of the {j + 1} solves: {any_of:.1%})")
   return {k: vars(v) for k, v in out.items()}
@@ -136,19 +146,21 @@ def _loss_curve(run: str) -> list[tuple[float, float]]:
 def bench_plan(bench: Any, checkpoint: str, puzzles_csv: str | None, log=print) -> dict:
   """The table of docs/reproducing.md's "Planning the order"; one JSON line last."""
   if puzzles_csv:
-    quiz, _ = sudoku.read_csv(puzzles_csv)
+    quiz, solution = sudoku.read_csv(puzzles_csv)
     source = puzzles_csv
   else:
-    quiz, _ = sudoku.puzzles(range(bench.puzzles), bench.seed, "heldout", tuple(bench.givens))
+    quiz, solution = sudoku.puzzles(
+      range(bench.puzzles), bench.seed, "heldout", tuple(bench.givens)
+    )
     source = f"{bench.puzzles} held-out puzzles, {bench.givens[0]}-{bench.givens[1]} givens"
   log(f"{len(quiz)} puzzles ({source}); {checkpoint}:")
   result: dict = {"puzzles": len(quiz), "source": source}
   result["policies"] = _score_run(
-    checkpoint, bench, quiz, tuple(bench.policies), tuple(bench.ranked), log
+    checkpoint, bench, quiz, solution, tuple(bench.policies), tuple(bench.ranked), log
   )
   if bench.baseline:
     log(f"baseline {bench.baseline}:")
-    result["baseline"] = _score_run(bench.baseline, bench, quiz, ("l2r",), (), log)
+    result["baseline"] = _score_run(bench.baseline, bench, quiz, solution, ("l2r",), (), log)
   if bench.plot:
     curves = {run: _loss_curve(run) for run in (checkpoint, bench.baseline) if run}
     fs.write_text(bench.plot, svg.line_plot(curves, "training step", "training loss"))

@@ -69,6 +69,7 @@ def test_the_figures_are_those_of_the_decoded_grids(run, tmp_path, capsys):
       grids = np.stack([f.tokens for f in done])
       got = result["policies"][f"{label} {kind}"]
       assert got["rate"] == pytest.approx(sudoku.solves(grids, quiz).mean())
+      assert got["cells"] == pytest.approx((grids == solved)[quiz == 0].mean())
       assert got["forwards"] == 1
   rates = list(result["solve_rate"].values())
   assert 0 < max(rates) and min(rates) < 1, rates  # a test that can tell the policies apart
