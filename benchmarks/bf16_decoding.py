@@ -30,7 +30,7 @@ def main() -> None:
   import numpy as np
 
   from ao_mdm.checkpoint import checkpoints
-  from ao_mdm.decode import generate, parallel
+  from ao_mdm.decode import generate, parallel, schedules
   from ao_mdm.eval import perplexity, scoring
 
   config, params, tokenizer = checkpoints.load_run(args.checkpoint, "ema")
@@ -71,7 +71,9 @@ def main() -> None:
     }
     g32, g16 = greedy["float32"], greedy["bfloat16"]
     top2 = np.sort(g32.logits[..., :limit], axis=-1)[..., -2:]
-    first = g32.order[:, : parallel.schedule_counts(config.model.block_size, 0, steps, "linear")[1]]
+    first = g32.order[
+      :, : schedules.schedule_counts(config.model.block_size, 0, steps, "linear")[1]
+    ]
     rows = np.arange(args.num_samples)[:, None]
     picked = g32.tokens[rows, first]
     error = np.abs(g16.logits[rows, first, picked] - g32.logits[rows, first, picked])

@@ -42,7 +42,7 @@ def main() -> None:
   import jax.numpy as jnp
 
   from ao_mdm import hardware, specs
-  from ao_mdm.decode import parallel
+  from ao_mdm.decode import parallel, schedules
 
   module_spec = importlib.util.spec_from_file_location("config", "configs/bench_sampler.py")
   module = importlib.util.module_from_spec(module_spec)
@@ -50,7 +50,7 @@ def main() -> None:
   cfg = specs.parse(module.get_config()).model
   b, h, t = args.batch, cfg.n_head, cfg.block_size
   k = cfg.n_embd // h
-  plan = parallel.Plan.make(parallel.schedule_counts(t, 0, args.steps, "linear"))
+  plan = parallel.Plan.make(schedules.schedule_counts(t, 0, args.steps, "linear"))
   w, q = plan.real_width + plan.phantom_width, 1 + plan.phantom_width
   scores = jax.jit(lambda q, key: jnp.einsum("bhqk,bhkp->bhqp", q, key))
   values = jax.jit(lambda p, v: jnp.einsum("bhqp,bhpk->bhqk", p, v))

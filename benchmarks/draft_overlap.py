@@ -26,7 +26,7 @@ def early_predictions(params: Any, cfg: Any, samples: int, ahead: int, seed: int
   import jax.numpy as jnp
 
   from ao_mdm import model as model_lib
-  from ao_mdm.decode import parallel
+  from ao_mdm.decode import parallel, schedules
 
   t = cfg.block_size
   steps = t // (ahead + 1)
@@ -34,7 +34,7 @@ def early_predictions(params: Any, cfg: Any, samples: int, ahead: int, seed: int
     params, cfg, batch_size=samples, steps=steps, order="l2r", return_logits=True, seed=seed
   )
   # Step i predicts positions counts[i] .. counts[i+1]-1; the one `ahead` after the first is q.
-  counts = parallel.schedule_counts(t, 0, steps, "linear")
+  counts = schedules.schedule_counts(t, 0, steps, "linear")
   pos = np.asarray([n + ahead for n, n_next in zip(counts[:-1], counts[1:]) if n + ahead < n_next])
   order = jnp.broadcast_to(jnp.arange(t), out.tokens.shape)
   logits = model_lib.make_model(cfg).apply({"params": params}, jnp.asarray(out.tokens), order)

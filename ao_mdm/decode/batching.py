@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ao_mdm import specs
-from ao_mdm.decode import common, engine, parallel, policies, protocol
+from ao_mdm.decode import common, engine, policies, protocol, schedules
 
 MIN_PREFILL = 8  # the narrowest prefill forward; wider ones double up to T
 PREFIX_MIN = 8  # shorter shared prefixes are recomputed: a second prefill forward costs more
@@ -70,7 +70,7 @@ def prompt_request(
 ) -> "Request":
   """A prompt's continuation to the end of the block, up to tokens_per_step tokens per forward
   (in blocks of block_len: the Batcher's)."""
-  steps = parallel.steps_within(t, len(ids), tokens_per_step, block_len=block_len)
+  steps = schedules.steps_within(t, len(ids), tokens_per_step, block_len=block_len)
   return Request(
     tuple(range(len(ids))), tuple(int(x) for x in ids), steps, seed=seed, temperature=temperature
   )
@@ -235,7 +235,7 @@ class Batcher:
     if max(starts):
       stored = jax.tree.map(lambda *x: jnp.concatenate(x), *[r[1] for r in reuse])
       prefix, cache_len = (column(starts), stored), max(starts)
-      cache_len = common.bucket_for(cache_len, t, parallel.CACHE_BUCKETS)
+      cache_len = common.bucket_for(cache_len, t, common.CACHE_BUCKETS)
     plans = jax.tree.map(lambda *x: column(x), *[p.plan for p in parts], is_leaf=protocol.is_row)
     self.state = self._insert(
       self.params,

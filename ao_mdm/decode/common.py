@@ -13,6 +13,8 @@ from ao_mdm import model as model_lib
 from ao_mdm import specs
 from ao_mdm.decode import noise
 
+CACHE_BUCKETS = 4  # decode loops, each reading only the cache prefix its steps can see
+
 
 @dataclasses.dataclass
 class SampleOutput:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ao_mdm import specs
-from ao_mdm.decode import common, engine, options, parallel, protocol
+from ao_mdm.decode import common, engine, options, protocol, schedules
 
 QUERY_BUCKETS = 4  # decode loops, each with a query width for the unknown positions it can have
 
@@ -61,7 +61,7 @@ class DecoderSpec(protocol.PolicySpec):
   def plan_request(
     self, known: int, end: int, steps: int, schedule: str, max_steps: int
   ) -> RowPlan:
-    counts = parallel.schedule_counts(end, known, steps, schedule).tolist()
+    counts = schedules.schedule_counts(end, known, steps, schedule).tolist()
     if max(np.diff(counts)) > min(self.width, self.real_width) or steps > max_steps:
       raise ValueError(
         f"{steps} steps of up to {max(np.diff(counts))} positions; this batch commits at most "
@@ -102,7 +102,7 @@ class DecoderSpec(protocol.PolicySpec):
     t = self.model.block_size
     return [
       protocol.Shape(c, u)
-      for c in common.bucket_bounds(t, parallel.CACHE_BUCKETS)
+      for c in common.bucket_bounds(t, common.CACHE_BUCKETS)
       for u in common.bucket_bounds(t, QUERY_BUCKETS)
     ]
 
@@ -114,7 +114,7 @@ class DecoderSpec(protocol.PolicySpec):
     left = np.asarray(fields.counts_BS)[active, -1] - n
     t = self.model.block_size
     return protocol.Shape(
-      common.bucket_for(int(n.max(initial=0)), t, parallel.CACHE_BUCKETS),
+      common.bucket_for(int(n.max(initial=0)), t, common.CACHE_BUCKETS),
       common.bucket_for(int(left.max(initial=1)), t, QUERY_BUCKETS),
     )
 
@@ -218,7 +218,7 @@ def sample(
   options.check_choice("score", score, options.SCORES)
   params, cfg = common.with_dtype(params, cfg, dtype)
   tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
-  counts = parallel.schedule_counts(
+  counts = schedules.schedule_counts(
     common.decode_end(end, mask[0]), int(mask[0].sum()), int(steps), schedule
   ).tolist()
   commits = np.diff(counts)

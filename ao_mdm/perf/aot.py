@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from ao_mdm import hardware, specs
 from ao_mdm import model as model_lib
-from ao_mdm.decode import common, parallel
+from ao_mdm.decode import common, parallel, schedules
 from ao_mdm.perf import roofline
 from ao_mdm.runtime import quiet
 from ao_mdm.train import step as train_step
@@ -109,7 +109,7 @@ def compile_sampler(
     )[0]
   )
   t = cfg.block_size
-  plan = parallel.Plan.make(parallel.schedule_counts(t, 0, steps, schedule))
+  plan = parallel.Plan.make(schedules.schedule_counts(t, 0, steps, schedule))
   decoder = parallel.decoder(parallel.DecoderSpec(model=cfg, plan=plan, order="random"))
   on_device = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
   args = (

@@ -16,7 +16,7 @@ import numpy as np
 
 from ao_mdm import hardware, orders, specs
 from ao_mdm import model as model_lib
-from ao_mdm.decode import common, parallel, policies
+from ao_mdm.decode import common, parallel, policies, schedules
 from ao_mdm.perf import roofline
 
 
@@ -83,7 +83,7 @@ def bench_sample(
       "steps": {},
     }
     for steps in bench.steps:
-      counts = parallel.schedule_counts(t, 0, int(steps), bench.schedule)
+      counts = schedules.schedule_counts(t, 0, int(steps), bench.schedule)
       row: dict[str, Any] = {}
       for use_cache in (True, False) if dtype == "float32" else (True,):
         run_counts = counts

@@ -12,7 +12,7 @@ import numpy as np
 
 from ao_mdm import hardware, specs
 from ao_mdm import model as model_lib
-from ao_mdm.decode import parallel
+from ao_mdm.decode import parallel, schedules
 from ao_mdm.perf import hlo
 
 
@@ -160,7 +160,7 @@ def speculative_read_ratio(cfg: specs.ModelSpec, k: int, batch: int, head: bool)
   are bound by reading (an accelerator at small batch): the weights once and the whole K/V
   cache, plus per drafted token of a learned head the head and the model's final AdaLN and
   vocab head again (self-drafting reads nothing more)."""
-  plan = parallel.Plan.make(parallel.schedule_counts(cfg.block_size, 0, cfg.block_size, "linear"))
+  plan = parallel.Plan.make(schedules.schedule_counts(cfg.block_size, 0, cfg.block_size, "linear"))
   costs = step_costs(cfg, plan, batch)
   step = sum(c["bytes"] * c["steps"] for c in costs) / sum(c["steps"] for c in costs)
   itemsize = _itemsize(cfg)

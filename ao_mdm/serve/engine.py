@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ao_mdm.decode import batching, parallel
+from ao_mdm.decode import batching, schedules
 
 EVENTS = ("text", "done", "error")  # what a job's `emit` is called with
 
@@ -269,7 +269,7 @@ class Engine:
     return batching.Request(
       positions,
       tuple(job.prompt) + tuple(job.suffix),
-      steps=parallel.steps_within(p + m, p, job.tokens_per_step),
+      steps=schedules.steps_within(p + m, p, job.tokens_per_step),
       end=p + m + len(job.suffix),
       seed=job.seed,
       temperature=job.temperature,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ao_mdm import specs
-from ao_mdm.decode import options, parallel
+from ao_mdm.decode import options, parallel, schedules
 
 torch = pytest.importorskip("torch")
 
@@ -33,7 +33,7 @@ def torch_counts(t: int, known: int, steps: int, schedule: str) -> list:
 def test_counts_equal_torch_float32_for_every_step_count(schedule, known):
   t = 1024
   for steps in range(1, t - known + 1):
-    assert parallel.schedule_counts(t, known, steps, schedule).tolist() == torch_counts(
+    assert schedules.schedule_counts(t, known, steps, schedule).tolist() == torch_counts(
       t, known, steps, schedule
     ), steps
 

@@ -9,7 +9,7 @@ from scipy import stats
 from scipy.special import logsumexp
 from test_parallel import T, cached_model, tiny_model
 
-from ao_mdm.decode import batching, parallel
+from ao_mdm.decode import batching, parallel, schedules
 from helpers import default_stage_keeps, filtered_probs
 
 # (known positions, steps, end): prompts of 0, 3 and 7 tokens, an infill that ends at its text,
@@ -54,7 +54,7 @@ def test_rows_that_join_and_leave_decode_as_they_do_alone(order, temperature):
     for i, (pos, steps, end) in enumerate(REQUESTS)
   ]
   plans = [
-    parallel.Plan.make(parallel.block_counts(r.end or T, len(r.positions), r.steps, "linear"))
+    parallel.Plan.make(schedules.block_counts(r.end or T, len(r.positions), r.steps, "linear"))
     for r in reqs
   ]
   widths = parallel.Plan.widths(
@@ -137,12 +137,12 @@ def test_steps_within_commit_at_most_the_asked_tokens_per_step():
   does, and no fewer steps would do."""
   grew = 0
   for t, known, k, block in itertools.product((16, 64), range(0, 14, 3), (1, 2, 3, 5), (None, 4)):
-    s = parallel.steps_within(t, known, k, block_len=block)
-    assert np.diff(parallel.block_counts(t, known, s, "linear", block)).max() <= k
+    s = schedules.steps_within(t, known, k, block_len=block)
+    assert np.diff(schedules.block_counts(t, known, s, "linear", block)).max() <= k
     fewest = max(-(-(t - known) // k), -(-(t - known) // block) if block else 1)
     if s > fewest:
       grew += 1
-      too_few = parallel.block_counts(t, known, s - 1, "linear", block)
+      too_few = schedules.block_counts(t, known, s - 1, "linear", block)
       assert np.diff(too_few).max() > k
   assert grew > 0  # the rounding case occurs on this grid
 

@@ -14,7 +14,7 @@ import pytest
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
-from ao_mdm.decode import batching, confidence, parallel, protocol, speculative
+from ao_mdm.decode import batching, confidence, parallel, protocol, schedules, speculative
 
 T, H, K = 32, 2, 16
 
@@ -37,11 +37,11 @@ def _compiled(name: str, b: int = 3, steps: int = 8) -> str:
   tokens, known = jnp.zeros((b, T), jnp.int32), jnp.zeros((b, T), bool)
   draw = (jax.random.key(1), jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
   if name == "parallel":  # S = 8: four cache buckets, 4 tokens per step
-    plan = parallel.Plan.make(parallel.schedule_counts(T, 0, steps, "linear"))
+    plan = parallel.Plan.make(schedules.schedule_counts(T, 0, steps, "linear"))
     fn = parallel.decoder(parallel.DecoderSpec(model=cfg, plan=plan, order="random"))
     args = (params, tokens, known, *draw)
   elif name == "confidence":
-    counts = parallel.schedule_counts(T, 0, 8, "linear").tolist()
+    counts = schedules.schedule_counts(T, 0, 8, "linear").tolist()
     fn = confidence.decoder(confidence.DecoderSpec(model=cfg, width=4, real_width=4), counts)
     args = (params, tokens, known, *draw)
   else:

@@ -9,7 +9,7 @@ from scipy import stats
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
-from ao_mdm.decode import confidence
+from ao_mdm.decode import confidence, schedules
 
 
 def _position_confident_model(alpha):
@@ -87,7 +87,6 @@ def naive_greedy(cfg, params, steps, score, known_positions=(), known_tokens=(),
   """Greedy confidence decoding by full forwards: each unknown p before `end` scored at slot n
   with the order so far plus p (`score`: a name in options.SCORES or a numpy function of the
   logits), the best n_i - n_{i-1} committed in confidence order."""
-  from ao_mdm.decode import parallel
 
   t = cfg.block_size
   end = end or t
@@ -96,7 +95,7 @@ def naive_greedy(cfg, params, steps, score, known_positions=(), known_tokens=(),
   tokens = np.zeros(t, np.int32)
   tokens[list(known_positions)] = known_tokens
   order = sorted(known_positions)
-  counts = parallel.schedule_counts(end, len(order), steps, "linear")
+  counts = schedules.schedule_counts(end, len(order), steps, "linear")
   for n, n_next in zip(counts[:-1], counts[1:]):
     unknown = [p for p in range(end) if p not in order]
     rest = lambda p: [q for q in range(t) if q not in order and q != p]  # later slots: causal

@@ -8,7 +8,7 @@ from test_confidence import naive_greedy
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
-from ao_mdm.decode import batching, margin, parallel, policies
+from ao_mdm.decode import batching, margin, policies, schedules
 
 
 def margin_np(logits_NV: np.ndarray) -> np.ndarray:
@@ -48,14 +48,14 @@ def test_margin_equals_naive_full_forwards(steps, known):
 def test_margin_in_the_continuous_batcher_equals_naive_alone_and_beside_others(steps, known):
   cfg, params = _model()
   prompt, (want_tokens, want_order) = _want(cfg, params, steps, known)
-  width = int(np.diff(parallel.schedule_counts(12, known, steps, "linear")).max())
+  width = int(np.diff(schedules.schedule_counts(12, known, steps, "linear")).max())
   spec = margin.DecoderSpec(model=cfg, width=width, real_width=width)
   request = batching.Request(
     tuple(prompt["known_positions"]), tuple(prompt["known_tokens"]), steps, temperature=0.0
   )
   others = [
-    batching.Request((0,), (1,), parallel.steps_within(12, 1, width), seed=5),
-    batching.Request(steps=parallel.steps_within(12, 0, width), seed=6),
+    batching.Request((0,), (1,), schedules.steps_within(12, 1, width), seed=5),
+    batching.Request(steps=schedules.steps_within(12, 0, width), seed=6),
   ]
   batcher = batching.Batcher(params, spec, batch=3, max_steps=12)
   for requests in ([request], [request, *others], [*others, request]):

@@ -11,7 +11,7 @@ from scipy import stats
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
-from ao_mdm.decode import common, options, parallel, policies, text
+from ao_mdm.decode import common, options, parallel, policies, schedules, text
 from helpers import default_stage_keeps, naive_greedy
 
 T = 32
@@ -73,7 +73,7 @@ def test_cached_equals_naive(variant, case, steps_div, schedule):
     order=mode,
     return_logits=True,
   )
-  counts = parallel.schedule_counts(T, len(positions), steps, schedule)
+  counts = schedules.schedule_counts(T, len(positions), steps, schedule)
   known, _ = common.known_arrays(T, 3, positions, ids)
   ref_tokens, ref_logits = naive_greedy(cfg, params, known, out.order, counts)
   np.testing.assert_array_equal(out.tokens, ref_tokens)
@@ -112,7 +112,7 @@ def test_decoding_stops_at_end_and_equals_naive(decoder, mode):
     out = parallel.sample(
       params, cfg, batch_size=3, steps=5, temperature=0, seed=1, order=mode, end=end, **known
     )
-    counts = parallel.schedule_counts(end, len(positions), 5, "linear")
+    counts = schedules.schedule_counts(end, len(positions), 5, "linear")
   else:
     out = speculative.sample(
       params, cfg, batch_size=3, draft=3, temperature=0, seed=1, order=mode, end=end, **known
@@ -185,7 +185,7 @@ BY_HAND = [  # (T, P, S, schedule, counts)
 
 @pytest.mark.parametrize("t,known,steps,schedule,counts", BY_HAND)
 def test_schedule_counts_by_hand(t, known, steps, schedule, counts):
-  np.testing.assert_array_equal(parallel.schedule_counts(t, known, steps, schedule), counts)
+  np.testing.assert_array_equal(schedules.schedule_counts(t, known, steps, schedule), counts)
 
 
 def authors_counts(t, known, steps, schedule):
@@ -212,7 +212,7 @@ def test_schedule_counts_equal_the_authors_formula_for_every_step_count(schedule
   t = 48
   for steps in range(1, t - known + 1):
     np.testing.assert_array_equal(
-      parallel.schedule_counts(t, known, steps, schedule),
+      schedules.schedule_counts(t, known, steps, schedule),
       authors_counts(t, known, steps, schedule),
       err_msg=str(steps),
     )
@@ -225,11 +225,11 @@ def test_schedule_counts_equal_the_authors_formula_for_every_step_count(schedule
 def test_schedule_counts_and_fill(known, schedule):
   cfg, params = cached_model("ao")
   for steps in (1, 3, 9, T - known):
-    counts = parallel.schedule_counts(T, known, steps, schedule)
+    counts = schedules.schedule_counts(T, known, steps, schedule)
     assert counts[0] == known and counts[-1] == T and len(counts) == steps + 1
     assert np.all(np.diff(counts) >= 1)
   np.testing.assert_array_equal(
-    parallel.schedule_counts(T, known, T - known, schedule), np.arange(known, T + 1)
+    schedules.schedule_counts(T, known, T - known, schedule), np.arange(known, T + 1)
   )
   positions = list(range(0, 2 * known, 2))
   out = parallel.sample(
@@ -362,7 +362,7 @@ def test_new_seed_does_not_recompile():
   parallel.sample(params, cfg, seed=0, **kwargs)
   decoder = parallel.decoder(
     parallel.DecoderSpec(
-      model=cfg, plan=parallel.Plan.make(parallel.schedule_counts(T, 2, 8, "linear")), order="l2r"
+      model=cfg, plan=parallel.Plan.make(schedules.schedule_counts(T, 2, 8, "linear")), order="l2r"
     )
   )
   before = decoder._cache_size()

@@ -5,7 +5,7 @@ whose rows are all done runs no further step."""
 import numpy as np
 import pytest
 
-from ao_mdm.decode import generate, options, parallel, policies, speculative
+from ao_mdm.decode import generate, options, parallel, policies, schedules, speculative
 from helpers import EOS, default_stage_keeps, eos_model
 
 T = 32  # helpers.eos_model's length
@@ -54,7 +54,7 @@ def test_parallel_until_eos_is_the_fixed_length_sample_up_to_its_first_eos(
     np.testing.assert_array_equal(out.tokens[row, :n], fixed.tokens[row, :n])
   # A row takes part in the steps up to the end of the block that holds its EOS (L2R: up to the
   # step that decoded it); once every row is done, no step runs and nothing more is written.
-  counts = parallel.block_counts(T, len(prompt), 16, "linear", block_len)
+  counts = schedules.block_counts(T, len(prompt), 16, "linear", block_len)
   block = block_len or T
   for row, n in enumerate(lengths):
     end = n if order == "l2r" else min(T, len(prompt) + -(-(n - len(prompt)) // block) * block)
@@ -85,20 +85,20 @@ def test_blocks_keep_their_positions_in_any_order_inside(model):
 
 def test_block_counts_spread_the_steps_by_block_size():
   np.testing.assert_array_equal(
-    parallel.block_counts(T, 3, 10, "cosine", None), parallel.schedule_counts(T, 3, 10, "cosine")
+    schedules.block_counts(T, 3, 10, "cosine", None), schedules.schedule_counts(T, 3, 10, "cosine")
   )
-  counts = parallel.block_counts(T, 2, 8, "linear", 8)  # blocks of 8, 8, 8, 6 positions
+  counts = schedules.block_counts(T, 2, 8, "linear", 8)  # blocks of 8, 8, 8, 6 positions
   assert counts[0] == 2 and counts[-1] == T and len(counts) == 9
   assert {2, 10, 18, 26, 32} <= set(counts.tolist())  # every block boundary is a step's end
-  np.testing.assert_array_equal(parallel.block_counts(T, 0, T, "linear", 4), np.arange(T + 1))
+  np.testing.assert_array_equal(schedules.block_counts(T, 0, T, "linear", 4), np.arange(T + 1))
   with pytest.raises(
     ValueError,
     match=r"steps=3 must be in \[4, 30\]: the 30 unknown positions "
     r"make 4 blocks of block_len=8",
   ):
-    parallel.block_counts(T, 2, 3, "linear", 8)
+    schedules.block_counts(T, 2, 3, "linear", 8)
   with pytest.raises(ValueError, match="block_len=0 must be >= 1"):
-    parallel.block_counts(T, 2, 8, "linear", 0)
+    schedules.block_counts(T, 2, 8, "linear", 0)
 
 
 @pytest.mark.parametrize("prompt", default_stage_keeps([((),), ((5, 6, 7),)], [((),)]))
