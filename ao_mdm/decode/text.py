@@ -40,7 +40,7 @@ def layout_known(
       f"--infill_span={span} take {cursor} positions, but T={t}; use a smaller "
       "--infill_span or a shorter text"
     )
-  if cursor >= t:
+  if cursor >= t and not infill:  # an infill may end at T: its [MASK]s are inside
     raise ValueError(
       f"the prompt takes {cursor} positions but T={t}; the prompt is too long "
       "(at least one position must be left to generate)"

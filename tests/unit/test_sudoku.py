@@ -194,3 +194,17 @@ def test_training_batches_are_whole_seeded_grids():
   batches = np.concatenate([next(it) for _ in range(4)])
   assert batches.shape == (64, 81) and sudoku.solves(batches).all()
   assert len({b.tobytes() for b in batches}) == 64  # one epoch's shuffle repeats no row
+
+
+def test_a_grid_with_mask_cells_is_an_infill_of_all_81_positions():
+  """A puzzle written as text, [MASK] for each empty cell with --infill_span=1, fills the grid
+  exactly: the infill ends at T (it was refused as a prompt that leaves nothing to generate)."""
+  from ao_mdm.decode import text
+
+  quiz, _ = sudoku.puzzles([0], 0)
+  grid = "".join(str(d) if d else text.MASK for d in quiz[0])
+  positions, ids, end = text.layout_known(sudoku.SudokuTokenizer().encode, 81, infill=grid, span=1)
+  assert end == 81 and positions == np.flatnonzero(quiz[0]).tolist()
+  assert ids == quiz[0][quiz[0] > 0].tolist()
+  with pytest.raises(ValueError, match="the prompt takes 81 positions but T=81"):
+    text.layout_known(sudoku.SudokuTokenizer().encode, 81, prompt="1" * 81)
