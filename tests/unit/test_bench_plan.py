@@ -71,6 +71,10 @@ def test_the_figures_are_those_of_the_decoded_grids(run, tmp_path, capsys):
       assert got["rate"] == pytest.approx(sudoku.solves(grids, quiz).mean())
       assert got["cells"] == pytest.approx((grids == solved)[quiz == 0].mean())
       assert got["forwards"] == 1
+  grids = bench_plan.reading_order(params, config.model, quiz, 10)[0]
+  np.testing.assert_array_equal(grids[quiz > 0], quiz[quiz > 0])  # the givens stay
+  got = result["policies"]["reading order greedy"]
+  assert got["rate"] == pytest.approx(sudoku.solves(grids, quiz).mean()) and got["forwards"] == 81
   rates = list(result["solve_rate"].values())
   assert 0 < max(rates) and min(rates) < 1, rates  # a test that can tell the policies apart
 
