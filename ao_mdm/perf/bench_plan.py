@@ -73,10 +73,14 @@ def requests(quiz_N81: np.ndarray, seed: int, temperature: float) -> list:
   return out
 
 
-def _decode(batcher: batching.Batcher, quiz_N81: np.ndarray, seed: int, temperature: float):
-  """(grids [N, 81], forwards per puzzle, seconds per puzzle) of the batcher's policy; timed
-  after the same decode untimed (rows joining as others finish compile inserts of many sizes)."""
-  batching.decode_all(batcher, requests(quiz_N81, seed, temperature))
+def _decode(
+  batcher: batching.Batcher, quiz_N81: np.ndarray, seed: int, temperature: float, warm: bool
+):
+  """(grids [N, 81], forwards per puzzle, seconds per puzzle) of the batcher's policy; unless
+  `warm`, timed after the same decode untimed (rows joining as others finish compile inserts of
+  many sizes)."""
+  if not warm:
+    batching.decode_all(batcher, requests(quiz_N81, seed, temperature))
   start = time.perf_counter()
   done = batching.decode_all(batcher, requests(quiz_N81, seed, temperature))
   seconds = (time.perf_counter() - start) / len(quiz_N81)
@@ -138,17 +142,22 @@ def _score_run(
   grids, forwards, seconds = reading_order(params, cfg, quiz, vocab_limit)
   out["reading order greedy"] = Solved(grids, quiz, solution, forwards, seconds)
   log(out["reading order greedy"].line("reading order greedy"))
+  decoders = {label: batcher(label) for label in {*labels, *(("margin",) if ranked else ())}}
   for label in labels:
-    decoder = batcher(label)
     for temperature, kind in ((0.0, "greedy"), (bench.temperature, "sampled")):
-      grids, forwards, seconds = _decode(decoder, quiz, bench.seed, temperature)
+      grids, forwards, seconds = _decode(
+        decoders[label], quiz, bench.seed, temperature, warm=kind == "sampled"
+      )
       out[f"{label} {kind}"] = Solved(grids, quiz, solution, forwards, seconds)
       log(out[f"{label} {kind}"].line(f"{label} {kind}"))
   if ranked:
-    decoder, scorer = batcher("margin"), scoring.Scorer(params, cfg)
+    scorer = scoring.Scorer(params, cfg)
     draws, logp, seconds, forwards = [], [], 0.0, 0.0
     for j in range(max(ranked)):  # draw j of puzzle i: seed `seed + (j + 1) N + i`
-      grids, f, s = _decode(decoder, quiz, bench.seed + (j + 1) * len(quiz), bench.temperature)
+      seed = bench.seed + (j + 1) * len(quiz)
+      grids, f, s = _decode(
+        decoders["margin"], quiz, seed, bench.temperature, warm="margin" in labels or j > 0
+      )
       start = time.perf_counter()
       logp.append(exact_logprobs(scorer, grids, quiz))
       draws.append(grids)
