@@ -55,7 +55,7 @@ class CompletionRequest(pydantic.BaseModel):
   logit_bias: dict | None = None
   tokens_per_step: int = pydantic.Field(1, ge=1)
   top_k: int = pydantic.Field(0, ge=0)
-  policy: str = "parallel"  # a decoding policy the server runs (ao-mdm serve --policies)
+  policy: str | None = None  # one the server runs (--policies); None: the first of them
 
 
 def error(status: int, message: str, param: str | None = None, kind: str = "") -> Any:
@@ -181,6 +181,7 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
         f"{engine.max_tokens_per_step} (ao-mdm serve --max_tokens_per_step)",
         "tokens_per_step",
       )
+    body.policy = body.policy or next(iter(engine.batchers))
     if body.policy not in engine.batchers:
       return error(
         400,

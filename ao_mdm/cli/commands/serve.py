@@ -46,8 +46,8 @@ def define(fv: flags.FlagValues) -> None:
     flag_values=fv,
   )  # fmt: skip
   flags.DEFINE_string(
-    "policies", "parallel", "Decoding policies clients may ask for (a request's `policy`, "
-    "default parallel: L2R), comma-separated; each is compiled before the server is ready and "
+    "policies", "parallel", "Decoding policies clients may ask for (a request's `policy`; the "
+    "first is the default), comma-separated; each is compiled before the server is ready and "
     "has its own batch of --max_batch rows.",
     flag_values=fv,
   )  # fmt: skip
