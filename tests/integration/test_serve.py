@@ -298,6 +298,11 @@ def test_every_served_policy_through_the_openai_client_alone_and_together(export
     cases = [(p, prompt) for p in served for prompt in ("We the people", "Congress shall")]
     alone = {c: ask(*c, temperature=0) for c in cases}
     assert len({alone[p, "We the people"] for p in served}) > 1  # the policies differ
+    plain = s.complete(
+      prompt="We the people", max_tokens=12, seed=3, temperature=0,
+      extra_body={"tokens_per_step": 2},
+    )  # fmt: skip
+    assert plain.choices[0].text == alone["parallel", "We the people"]  # the first served
     with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
       together = list(pool.map(lambda c: ask(*c, temperature=0), cases))
     assert together == [alone[c] for c in cases]
