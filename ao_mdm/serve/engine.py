@@ -140,7 +140,11 @@ class Engine:
     self.thread.join()
 
   def submit(self, jobs: list[Job]) -> None:
-    """Queues the jobs of one request together, or none of them (QueueFull)."""
+    """Queues the jobs of one request together, or none of them (QueueFull; ValueError for a
+    policy this engine does not run: queued, it would stop every admission)."""
+    for job in jobs:
+      if job.policy not in self.batchers:
+        raise ValueError(f"policy={job.policy!r}; this engine runs {', '.join(self.batchers)}")
     with self.lock:
       if len(self.queue) + len(jobs) > self.max_queue:
         raise QueueFull(f"the queue holds {len(self.queue)} of {self.max_queue} jobs")

@@ -116,3 +116,14 @@ def test_jobs_of_every_served_policy_run_together_each_as_it_runs_alone():
     assert eng.stats.failed == 0
   finally:
     eng.stop()
+
+
+def test_a_job_of_a_policy_not_served_is_refused_before_it_is_queued():
+  cfg, params = cached_model("ao")
+  eng = engine_lib.Engine(
+    params, cfg, Ids(), max_batch=2, max_queue=4, max_tokens_per_step=1, policies=("margin",)
+  )
+  job = engine_lib.Job((3, 4), 2, lambda *a: None)  # the default policy, parallel
+  with pytest.raises(ValueError, match="policy='parallel'; this engine runs margin"):
+    eng.submit([job])
+  assert not eng.queue
