@@ -80,7 +80,9 @@ class DecoderSpec(protocol.PolicySpec):
     zeros_B = jnp.zeros((batch,), jnp.int32)
     return Fields(jnp.zeros((batch, steps + 1), jnp.int32), zeros_B, jnp.ones((batch, t), bool))
 
-  def start(self, plan_R: RowPlan, order_RT: jax.Array, known_R: jax.Array) -> Fields:
+  def start(
+    self, plan_R: RowPlan, order_RT: jax.Array, known_R: jax.Array, keys_R: jax.Array
+  ) -> Fields:
     r, t = order_RT.shape
     known_RT = (
       jnp.zeros((r, t), bool)

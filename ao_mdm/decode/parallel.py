@@ -120,7 +120,9 @@ class DecoderSpec(protocol.PolicySpec):
     logits = jnp.zeros((batch, t, v), jnp.float32) if self.return_logits else None
     return Fields(zeros_BS, zeros_BS, zeros_B, logits)
 
-  def start(self, plan_R: RowPlan, order_RT: jax.Array, known_R: jax.Array) -> Fields:
+  def start(
+    self, plan_R: RowPlan, order_RT: jax.Array, known_R: jax.Array, keys_R: jax.Array
+  ) -> Fields:
     r, t, v = known_R.shape[0], self.model.block_size, self.model.vocab_size
     logits = jnp.zeros((r, t, v), jnp.float32) if self.return_logits else None
     return Fields(plan_R.counts, plan_R.bounds, jnp.zeros_like(known_R), logits)

@@ -136,6 +136,7 @@ BUILT_IN = (
     ("draft", "order", "draft_head", *DRAW),
     orders=("l2r", "random"),
     until_eos=("l2r",),
+    batched="ao_mdm.decode.speculative:continuing",
   ),
   Policy(
     "confidence",

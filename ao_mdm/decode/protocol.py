@@ -5,7 +5,7 @@ batch) and batching.Batcher (rows that join and leave between steps)."""
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +43,9 @@ class PolicySpec:
   block_len: int | None = None  # unknown positions per block, left to right (None: one block)
   eos_id: int | None = None  # a row is done once an EOS is decoded (the policy says when)
   use_cache: bool = True
+  # Each token drawn from its conditional given every order slot before it (exact sequential
+  # draws), not given its step's start: what a scorer of the draws conditions on.
+  sequential: ClassVar[bool] = False
 
   def plan_request(self, known: int, end: int, steps: int, schedule: str, max_steps: int) -> Any:
     """One request's plan on the host (a NamedTuple of int tuples, one row of `fields`): known
@@ -58,8 +61,9 @@ class PolicySpec:
     """The policy's fields of `batch` free rows (plans of up to `steps` steps)."""
     raise NotImplementedError
 
-  def start(self, plan_R: Any, order_RT: jax.Array, known_R: jax.Array) -> Any:
-    """The fields of rows starting the requests of plans plan_R (arrays, leading axis R)."""
+  def start(self, plan_R: Any, order_RT: jax.Array, known_R: jax.Array, keys_R: jax.Array) -> Any:
+    """The fields of rows starting the requests of plans plan_R (arrays, leading axis R), with
+    their draw keys."""
     return plan_R
 
   def step(self, dm: engine.DecodeModel, params: Any, s: "DecodeState", shape: "Shape") -> Any:
@@ -142,7 +146,7 @@ def insert(
     cache = dm.prefill(params, cache, tokens_RT, order_RT, known_R, width, rows_R)
   else:
     rows = rows._replace(cached_B=rows.cached_B.at[rows_R].set(0))
-  fields = jax.tree.map(put, s.fields, spec.start(fields_R, order_RT, known_R))
+  fields = jax.tree.map(put, s.fields, spec.start(fields_R, order_RT, known_R, keys_R))
   return DecodeState(rows, cache, fields)
 
 
@@ -180,11 +184,13 @@ def decoder(spec: PolicySpec, plan: Any):
     for first, last, shape in segments:
       if s.cache is not None:
         s = s._replace(cache=s.cache.grown(shape.cache_len))
-      one = lambda s, shape=shape: spec.step(dm, params, s, shape)
-      body = lambda i, s, one=one: one(s)
-      if spec.eos_id is not None:  # nothing to do once every row is done
-        body = lambda i, s, one=one: jax.lax.cond(jnp.any(s.rows.active_B), one, lambda s: s, s)
-      s = jax.lax.fori_loop(first, last, body, s)
+      # Up to the segment's last step, and not once every row is done (a row's plan may end
+      # early: at an EOS, or a policy whose steps vary, such as speculative's).
+      _, s = jax.lax.while_loop(
+        lambda c, last=last: (c[0] < last) & jnp.any(c[1].rows.active_B),
+        lambda c, shape=shape: (c[0] + 1, spec.step(dm, params, c[1], shape)),
+        (jnp.int32(first), s),
+      )
     return s
 
   return jax.jit(run)

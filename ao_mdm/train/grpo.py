@@ -24,7 +24,7 @@ import numpy as np
 
 from ao_mdm import sharding, specs
 from ao_mdm.data import pairs
-from ao_mdm.decode import batching, common, policies, speculative
+from ao_mdm.decode import batching, policies
 from ao_mdm.eval import responses
 from ao_mdm.storage import fs
 from ao_mdm.train import step as train_step
@@ -190,27 +190,27 @@ class Rollouts:
     self.reward = load_reward(config.grpo.reward)
     cfg, g = config.model, config.grpo
     self.vocab_limit = min(tokenizer.vocab_size, cfg.vocab_size)
-    if g.policy != "speculative":  # a policy of the continuous batch
-      orders: dict[str, Any] = {}  # a policy of fixed orders takes grpo's order and blocks
-      if policies.get(g.policy).orders:
-        orders = dict(order=g.order, block_len=g.block_len or None)
-      self.batcher = batching.Batcher.continuing(
-        None,  # each call's params
-        cfg,
-        batch=config.train.batch_size // jax.process_count(),
-        policy=g.policy,
-        tokens_per_step=g.tokens_per_step,
-        eos_id=tokenizer.eos_id,
-        vocab_limit=self.vocab_limit,
-        **orders,
-      )
+    self.drawn_tokens = 0  # answer tokens the current step has drawn, every round
+    orders: dict[str, Any] = {}  # a policy of fixed orders takes grpo's order (and blocks)
+    if policies.get(g.policy).orders:
+      orders = dict(order=g.order, block_len=g.block_len or None)
+    self.batcher = batching.Batcher.continuing(
+      None,  # each call's params
+      cfg,
+      batch=config.train.batch_size // jax.process_count(),
+      policy=g.policy,
+      tokens_per_step=g.tokens_per_step,
+      eos_id=tokenizer.eos_id,
+      vocab_limit=self.vocab_limit,
+      **orders,
+    )
     self._logprobs = jax.jit(train_step.answers_logprobs(config), out_shardings=batch_sharding)
     self._train_rows: pairs.Rows | None = None  # the prompts of resampled groups, when needed
 
   def __call__(self, params: Any, rows_PX: np.ndarray, step: int) -> tuple[dict, dict]:
     g = self.config.grpo
     jax.block_until_ready(params)  # the last update's time is not the rollout's
-    start = time.perf_counter()
+    start, self.drawn_tokens = time.perf_counter(), 0
     local = on_this_host(params)
     # Seeds numbered by the row of the global batch: the answers do not depend on the processes.
     n = len(rows_PX)
@@ -241,6 +241,7 @@ class Rollouts:
           drawn_reward * rewards_PG.size,
           rewards_PG.size,
           counted_BT.sum(),
+          self.drawn_tokens,
           rollout_s,
           scoring_s,
           reward_s,
@@ -248,15 +249,17 @@ class Rollouts:
         ]
       )
     )
-    reward, answers_n, tokens = every[:, :3].sum(0)
+    reward, answers_n, tokens, drawn = every[:, :4].sum(0)
+    rollout_s = every[:, 4].max()
     metrics = {
       "reward": float(reward / answers_n),
       "answer_tokens": float(tokens / answers_n),
-      "rollout_s": float(every[:, 3].max()),
-      "scoring_s": float(every[:, 4].max()),
-      "reward_s": float(every[:, 5].max()),
-      "signal_fraction": float(every[:, 6].sum() * g.group / answers_n),
-      "rollout_tokens_per_s": float(tokens / every[:, 3].max()),
+      "rollout_s": float(rollout_s),
+      "scoring_s": float(every[:, 5].max()),
+      "reward_s": float(every[:, 6].max()),
+      "signal_fraction": float(every[:, 7].sum() * g.group / answers_n),
+      # Every answer token drawn, the groups drawn again for want of signal included.
+      "rollout_tokens_per_s": float(drawn / rollout_s),
     }
     return batch, metrics
 
@@ -316,17 +319,9 @@ class Rollouts:
   def draw(
     self, params: Any, tokens_PT: np.ndarray, prompt_P: np.ndarray, seeds_P: np.ndarray
   ) -> Answers:
-    """`group` answers to each prompt (tokens_PT[i, :prompt_P[i]]), drawn by grpo.policy,
-    answer j of prompt i with seed seeds_P[i] + j (speculative: one key, seeds_P[0]'s)."""
-    if self.config.grpo.policy == "speculative":
-      return self._speculative(params, tokens_PT, prompt_P, int(seeds_P[0]))
-    return self._batched(params, tokens_PT, prompt_P, seeds_P)
-
-  def _batched(
-    self, params: Any, tokens_PT: np.ndarray, prompt_P: np.ndarray, seeds_P: np.ndarray
-  ) -> Answers:
-    """Drawn by the continuous batch of grpo.policy, tokens_per_step per forward, each its own
-    request."""
+    """`group` answers to each prompt (tokens_PT[i, :prompt_P[i]]), drawn by grpo.policy in the
+    continuous batch, tokens_per_step per forward (speculative: drafts), answer j of prompt i
+    with seed seeds_P[i] + j."""
     g, t = self.config.grpo, self.config.model.block_size
     requests = [
       batching.prompt_request(
@@ -345,49 +340,15 @@ class Rollouts:
     tokens_BT = np.stack([f.tokens for f in done]).astype(np.int32)
     order_BT = np.stack([f.order for f in done]).astype(np.int32)
     step_BT = np.stack([f.steps for f in done])
+    self.drawn_tokens += int((np.take_along_axis(step_BT, order_BT, 1) >= 0).sum())
+    if self.batcher.spec.sequential:  # each token drawn given every slot before it
+      first_BT = np.broadcast_to(np.arange(t), tokens_BT.shape)
+    else:
+      first_BT = responses.first_slots(step_BT, order_BT)
     return Answers(
       tokens_BT,
       order_BT,
       np.take_along_axis(step_BT, order_BT, 1) >= 0,
-      responses.first_slots(step_BT, order_BT),
+      first_BT,
       np.take_along_axis(np.stack([f.raw_logprobs for f in done]), order_BT, 1),
     )
-
-  def _speculative(
-    self, params: Any, tokens_PT: np.ndarray, prompt_P: np.ndarray, seed: int
-  ) -> Answers:
-    """Drawn by speculative decoding (decode/speculative.py, tokens_per_step drafts per forward):
-    exact draws of the sequential distribution along the order, so each slot is its own step.
-    The prompts of one length share a call."""
-    g, cfg = self.config.grpo, self.config.model
-    t, rows = cfg.block_size, np.repeat(prompt_P, g.group)
-    tokens_BT, order_BT = (np.zeros((len(rows), t), np.int32) for _ in range(2))
-    counted_BT, logprob_BT = np.zeros((len(rows), t), bool), np.zeros((len(rows), t), np.float32)
-    eos_id = self.tokenizer.eos_id if g.order == "l2r" else None  # speculative stops in L2R only
-    rule = common.DrawRule(vocab_limit=self.vocab_limit)
-    for p in sorted(set(prompt_P.tolist())):
-      out = np.flatnonzero(rows == p)
-      n = len(out)  # padded to one of a few batch sizes (a compile each), the padding dropped
-      known_BT = np.zeros((common.bucket_for(n, len(rows), 8), t), np.int32)
-      known_BT[:, :p] = tokens_PT[np.resize(out, len(known_BT)) // g.group, :p]
-      spec = speculative.DecoderSpec(cfg, g.tokens_per_step, p, rule, g.order, eos_id=eos_id)
-      tokens, order, _, _, drawn = jax.device_get(
-        speculative.decoder(spec)(
-          params,
-          None,
-          jnp.asarray(known_BT),
-          jnp.asarray(np.broadcast_to(np.arange(t) < p, known_BT.shape)),
-          jax.random.fold_in(jax.random.key(seed), p),
-          jnp.float32(g.temperature),
-          jnp.float32(1.0),
-          jnp.int32(0),
-        )
-      )
-      tokens, order, step_BT = tokens[:n], order[:n], np.asarray(drawn.step_BT)[:n]
-      counted = np.take_along_axis(step_BT, order, 1) >= 0
-      if eos_id is not None:  # tokens drawn past a row's EOS are not its answer's (slot = position)
-        counted &= np.arange(t) < common.eos_lengths(tokens, p, eos_id)[:, None]
-      tokens_BT[out], order_BT[out], counted_BT[out] = tokens, order, counted
-      logprob_BT[out] = np.take_along_axis(np.asarray(drawn.raw_logprob_BT)[:n], order, 1)
-    first_BT = np.broadcast_to(np.arange(t), tokens_BT.shape)
-    return Answers(tokens_BT, order_BT, counted_BT, first_BT, logprob_BT)

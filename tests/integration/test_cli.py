@@ -109,7 +109,8 @@ BAD_INPUTS = [
   (["sample", "--checkpoint={run}", "--schedule=square"], "--schedule=square"),
   (
     ["bench"],
-    "ao-mdm bench takes one of sample, train, data, restart, serve, posttrain, plan first, got nothing",
+    "ao-mdm bench takes one of sample, train, data, restart, serve, posttrain, plan first, "
+    "got nothing",
   ),
   (["bench", "fast", TINY], "got 'fast'"),
   (
@@ -236,7 +237,8 @@ BAD_INPUTS = [
   ),
   (
     ["sample", "--checkpoint={run}", "--mode=speculative", "--steps=8"],
-    "--steps applies to --mode=parallel or --mode=confidence or --mode=margin, not --mode=speculative",
+    "--steps applies to --mode=parallel or --mode=confidence or --mode=margin, "
+    "not --mode=speculative",
   ),
   (
     ["sample", "--checkpoint={run}", "--mode=confidence", "--order=l2r"],

@@ -280,10 +280,11 @@ def test_tokens_do_not_depend_on_what_else_runs(export):
 
 @pytest.mark.slow  # a server of its own, three policies compiled
 def test_every_served_policy_through_the_openai_client_alone_and_together(export):
-  """`--policies=parallel,margin,confidence`: a request's `policy` (extra_body) picks its
-  decoder. Greedy requests of every policy sent alone, then all at once: the same text each;
-  top_k=1 or top_p=1e-9 at temperature 1 give the greedy text; a stream gives the whole text."""
-  served = ("parallel", "margin", "confidence")
+  """`--policies=parallel,margin,confidence,speculative`: a request's `policy` (extra_body)
+  picks its decoder. Greedy requests of every policy sent alone, then all at once: the same text
+  each; top_k=1 or top_p=1e-9 at temperature 1 give the greedy text; a stream gives the whole
+  text."""
+  served = ("parallel", "margin", "confidence", "speculative")
   s = Server(
     export[0], "--max_batch=2", "--max_queue=32", "--max_tokens_per_step=2",
     f"--policies={','.join(served)}",
@@ -315,7 +316,7 @@ def test_every_served_policy_through_the_openai_client_alone_and_together(export
     )  # fmt: skip
     assert "".join(c.choices[0].text for c in stream) == alone["margin", "We the people"]
     with pytest.raises(openai.BadRequestError) as e:
-      ask("speculative", "We")
+      ask("nothing", "We")
     assert e.value.body["param"] == "policy" and "margin, confidence" in e.value.body["message"]
   finally:
     code, _, err = s.stop()

@@ -45,8 +45,8 @@ def _compiled(name: str, b: int = 3, steps: int = 8) -> str:
     fn = confidence.decoder(confidence.DecoderSpec(model=cfg, width=4, real_width=4), counts)
     args = (params, tokens, known, *draw)
   else:
-    fn = speculative.decoder(speculative.DecoderSpec(cfg, k=3, known=0))
-    args = (params, None, tokens, known, *draw)
+    fn = protocol.decoder(speculative.DecoderSpec(model=cfg, k=3), speculative.RowPlan((0, T, 3)))
+    args = (params, tokens, known, *draw)
   return fn.lower(*args).compile().as_text()
 
 

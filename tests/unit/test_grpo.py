@@ -211,11 +211,11 @@ def test_a_reward_is_named_as_module_function():
       grpo.load_reward(bad)
 
 
-def test_grpo_policies_are_the_registry_s_batched_ones_and_speculative():
+def test_grpo_policies_are_the_registry_s_batched_ones():
   from ao_mdm.decode import policies
 
   batched = {p.name for p in policies.POLICIES.values() if p.batched}
-  assert set(specs.GRPO_POLICIES) == batched | {"speculative"}
+  assert set(specs.GRPO_POLICIES) == batched
   with pytest.raises(ValueError, match="grpo.order=random: policy=margin chooses its own order"):
     specs.default().grpo.replace(policy="margin", order="random")
 

@@ -12,9 +12,9 @@ from scipy import stats
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
-from ao_mdm.decode import draft, parallel, speculative
+from ao_mdm.decode import batching, draft, parallel, protocol, speculative
 from ao_mdm.perf import bench_sample
-from helpers import naive_greedy, random_model
+from helpers import default_stage_keeps, naive_greedy, random_model
 
 
 def _l2r_joint(cfg, params):
@@ -36,23 +36,14 @@ def random_head(cfg, seed=0, scale=4.0):
 def _chi_square(cfg, params, verify, n, head=None):
   seqs, joint = _l2r_joint(cfg, params)
   assert n * joint.min() >= 5, "too few samples for the chi-square test"
-  decode = speculative.decoder(
-    speculative.DecoderSpec(cfg, cfg.block_size - 1, 0, verify=verify, head=head is not None)
+  out = speculative.sample(
+    params, cfg, batch_size=n, draft=cfg.block_size - 1, seed=7, draft_head=head, verify=verify
   )
-  tokens, _, st, _, _ = decode(
-    params,
-    head,
-    jnp.zeros((n, cfg.block_size), jnp.int32),
-    jnp.zeros((n, cfg.block_size), bool),
-    jax.random.key(7),
-    jnp.float32(1.0),
-    jnp.float32(1.0),
-    jnp.int32(0),
-  )
+  tokens, st = out.tokens, out.stats
   index = np.asarray(tokens) @ (cfg.vocab_size ** np.arange(cfg.block_size)[::-1])
   counts = np.bincount(index, minlength=len(seqs))
   result = stats.chisquare(counts, n * joint / joint.sum())
-  return result.statistic, result.pvalue, {name: np.asarray(x) for name, x in st.items()}
+  return result.statistic, result.pvalue, st
 
 
 @pytest.mark.slow  # 20,000 draws (about 25 s); the greedy equalities stay in the default stage
@@ -100,24 +91,19 @@ def _order_joint(cfg, params, known_pos, known_tok):
 def _order_chi_square(cfg, params, verify, n, known_pos, known_tok, head=None):
   seqs, order, joint = _order_joint(cfg, params, known_pos, known_tok)
   assert n * joint.min() >= 5, "too few samples for the chi-square test"
-  decode = speculative.decoder(
-    speculative.DecoderSpec(
-      cfg, 2, len(known_pos), order="random", head=head is not None, verify=verify
-    )
-  )
-  tokens = np.zeros((n, cfg.block_size), np.int32)
-  known = np.zeros((n, cfg.block_size), bool)
-  tokens[:, known_pos], known[:, known_pos] = known_tok, True
-  out_tok, out_order, _, _, _ = decode(
+  out = speculative.sample(
     params,
-    head,
-    jnp.asarray(tokens),
-    jnp.asarray(known),
-    jax.random.key(3),
-    jnp.float32(1.0),
-    jnp.float32(1.0),
-    jnp.int32(0),
+    cfg,
+    batch_size=n,
+    draft=2,
+    seed=3,
+    known_positions=known_pos,
+    known_tokens=known_tok,
+    order="random",
+    draft_head=head,
+    verify=verify,
   )
+  out_tok, out_order = out.tokens, out.order
   cell = {(tuple(o), tuple(x)): i for i, (o, x) in enumerate(zip(order.tolist(), seqs.tolist()))}
   index = [
     cell[(tuple(o), tuple(x))]
@@ -239,3 +225,43 @@ def test_bench_counts_every_seed():
     assert row["forwards_per_sequence"] == pytest.approx(forwards)
     assert row["tokens_per_forward"] == pytest.approx((8 if not known else 4) / forwards)
     assert 0 <= row["first_draft_acceptance"] <= 1 and 0 < row["first_draft_overlap"] <= 1
+
+
+@pytest.mark.parametrize("temperature", default_stage_keeps([1.0, 0.0], [1.0]))
+def test_rows_in_the_continuous_batcher_decode_as_they_do_alone(temperature):
+  """Speculative through batching.Batcher (the server's and GRPO's driver): requests of other
+  lengths, orders and plans join and leave a batch of 2 rows, each giving the tokens, order,
+  log-probs and forwards of its plan decoded alone by the static driver with its seed; a
+  request of `steps` steps verifies ceil(unknown / steps) drafts per forward, at most k (then
+  it is speculative.sample's)."""
+  cfg, params = random_model(v=64, t=16, scale=4.0, seed=1)
+  spec = speculative.continuing(cfg, tokens_per_step=3, order="random")
+  batcher = batching.Batcher(params, spec, batch=2, max_steps=16)
+  cases = [
+    ((0, 1, 2), 5, 3),
+    ((), 16, 1),
+    ((0, 4, 9), 7, 2),
+    ((2,), 3, 3),
+  ]  # (known, steps, drafts)
+  requests = [
+    batching.Request(pos, tuple(7 + p for p in pos), steps, seed=i, temperature=temperature)
+    for i, (pos, steps, _) in enumerate(cases)
+  ]
+  done = batching.decode_all(batcher, requests)
+  for (pos, steps, drafts), request, got in zip(cases, requests, done):
+    tokens, known = np.zeros((1, 16), np.int32), np.zeros((1, 16), bool)
+    tokens[0, list(pos)], known[0, list(pos)] = request.token_ids, True
+    plan = spec.plan_request(len(pos), 16, steps, "linear", 16)
+    assert plan.extent[2] == drafts
+    ref = protocol.run(spec, plan, params, tokens, known, request.seed, temperature, 1.0, 0)
+    np.testing.assert_array_equal(got.order, ref.rows.order_BT[0])
+    np.testing.assert_array_equal(got.tokens, ref.rows.tokens_BT[0])
+    np.testing.assert_allclose(got.logprobs, ref.rows.drawn.logprob_BT[0], atol=1e-5)
+    assert got.forwards == ref.rows.forwards_B[0]
+    if drafts == 3:  # the spec's own k: the public sampler's
+      out = speculative.sample(
+        params, cfg, batch_size=1, draft=3, order="random", seed=request.seed,
+        temperature=temperature, known_positions=pos, known_tokens=request.token_ids,
+      )  # fmt: skip
+      np.testing.assert_array_equal(got.tokens, out.tokens[0])
+  assert len({f.forwards for f in done}) > 1
