@@ -35,14 +35,13 @@ def prefill_width(n: int, t: int) -> int:
 
 
 class _Start(NamedTuple):
-  """A request as its rows are inserted: known tokens [1, T], order [1, T], the policy's plan,
-  draw keys [1], the known count."""
+  """A request as its rows are inserted: known tokens [1, T], the policy's plan, the known
+  count, and its index in the order and key arrays of its add_many call."""
 
   tokens: Any
-  order: jax.Array
   plan: Any
-  keys: jax.Array
   known: int
+  at: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,22 +106,37 @@ class Batcher:
     # multiplies a single row by other kernels, whose rounding differs, and a row's tokens
     # would depend on what else runs (from 2 rows up they are bitwise the same).
     self.sizes = tuple(sorted({min(2, batch), batch}))
-    self.state = self._empty(self.sizes[0])
+    # The cache holds the slots of the current step's shape, resized (a copy) when that
+    # changes: a step reading part of a longer cache copied that part in every layer.
+    self.state = self._empty(self.sizes[0], spec.shapes()[0].cache_len)
     # The state is donated: a step or insert updates it (its K/V cache above all) in place,
     # where a copy of the cache every forward cost more than the forward (16 rows of ao_small).
-    self._step = jax.jit(functools.partial(spec.step, dm), static_argnums=2, donate_argnums=1)
-    self._insert = jax.jit(
-      functools.partial(protocol.insert, spec, dm),
-      static_argnames=("width", "cache_len"),
-      donate_argnums=1,
+    self._advance = jax.jit(
+      functools.partial(protocol.advance, spec, dm), static_argnums=2, donate_argnums=1
     )
+    self._prefill = jax.jit(
+      functools.partial(protocol.prefill, spec, dm), static_argnames=("width",)
+    )
+    self._insert = jax.jit(functools.partial(protocol.insert, spec), donate_argnums=0)
+    self._resized = jax.jit(engine.KVCache.resized, static_argnums=1)
     # Prompts -> their rows' cache (a KVCache of one row), the last used last:
     # a new request whose prompt shares a prefix with one copies those slots, not computes them.
     self.prefixes: collections.OrderedDict[tuple, engine.KVCache] = collections.OrderedDict()
     self.max_prefixes, self.reused_slots = prefixes, 0
-    self._keys = jax.jit(spec.orders)
+    # Each request's order and draw key from its seed: one call for all that join at once.
+    one = lambda seed, mask_T, end: spec.orders(jax.random.key(seed), mask_T[None], end)
+    self._starts = jax.jit(jax.vmap(one))
+    self._plan = functools.lru_cache(maxsize=4096)(spec.plan_request)  # plans repeat
     self.requests: list[Request | None] = [None] * batch
-    self.rows = jax.device_get(self.state.rows)  # as of the last step, on the host
+    self._rows: Any = None
+
+  @property
+  def rows(self) -> Any:
+    """The state's rows as of the last step, on the host (fetched at the first read after it:
+    a caller that needs only the finished ones does not pay for all)."""
+    if self._rows is None:
+      self._rows = jax.device_get(self.state.rows)
+    return self._rows
 
   @property
   def params(self) -> Any:
@@ -161,10 +175,20 @@ class Batcher:
     than the batch was built for, or more steps."""
     return self.add_many([request])[0]
 
-  def _empty(self, rows: int) -> protocol.DecodeState:
+  def _empty(self, rows: int, cache_len: int | None) -> protocol.DecodeState:
     """A state of free rows, a buffer of its own per leaf (empty() shares its zeros), as
     donation needs."""
-    return jax.tree.map(jnp.copy, protocol.empty(self.spec, rows, self.max_steps))
+    return jax.tree.map(jnp.copy, protocol.empty(self.spec, rows, self.max_steps, cache_len))
+
+  @property
+  def cache_len(self) -> int:
+    """The cache slots the state holds (0 without a cache)."""
+    return 0 if self.state.cache is None else self.state.cache.length
+
+  def _hold(self, length: int) -> None:
+    """The state's cache resized to `length` slots: a copy, once per change of shape."""
+    if self.state.cache is not None and length != self.cache_len:
+      self.state = self.state._replace(cache=self._resized(self.state.cache, length))
 
   @property
   def held(self) -> int:
@@ -174,11 +198,11 @@ class Batcher:
   def _resize(self, rows: int) -> None:
     """The state at `rows` rows: cut after its first rows (the others free), or padded with
     free rows. A copy of the state, once per change of size."""
-    held = self.held
+    held, self._rows = self.held, None
     if rows < held:
       self.state = jax.tree.map(lambda x: x[:rows], self.state)
     elif rows > held:
-      more = self._empty(rows - held)
+      more = self._empty(rows - held, self.cache_len or None)
       self.state = jax.tree.map(lambda x, y: jnp.concatenate([x, y]), self.state, more)
 
   def add_many(self, requests: list[Request]) -> list[int]:
@@ -187,19 +211,30 @@ class Batcher:
     free = [r for r, q in enumerate(self.requests) if q is None]
     if len(requests) > len(free):
       raise ValueError(f"{len(requests)} requests for {len(free)} free rows")
-    parts = []
-    for request in requests:
+    parts, masks, ends = [], [], []
+    for i, request in enumerate(requests):
+      if not 0 <= request.seed < 2**31:
+        raise ValueError(f"{request}: seed={request.seed} must be in [0, 2**31)")
       tokens, mask = common.known_inputs(
         self.spec.model, 1, request.positions, request.token_ids, None
       )
       end = common.decode_end(request.end, mask[0])
       known = int(mask[0].sum())
       try:
-        plan = self.spec.plan_request(known, end, request.steps, request.schedule, self.max_steps)
+        plan = self._plan(known, end, request.steps, request.schedule, self.max_steps)
       except ValueError as e:
         raise ValueError(f"{request} needs {e}") from None
-      order, keys = self._keys(jax.random.key(request.seed), jnp.asarray(mask), end=jnp.int32(end))
-      parts.append(_Start(tokens, order, plan, keys, known))
+      parts.append(_Start(tokens, plan, known, i))
+      masks.append(mask[0])
+      ends.append(end)
+    # Padded to a power of two (a compile each), the padding's results unused.
+    pad = (1 << (len(requests) - 1).bit_length()) - len(requests)
+    seeds = [q.seed for q in requests] + [0] * pad
+    begun = self._starts(
+      np.asarray(seeds, np.int32),
+      np.stack(masks + masks[-1:] * pad),
+      np.asarray(ends + [0] * pad, np.int32),
+    )
     rows = free[: len(requests)]
     self._resize(max(self.held, self._size(max(rows) + 1)))
     reuse = [self._shared_prefix(q) for q in requests]
@@ -210,7 +245,7 @@ class Batcher:
     ):
       if group:
         pick = lambda xs: [xs[i] for i in group]
-        self._insert_rows(pick(rows), pick(requests), pick(parts), pick(reuse))
+        self._insert_rows(pick(rows), pick(requests), pick(parts), pick(reuse), begun)
     for row, request in zip(rows, requests):
       self.requests[row] = request
     self._remember(rows, requests)
@@ -220,41 +255,46 @@ class Batcher:
     """The smallest state size that holds `rows` rows."""
     return min(n for n in self.sizes if n >= rows)
 
-  def _insert_rows(self, rows: list, requests: list, parts: list, reuse: list) -> None:
+  def _insert_rows(self, rows: list, requests: list, parts: list, reuse: list, begun) -> None:
     """One insert (a prefill forward) of requests into rows; reuse: per request (the slots
-    copied from a stored prompt's cache, that cache), all 0 or all > 0. They are padded to a
-    power of two with copies of the last (the same values written twice): an insert is
-    compiled for a few counts of rows, not for every count."""
+    copied from a stored prompt's cache, that cache), all 0 or all > 0; begun: the orders
+    [N, 1, T] and keys [N, 1] of their add_many call. They are padded to a power of two with
+    copies of the last (the same values written twice): an insert is compiled for a few counts
+    of rows, not for every count."""
     t = self.spec.model.block_size
     pad = min(1 << (len(rows) - 1).bit_length(), self.held) - len(rows)
     rows, requests, parts, reuse = (xs + xs[-1:] * pad for xs in (rows, requests, parts, reuse))
-    column = lambda values, dtype=jnp.int32: jnp.asarray(values, dtype)
+    column = lambda values, dtype=np.int32: jnp.asarray(np.asarray(values, dtype))
+    bucket = lambda n: common.bucket_for(n, t, self.spec.buckets.cache_len)
+    self._hold(max(self.cache_len, bucket(max(p.known for p in parts))))
     starts = [r[0] for r in reuse]
+    prefix = None
+    if max(starts):  # the stored caches cut to the slots the prefill reads
+      stored = [r[1].resized(bucket(max(starts))) for r in reuse]
+      stored = jax.tree.map(lambda *x: jnp.concatenate(x), *stored)
+      prefix = protocol.Prefix(column(starts), stored)
+    tokens = jnp.concatenate([jnp.asarray(p.tokens) for p in parts])
+    order = begun[0][column([p.at for p in parts]), 0]
     todo = max(p.known - m for p, m in zip(parts, starts))
-    prefix, cache_len = None, 0
-    if max(starts):
-      stored = jax.tree.map(lambda *x: jnp.concatenate(x), *[r[1] for r in reuse])
-      prefix, cache_len = (column(starts), stored), max(starts)
-      cache_len = common.bucket_for(cache_len, t, common.CACHE_BUCKETS)
+    # A few static prefill widths (a compile each), not one per prompt length.
+    kv = self._prefill(self.params, tokens, order, prefill_width(todo, t), prefix) if todo else None
     plans = jax.tree.map(lambda *x: column(x), *[p.plan for p in parts], is_leaf=protocol.is_row)
+    self._rows = None
     self.state = self._insert(
-      self.params,
       self.state,
       column(rows),
-      jnp.concatenate([jnp.asarray(p.tokens) for p in parts]),
-      jnp.concatenate([p.order for p in parts]),
+      tokens,
+      order,
       column([p.known for p in parts]),
-      jnp.concatenate([p.keys for p in parts]),
+      begun[1][column([p.at for p in parts]), 0],
       (
-        column([q.temperature for q in requests], jnp.float32),
-        column([q.top_p for q in requests], jnp.float32),
+        column([q.temperature for q in requests], np.float32),
+        column([q.top_p for q in requests], np.float32),
         column([q.top_k for q in requests]),
       ),
       plans,
-      # A few static prefill widths (a compile each), not one per prompt length.
-      width=prefill_width(todo, t) if todo else 0,
-      prefix=prefix,
-      cache_len=cache_len,
+      kv,
+      prefix,
     )
 
   @staticmethod
@@ -296,24 +336,28 @@ class Batcher:
         self.prefixes.popitem(last=False)
 
   def warm_up(self, progress: Any = None) -> None:
-    """Compiles, at each state size, the one-row prefill of each width bucket (on a free row,
-    its work dropped) and the step of each cache bucket: a server says it is ready only once a
-    request waits on no compile (but a prefill of several rows at once, compiled at first use).
-    progress(done, total) after each."""
+    """Compiles, at each state size and cache length, the one-row prefill of each width bucket
+    that fits (on a free row, its work dropped) and the steps of each shape: a server says it
+    is ready only once a request waits on no compile (but a prefill of several rows at once,
+    compiled at first use). progress(done, total) after each."""
     t = self.spec.model.block_size
-    widths = prefill_widths(t)
     shapes = self.spec.shapes()
-    total = len(self.sizes) * (len(widths) + len(shapes))
+    lengths = sorted({s.cache_len for s in shapes})
+    bucket = lambda n: common.bucket_for(n, t, self.spec.buckets.cache_len)
+    known = [min(w, t - 1) for w in prefill_widths(t)]
+    inserts = [(n, k) for n in lengths for k in known if bucket(k) <= n]
+    total = len(self.sizes) * (len(inserts) + len(shapes))
     done = iter(range(1, total + 1))
     for size in self.sizes:
       self._resize(size)
-      for width in widths:
-        known = min(width, t - 1)
-        self.cancel(self.add(Request(tuple(range(known)), (0,) * known, t - known)))
+      for length, k in inserts:
+        self._hold(length)
+        self.cancel(self.add(Request(tuple(range(k)), (0,) * k, t - k)))
         if progress:
           progress(next(done), total)
       for shape in shapes:  # every row free: the step changes nothing
-        self.state = jax.block_until_ready(self._step(self._stepped, self.state, shape))
+        self._hold(shape.cache_len)
+        self.state = jax.block_until_ready(self._run_steps(shape, 1, True))
         if progress:
           progress(next(done), total)
     self.prefixes.clear()
@@ -326,30 +370,43 @@ class Batcher:
     if row < self.held:
       active_B = rows.active_B.at[row].set(False)
       self.state = self.state._replace(rows=rows._replace(active_B=active_B))
+      self._rows = None
     self.requests[row] = None
 
-  def step(self) -> list[Finished]:
-    """One step of every active row; the requests that finished leave their rows."""
+  def _run_steps(self, shape: protocol.Shape, steps: int, until_finish: bool) -> Any:
+    return self._advance(
+      self._stepped, self.state, shape, jnp.int32(steps), jnp.asarray(until_finish)
+    )
+
+  def step(self, steps: int = 1, until_finish: bool = True) -> list[Finished]:
+    """Up to `steps` steps of every active row in one call (ending early once every row is
+    done, a step would need another static shape, or with until_finish once a row finishes);
+    the requests that finished leave their rows."""
     active = np.asarray(self.state.rows.active_B)
     self._resize(self._size(int(np.flatnonzero(active).max(initial=0)) + 1))
     shape = self.spec.shape(self.state.rows, self.state.fields)
-    self.state = self._step(self._stepped, self.state, shape)
-    rows = self.rows = jax.device_get(self.state.rows)
+    self._hold(shape.cache_len)
+    self.state, self._rows = self._run_steps(shape, steps, until_finish), None
+    active = np.asarray(self.state.rows.active_B)
+    ended = [(r, q) for r, q in enumerate(self.requests) if q is not None and not active[r]]
+    if not ended:
+      return []
+    index = jnp.asarray([r for r, _ in ended])
+    rows = jax.device_get(jax.tree.map(lambda x: x[index], self.state.rows))
     done = []
-    for r, request in enumerate(self.requests):
-      if request is not None and not rows.active_B[r]:
-        done.append(
-          Finished(
-            request,
-            rows.tokens_BT[r],
-            rows.order_BT[r],
-            rows.drawn.logprob_BT[r],
-            rows.drawn.raw_logprob_BT[r],
-            rows.drawn.step_BT[r],
-            int(rows.forwards_B[r]),
-          )
+    for i, (r, request) in enumerate(ended):
+      done.append(
+        Finished(
+          request,
+          rows.tokens_BT[i],
+          rows.order_BT[i],
+          rows.drawn.logprob_BT[i],
+          rows.drawn.raw_logprob_BT[i],
+          rows.drawn.step_BT[i],
+          int(rows.forwards_B[i]),
         )
-        self.requests[r] = None
+      )
+      self.requests[r] = None
     return done
 
 
@@ -364,7 +421,8 @@ def decode_all(batcher: Batcher, requests: list[Request]) -> list[Finished]:
       for row, (i, _) in zip(batcher.add_many([q for _, q in joining]), joining):
         rows[row] = i
     busy = [r for r, q in enumerate(batcher.requests) if q is not None]
-    finished = batcher.step()  # in row order
+    # Many steps a call; until a row finishes only while a request waits for a free row.
+    finished = batcher.step(batcher.spec.model.block_size, until_finish=bool(pending))
     for row, f in zip([r for r in busy if batcher.requests[r] is None], finished):
       done[rows.pop(row)] = f
   return [done[i] for i in range(len(requests))]

@@ -9,7 +9,7 @@ committed slots enter the cache one step late: step i's real slots are those of 
 """
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +50,7 @@ class DecoderSpec(protocol.PolicySpec):
   (`confidence`). width: the most positions a step commits; real_width: the most a step
   before the last commits (their slots enter the cache at the next step)."""
 
+  buckets: ClassVar[protocol.Shape] = protocol.Shape(common.CACHE_BUCKETS, QUERY_BUCKETS)
   score: str = "max_prob"  # options.SCORES
   width: int = 1
   real_width: int = 1
@@ -100,25 +101,9 @@ class DecoderSpec(protocol.PolicySpec):
       for a, b, u in common.bucket_segments([end - n for n in counts[:-1]], end, QUERY_BUCKETS)
     )
 
-  def shapes(self) -> list:
-    t = self.model.block_size
-    return [
-      protocol.Shape(c, u)
-      for c in common.bucket_bounds(t, common.CACHE_BUCKETS)
-      for u in common.bucket_bounds(t, QUERY_BUCKETS)
-    ]
-
-  def shape(self, rows: engine.Rows, fields: Fields) -> protocol.Shape:
-    """The cache bucket holding every active row's filled slots; the query bucket holding its
-    candidates."""
-    active = np.asarray(rows.active_B)
-    n = np.asarray(rows.filled_B)[active]
-    left = np.asarray(fields.counts_BS)[active, -1] - n
-    t = self.model.block_size
-    return protocol.Shape(
-      common.bucket_for(int(n.max(initial=0)), t, common.CACHE_BUCKETS),
-      common.bucket_for(int(left.max(initial=1)), t, QUERY_BUCKETS),
-    )
+  def needs(self, rows: engine.Rows, fields: Fields) -> tuple:
+    """A step writes the real slots up to n - 1 and scores every candidate."""
+    return rows.filled_B, fields.counts_BS[:, -1] - rows.filled_B
 
   def step(
     self, dm: engine.DecodeModel, params: Any, s: protocol.DecodeState, shape: protocol.Shape

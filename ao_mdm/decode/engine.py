@@ -47,13 +47,17 @@ class KVCache(NamedTuple):
     """The cache of per-layer (k, v) pairs."""
     return KVCache(*(tuple(z) for z in zip(*layers)))
 
-  def grown(self, length: int) -> "KVCache":
-    """The cache holding `length` >= P slots: the P it holds, then zeros."""
-    assert length >= self.length, (length, self.length)
-    pad = lambda x, axis: jnp.pad(
-      x, [(0, length - self.length if a == axis else 0) for a in range(4)]
+  def resized(self, length: int) -> "KVCache":
+    """The cache holding `length` slots: its first ones, then zeros."""
+    if length == self.length:
+      return self
+    fit = lambda x, axis: jax.lax.slice_in_dim(
+      jnp.pad(x, [(0, max(length - self.length, 0) if a == axis else 0) for a in range(4)]),
+      0,
+      length,
+      axis=axis,
     )
-    return KVCache(tuple(pad(k, 3) for k in self.k), tuple(pad(v, 2) for v in self.v))
+    return KVCache(tuple(fit(k, 3) for k in self.k), tuple(fit(v, 2) for v in self.v))
 
   def take(self, rows_R: jax.Array) -> "KVCache":
     """The cache of rows rows_R only."""
@@ -221,39 +225,28 @@ class DecodeModel(NamedTuple):
   def prefill(
     self,
     params: Any,
-    cache: KVCache,
     tokens_BT: jax.Array,
     order_BT: jax.Array,
-    known_B: jax.Array,
     width: int,
-    rows_B: jax.Array | None = None,
     start_B: jax.Array | None = None,
-    cache_len: int = 0,
-  ) -> KVCache:
-    """The cache with rows rows_B's slots 0..known-1 written (their inputs are known tokens):
-    one causal forward of `width` >= max(known) slots; the slots past a row's known count are
-    computed and dropped. With start_B (slots already in the cache: a reused prefix), the
-    forward's `width` columns start there and read the first cache_len cache slots."""
-    if width == 0:
-      return cache
+    stored: KVCache | None = None,
+  ) -> dict:
+    """K/V {"k", "v"} [L, B, W, H, K] of order slots start_B .. start_B + width - 1 (default
+    0 ..), whose inputs are known tokens: one causal forward of `width` slots (the caller keeps
+    the known ones). With start_B the forward reads `stored`, a cache of the B rows holding
+    their slots before start_B (a reused prefix)."""
     b, t = order_BT.shape
     if start_B is None:
       slots_BW = jnp.broadcast_to(jnp.arange(width), (b, width))
       tok, pos = slot_inputs(tokens_BT, order_BT, slots_BW)
-      _, _, kv, _ = self._run(params, tok, pos, order_BT[:, :width], None, None)
-    else:
-      slots_BW = start_B[:, None] + jnp.arange(width)
-      tok, pos = slot_inputs(tokens_BT, order_BT, slots_BW)
-      target = jnp.take_along_axis(order_BT, jnp.minimum(slots_BW, t - 1), 1)
-      causal = jnp.broadcast_to(jnp.arange(width), (b, width))
-      rows = jnp.arange(b) if rows_B is None else rows_B
-      _, _, kv, _ = self.forward(
-        params,
-        cache.take(rows),
-        Chunk(tok, pos, target, causal, start_B),
-        cache_len,
-      )
-    return cache.write(kv, jnp.where(slots_BW < known_B[:, None], slots_BW, t), rows_B)
+      return self._run(params, tok, pos, order_BT[:, :width], None, None)[2]
+    assert stored is not None
+    slots_BW = start_B[:, None] + jnp.arange(width)
+    tok, pos = slot_inputs(tokens_BT, order_BT, slots_BW)
+    target = jnp.take_along_axis(order_BT, jnp.minimum(slots_BW, t - 1), 1)
+    causal = jnp.broadcast_to(jnp.arange(width), (b, width))
+    chunk = Chunk(tok, pos, target, causal, start_B)
+    return self.forward(params, stored, chunk, stored.length)[2]
 
 
 class Drawn(NamedTuple):

@@ -131,17 +131,9 @@ class DecoderSpec(protocol.PolicySpec):
     made = Plan.make(np.asarray(plan.counts), self.use_cache)
     return tuple((a, b, protocol.Shape(n)) for a, b, n in made.segments)
 
-  def shapes(self) -> list:
-    """Every static shape a batch of this spec steps with."""
-    return [
-      protocol.Shape(n) for n in common.bucket_bounds(self.model.block_size, common.CACHE_BUCKETS)
-    ]
-
-  def shape(self, rows: engine.Rows, fields: Fields) -> protocol.Shape:
-    """The cache bucket that holds every active row's cached slots (host arrays)."""
-    cached = np.asarray(rows.cached_B)[np.asarray(rows.active_B)]
-    t = self.model.block_size
-    return protocol.Shape(common.bucket_for(int(cached.max(initial=0)), t, common.CACHE_BUCKETS))
+  def needs(self, rows: engine.Rows, fields: Fields) -> tuple:
+    """A step reads the cached slots and writes the real ones up to slot n."""
+    return (rows.filled_B + 1,)
 
   def step(
     self, dm: engine.DecodeModel, params: Any, s: protocol.DecodeState, shape: protocol.Shape

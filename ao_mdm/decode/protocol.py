@@ -5,6 +5,7 @@ batch) and batching.Batcher (rows that join and leave between steps)."""
 
 import dataclasses
 import functools
+import itertools
 from typing import Any, ClassVar, NamedTuple
 
 import jax
@@ -25,8 +26,8 @@ class DecodeState(NamedTuple):
 
 
 class Shape(NamedTuple):
-  """A step's static shape: the cache slots it reads and holds, and the policy's own width
-  (e.g. the query columns of an adaptive order). Each is compiled once."""
+  """A step's static shape: the cache slots it reads and writes (the cache it holds), and the
+  policy's own width (e.g. the query columns of an adaptive order). Each is compiled once."""
 
   cache_len: int
   width: int = 0
@@ -46,6 +47,8 @@ class PolicySpec:
   # Each token drawn from its conditional given every order slot before it (exact sequential
   # draws), not given its step's start: what a scorer of the draws conditions on.
   sequential: ClassVar[bool] = False
+  # The buckets each Shape field is compiled for (0: the field is always 0).
+  buckets: ClassVar[Shape] = Shape(common.CACHE_BUCKETS)
 
   def plan_request(self, known: int, end: int, steps: int, schedule: str, max_steps: int) -> Any:
     """One request's plan on the host (a NamedTuple of int tuples, one row of `fields`): known
@@ -72,13 +75,34 @@ class PolicySpec:
     DecodeState."""
     raise NotImplementedError
 
-  def shape(self, rows: engine.Rows, fields: Any) -> "Shape":
-    """The static shape of the next step of the active rows (read on the host)."""
+  def needs(self, rows: engine.Rows, fields: Any) -> tuple:
+    """Per row ([B] host or traced arrays), one per Shape field: what its next step needs (the
+    cache slots it reads and writes, the policy's width), each at most T."""
     raise NotImplementedError
+
+  def shape(self, rows: engine.Rows, fields: Any) -> Shape:
+    """The static shape of the next step of the active rows: each field's bucket (host)."""
+    active, t = np.asarray(rows.active_B), self.model.block_size
+    return Shape(
+      *(
+        common.bucket_for(int(np.asarray(need)[active].max(initial=1)), t, n) if n else 0
+        for need, n in zip(self.needs(rows, fields), self.buckets)
+      )
+    )
+
+  def fits(self, rows: engine.Rows, fields: Any, shape: Shape) -> jax.Array:
+    """Whether the next step of every active row fits `shape` (traced)."""
+    needs = [x for x, n in zip(self.needs(rows, fields), self.buckets) if n]
+    bounds = [b for b, n in zip(shape, self.buckets) if n]
+    return jnp.all(
+      jnp.stack([jnp.where(rows.active_B, x <= b, True) for x, b in zip(needs, bounds)])
+    )
 
   def shapes(self) -> list:
     """Every Shape `shape` can return: what a server compiles before it says it is ready."""
-    raise NotImplementedError
+    t = self.model.block_size
+    bounds = [common.bucket_bounds(t, n) if n else [0] for n in self.buckets]
+    return [Shape(*x) for x in itertools.product(*bounds)]
 
   def segments(self, plan: Any) -> tuple:
     """((first step, end step, Shape), ...): the static loop of a batch sharing `plan`."""
@@ -110,10 +134,34 @@ def empty(spec: PolicySpec, batch: int, steps: int, cache_len: int | None = None
   return DecodeState(rows, cache, spec.fields(b, steps))
 
 
-def insert(
+class Prefix(NamedTuple):
+  """New rows' slots already computed: each row's slots before start_R are copied from
+  `stored`, a KVCache of the R rows (a prompt prefix another request computed)."""
+
+  start_R: jax.Array
+  stored: engine.KVCache
+
+
+def prefill(
   spec: PolicySpec,
   dm: engine.DecodeModel,
   params: Any,
+  tokens_RT: jax.Array,
+  order_RT: jax.Array,
+  width: int,
+  prefix: Prefix | None = None,
+) -> dict | None:
+  """The K/V of new rows' first `width` order slots (from prefix.start_R on, reading its
+  cache), which must hold every known one: insert keeps those. None without a cache or width."""
+  if not spec.use_cache or not width:
+    return None
+  if prefix is None:
+    return dm.prefill(params, tokens_RT, order_RT, width)
+  return dm.prefill(params, tokens_RT, order_RT, width, prefix.start_R, prefix.stored)
+
+
+def insert(
+  spec: PolicySpec,
   s: DecodeState,
   rows_R: jax.Array,
   tokens_RT: jax.Array,
@@ -122,30 +170,28 @@ def insert(
   keys_R: jax.Array,
   draw_R: tuple,
   fields_R: Any,
-  width: int,
-  prefix: tuple | None = None,
-  cache_len: int = 0,
+  kv: dict | None,
+  prefix: Prefix | None = None,
 ) -> DecodeState:
   """The state with rows rows_R starting new requests: their tokens (the known ones at the
   first known_R slots of their orders), draw keys and settings (temperature, top_p, top_k per
-  row) and the policy's fields; each row's known slots are prefilled by one forward of `width`
-  >= its known count slots. prefix (start_R, stored): each row's slots before start_R are copied
-  from `stored`, a KVCache of R rows (KVCache.with_prefix), and the forward starts there
-  (reading cache_len)."""
+  row), the policy's fields, and in the cache their known slots: those before prefix.start_R
+  copied from prefix.stored, the rest from kv (`prefill`'s)."""
   new = engine.new_rows(tokens_RT, order_RT, known_R, keys_R, *draw_R)
   put = lambda old, x: old.at[rows_R].set(x)
   rows = jax.tree.map(put, s.rows, new)
   cache = s.cache
-  if cache is not None and prefix is not None:
-    start_R, stored = prefix
-    cache = cache.with_prefix(rows_R, start_R, stored)
-    cache = dm.prefill(
-      params, cache, tokens_RT, order_RT, known_R, width, rows_R, start_R, cache_len
-    )
-  elif cache is not None:
-    cache = dm.prefill(params, cache, tokens_RT, order_RT, known_R, width, rows_R)
-  else:
+  if cache is None:
     rows = rows._replace(cached_B=rows.cached_B.at[rows_R].set(0))
+  else:
+    start_R = jnp.zeros_like(known_R)
+    if prefix is not None:
+      start_R = prefix.start_R
+      cache = cache.with_prefix(rows_R, start_R, prefix.stored.resized(cache.length))
+    if kv is not None:
+      slots_RW = start_R[:, None] + jnp.arange(kv["k"].shape[2])
+      t = spec.model.block_size
+      cache = cache.write(kv, jnp.where(slots_RW < known_R[:, None], slots_RW, t), rows_R)
   fields = jax.tree.map(put, s.fields, spec.start(fields_R, order_RT, known_R, keys_R))
   return DecodeState(rows, cache, fields)
 
@@ -165,35 +211,52 @@ def decoder(spec: PolicySpec, plan: Any):
     order_BT, keys_B = spec.orders(key, known_BT, end)
     full = lambda x: jnp.full((b,), x)
     s = empty(spec, b, steps, segments[0][2].cache_len)
+    tokens_BT = jnp.where(known_BT, tokens_BT, 0)
     s = insert(
       spec,
-      dm,
-      params,
       s,
       jnp.arange(b),
-      jnp.where(known_BT, tokens_BT, 0),
+      tokens_BT,
       order_BT,
       full(jnp.int32(known)),
       keys_B,
       (full(temperature), full(top_p), full(top_k)),
       jax.tree.map(lambda x: jnp.broadcast_to(x, (b, *x.shape)), fields),
-      known,
+      prefill(spec, dm, params, tokens_BT, order_BT, known),
     )
     if spec.use_cache:
       params = dm.loop_params(params)
     for first, last, shape in segments:
       if s.cache is not None:
-        s = s._replace(cache=s.cache.grown(shape.cache_len))
-      # Up to the segment's last step, and not once every row is done (a row's plan may end
-      # early: at an EOS, or a policy whose steps vary, such as speculative's).
-      _, s = jax.lax.while_loop(
-        lambda c, last=last: (c[0] < last) & jnp.any(c[1].rows.active_B),
-        lambda c, shape=shape: (c[0] + 1, spec.step(dm, params, c[1], shape)),
-        (jnp.int32(first), s),
-      )
+        s = s._replace(cache=s.cache.resized(shape.cache_len))
+      s = advance(spec, dm, params, s, shape, last - first, until_finish=False, bounded=False)
     return s
 
   return jax.jit(run)
+
+
+def advance(
+  spec: PolicySpec,
+  dm: engine.DecodeModel,
+  params: Any,
+  s: DecodeState,
+  shape: Shape,
+  limit: Any,
+  until_finish: Any,
+  bounded: bool = True,
+) -> DecodeState:
+  """Up to `limit` steps at `shape`, ending once every row is done, (until_finish) once a row
+  that was active finishes, or (bounded) before a step that would not fit `shape`."""
+  started_B = s.rows.active_B
+
+  def more(c) -> jax.Array:
+    i, s = c
+    go = (i < limit) & jnp.any(s.rows.active_B)
+    go &= ~(until_finish & jnp.any(started_B & ~s.rows.active_B))
+    return go & spec.fits(s.rows, s.fields, shape) if bounded else go
+
+  one = lambda c: (c[0] + 1, spec.step(dm, params, c[1], shape))
+  return jax.lax.while_loop(more, one, (jnp.int32(0), s))[1]
 
 
 def run(spec: PolicySpec, plan: Any, params: Any, tokens_BT, known_BT, seed: int, *draw) -> Any:

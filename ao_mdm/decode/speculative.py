@@ -109,15 +109,9 @@ class DecoderSpec(protocol.PolicySpec):
   def segments(self, plan: RowPlan) -> tuple:
     return ((0, self.extent(plan)[2], protocol.Shape(self.model.block_size)),)
 
-  def shapes(self) -> list:
-    t = self.model.block_size
-    return [protocol.Shape(c) for c in common.bucket_bounds(t, common.CACHE_BUCKETS)]
-
-  def shape(self, rows: engine.Rows, fields: Fields) -> protocol.Shape:
-    """The cache bucket holding every active row's known slots (what its chunk reads)."""
-    n = np.asarray(rows.filled_B)[np.asarray(rows.active_B)]
-    t = self.model.block_size
-    return protocol.Shape(common.bucket_for(int(n.max(initial=0)), t, common.CACHE_BUCKETS))
+  def needs(self, rows: engine.Rows, fields: Fields) -> tuple:
+    """A step writes real slots n .. n + k inside the row's end."""
+    return (jnp.minimum(rows.filled_B + self.k + 1, fields.end_B),)
 
   def step(
     self, dm: engine.DecodeModel, params: Any, s: protocol.DecodeState, shape: protocol.Shape

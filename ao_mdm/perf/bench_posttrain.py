@@ -84,7 +84,7 @@ def _grpo_rows(workdir: str) -> list[dict]:
 
 def _grpo_costs(rows: list[dict], config: specs.Spec) -> dict:
   """Mean seconds per GRPO step in rollout, reward, scoring and update (the rest of the step),
-  and rollout tokens/s, from the run's logged steps."""
+  and the median step's rollout tokens/s, from the run's logged steps."""
   del config
   step_s = float(np.mean([r["step_s"] for r in rows]))
   rollout, reward, scoring = (  # NaN: not in the log
@@ -96,7 +96,8 @@ def _grpo_costs(rows: list[dict], config: specs.Spec) -> dict:
     "reward_s": reward,
     "scoring_s": scoring,
     "update_s": step_s - rollout - np.nan_to_num(reward) - scoring,
-    "rollout_tokens_per_s": float(np.mean([r["rollout_tokens_per_s"] for r in rows])),
+    # The median: the first steps also compile the batch's programs.
+    "rollout_tokens_per_s": float(np.median([r["rollout_tokens_per_s"] for r in rows])),
   }
 
 

@@ -70,20 +70,26 @@ def test_cache_copies_finds_a_copy_of_loop_state():
 
 @pytest.mark.parametrize("rows", [2, 3])
 def test_the_served_step_and_insert_copy_no_cache_array(rows):
-  """The continuous batcher's step and insert (the server's, GRPO's rollouts), at both of its
+  """The continuous batcher's steps and insert (the server's, GRPO's rollouts), at both of its
   state sizes, take the state donated: without it each copied every layer's cache in full (4
   copies here)."""
   cfg, params = _model()
   b = batching.Batcher.continuing(params, cfg, batch=3, tokens_per_step=2)
   b._resize(rows)
+  b._hold(T)
   full = rf"f32\[{rows},{H},(?:{K},{T}|{T},{K})\]"  # the whole cache, as the step holds it
   copies = lambda hlo: re.findall(rf"%\S+ = {full}\S* copy\(", hlo)
-  step = b._step.lower(b._stepped, b.state, protocol.Shape(T)).compile().as_text()
+  step = (
+    b._advance.lower(b._stepped, b.state, protocol.Shape(T), jnp.int32(4), jnp.asarray(True))
+    .compile()
+    .as_text()
+  )
   assert re.search(full, step) and copies(step) == []
   zeros = lambda *shape: jnp.zeros(shape, jnp.int32)
+  kv = b._prefill(b.params, zeros(1, T), zeros(1, T), 8)
   insert = b._insert.lower(
-    b.params, b.state, zeros(1), zeros(1, T), zeros(1, T), zeros(1),
+    b.state, zeros(1), zeros(1, T), zeros(1, T), zeros(1),
     jax.random.split(jax.random.key(0), 1), (jnp.ones(1), jnp.ones(1), zeros(1)),
-    parallel.RowPlan(zeros(1, T + 1), zeros(1, T + 1)), width=8,
+    parallel.RowPlan(zeros(1, T + 1), zeros(1, T + 1)), kv,
   ).compile().as_text()  # fmt: skip
   assert re.search(full, insert) and copies(insert) == []
