@@ -35,13 +35,14 @@ def prefill_width(n: int, t: int) -> int:
 
 
 class _Start(NamedTuple):
-  """A request as its rows are inserted: known tokens [1, T], the policy's plan, the known
-  count, and its index in the order and key arrays of its add_many call."""
+  """A request as its rows are inserted: known tokens and mask [1, T], the policy's plan, the
+  known count, the order slot it ends at."""
 
   tokens: Any
+  mask: Any
   plan: Any
   known: int
-  at: int
+  end: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Batcher:
     self.spec = spec
     dm = engine.DecodeModel.of(spec.model)
     self._loop_params = jax.jit(dm.loop_params)
+    self._params: Any = None
     self.params, self.max_steps = params, max_steps
     # The state holds 2 rows while only rows 0-1 are busy, else all `batch`: a step computes
     # every row it holds, and a lone request should not pay for a full batch. Not 1: XLA:CPU
@@ -125,7 +127,7 @@ class Batcher:
     self.max_prefixes, self.reused_slots = prefixes, 0
     # Each request's order and draw key from its seed: one call for all that join at once.
     one = lambda seed, mask_T, end: spec.orders(jax.random.key(seed), mask_T[None], end)
-    self._starts = jax.jit(jax.vmap(one))
+    self._starts = jax.jit(lambda *a: jax.tree.map(lambda x: x[:, 0], jax.vmap(one)(*a)))
     self._plan = functools.lru_cache(maxsize=4096)(spec.plan_request)  # plans repeat
     self.requests: list[Request | None] = [None] * batch
     self._rows: Any = None
@@ -145,7 +147,10 @@ class Batcher:
   @params.setter
   def params(self, params: Any) -> None:
     """New params (GRPO swaps them between steps): steps take them as a decode loop does
-    (DecodeModel.loop_params), split once here rather than in every step; prefills, stacked."""
+    (DecodeModel.loop_params), split once here rather than in every step; prefills, stacked.
+    The same params again (GRPO's later rounds of a step) are not split again."""
+    if params is not None and params is self._params:
+      return
     self._params = params
     self._stepped = None if params is None else self._loop_params(params)
 
@@ -211,8 +216,8 @@ class Batcher:
     free = [r for r, q in enumerate(self.requests) if q is None]
     if len(requests) > len(free):
       raise ValueError(f"{len(requests)} requests for {len(free)} free rows")
-    parts, masks, ends = [], [], []
-    for i, request in enumerate(requests):
+    parts = []
+    for request in requests:
       if not 0 <= request.seed < 2**31:
         raise ValueError(f"{request}: seed={request.seed} must be in [0, 2**31)")
       tokens, mask = common.known_inputs(
@@ -224,17 +229,7 @@ class Batcher:
         plan = self._plan(known, end, request.steps, request.schedule, self.max_steps)
       except ValueError as e:
         raise ValueError(f"{request} needs {e}") from None
-      parts.append(_Start(tokens, plan, known, i))
-      masks.append(mask[0])
-      ends.append(end)
-    # Padded to a power of two (a compile each), the padding's results unused.
-    pad = (1 << (len(requests) - 1).bit_length()) - len(requests)
-    seeds = [q.seed for q in requests] + [0] * pad
-    begun = self._starts(
-      np.asarray(seeds, np.int32),
-      np.stack(masks + masks[-1:] * pad),
-      np.asarray(ends + [0] * pad, np.int32),
-    )
+      parts.append(_Start(tokens, mask, plan, known, end))
     rows = free[: len(requests)]
     self._resize(max(self.held, self._size(max(rows) + 1)))
     reuse = [self._shared_prefix(q) for q in requests]
@@ -245,7 +240,7 @@ class Batcher:
     ):
       if group:
         pick = lambda xs: [xs[i] for i in group]
-        self._insert_rows(pick(rows), pick(requests), pick(parts), pick(reuse), begun)
+        self._insert_rows(pick(rows), pick(requests), pick(parts), pick(reuse))
     for row, request in zip(rows, requests):
       self.requests[row] = request
     self._remember(rows, requests)
@@ -255,12 +250,12 @@ class Batcher:
     """The smallest state size that holds `rows` rows."""
     return min(n for n in self.sizes if n >= rows)
 
-  def _insert_rows(self, rows: list, requests: list, parts: list, reuse: list, begun) -> None:
-    """One insert (a prefill forward) of requests into rows; reuse: per request (the slots
-    copied from a stored prompt's cache, that cache), all 0 or all > 0; begun: the orders
-    [N, 1, T] and keys [N, 1] of their add_many call. They are padded to a power of two with
-    copies of the last (the same values written twice): an insert is compiled for a few counts
-    of rows, not for every count."""
+  def _insert_rows(self, rows: list, requests: list, parts: list, reuse: list) -> None:
+    """One insert (a prefill forward) of requests into rows, with their orders and draw keys
+    from their seeds; reuse: per request (the slots copied from a stored prompt's cache, that
+    cache), all 0 or all > 0. They are padded to a power of two with copies of the last (the
+    same values written twice): an insert is compiled for a few counts of rows, not for every
+    count."""
     t = self.spec.model.block_size
     pad = min(1 << (len(rows) - 1).bit_length(), self.held) - len(rows)
     rows, requests, parts, reuse = (xs + xs[-1:] * pad for xs in (rows, requests, parts, reuse))
@@ -273,8 +268,12 @@ class Batcher:
       stored = [r[1].resized(bucket(max(starts))) for r in reuse]
       stored = jax.tree.map(lambda *x: jnp.concatenate(x), *stored)
       prefix = protocol.Prefix(column(starts), stored)
-    tokens = jnp.concatenate([jnp.asarray(p.tokens) for p in parts])
-    order = begun[0][column([p.at for p in parts]), 0]
+    tokens = jnp.asarray(np.concatenate([p.tokens for p in parts]))
+    order, keys = self._starts(
+      column([q.seed for q in requests]),
+      jnp.asarray(np.concatenate([p.mask for p in parts])),
+      column([p.end for p in parts]),
+    )
     todo = max(p.known - m for p, m in zip(parts, starts))
     # A few static prefill widths (a compile each), not one per prompt length.
     kv = self._prefill(self.params, tokens, order, prefill_width(todo, t), prefix) if todo else None
@@ -286,7 +285,7 @@ class Batcher:
       tokens,
       order,
       column([p.known for p in parts]),
-      begun[1][column([p.at for p in parts]), 0],
+      keys,
       (
         column([q.temperature for q in requests], np.float32),
         column([q.top_p for q in requests], np.float32),
@@ -391,19 +390,18 @@ class Batcher:
     ended = [(r, q) for r, q in enumerate(self.requests) if q is not None and not active[r]]
     if not ended:
       return []
-    index = jnp.asarray([r for r, _ in ended])
-    rows = jax.device_get(jax.tree.map(lambda x: x[index], self.state.rows))
+    rows = self.rows
     done = []
-    for i, (r, request) in enumerate(ended):
+    for r, request in ended:
       done.append(
         Finished(
           request,
-          rows.tokens_BT[i],
-          rows.order_BT[i],
-          rows.drawn.logprob_BT[i],
-          rows.drawn.raw_logprob_BT[i],
-          rows.drawn.step_BT[i],
-          int(rows.forwards_B[i]),
+          rows.tokens_BT[r],
+          rows.order_BT[r],
+          rows.drawn.logprob_BT[r],
+          rows.drawn.raw_logprob_BT[r],
+          rows.drawn.step_BT[r],
+          int(rows.forwards_B[r]),
         )
       )
       self.requests[r] = None

@@ -264,20 +264,20 @@ class Rollouts:
     return batch, metrics
 
   def _rewarded(self, params: Any, rows_PX: np.ndarray, seeds_P: np.ndarray) -> tuple:
-    """(answers, rewards [P, group], seconds in the reward function) of `group` answers drawn
-    to each prompt row, answer j of prompt i with seed seeds_P[i] + j."""
+    """(answers, rewards [P, group], seconds turning answers into rewards: their text and the
+    reward function) of `group` answers drawn to each prompt row, answer j of prompt i with
+    seed seeds_P[i] + j."""
     g = self.config.grpo
     tokens_PT, prompt_P, length_P = pairs.split_rows(rows_PX)
     answers = self.draw(params, tokens_PT, prompt_P, seeds_P)
-    rewards, reward_s, decode = [], 0.0, self.tokenizer.decode
+    rewards, decode, start = [], self.tokenizer.decode, time.perf_counter()
     for b, tokens_T in enumerate(answers.tokens):
       i, p = b // g.group, int(prompt_P[b // g.group])
       answer = decode(responses.response_ids(tokens_T, p, self.tokenizer.eos_id))
       reference = decode(tokens_PT[i, p : int(length_P[i]) - 1].tolist())
       prompt = decode(tokens_PT[i, :p].tolist())
-      start = time.perf_counter()
       rewards.append(scored(self.reward, g.reward, prompt, answer, reference))
-      reward_s += time.perf_counter() - start
+    reward_s = time.perf_counter() - start
     return answers, np.asarray(rewards, np.float32).reshape(-1, g.group), reward_s
 
   def _resampled(
