@@ -121,6 +121,8 @@ class Batcher:
     )
     self._insert = jax.jit(functools.partial(protocol.insert, spec), donate_argnums=0)
     self._resized = jax.jit(engine.KVCache.resized, static_argnums=1)
+    # Each step's shape from the rows' needs, read in one call.
+    self._needs = jax.jit(lambda rows, fields: (rows.active_B, spec.needs(rows, fields)))
     # Prompts -> their rows' cache (a KVCache of one row), the last used last:
     # a new request whose prompt shares a prefix with one copies those slots, not computes them.
     self.prefixes: collections.OrderedDict[tuple, engine.KVCache] = collections.OrderedDict()
@@ -335,20 +337,27 @@ class Batcher:
         self.prefixes.popitem(last=False)
 
   def warm_up(self, progress: Any = None) -> None:
-    """Compiles, at each state size and cache length, the one-row prefill of each width bucket
-    that fits (on a free row, its work dropped) and the steps of each shape: a server says it
-    is ready only once a request waits on no compile (but a prefill of several rows at once,
-    compiled at first use). progress(done, total) after each."""
+    """Compiles, at each state size, the resizes of the cache a step may make, at each cache
+    length the one-row prefill of each width bucket that fits (on a free row, its work dropped)
+    and the steps of each shape: a server says it is ready only once a request waits on no
+    compile (but a prefill of several rows at once, compiled at first use). progress(done,
+    total) after each."""
     t = self.spec.model.block_size
     shapes = self.spec.shapes()
     lengths = sorted({s.cache_len for s in shapes})
     bucket = lambda n: common.bucket_for(n, t, self.spec.buckets.cache_len)
     known = [min(w, t - 1) for w in prefill_widths(t)]
     inserts = [(n, k) for n in lengths for k in known if bucket(k) <= n]
-    total = len(self.sizes) * (len(inserts) + len(shapes))
+    resizes = [(a, b) for a in lengths for b in lengths if b > a or 2 * b <= a]
+    total = len(self.sizes) * (len(inserts) + len(shapes) + len(resizes))
     done = iter(range(1, total + 1))
     for size in self.sizes:
       self._resize(size)
+      for a, b in resizes if self.state.cache is not None else ():
+        self._hold(a)
+        self._hold(b)
+        if progress:
+          progress(next(done), total)
       for length, k in inserts:
         self._hold(length)
         self.cancel(self.add(Request(tuple(range(k)), (0,) * k, t - k)))
@@ -381,10 +390,13 @@ class Batcher:
     """Up to `steps` steps of every active row in one call (ending early once every row is
     done, a step would need another static shape, or with until_finish once a row finishes);
     the requests that finished leave their rows."""
-    active = np.asarray(self.state.rows.active_B)
+    active, needs = jax.device_get(self._needs(self.state.rows, self.state.fields))
     self._resize(self._size(int(np.flatnonzero(active).max(initial=0)) + 1))
-    shape = self.spec.shape(self.state.rows, self.state.fields)
-    self._hold(shape.cache_len)
+    shape = self.spec.shape(active[: self.held], tuple(x[: self.held] for x in needs))
+    held = self.cache_len
+    if held and (shape.cache_len > held or 2 * shape.cache_len <= held):
+      self._hold(shape.cache_len)  # grown, or cut to half or less: not every step as rows go
+    shape = shape._replace(cache_len=self.cache_len or shape.cache_len)
     self.state, self._rows = self._run_steps(shape, steps, until_finish), None
     active = np.asarray(self.state.rows.active_B)
     ended = [(r, q) for r, q in enumerate(self.requests) if q is not None and not active[r]]

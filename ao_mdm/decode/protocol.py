@@ -80,13 +80,14 @@ class PolicySpec:
     cache slots it reads and writes, the policy's width), each at most T."""
     raise NotImplementedError
 
-  def shape(self, rows: engine.Rows, fields: Any) -> Shape:
-    """The static shape of the next step of the active rows: each field's bucket (host)."""
-    active, t = np.asarray(rows.active_B), self.model.block_size
+  def shape(self, active_B: np.ndarray, needs: tuple) -> Shape:
+    """The static shape of the next step of the active rows, from their `needs` (host arrays):
+    each field's bucket."""
+    t = self.model.block_size
     return Shape(
       *(
-        common.bucket_for(int(np.asarray(need)[active].max(initial=1)), t, n) if n else 0
-        for need, n in zip(self.needs(rows, fields), self.buckets)
+        common.bucket_for(int(need[active_B].max(initial=1)), t, n) if n else 0
+        for need, n in zip(needs, self.buckets)
       )
     )
 
