@@ -120,7 +120,7 @@ class Batcher:
       functools.partial(protocol.prefill, spec, dm), static_argnames=("width",)
     )
     self._insert = jax.jit(functools.partial(protocol.insert, spec), donate_argnums=0)
-    self._resized = jax.jit(engine.KVCache.resized, static_argnums=1)
+    self._resized = jax.jit(engine.resized, static_argnums=(1, 2))
     # Each step's shape from the rows' needs, read in one call.
     self._needs = jax.jit(lambda rows, fields: (rows.active_B, spec.needs(rows, fields)))
     # Prompts -> their rows' cache (a KVCache of one row), the last used last:
@@ -193,9 +193,16 @@ class Batcher:
     return 0 if self.state.cache is None else self.state.cache.length
 
   def _hold(self, length: int) -> None:
-    """The state's cache resized to `length` slots: a copy, once per change of shape."""
-    if self.state.cache is not None and length != self.cache_len:
-      self.state = self.state._replace(cache=self._resized(self.state.cache, length))
+    """The state's cache resized to `length` slots: a copy, once per change of shape, one
+    layer's array at a time (each old one freed as its copy is made, not the whole cache
+    held twice)."""
+    if self.state.cache is None or length == self.cache_len:
+      return
+    k, v = list(self.state.cache.k), list(self.state.cache.v)
+    self.state = self.state._replace(cache=None)
+    for i in range(len(k)):
+      k[i], v[i] = self._resized(k[i], length, 3), self._resized(v[i], length, 2)
+    self.state = self.state._replace(cache=engine.KVCache(tuple(k), tuple(v)))
 
   @property
   def held(self) -> int:

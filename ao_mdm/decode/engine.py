@@ -51,13 +51,9 @@ class KVCache(NamedTuple):
     """The cache holding `length` slots: its first ones, then zeros."""
     if length == self.length:
       return self
-    fit = lambda x, axis: jax.lax.slice_in_dim(
-      jnp.pad(x, [(0, max(length - self.length, 0) if a == axis else 0) for a in range(4)]),
-      0,
-      length,
-      axis=axis,
+    return KVCache(
+      tuple(resized(k, length, 3) for k in self.k), tuple(resized(v, length, 2) for v in self.v)
     )
-    return KVCache(tuple(fit(k, 3) for k in self.k), tuple(fit(v, 2) for v in self.v))
 
   def take(self, rows_R: jax.Array) -> "KVCache":
     """The cache of rows rows_R only."""
@@ -82,6 +78,12 @@ class KVCache(NamedTuple):
       jnp.where(before_RP[:, None, :, None], new, old[rows_R])
     )
     return KVCache(tuple(map(k, self.k, prefix.k)), tuple(map(v, self.v, prefix.v)))
+
+
+def resized(x: jax.Array, length: int, axis: int) -> jax.Array:
+  """x with `length` entries along `axis`: its first ones, then zeros."""
+  pad = [(0, max(length - x.shape[axis], 0) if a == axis else 0) for a in range(x.ndim)]
+  return jax.lax.slice_in_dim(jnp.pad(x, pad), 0, length, axis=axis)
 
 
 class Chunk(NamedTuple):
