@@ -52,9 +52,9 @@ def test_bf16_cache_is_bf16():
   tokens = jnp.zeros((2, T), jnp.int32)
   order = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (2, T))
   known = jnp.full((2,), 4, jnp.int32)
-  cache = engine.DecodeModel.of(c16).prefill(
-    p16, engine.KVCache.empty(c16, 2), tokens, order, known, 4
-  )
+  kv = engine.DecodeModel.of(c16).prefill(p16, tokens, order, 4)
+  slots = jnp.broadcast_to(jnp.arange(4), (2, 4))
+  cache = engine.KVCache.empty(c16, 2).write(kv, jnp.where(slots < known[:, None], slots, T))
   assert len(cache.k) == len(cache.v) == cfg.n_layer
   assert all(x.dtype == jnp.bfloat16 for x in cache.k + cache.v)
   for k in cache.k:

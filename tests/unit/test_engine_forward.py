@@ -31,7 +31,9 @@ def test_forward_at_columns_equals_full_forward_there(variant, dtype, cached):
   order = jnp.asarray(np.stack([rng.permutation(T) for _ in range(B)]), jnp.int32)
   known = jnp.asarray([5, 9, 12], jnp.int32)
   cache = engine.KVCache.empty(cfg, B)
-  cache = dm.prefill(params, cache, tokens, order, known, 12) if cached else None
+  slots_12 = jnp.broadcast_to(jnp.arange(12), (B, 12))
+  kv = dm.prefill(params, tokens, order, 12)
+  cache = cache.write(kv, jnp.where(slots_12 < known[:, None], slots_12, T)) if cached else None
   slots = known[:, None] + jnp.arange(W)
   tok, pos = engine.slot_inputs(tokens, order, slots)
   target = jnp.take_along_axis(order, jnp.minimum(slots + 1, T - 1), 1)
