@@ -24,7 +24,7 @@ from ao_mdm import model as model_lib
 from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints, layout
 from ao_mdm.data import pairs
-from ao_mdm.decode import parallel
+from ao_mdm.decode import policies
 from ao_mdm.eval import responses
 from ao_mdm.perf import svg
 from ao_mdm.storage import fs
@@ -123,9 +123,10 @@ def _sampler_tokens_per_s(config: specs.Spec, params: Any, tokenizer: Any, items
     eos_id=tokenizer.eos_id,
     vocab_limit=min(tokenizer.vocab_size, config.model.vocab_size),
   )
-  parallel.sample(params, config.model, **kw)
+  sample = policies.get("parallel").sample
+  sample(params, config.model, **kw)
   start = time.perf_counter()
-  out = parallel.sample(params, config.model, seed=1, **kw)
+  out = sample(params, config.model, seed=1, **kw)
   assert out.stats is not None  # with eos_id: each row's length, its EOS included
   drawn = int((out.stats["length"] - len(ids)).sum())
   return drawn / (time.perf_counter() - start)
