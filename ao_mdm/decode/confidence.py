@@ -9,6 +9,7 @@ committed slots enter the cache one step late: step i's real slots are those of 
 """
 
 import dataclasses
+import functools
 from typing import Any, ClassVar, NamedTuple
 
 import jax
@@ -155,67 +156,40 @@ class DecoderSpec(protocol.PolicySpec):
 
 
 def continuing(
-  cfg: specs.ModelSpec,
-  *,
-  tokens_per_step: int,
-  eos_id: int | None = None,
-  vocab_limit: int | None = None,
-  rule: type[DecoderSpec] = DecoderSpec,
+  cfg: specs.ModelSpec, c: protocol.Continuing, rule: type[DecoderSpec] = DecoderSpec
 ) -> DecoderSpec:
-  """The spec of a continuous batch committing up to tokens_per_step positions a step (scored
-  by max_prob). eos_id stops no row early (what follows an EOS may be drawn before it): callers
-  cut the text there."""
-  del eos_id
-  k = tokens_per_step
-  return rule(model=cfg, draw=common.DrawRule(vocab_limit=vocab_limit), width=k, real_width=k)
+  """The spec of a continuous batch committing up to c.tokens_per_step positions a step, in
+  the order it chooses (an order or blocks are refused). eos_id stops no row early (what
+  follows an EOS may be drawn before it): callers cut the text there."""
+  if c.order != "l2r" or c.block_len is not None:
+    raise ValueError(f"order={c.order!r}, block_len={c.block_len}: this policy chooses its order")
+  k = c.tokens_per_step
+  return rule(model=cfg, draw=common.DrawRule(vocab_limit=c.vocab_limit), width=k, real_width=k)
 
 
-def decoder(spec: DecoderSpec, counts: list):
-  """The static loop (protocol.decoder) of a batch committing n_0..n_S (counts) positions."""
-  return protocol.decoder(spec, spec.row_plan(counts, len(counts) - 1))
-
-
-def sample(
-  params: Any,
-  cfg: specs.ModelSpec,
+def static(
+  b: protocol.Batch,
   *,
-  batch_size: int,
   steps: int,
   schedule: str = "linear",
   score: str = "max_prob",
-  temperature: float = 1.0,
-  top_p: float = 1.0,
-  top_k: int = 0,
-  seed: int = 0,
-  known_positions: Any = (),
-  known_tokens: Any = (),
-  top_p_rule: str = "authors",
-  vocab_limit: int | None = None,
-  dtype: str = "float32",
-  end: int | None = None,
   rule: type[DecoderSpec] = DecoderSpec,
-) -> common.SampleOutput:
-  """[batch_size, T] samples in `steps` steps, committing the most confident positions first
-  (`rule`: an adaptive order's spec, whose `confidence` ranks the candidates).
-
-  The output's `order` is the order the positions were committed in (known ones first). end:
-  only the positions before it are drawn; the later ones stay 0 and last in the order.
-  """
-  options.check_sampling(steps, temperature, top_p, top_k, "l2r", top_p_rule, schedule)
+) -> protocol.Static:
+  """A static batch decoded in `steps` steps, the most confident positions first (`rule`: an
+  adaptive order's spec, whose `confidence` ranks the candidates; protocol.sample: `sample`).
+  The output's `order` is the order the positions were committed in (known ones first)."""
+  options.check_sampling(steps, schedule=schedule)
   options.check_choice("score", score, options.SCORES)
-  params, cfg = common.with_dtype(params, cfg, dtype)
-  tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
-  counts = schedules.schedule_counts(
-    common.decode_end(end, mask[0]), int(mask[0].sum()), int(steps), schedule
-  ).tolist()
+  counts = schedules.schedule_counts(b.end, int(b.known_T.sum()), int(steps), schedule).tolist()
   commits = np.diff(counts)
   spec = rule(
-    model=cfg,
-    draw=common.DrawRule(top_p_rule, vocab_limit),
+    model=b.cfg,
+    draw=b.draw,
     score=score,
     width=int(commits.max()),
     real_width=int(max(commits[:-1], default=1)),
   )
-  plan = spec.row_plan(counts, len(counts) - 1)
-  out = protocol.run(spec, plan, params, tokens, mask, seed, temperature, top_p, top_k)
-  return protocol.output(out.rows)
+  return protocol.Static(spec, spec.row_plan(counts, len(counts) - 1), b.params)
+
+
+sample = functools.partial(protocol.sample, static)

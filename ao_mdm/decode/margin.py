@@ -9,7 +9,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ao_mdm.decode import confidence
+from ao_mdm.decode import confidence, protocol
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -21,5 +21,6 @@ class DecoderSpec(confidence.DecoderSpec):
     return top2[..., 0] - top2[..., 1]
 
 
-sample = functools.partial(confidence.sample, rule=DecoderSpec)
+static = functools.partial(confidence.static, rule=DecoderSpec)
+sample = functools.partial(protocol.sample, static)
 continuing = functools.partial(confidence.continuing, rule=DecoderSpec)

@@ -11,15 +11,16 @@ DRAFT_TRAINING = {"steps": 600, "batch_size": 32}  # `ao-mdm train-draft`'s defa
 
 
 def check_sampling(
-  steps,
-  temperature: float,
-  top_p: float,
-  top_k: int,
-  order: str | None,
+  steps=None,
+  temperature: float = 1.0,
+  top_p: float = 1.0,
+  top_k: int = 0,
+  order: str | None = None,
   top_p_rule: str = "authors",
   schedule: str = "linear",
 ) -> None:
-  """One clear ValueError per bad sampling option (steps=None: the default count)."""
+  """One clear ValueError per bad sampling option (steps=None: the default count; order=None:
+  the policy's)."""
   if steps is not None and int(steps) < 1:
     raise ValueError(f"steps={steps} must be >= 1")
   check_choice("schedule", schedule, SCHEDULES)

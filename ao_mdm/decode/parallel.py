@@ -11,6 +11,7 @@ the block that holds a row's first EOS once every row has one (docs/sampling.md,
 """
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -135,6 +136,15 @@ class DecoderSpec(protocol.PolicySpec):
     """A step reads the cached slots and writes the real ones up to slot n."""
     return (rows.filled_B + 1,)
 
+  def output(self, s: protocol.DecodeState, plan: RowPlan, **extra: Any) -> common.SampleOutput:
+    """With return_logits, the logits each position was drawn from; with eos_id, each row's
+    forwards and length (`static`)."""
+    stats = None
+    if self.eos_id is not None:
+      length = common.eos_lengths(np.asarray(s.rows.tokens_BT), plan.counts[0], self.eos_id)
+      stats = {"forwards": np.asarray(s.rows.forwards_B), "length": length}
+    return super().output(s, plan, logits=s.fields.logits_BTV, stats=stats)
+
   def step(
     self, dm: engine.DecodeModel, params: Any, s: protocol.DecodeState, shape: protocol.Shape
   ) -> protocol.DecodeState:
@@ -197,104 +207,64 @@ class DecoderSpec(protocol.PolicySpec):
     return protocol.DecodeState(rows, cache, plan)
 
 
-def continuing(
-  cfg: specs.ModelSpec,
-  *,
-  tokens_per_step: int,
-  eos_id: int | None = None,
-  vocab_limit: int | None = None,
-  order: str = "l2r",
-  block_len: int | None = None,
-) -> DecoderSpec:
-  """The spec of a continuous batch continuing prompts, up to tokens_per_step tokens per
-  forward, in blocks of block_len (None: one), a row done at its EOS (in L2R, or after the block
-  that holds it)."""
-  k = tokens_per_step
+def continuing(cfg: specs.ModelSpec, c: protocol.Continuing) -> DecoderSpec:
+  """The spec of a continuous batch continuing prompts (a row done at its EOS in L2R, or after
+  the block that holds it)."""
+  k = c.tokens_per_step
   return DecoderSpec(
     model=cfg,
     plan=Plan.widths(k, k - 1),
-    order=order,
-    draw=common.DrawRule(vocab_limit=vocab_limit),
-    block_len=block_len,
-    eos_id=eos_id if order == "l2r" or block_len else None,
+    order=c.order,
+    draw=common.DrawRule(vocab_limit=c.vocab_limit),
+    block_len=c.block_len,
+    eos_id=c.eos_id if c.order == "l2r" or c.block_len else None,
   )
 
 
-def decoder(spec: DecoderSpec):
-  """The static loop (protocol.decoder) of a batch that takes the steps of spec.plan."""
-  counts = list(spec.plan.counts)
-  return protocol.decoder(spec, spec.row_plan(counts, len(counts) - 1))
-
-
-def sample(
-  params: Any,
-  cfg: specs.ModelSpec,
+def static(
+  b: protocol.Batch,
   *,
-  batch_size: int,
   steps: int,
   schedule: str = "linear",
-  temperature: float = 1.0,
-  top_p: float = 1.0,
-  top_k: int = 0,
-  seed: int = 0,
-  known_positions: Any = (),
-  known_tokens: Any = (),
   order: str | None = None,
   use_cache: bool = True,
   return_logits: bool = False,
-  top_p_rule: str = "authors",
-  vocab_limit: int | None = None,
-  dtype: str = "float32",
   block_len: int | None = None,
   eos_id: int | None = None,
-  end: int | None = None,
-) -> common.SampleOutput:
-  """Generate [batch_size, T] token ids in `steps` parallel steps (model config `cfg`).
+) -> protocol.Static:
+  """A static batch decoded in `steps` parallel steps (protocol.sample: `sample`).
 
-  Known tokens (a prompt or infill context, shared by the batch) come first in the order and are
-  never changed; the rest are decoded at random or left to right (order="random" or "l2r"; None:
-  left to right with known tokens, random without: policies.authors_order). temperature=0 is greedy.
-  use_cache=False recomputes every real slot at every step (the encoder-only cost model).
-  vocab_limit: the tokenizer's vocab size when the model's is padded; larger ids are never drawn.
-  block_len: decode the unknown positions in blocks of that many, left to right, in `order`
-  inside each (block_counts spreads the steps). eos_id: a row is done after the block that holds
-  its first EOS after the known tokens (in L2R order: after the step), and the loop runs no
-  further step once every row is done; then `stats` holds per row the steps it took part in
-  ("forwards") and its "length", the tokens up to and including that EOS (T without one); the
-  tokens after it are not meaningful. Known tokens must then be a prefix (a prompt).
-  end: only the positions before it are drawn (the steps spread over them); the later ones are
-  last in the order, never drawn, and 0 in the output (an infill that ends at its text).
+  The unknown positions are decoded at random or left to right (order="random" or "l2r"; None:
+  left to right with known tokens, random without: policies.authors_order). use_cache=False
+  recomputes every real slot at every step (the encoder-only cost model); return_logits: the
+  output's `logits` hold what each position was drawn from. block_len: decode the unknown
+  positions in blocks of that many, left to right, in `order` inside each (block_counts spreads
+  the steps). eos_id: a row is done after the block that holds its first EOS after the known
+  tokens (in L2R order: after the step), and the loop runs no further step once every row is
+  done; then `stats` holds per row the steps it took part in ("forwards") and its "length", the
+  tokens up to and including that EOS (T without one); the tokens after it are not meaningful.
+  Known tokens must then be a prefix (a prompt).
   """
-  options.check_sampling(steps, temperature, top_p, top_k, order, top_p_rule, schedule)
-  params, cfg = common.with_dtype(params, cfg, dtype)
-  tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
-  known = int(mask[0].sum())
-  if eos_id is not None and not mask[0, :known].all():
+  options.check_sampling(steps, order=order, schedule=schedule)
+  known = int(b.known_T.sum())
+  if eos_id is not None and not b.known_T[:known].all():
     raise ValueError(
       "eos_id (stop at the first EOS) needs the known tokens to be a prefix "
       "(a prompt), not scattered (an infill)"
     )
-  end = common.decode_end(end, mask[0])
-  order = order or policies.authors_order(known)
   block_len = None if block_len is None else int(block_len)
-  counts = schedules.block_counts(end, known, int(steps), schedule, block_len)
+  counts = schedules.block_counts(b.end, known, int(steps), schedule, block_len)
   spec = DecoderSpec(
-    model=cfg,
+    model=b.cfg,
     plan=Plan.make(counts, use_cache),
-    order=order,
-    draw=common.DrawRule(top_p_rule, vocab_limit),
+    order=order or policies.authors_order(known),
+    draw=b.draw,
     use_cache=use_cache,
     return_logits=return_logits,
     block_len=block_len,
     eos_id=None if eos_id is None else int(eos_id),
   )
-  plan = spec.row_plan(counts.tolist(), len(counts) - 1)
-  out = protocol.run(spec, plan, params, tokens, mask, seed, temperature, top_p, top_k)
-  rows = out.rows
-  stats = None
-  if eos_id is not None:
-    stats = {
-      "forwards": rows.forwards_B,
-      "length": common.eos_lengths(rows.tokens_BT, known, eos_id),
-    }
-  return protocol.output(rows, logits=out.fields.logits_BTV, stats=stats)
+  return protocol.Static(spec, spec.row_plan(counts.tolist(), len(counts) - 1), b.params)
+
+
+sample = functools.partial(protocol.sample, static)

@@ -15,19 +15,18 @@ DRAW = ("temperature", "top_p", "top_k", "top_p_rule", "dtype")  # every built-i
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-  """A decoder: `sampler(params, cfg, *, batch_size, seed, known_positions, known_tokens,
-  vocab_limit, end, [eos_id], **its options)` returns a common.SampleOutput for a batch.
+  """A decoding rule: `static(protocol.Batch, [eos_id], **its options)` builds the
+  protocol.Static of a batch, which protocol.sample runs (`sample`).
 
   orders: the `order` values it takes (() : none; its first one is its default, "authors": left
   to right after known tokens, random without). until_eos: the orders with which it can stop
   each row at its first EOS (it then takes eos_id), and the options it then defaults.
   batched: "module:function" -> its protocol.PolicySpec continuing prompts in a
-  batching.Batcher, `fn(cfg, *, tokens_per_step, eos_id, vocab_limit, **its options)` (None:
-  it runs in static batches only).
+  batching.Batcher, `fn(cfg, protocol.Continuing(...))` (None: static batches only).
   """
 
   name: str
-  sampler: str | Callable[..., Any]
+  static: str | Callable[..., Any]
   options: tuple[str, ...]
   orders: tuple[str, ...] = ()
   until_eos: tuple[str, ...] = ()
@@ -35,7 +34,14 @@ class Policy:
   batched: str | Callable[..., Any] | None = None
 
   def sample(self, params: Any, cfg: Any, **kwargs) -> Any:
-    return _resolve(self.sampler)(params, cfg, **kwargs)
+    """protocol.sample by this policy: a common.SampleOutput."""
+    from ao_mdm.decode import protocol  # JAX loads here, not with the registry
+
+    return protocol.sample(_resolve(self.static), params, cfg, **kwargs)
+
+  def build(self, batch: Any, **options) -> Any:
+    """Its protocol.Static of a protocol.Batch (what a benchmark compiles and times)."""
+    return _resolve(self.static)(batch, **options)
 
   def batch_spec(self, cfg: Any, **kwargs) -> Any:
     """Its PolicySpec for a continuous batch (ValueError when it has none)."""
@@ -45,7 +51,9 @@ class Policy:
         f"policy {self.name!r} runs in static batches only; a continuous batch (the server, "
         f"GRPO) takes {', '.join(served)}"
       )
-    return _resolve(self.batched)(cfg, **kwargs)
+    from ao_mdm.decode import protocol
+
+    return _resolve(self.batched)(cfg, protocol.Continuing(**kwargs))
 
   def order(self, given: str | None, num_known: int) -> str | None:
     """The order it decodes in: `given`, or its default (None: it takes no order)."""
@@ -123,7 +131,7 @@ def check_until_eos(mode: str, order: str | None, infill: str = "") -> None:
 BUILT_IN = (
   Policy(
     "parallel",
-    "ao_mdm.decode.parallel:sample",
+    "ao_mdm.decode.parallel:static",
     ("steps", "schedule", "order", "block_len", *DRAW),
     orders=("authors", "random", "l2r"),
     until_eos=("random", "l2r"),
@@ -132,7 +140,7 @@ BUILT_IN = (
   ),
   Policy(
     "speculative",
-    "ao_mdm.decode.speculative:sample",
+    "ao_mdm.decode.speculative:static",
     ("draft", "order", "draft_head", *DRAW),
     orders=("l2r", "random"),
     until_eos=("l2r",),
@@ -140,13 +148,13 @@ BUILT_IN = (
   ),
   Policy(
     "confidence",
-    "ao_mdm.decode.confidence:sample",
+    "ao_mdm.decode.confidence:static",
     ("steps", "schedule", "score", *DRAW),
     batched="ao_mdm.decode.confidence:continuing",
   ),
   Policy(
     "margin",
-    "ao_mdm.decode.margin:sample",
+    "ao_mdm.decode.margin:static",
     ("steps", "schedule", *DRAW),
     batched="ao_mdm.decode.margin:continuing",
   ),

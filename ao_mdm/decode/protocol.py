@@ -3,6 +3,7 @@ engine"): a policy inserts rows (their known tokens prefilled into the cache) an
 active row by one forward. Two drivers run any policy: `decoder` (one jitted loop over a static
 batch) and batching.Batcher (rows that join and leave between steps)."""
 
+from collections.abc import Callable
 import dataclasses
 import functools
 import itertools
@@ -14,6 +15,7 @@ import numpy as np
 
 from ao_mdm import specs
 from ao_mdm.decode import common, engine
+from ao_mdm.decode import options as options_lib
 
 
 class DecodeState(NamedTuple):
@@ -31,6 +33,19 @@ class Shape(NamedTuple):
 
   cache_len: int
   width: int = 0
+
+
+class Continuing(NamedTuple):
+  """What a policy's continuous batch is built for (policies.Policy.batch_spec): up to
+  tokens_per_step tokens a forward, a row done at its EOS where the policy can tell, ids >=
+  vocab_limit never drawn, and (policies of fixed orders) the order of the unknown positions and
+  their blocks (None: one)."""
+
+  tokens_per_step: int
+  eos_id: int | None = None
+  vocab_limit: int | None = None
+  order: str = "l2r"
+  block_len: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -115,6 +130,13 @@ class PolicySpec:
     k_order, k_steps = jax.random.split(key)
     order_BT = common.make_orders(k_order, known_BT, self.order, self.block_len, end)
     return order_BT, engine.row_keys(k_steps, known_BT.shape[0])
+
+  def output(self, s: "DecodeState", plan: Any, **extra: Any) -> common.SampleOutput:
+    """A static batch's SampleOutput from its last state (on the host): the rows' tokens,
+    orders and draws; a policy adds its own (extra: logits, stats)."""
+    rows = s.rows
+    tokens, order = np.asarray(rows.tokens_BT), np.asarray(rows.order_BT)
+    return common.SampleOutput(tokens, order, **extra, **common.drawn_arrays(rows.drawn))
 
 
 def empty(spec: PolicySpec, batch: int, steps: int, cache_len: int | None = None) -> DecodeState:
@@ -260,26 +282,69 @@ def advance(
   return jax.lax.while_loop(more, one, (jnp.int32(0), s))[1]
 
 
-def run(spec: PolicySpec, plan: Any, params: Any, tokens_BT, known_BT, seed: int, *draw) -> Any:
-  """The static loop of a batch sharing `plan` (known tokens tokens_BT where known_BT; the
-  draw: temperature, top_p, top_k) run once: its last DecodeState, on the host."""
-  temperature, top_p, top_k = draw
-  out = decoder(spec, plan)(
-    params,
-    jnp.asarray(tokens_BT),
-    jnp.asarray(known_BT),
+class Batch(NamedTuple):
+  """A static batch as a policy's builder sees it: the params and model (in the decoding
+  dtype), the positions known in every row, the order slot decoding stops at, the draw's rule."""
+
+  params: Any
+  cfg: specs.ModelSpec
+  known_T: np.ndarray
+  end: int
+  draw: common.DrawRule
+
+
+class Static(NamedTuple):
+  """A static batch's program, as a policy builds it: its spec, the plan its rows share, and
+  the params the loop reads."""
+
+  spec: PolicySpec
+  plan: Any
+  params: Any
+
+
+def sample(
+  build: Callable[..., Static],
+  params: Any,
+  cfg: specs.ModelSpec,
+  *,
+  batch_size: int,
+  seed: int = 0,
+  known_positions: Any = (),
+  known_tokens: Any = (),
+  temperature: float = 1.0,
+  top_p: float = 1.0,
+  top_k: int = 0,
+  top_p_rule: str = "authors",
+  vocab_limit: int | None = None,
+  dtype: str = "float32",
+  end: int | None = None,
+  **options: Any,
+) -> common.SampleOutput:
+  """[batch_size, T] samples of model `cfg` by one policy, whose `build(Batch, **options)`
+  checks its options and returns its Static (the policy's `sample`).
+
+  Known tokens (positions and ids shared by the batch) come first in the order and are never
+  changed. temperature 0 is greedy; top_p and top_k filter by top_p_rule (common.filter_logits);
+  vocab_limit: the tokenizer's vocab size when the model's is padded (larger ids are never
+  drawn); end: only the positions before it are drawn, the later ones are last in the order and
+  0 in the output (an infill that ends at its text); dtype: common.with_dtype's. Row r draws
+  with key fold_in(key(seed), r) (engine.row_keys), as a request of its own.
+  """
+  options_lib.check_sampling(None, temperature, top_p, top_k, None, top_p_rule)
+  params, cfg = common.with_dtype(params, cfg, dtype)
+  tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
+  end = common.decode_end(end, mask[0])
+  st = build(Batch(params, cfg, mask[0], end, common.DrawRule(top_p_rule, vocab_limit)), **options)
+  out = decoder(st.spec, st.plan)(
+    st.params,
+    jnp.asarray(tokens),
+    jnp.asarray(mask),
     jax.random.key(seed),
     jnp.float32(temperature),
     jnp.float32(top_p),
     jnp.int32(top_k),
   )
-  return jax.device_get(out)
-
-
-def output(rows: engine.Rows, **extra: Any) -> common.SampleOutput:
-  """A static batch's SampleOutput: its rows' tokens, orders and draws (extra: logits, stats)."""
-  tokens, order = np.asarray(rows.tokens_BT), np.asarray(rows.order_BT)
-  return common.SampleOutput(tokens, order, **extra, **common.drawn_arrays(rows.drawn))
+  return st.spec.output(jax.device_get(out), st.plan)
 
 
 def is_row(x: Any) -> bool:

@@ -20,6 +20,7 @@ order: once it has drawn an EOS; nothing after it is drawn).
 """
 
 import dataclasses
+import functools
 from typing import Any, ClassVar, NamedTuple
 
 import jax
@@ -112,6 +113,22 @@ class DecoderSpec(protocol.PolicySpec):
   def needs(self, rows: engine.Rows, fields: Fields) -> tuple:
     """A step writes real slots n .. n + k inside the row's end."""
     return (jnp.minimum(rows.filled_B + self.k + 1, fields.end_B),)
+
+  def output(self, s: protocol.DecodeState, plan: RowPlan, **extra: Any) -> common.SampleOutput:
+    """With each row's counts of forwards and drafts (and, with eos_id, its length: `static`)."""
+    f, forwards = s.fields, np.asarray(s.rows.forwards_B)
+    stats = {
+      "forwards": forwards,
+      "accepted": np.asarray(f.accepted_B),
+      "first_drafts": np.asarray(f.first_drafts_B),
+      "first_accepted": np.asarray(f.first_accepted_B),
+      "first_overlap": np.asarray(f.first_overlap_B),
+      "iterations": int(forwards.max(initial=0)),
+    }
+    if self.eos_id is not None:
+      known = plan.extent[0]
+      stats["length"] = common.eos_lengths(np.asarray(s.rows.tokens_BT), known, self.eos_id)
+    return super().output(s, plan, stats=stats)
 
   def step(
     self, dm: engine.DecodeModel, params: Any, s: protocol.DecodeState, shape: protocol.Shape
@@ -250,100 +267,65 @@ class DecoderSpec(protocol.PolicySpec):
     return d_GB.T, q_GBV.transpose(1, 0, 2)
 
 
-def continuing(
-  cfg: specs.ModelSpec,
-  *,
-  tokens_per_step: int,
-  eos_id: int | None = None,
-  vocab_limit: int | None = None,
-  order: str = "l2r",
-  block_len: int | None = None,
-) -> DecoderSpec:
-  """The spec of a continuous batch continuing prompts with tokens_per_step drafts per forward
-  (self-drafted), in `order`; a row done at its EOS in L2R order."""
-  if block_len is not None:
-    raise ValueError(f"block_len={block_len}: speculative decodes one block")
+def continuing(cfg: specs.ModelSpec, c: protocol.Continuing) -> DecoderSpec:
+  """The spec of a continuous batch continuing prompts, c.tokens_per_step drafts a forward
+  (self-drafted), in c.order; a row done at its EOS in L2R order."""
+  if c.block_len is not None:
+    raise ValueError(f"block_len={c.block_len}: speculative decodes one block")
   return DecoderSpec(
     model=cfg,
-    k=tokens_per_step,
-    draw=common.DrawRule(vocab_limit=vocab_limit),
-    order=order,
-    eos_id=eos_id if order == "l2r" else None,
+    k=c.tokens_per_step,
+    draw=common.DrawRule(vocab_limit=c.vocab_limit),
+    order=c.order,
+    eos_id=c.eos_id if c.order == "l2r" else None,
   )
 
 
-def sample(
-  params: Any,
-  cfg: specs.ModelSpec,
+def static(
+  b: protocol.Batch,
   *,
-  batch_size: int,
   draft: int = 4,
-  temperature: float = 1.0,
-  top_p: float = 1.0,
-  top_k: int = 0,
-  seed: int = 0,
-  known_positions: Any = (),
-  known_tokens: Any = (),
   order: str | None = None,
-  top_p_rule: str = "authors",
-  vocab_limit: int | None = None,
-  dtype: str = "float32",
   draft_head: Any = None,
   eos_id: int | None = None,
-  end: int | None = None,
   verify: bool = True,
-) -> common.SampleOutput:
-  """Samples ([batch_size, T]) of sequential decoding in `order` ("l2r", the default, or
-  "random": a random order of the unknown positions per row) by speculative decoding with
-  `draft` tokens per forward, drafted by the model itself (phantom slots) or, given its params
-  `draft_head` (draft.load), by a learned draft head.
+) -> protocol.Static:
+  """A static batch of sequential decoding in `order` ("l2r", the default, or "random": a
+  random order of the unknown positions per row), `draft` tokens per forward, drafted by the
+  model itself (phantom slots) or, given its params `draft_head` (draft.load), by a learned
+  draft head (protocol.sample: `sample`).
 
-  Known tokens come first in the order (as in parallel.sample). The output's `order` is the
-  order used, and its `stats` hold, per row, the forwards it took, the drafts it accepted, and
-  for the first draft of each forward: how many were verified, accepted, and the sum of their
-  acceptance probabilities sum_x min(p, q); "iterations": the most forwards of a row.
-
-  eos_id (L2R order only): a row is done once it draws an EOS after the known tokens; `stats`
-  then also holds each row's "length", the tokens up to and including that EOS (T without one);
-  nothing after it is drawn (0). end: only the positions before it are drawn; the later ones are
-  last in the order, never drawn, and 0 in the output (an infill that ends at its text).
-  verify=False accepts every draft: a wrong rule, for the exactness test.
+  The output's `order` is the order used, and its `stats` hold, per row, the forwards it took,
+  the drafts it accepted, and for the first draft of each forward: how many were verified,
+  accepted, and the sum of their acceptance probabilities sum_x min(p, q); "iterations": the
+  most forwards of a row. eos_id (L2R order only): a row is done once it draws an EOS after the
+  known tokens; `stats` then also holds each row's "length", the tokens up to and including that
+  EOS (T without one); nothing after it is drawn (0). verify=False accepts every draft: a wrong
+  rule, for the exactness test.
   """
   order = order or "l2r"
-  options.check_sampling(1, temperature, top_p, top_k, order, top_p_rule)
-  t = cfg.block_size
-  params, cfg = common.with_dtype(params, cfg, dtype)
-  if draft_head is not None:
-    params = {**params, "draft_head": common.with_dtype(draft_head, cfg, dtype)[0]}
-  if not 1 <= int(draft) <= t - 1:
-    raise ValueError(f"draft={draft} must be in [1, {t - 1}] (T - 1)")
-  tokens, mask = common.known_inputs(cfg, batch_size, known_positions, known_tokens, vocab_limit)
-  known = int(mask[0].sum())
-  if eos_id is not None and (order != "l2r" or not mask[0, :known].all()):
+  options.check_sampling(order=order)
+  if not 1 <= int(draft) <= b.cfg.block_size - 1:
+    raise ValueError(f"draft={draft} must be in [1, {b.cfg.block_size - 1}] (T - 1)")
+  known = int(b.known_T.sum())
+  if eos_id is not None and (order != "l2r" or not b.known_T[:known].all()):
     raise ValueError(
       "eos_id (stop at the first EOS) needs order='l2r' and the known tokens to "
       "be a prefix (a prompt)"
     )
+  params = b.params
+  if draft_head is not None:
+    params = {**params, "draft_head": common.with_dtype(draft_head, b.cfg, b.cfg.dtype)[0]}
   spec = DecoderSpec(
-    model=cfg,
+    model=b.cfg,
     k=int(draft),
-    draw=common.DrawRule(top_p_rule, vocab_limit),
+    draw=b.draw,
     order=order,
     head=draft_head is not None,
     verify=verify,
     eos_id=None if eos_id is None else int(eos_id),
   )
-  plan = RowPlan((known, common.decode_end(end, mask[0]), int(draft)))
-  out = protocol.run(spec, plan, params, tokens, mask, seed, temperature, top_p, top_k)
-  f, forwards = out.fields, np.asarray(out.rows.forwards_B)
-  stats = {
-    "forwards": forwards,
-    "accepted": np.asarray(f.accepted_B),
-    "first_drafts": np.asarray(f.first_drafts_B),
-    "first_accepted": np.asarray(f.first_accepted_B),
-    "first_overlap": np.asarray(f.first_overlap_B),
-    "iterations": int(forwards.max(initial=0)),
-  }
-  if eos_id is not None:
-    stats["length"] = common.eos_lengths(np.asarray(out.rows.tokens_BT), known, int(eos_id))
-  return protocol.output(out.rows, stats=stats)
+  return protocol.Static(spec, RowPlan((known, b.end, int(draft))), params)
+
+
+sample = functools.partial(protocol.sample, static)

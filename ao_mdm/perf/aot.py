@@ -17,10 +17,11 @@ import time
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ao_mdm import hardware, specs
 from ao_mdm import model as model_lib
-from ao_mdm.decode import common, parallel, schedules
+from ao_mdm.decode import common, policies, protocol
 from ao_mdm.perf import roofline
 from ao_mdm.runtime import quiet
 from ao_mdm.train import step as train_step
@@ -95,7 +96,7 @@ def compile_sampler(
   for one device of `topology`; log and return its memory and roofline projection.
 
   Per bucket and in total: the bytes the steps must read (weights + K/V cache prefix), their
-  FLOPs and max(bytes / HBM bandwidth, FLOPs / peak), from parallel.step_costs, next to one full
+  FLOPs and max(bytes / HBM bandwidth, FLOPs / peak), from roofline.step_costs, next to one full
   forward of the same batch. Peak is the chip's bf16 figure for both dtypes (XLA's default
   precision multiplies float32 in bf16 passes on TPU); per-step overheads are not modelled.
   """
@@ -109,8 +110,10 @@ def compile_sampler(
     )[0]
   )
   t = cfg.block_size
-  plan = parallel.Plan.make(schedules.schedule_counts(t, 0, steps, schedule))
-  decoder = parallel.decoder(parallel.DecoderSpec(model=cfg, plan=plan, order="random"))
+  options = dict(steps=steps, schedule=schedule, order="random")
+  unconditional = protocol.Batch({}, cfg, np.zeros(t, bool), t, common.DrawRule())
+  st = policies.get("parallel").build(unconditional, **options)
+  decoder, plan = protocol.decoder(st.spec, st.plan), st.spec.plan
   on_device = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
   args = (
     jax.tree.map(on_device, abstract),

@@ -16,7 +16,7 @@ import numpy as np
 
 from ao_mdm import hardware, orders, specs
 from ao_mdm import model as model_lib
-from ao_mdm.decode import common, parallel, policies, schedules
+from ao_mdm.decode import common, policies, protocol, schedules
 from ao_mdm.perf import roofline
 
 
@@ -62,6 +62,7 @@ def bench_sample(
     f"{bandwidth / 1e9:.1f} GB/s"
   )
   zeros, known = jnp.zeros((b, t), jnp.int32), jnp.zeros((b, t), bool)
+  parallel = policies.get("parallel")
   scalars = (jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
   results: dict[str, Any] = {
     "matmul_peak_flops": peak,
@@ -83,24 +84,25 @@ def bench_sample(
       "steps": {},
     }
     for steps in bench.steps:
-      counts = schedules.schedule_counts(t, 0, int(steps), bench.schedule)
       row: dict[str, Any] = {}
       for use_cache in (True, False) if dtype == "float32" else (True,):
-        run_counts = counts
-        if not use_cache and steps > bench.no_cache_max_steps:
-          run_counts = counts[: bench.no_cache_max_steps + 1]
-        plan = parallel.Plan.make(run_counts, use_cache)
-        if not use_cache:  # a truncated plan keeps the full-length recomputation of every step
-          plan = dataclasses.replace(plan, real_width=t)
-        decoder = parallel.decoder(
-          parallel.DecoderSpec(model=cfg, plan=plan, order="random", use_cache=use_cache)
-        )
+        # No cache: the first no_cache_max_steps steps (up to the position they reach), each
+        # recomputing all T slots, timed and scaled to `steps`.
+        run_steps = steps if use_cache else min(steps, bench.no_cache_max_steps)
+        end = int(schedules.schedule_counts(t, 0, int(steps), bench.schedule)[run_steps])
+        options = dict(steps=run_steps, schedule=bench.schedule, order="random")
+        batch = protocol.Batch(params, cfg, np.zeros(t, bool), end, common.DrawRule())
+        st = parallel.build(batch, **options, use_cache=use_cache)
+        spec = st.spec
+        if not use_cache:
+          spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan, real_width=t))
         args = (params, zeros, known, jax.random.key(2), *scalars)
-        compiled, compile_s = _compile(decoder, *args)
+        compiled, compile_s = _compile(protocol.decoder(spec, st.plan), *args)
         elapsed, _ = _timed(lambda _: compiled(*args), repeats if use_cache else 1)
-        scale = (len(counts) - 1) / (len(run_counts) - 1)
+        scale = steps / run_steps
         if use_cache:
-          floor_ms = 1e3 * float(np.mean(roofline.step_floors(cfg, plan, b, bandwidth, peak)))
+          floors = roofline.step_floors(cfg, spec.plan, b, bandwidth, peak)
+          floor_ms = 1e3 * float(np.mean(floors))
           row.update(
             sampler_s=elapsed,
             compile_s=compile_s,

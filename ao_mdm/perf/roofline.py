@@ -12,7 +12,7 @@ import numpy as np
 
 from ao_mdm import hardware, specs
 from ao_mdm import model as model_lib
-from ao_mdm.decode import parallel, schedules
+from ao_mdm.decode import common, policies, protocol
 from ao_mdm.perf import hlo
 
 
@@ -98,8 +98,9 @@ def _cache_bytes(cfg: specs.ModelSpec, batch: int, length: int) -> int:
   return 2 * cfg.n_layer * batch * length * cfg.n_embd * _itemsize(cfg)
 
 
-def step_costs(cfg: specs.ModelSpec, plan: parallel.Plan, batch: int) -> list[dict]:
-  """What each cache bucket's steps must do at least, in cfg.dtype: `bytes` read per step (the
+def step_costs(cfg: specs.ModelSpec, plan: Any, batch: int) -> list[dict]:
+  """What each cache bucket's steps of a parallel plan (its spec's `plan`: chunk widths and
+  segments) must do at least, in cfg.dtype: `bytes` read per step (the
   weights it multiplies by: blocks but AdaLN, final AdaLN and head; AdaLN table and embedding
   rows being gathered; plus the K/V cache prefix it attends to) and `flops` per step (2 per
   weight per slot; the last layer past its K/V and the head only for the 1 + W_p queries read;
@@ -143,10 +144,10 @@ def forward_costs(cfg: specs.ModelSpec, batch: int) -> dict:
 
 
 def step_floors(
-  cfg: specs.ModelSpec, plan: parallel.Plan, b: int, bandwidth: float, peak: float
+  cfg: specs.ModelSpec, plan: Any, b: int, bandwidth: float, peak: float
 ) -> np.ndarray:
   """Seconds each cached decode step must take at least: max(bytes / bandwidth, FLOPs / peak),
-  with the bytes and FLOPs of parallel.step_costs."""
+  with the bytes and FLOPs of step_costs."""
   return np.concatenate(
     [
       np.full(c["steps"], max(c["bytes"] / bandwidth, c["flops"] / peak))
@@ -160,7 +161,9 @@ def speculative_read_ratio(cfg: specs.ModelSpec, k: int, batch: int, head: bool)
   are bound by reading (an accelerator at small batch): the weights once and the whole K/V
   cache, plus per drafted token of a learned head the head and the model's final AdaLN and
   vocab head again (self-drafting reads nothing more)."""
-  plan = parallel.Plan.make(schedules.schedule_counts(cfg.block_size, 0, cfg.block_size, "linear"))
+  t = cfg.block_size
+  unconditional = protocol.Batch({}, cfg, np.zeros(t, bool), t, common.DrawRule())
+  plan = policies.get("parallel").build(unconditional, steps=t).spec.plan
   costs = step_costs(cfg, plan, batch)
   step = sum(c["bytes"] * c["steps"] for c in costs) / sum(c["steps"] for c in costs)
   itemsize = _itemsize(cfg)

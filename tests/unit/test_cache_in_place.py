@@ -10,6 +10,7 @@ import re
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from ao_mdm import model as model_lib
@@ -37,12 +38,16 @@ def _compiled(name: str, b: int = 3, steps: int = 8) -> str:
   tokens, known = jnp.zeros((b, T), jnp.int32), jnp.zeros((b, T), bool)
   draw = (jax.random.key(1), jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
   if name == "parallel":  # S = 8: four cache buckets, 4 tokens per step
-    plan = parallel.Plan.make(schedules.schedule_counts(T, 0, steps, "linear"))
-    fn = parallel.decoder(parallel.DecoderSpec(model=cfg, plan=plan, order="random"))
+    counts = schedules.schedule_counts(T, 0, steps, "linear").tolist()
+    spec = parallel.DecoderSpec(
+      model=cfg, plan=parallel.Plan.make(np.array(counts)), order="random"
+    )
+    fn = protocol.decoder(spec, spec.row_plan(counts, steps))
     args = (params, tokens, known, *draw)
   elif name == "confidence":
     counts = schedules.schedule_counts(T, 0, 8, "linear").tolist()
-    fn = confidence.decoder(confidence.DecoderSpec(model=cfg, width=4, real_width=4), counts)
+    spec = confidence.DecoderSpec(model=cfg, width=4, real_width=4)
+    fn = protocol.decoder(spec, spec.row_plan(counts, 8))
     args = (params, tokens, known, *draw)
   else:
     fn = protocol.decoder(speculative.DecoderSpec(model=cfg, k=3), speculative.RowPlan((0, T, 3)))

@@ -11,7 +11,7 @@ from scipy import stats
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
-from ao_mdm.decode import common, options, parallel, policies, schedules, text
+from ao_mdm.decode import common, options, parallel, policies, protocol, schedules, text
 from helpers import default_stage_keeps, naive_greedy
 
 T = 32
@@ -360,11 +360,9 @@ def test_new_seed_does_not_recompile():
   cfg, params = cached_model("ao")
   kwargs = dict(batch_size=2, steps=8, known_positions=[0, 1], known_tokens=[1, 2])
   parallel.sample(params, cfg, seed=0, **kwargs)
-  decoder = parallel.decoder(
-    parallel.DecoderSpec(
-      model=cfg, plan=parallel.Plan.make(schedules.schedule_counts(T, 2, 8, "linear")), order="l2r"
-    )
-  )
+  counts = schedules.schedule_counts(T, 2, 8, "linear")
+  spec = parallel.DecoderSpec(model=cfg, plan=parallel.Plan.make(counts), order="l2r")
+  decoder = protocol.decoder(spec, spec.row_plan(counts.tolist(), 8))
   before = decoder._cache_size()
   parallel.sample(params, cfg, seed=1, **kwargs)
   parallel.sample(

@@ -235,7 +235,7 @@ def test_rows_in_the_continuous_batcher_decode_as_they_do_alone(temperature):
   request of `steps` steps verifies ceil(unknown / steps) drafts per forward, at most k (then
   it is speculative.sample's)."""
   cfg, params = random_model(v=64, t=16, scale=4.0, seed=1)
-  spec = speculative.continuing(cfg, tokens_per_step=3, order="random")
+  spec = speculative.continuing(cfg, protocol.Continuing(3, order="random"))
   batcher = batching.Batcher(params, spec, batch=2, max_steps=16)
   cases = [
     ((0, 1, 2), 5, 3),
@@ -253,7 +253,8 @@ def test_rows_in_the_continuous_batcher_decode_as_they_do_alone(temperature):
     tokens[0, list(pos)], known[0, list(pos)] = request.token_ids, True
     plan = spec.plan_request(len(pos), 16, steps, "linear", 16)
     assert plan.extent[2] == drafts
-    ref = protocol.run(spec, plan, params, tokens, known, request.seed, temperature, 1.0, 0)
+    draw = (jnp.float32(temperature), jnp.float32(1.0), jnp.int32(0))
+    ref = protocol.decoder(spec, plan)(params, tokens, known, jax.random.key(request.seed), *draw)
     np.testing.assert_array_equal(got.order, ref.rows.order_BT[0])
     np.testing.assert_array_equal(got.tokens, ref.rows.tokens_BT[0])
     np.testing.assert_allclose(got.logprobs, ref.rows.drawn.logprob_BT[0], atol=1e-5)
