@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ao_mdm.decode import batching, schedules
+from ao_mdm.runtime import memory
 
 EVENTS = ("text", "done", "error")  # what a job's `emit` is called with
 
@@ -186,12 +187,19 @@ class Engine:
         )  # fmt: skip
         batcher.warm_up(note)
       self.warming = ""
+    trimmed = False
     while True:
+      with self.lock:
+        idle = not self.stopping and not self.queue and not self.active
+      if idle and not trimmed:  # the heap pages that compiles and steps freed go back (after
+        memory.trim_heap()  # the warm-up: 5.2 -> 2.6 GiB for ao_small's 16 rows)
+        trimmed = True
       with self.lock:
         while not self.stopping and not self.queue and not self.active:
           self.lock.wait()
         if self.stopping:
           return
+      trimmed = False
       try:
         self._admit()
         self._drop_cancelled()
