@@ -132,7 +132,7 @@ class PolicySpec:
     return order_BT, engine.row_keys(k_steps, known_BT.shape[0])
 
   def output(self, s: "DecodeState", plan: Any, **extra: Any) -> common.SampleOutput:
-    """A static batch's SampleOutput from its last state (on the host): the rows' tokens,
+    """A static batch's SampleOutput from its last rows and fields (on the host): the tokens,
     orders and draws; a policy adds its own (extra: logits, stats)."""
     rows = s.rows
     tokens, order = np.asarray(rows.tokens_BT), np.asarray(rows.order_BT)
@@ -344,7 +344,7 @@ def sample(
     jnp.float32(top_p),
     jnp.int32(top_k),
   )
-  return st.spec.output(jax.device_get(out), st.plan)
+  return st.spec.output(jax.device_get(out._replace(cache=None)), st.plan)  # not the cache
 
 
 def is_row(x: Any) -> bool:
