@@ -292,6 +292,13 @@ class Batch(NamedTuple):
   end: int
   draw: common.DrawRule
 
+  @staticmethod
+  def unconditional(params: Any, cfg: specs.ModelSpec, end: int | None = None) -> "Batch":
+    """No known token, positions drawn up to `end` (default T) by the default rule: what the
+    benchmarks and the cost model decode."""
+    t = cfg.block_size
+    return Batch(params, cfg, np.zeros(t, bool), t if end is None else end, common.DrawRule())
+
 
 class Static(NamedTuple):
   """A static batch's program, as a policy builds it: its spec, the plan its rows share, and

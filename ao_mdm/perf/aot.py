@@ -17,7 +17,6 @@ import time
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ao_mdm import hardware, specs
 from ao_mdm import model as model_lib
@@ -111,8 +110,7 @@ def compile_sampler(
   )
   t = cfg.block_size
   options = dict(steps=steps, schedule=schedule, order="random")
-  unconditional = protocol.Batch({}, cfg, np.zeros(t, bool), t, common.DrawRule())
-  st = policies.get("parallel").build(unconditional, **options)
+  st = policies.get("parallel").build(protocol.Batch.unconditional({}, cfg), **options)
   decoder, plan = protocol.decoder(st.spec, st.plan), st.spec.plan
   on_device = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
   args = (

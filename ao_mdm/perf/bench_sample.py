@@ -91,7 +91,7 @@ def bench_sample(
         run_steps = steps if use_cache else min(steps, bench.no_cache_max_steps)
         end = int(schedules.schedule_counts(t, 0, int(steps), bench.schedule)[run_steps])
         options = dict(steps=run_steps, schedule=bench.schedule, order="random")
-        batch = protocol.Batch(params, cfg, np.zeros(t, bool), end, common.DrawRule())
+        batch = protocol.Batch.unconditional(params, cfg, end)
         st = parallel.build(batch, **options, use_cache=use_cache)
         spec = st.spec
         if not use_cache:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ao_mdm import hardware, specs
 from ao_mdm import model as model_lib
-from ao_mdm.decode import common, policies, protocol
+from ao_mdm.decode import policies, protocol
 from ao_mdm.perf import hlo
 
 
@@ -162,8 +162,7 @@ def speculative_read_ratio(cfg: specs.ModelSpec, k: int, batch: int, head: bool)
   cache, plus per drafted token of a learned head the head and the model's final AdaLN and
   vocab head again (self-drafting reads nothing more)."""
   t = cfg.block_size
-  unconditional = protocol.Batch({}, cfg, np.zeros(t, bool), t, common.DrawRule())
-  plan = policies.get("parallel").build(unconditional, steps=t).spec.plan
+  plan = policies.get("parallel").build(protocol.Batch.unconditional({}, cfg), steps=t).spec.plan
   costs = step_costs(cfg, plan, batch)
   step = sum(c["bytes"] * c["steps"] for c in costs) / sum(c["steps"] for c in costs)
   itemsize = _itemsize(cfg)
