@@ -2,11 +2,15 @@
 process, a tiny config, and the reference models and samplers several modules test against."""
 
 import contextlib
+import json
 import os
 import pathlib
+import select
+import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 from flax import linen, traverse_util
 import jax
@@ -197,3 +201,68 @@ def filtered_probs(logits, temperature: float, top_p: float, top_k: int) -> np.n
   cum = np.cumsum(kept[ranked] / kept.sum())
   keep[ranked[(cum > top_p) & (np.arange(len(ranked)) > 0)]] = False
   return np.where(keep, probs, 0.0) / probs[keep].sum()
+
+
+class Server:
+  """A running `ao-mdm serve` of `path`; its URL read from the line it prints when ready."""
+
+  def __init__(self, path: str, *flags: str):
+    import openai
+
+    self.proc = subprocess.Popen(
+      [
+        sys.executable,
+        "-m",
+        "ao_mdm.cli.main",
+        "serve",
+        f"--checkpoint={path}",
+        "--port=0",
+        *flags,
+      ],
+      cwd=ROOT,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    self.lines = []
+    deadline = time.time() + 180
+    while time.time() < deadline:
+      ready, _, _ = select.select([self.proc.stdout], [], [], 1)
+      if ready:
+        line = self.proc.stdout.readline()
+        self.lines.append(line)
+        if line.startswith("serving "):
+          self.model, self.url = line.split()[1], line.split(" at ")[1].split()[0]
+          self.client = openai.OpenAI(base_url=self.url, api_key="none", max_retries=0)
+          return
+      if self.proc.poll() is not None:
+        break
+    self.proc.kill()
+    raise AssertionError(f"no server: {self.lines} {self.proc.stderr.read()}")
+
+  def complete(self, **kwargs):
+    return self.client.completions.create(model=self.model, **kwargs)
+
+  def post(self, body: str | dict) -> Any:
+    import httpx
+
+    data = body if isinstance(body, str) else json.dumps(body)
+    headers = {"content-type": "application/json"}
+    return httpx.post(f"{self.url}/completions", content=data, headers=headers, timeout=120)
+
+  def get(self, path: str) -> Any:
+    import httpx
+
+    return httpx.get(self.url.removesuffix("/v1") + path, timeout=30)
+
+  def metric(self, name: str) -> float:
+    for line in self.get("/metrics").text.splitlines():
+      if line.startswith(name + " "):
+        return float(line.split()[1])
+    raise KeyError(name)
+
+  def stop(self, sig: int = signal.SIGTERM) -> tuple:
+    self.proc.send_signal(sig)
+    out, err = self.proc.communicate(timeout=60)
+    return self.proc.returncode, "".join(self.lines) + out, err

@@ -2,6 +2,7 @@
 writes; docs/sampling.md)."""
 
 from collections.abc import Callable, Iterator
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 from ao_mdm import specs
 from ao_mdm.decode import common, policies, text
 from ao_mdm.decode import options as options_lib
+from ao_mdm.eval import scoring
 
 
 def sample_texts(
@@ -25,6 +27,7 @@ def sample_texts(
   progress: Callable | None = None,
   mode: str = "parallel",
   until_eos: bool = False,
+  best_of: int = 1,
   **options,
 ) -> Iterator[dict]:
   """An iterator of `num_samples` texts ({text, tokens}, `marked` with a prompt or infill, the
@@ -42,9 +45,15 @@ def sample_texts(
   steps or speculative forwards). An infill sample ends where its text ends: only the [MASK]
   spans are drawn (a text ending in [MASK] is continued by infill_span tokens).
 
-  Batch i uses seed + i * batch_size; ids beyond the tokenizer's vocab are never drawn.
+  best_of=n: each sample is the best of n draws by the exact log-probability per drawn token of
+  what it drew given the known tokens (eval/scoring.drawn_logprob; its record gains `logprob`,
+  that sum, and `best_of`).
+
+  Batch i uses seed + i * batch_size (its draw j of best_of: + j * num_samples); ids beyond the
+  tokenizer's vocab are never drawn.
   """
   options_lib.check_counts(num_samples, batch_size)
+  options_lib.check_best_of(best_of)
   policy = policies.get(mode)
   if until_eos:
     policies.check_until_eos(mode, options.get("order"), infill)
@@ -74,26 +83,49 @@ def sample_texts(
   known[positions] = True
   stop = {"eos_id": tokenizer.eos_id} if until_eos else {}
 
+  draw = lambda batch_seed: policy.sample(
+    params,
+    cfg,
+    batch_size=batch_size,
+    seed=batch_seed,
+    known_positions=positions,
+    known_tokens=ids,
+    vocab_limit=min(tokenizer.vocab_size, cfg.vocab_size),
+    **stop,
+    **options,
+  )
+  scorer = scoring.Scorer(params, cfg) if best_of > 1 else None  # float32, as `eval` scores
+
+  def best(start: int) -> tuple[common.SampleOutput, np.ndarray | None]:
+    """The batch at `start`, each row the best of `best_of` draws (and their log-probs)."""
+    outs = [draw(seed + start + j * num_samples) for j in range(best_of)]
+    if scorer is None:
+      return outs[0], None
+    logprob, per_token = [], []
+    for out in outs:
+      drawn_BT = ~known & (np.arange(cfg.block_size) < lengths(out)[:, None])
+      logprob.append(scoring.drawn_logprob(scorer, out.tokens, known[None], drawn_BT))
+      per_token.append(logprob[-1] / np.maximum(drawn_BT.sum(1), 1))
+    pick_B = np.argmax(np.stack(per_token), axis=0)
+    chosen = common.SampleOutput(
+      **{f.name: _pick([getattr(o, f.name) for o in outs], pick_B) for f in fields(outs[0])}
+    )
+    return chosen, np.stack(logprob)[pick_B, np.arange(batch_size)]
+
+  def lengths(out: common.SampleOutput) -> np.ndarray:
+    """[B] each row's positions that are part of its sample (until_eos: up to its EOS)."""
+    if until_eos:  # the tokens after the first EOS are not part of the sample
+      assert out.stats is not None  # with eos_id: the lengths
+      return np.minimum(out.stats["length"], end)
+    return np.full(len(out.tokens), end)
+
   def records() -> Iterator[dict]:
     for start in range(0, num_samples, batch_size):
-      out = policy.sample(
-        params,
-        cfg,
-        batch_size=batch_size,
-        seed=seed + start,
-        known_positions=positions,
-        known_tokens=ids,
-        vocab_limit=min(tokenizer.vocab_size, cfg.vocab_size),
-        **stop,
-        **options,
-      )
+      out, logprob = best(start)
       if progress:
         progress(1)
       for i, row in enumerate(out.tokens[: num_samples - start]):
-        if until_eos:  # the tokens after the first EOS are not part of the sample
-          assert out.stats is not None  # with eos_id: the lengths
-          row = row[: out.stats["length"][i]]
-        row = row[:end]  # an infill ends at its text
+        row = row[: lengths(out)[i]]
         decoded = text.decode_text(tokenizer.decode, row, tokenizer.eos_id, tokenizer.vocab_size)
         record = {"text": decoded, "tokens": row.tolist()}
         if out.logprobs is not None:  # per position, as drawn and the model's own; known: 0
@@ -107,6 +139,8 @@ def sample_texts(
           record["block_len"] = int(options["block_len"])
         if out.stats:  # sequential forwards (and speculative draft counts, until_eos lengths)
           record.update({k: v[i].item() for k, v in out.stats.items() if np.ndim(v)})
+        if logprob is not None:
+          record.update(best_of=best_of, logprob=float(f"{logprob[i]:.7g}"))
         if positions:
           record["marked"] = text.mark_generated(
             tokenizer.decode, row, known, tokenizer.eos_id, tokenizer.vocab_size
@@ -114,3 +148,14 @@ def sample_texts(
         yield record
 
   return records()
+
+
+def _pick(values: list, pick_B: np.ndarray) -> Any:
+  """Row b of values[pick_B[b]], for one SampleOutput field of each draw (a dict: per key; a
+  value without a row axis, or None, as the first draw has it)."""
+  first = values[0]
+  if isinstance(first, dict):
+    return {k: _pick([v[k] for v in values], pick_B) for k in first}
+  if first is None or not np.ndim(first):
+    return first
+  return np.stack(values)[pick_B, np.arange(len(pick_B))]

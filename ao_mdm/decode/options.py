@@ -40,6 +40,15 @@ def check_counts(num_samples: int, batch_size: int) -> None:
     raise ValueError(f"--num_samples={num_samples} and --batch_size={batch_size} must be >= 1")
 
 
+MAX_BEST_OF = 64
+
+
+def check_best_of(best_of: int) -> None:
+  """best_of: draws of which the most likely one is kept, 1 to MAX_BEST_OF."""
+  if not 1 <= best_of <= MAX_BEST_OF:
+    raise ValueError(f"--best_of={best_of} must be in [1, {MAX_BEST_OF}]")
+
+
 def check_choice(name: str, value: str, choices: tuple) -> None:
   """Refuses an option's value outside its choices (check_choice("order", order, ORDERS))."""
   if value not in choices:

@@ -113,10 +113,7 @@ def reading_order(params: Any, cfg: Any, quiz_N81: np.ndarray, vocab_limit: int)
 def exact_logprobs(scorer: scoring.Scorer, grids_N81: np.ndarray, quiz_N81: np.ndarray):
   """[N] log p(grid's empty cells | its givens), exact: one forward with the givens first, then
   the empty cells left to right."""
-  order = np.argsort(quiz_N81 == 0, axis=1, kind="stable")
-  nll = scorer.slot_nll(grids_N81.astype(np.int32), order)
-  drawn = np.arange(sudoku.CELLS)[None, :] >= (quiz_N81 != 0).sum(1, keepdims=True)
-  return -(nll * drawn).sum(1)
+  return scoring.drawn_logprob(scorer, grids_N81, quiz_N81 != 0, quiz_N81 == 0)
 
 
 def _score_run(

@@ -16,6 +16,7 @@ import prometheus_client as prom
 import pydantic
 from starlette import exceptions as starlette_exceptions
 
+from ao_mdm.decode import text as text_lib
 from ao_mdm.serve import engine as engine_lib
 from ao_mdm.serve import metrics as metrics_lib
 
@@ -41,6 +42,8 @@ class CompletionRequest(pydantic.BaseModel):
   temperature: float = pydantic.Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
   top_p: float = pydantic.Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
   n: int = pydantic.Field(1, ge=1, le=MAX_N)
+  # Drawn per prompt, of which the n with the highest exact log-prob per token are returned.
+  best_of: int | None = pydantic.Field(None, ge=1, le=MAX_N)
   stream: bool = False
   logprobs: int | None = pydantic.Field(None, ge=0, le=5)
   echo: bool = False
@@ -51,11 +54,11 @@ class CompletionRequest(pydantic.BaseModel):
   # Taken at their neutral values only (the API's defaults), refused otherwise.
   frequency_penalty: float | None = pydantic.Field(None, allow_inf_nan=False)
   presence_penalty: float | None = pydantic.Field(None, allow_inf_nan=False)
-  best_of: int | None = None
   logit_bias: dict | None = None
   tokens_per_step: int = pydantic.Field(1, ge=1)
   top_k: int = pydantic.Field(0, ge=0)
   policy: str | None = None  # one the server runs (--policies); None: the first of them
+  infill_span: int = pydantic.Field(8, ge=1)  # tokens drawn per [MASK] of a text prompt
 
 
 def error(status: int, message: str, param: str | None = None, kind: str = "") -> Any:
@@ -169,7 +172,7 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
       )
     if body.max_tokens is None:
       body.max_tokens = 16
-    for name, neutral in (("frequency_penalty", 0), ("presence_penalty", 0), ("best_of", 1)):
+    for name, neutral in (("frequency_penalty", 0), ("presence_penalty", 0)):
       if getattr(body, name) not in (None, neutral):
         return error(400, f"{name}={getattr(body, name)} is not supported (only {neutral})", name)
     if body.logit_bias:
@@ -189,22 +192,45 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
         "(ao-mdm serve --policies)",
         "policy",
       )
+    draws = body.best_of or body.n
+    if draws < body.n:
+      return error(400, f"best_of={draws} is below n={body.n}: it must be at least n", "best_of")
+    if draws > body.n and body.stream:
+      return error(
+        400, f"best_of={draws} > n cannot be streamed (the best is known last)", "best_of"
+      )
     if body.max_tokens == 0 and not body.echo:
       return error(400, "max_tokens=0 needs echo=true (the prompt's log-probs)", "max_tokens")
     one = isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], int))
     given: list[Any] = [body.prompt] if one else list(body.prompt)
     if not given:
       return error(400, "prompt: an empty list", "prompt")
-    if len(given) * body.n > engine.max_queue:  # could never be queued: not a retry later
+    if len(given) * draws > engine.max_queue:  # could never be queued: not a retry later
+      per = f"best_of={draws}" if body.best_of else f"n={body.n}"
       return error(
         400,
-        f"{len(given)} prompts x n={body.n} = {len(given) * body.n} choices; this server queues "
+        f"{len(given)} prompts x {per} = {len(given) * draws} choices; this server queues "
         f"at most {engine.max_queue} (ao-mdm serve --max_queue)",
-        "n" if body.n > 1 else "prompt",
+        per.split("=")[0] if draws > 1 else "prompt",
       )
+    if any(isinstance(x, str) and text_lib.MASK in x for x in given):
+      for name, wrong in (
+        ("max_tokens", "max_tokens" in body.model_fields_set),
+        ("suffix", body.suffix is not None),
+        ("stream", body.stream),
+      ):
+        if wrong:
+          return error(
+            400,
+            f"{name} does not apply to a prompt with {text_lib.MASK}: its [MASK] spans are drawn "
+            "(infill_span tokens each) and its text is whole once all are",
+            name,
+          )
+    elif "infill_span" in body.model_fields_set:
+      return error(400, f"infill_span applies to a prompt with {text_lib.MASK}", "infill_span")
     named = [(f"prompt[{i}]", "prompt", x) for i, x in enumerate(given)]
     for what, param, x in named + [("suffix", "suffix", body.suffix or "")]:
-      if isinstance(x, str) and len(x.encode()) > max_text_bytes:
+      if isinstance(x, str) and len(x.replace(text_lib.MASK, "").encode()) > max_text_bytes:
         return error(400, f"{what} is longer than the model's {t} positions", param)
       if not isinstance(x, str) and any(not 0 <= v < engine.vocab_limit for v in x):
         return error(400, f"{what}: token ids must be in [0, {engine.vocab_limit})", param)
@@ -212,19 +238,26 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
     stop = tuple(s for s in ([body.stop] if isinstance(body.stop, str) else body.stop or ()) if s)
     # Texts are tokenized off the event loop (the tokenizers release the GIL): a long prompt
     # does not hold up the other requests.
-    encoded = await asyncio.to_thread(
-      lambda: [tuple(tok.encode(x)) if isinstance(x, str) and x else tuple(x) for x in given]
-    )
-    prompts = [x if isinstance(x, str) else tok.decode(list(x)) for x in given]  # the echo's text
+    try:
+      encoded = await asyncio.to_thread(
+        lambda: [_layout(x, tok, t, body.infill_span) for x in given]
+      )
+    except ValueError as e:  # an infill that does not fit
+      return error(400, str(e), "prompt")
+    prompts = [  # the echo's text
+      x if isinstance(x, str) and not inside else tok.decode(list(ids))
+      for x, (ids, _, inside) in zip(given, encoded)
+    ]
     suffix = tuple(await asyncio.to_thread(tok.encode, body.suffix)) if body.suffix else ()
     loop = asyncio.get_running_loop()
     seed = secrets.randbits(31) if body.seed is None else body.seed
     jobs, queues = [], []
-    for i, ids in enumerate(encoded):
+    for i, (ids, span, inside) in enumerate(encoded):
+      max_tokens = span or body.max_tokens
       if not ids and not suffix and body.max_tokens == 0:
         return error(400, f"prompt[{i}] is empty: nothing to score", "prompt")
       room = t - len(ids) - len(suffix)
-      if body.max_tokens > room:
+      if max_tokens > room:
         return error(
           400,
           f"max_tokens={body.max_tokens}: prompt[{i}] ({len(ids)} tokens)"
@@ -232,7 +265,7 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
           f"model's {t} positions",
           "max_tokens" if room > 0 else "prompt",
         )
-      for c in range(body.n):
+      for c in range(draws):
         q: asyncio.Queue = asyncio.Queue()
 
         def emit(kind: str, payload: dict, q: asyncio.Queue = q) -> None:
@@ -244,7 +277,7 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
         jobs.append(
           engine_lib.Job(
             ids,
-            body.max_tokens,
+            max_tokens,
             emit,
             suffix,
             stop,
@@ -255,6 +288,8 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
             body.tokens_per_step,
             body.policy,
             score_prompt=body.echo and body.logprobs is not None,
+            rank=draws > body.n,
+            inside=inside,
           )
         )
         queues.append(q)
@@ -264,7 +299,7 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
       return error(429, f"too many requests: {e}; retry later")
     head: dict[str, Any] = {"id": f"cmpl-{secrets.token_hex(12)}", "object": "text_completion"}
     head |= {"created": int(time.time()), "model": model_name}
-    prompt_of = lambda i: prompts[i // body.n]
+    prompt_of = lambda i: prompts[i // draws]
     if body.stream:
       return responses.StreamingResponse(
         _stream(engine, jobs, queues, head, body, prompt_of, request, usage_chunk),
@@ -278,19 +313,45 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
       raise
     if results is None:  # the client went away
       return responses.Response(status_code=499)
-    choices = []
-    for i, (text, ids, lps, done) in enumerate(results):
+    for i, (*_, done) in enumerate(results):
       if "error" in done:
         return error(500, f"choice {i} failed: {done['error']}", kind="server_error")
-      choices.append(_choice(i, text, ids, lps, done, body, prompt_of(i), jobs[i], tok))
+    choices: list[dict] = []
+    for i in _best(results, len(given), draws, body.n):
+      text, ids, lps, done = results[i]
+      j = len(choices)  # choice j: prompt j // n, as the API numbers them
+      choices.append(_choice(j, text, ids, lps, done, body, prompt_of(i), jobs[i], tok))
     usage = {
-      "prompt_tokens": sum(len(j.prompt) for j in jobs[:: body.n]),
+      "prompt_tokens": sum(len(j.prompt) for j in jobs[::draws]),
       "completion_tokens": sum(len(r[1]) for r in results),
     }
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     return {**head, "choices": choices, "usage": usage}
 
   return app
+
+
+def _layout(prompt: Any, tok: Any, t: int, span: int) -> tuple[tuple, int, tuple]:
+  """(the ids before the first [MASK] or all of them, the positions drawn after those: an
+  infill's span to its end or 0, an infill's known (position, id) pairs in that span)."""
+  if not isinstance(prompt, str) or text_lib.MASK not in prompt:
+    return tuple(tok.encode(prompt)) if isinstance(prompt, str) and prompt else tuple(prompt), 0, ()
+  positions, ids, end = text_lib.layout_known(tok.encode, t, infill=prompt, span=span)
+  p = next(i for i, q in enumerate([*positions, t]) if q != i)  # the first [MASK]'s position
+  inside = tuple(zip(positions[p:], ids[p:]))
+  return tuple(ids[:p]), end - p, inside
+
+
+def _best(results: list, prompts: int, draws: int, n: int) -> list[int]:
+  """The results to return, prompt by prompt: all of them, or (best_of) the n of each prompt's
+  draws with the highest exact log-prob per generated token, best first."""
+  if draws == n:
+    return list(range(len(results)))
+  out = []
+  for first in range(0, prompts * draws, draws):
+    mean = lambda i: results[i][3]["logprob"] / max(len(results[i][1]), 1)
+    out += sorted(range(first, first + draws), key=mean, reverse=True)[:n]
+  return out
 
 
 async def _gather(engine: engine_lib.Engine, jobs: list, queues: list, request: Any) -> Any:

@@ -42,13 +42,15 @@ class Job:
   tokens_per_step: int = 1
   policy: str = "parallel"  # one of Engine.batchers
   score_prompt: bool = False  # echo: the prompt's own L2R log-probs too
+  rank: bool = False  # best_of: the exact log-prob of the completion given the prompt too
+  inside: tuple = ()  # an infill's known (position, id) pairs among the max_tokens after the prompt
   cancelled: bool = False
   failed: str = ""  # fail_all's message
   row: int | None = None
   scored: list | None = None  # the prompt's log-probs (score_prompt)
   counted: int = 0  # generated tokens counted in Stats.tokens
   sent: int = 0  # characters of the generated text already emitted
-  sent_ids: int = 0  # the generated ids already emitted (their text is within `sent`)
+  ids: tuple = ()  # the generated ids already emitted (their text is within `sent`)
   enqueued: float = dataclasses.field(default_factory=time.monotonic)
   first_token_s: float | None = None
 
@@ -193,14 +195,18 @@ class Engine:
     trimmed = False
     while True:
       with self.lock:
-        while not self.stopping and not self.queue and not self.active:
-          # Idle for TRIM_AFTER_S: the heap pages that compiles and steps freed go back, once
-          # (after the warm-up: 5.2 -> 2.6 GiB for ao_small's 16 rows), not between requests.
-          if not self.lock.wait(None if trimmed else TRIM_AFTER_S) and not trimmed:
-            memory.trim_heap()
-            trimmed = True
+        idle = False
+        while not self.stopping and not self.queue and not self.active and not idle:
+          idle = not self.lock.wait(None if trimmed else TRIM_AFTER_S)
         if self.stopping:
           return
+      if idle:
+        # Idle for TRIM_AFTER_S: the heap pages that compiles and steps freed go back, once
+        # (after the warm-up: 5.2 -> 2.6 GiB for ao_small's 16 rows), not between requests,
+        # outside the lock (a request that comes meanwhile is queued at once).
+        memory.trim_heap()
+        trimmed = True
+        continue
       trimmed = False
       try:
         self._admit()
@@ -277,13 +283,21 @@ class Engine:
     self.stats.failed += 1
     job.emit("error", {"message": f"{type(e).__name__}: {e}"})
 
+  @staticmethod
+  def _known(job: Job) -> tuple[list, list]:
+    """(positions, ids) the job gives: its prompt, an infill's known ids, its suffix."""
+    p, m, s = len(job.prompt), job.max_tokens, len(job.suffix)
+    inside = [q for q, _ in job.inside]
+    positions = [*range(p), *inside, *range(p + m, p + m + s)]
+    return positions, [*job.prompt, *(i for _, i in job.inside), *job.suffix]
+
   def _request(self, job: Job) -> batching.Request:
     p, m = len(job.prompt), job.max_tokens
-    positions = tuple(range(p)) + tuple(range(p + m, p + m + len(job.suffix)))
+    positions, ids = self._known(job)
     return batching.Request(
-      positions,
-      tuple(job.prompt) + tuple(job.suffix),
-      steps=schedules.steps_within(p + m, p, job.tokens_per_step),
+      tuple(positions),
+      tuple(ids),
+      steps=schedules.steps_within(p + m - len(job.inside), p, job.tokens_per_step),
       end=p + m + len(job.suffix),
       seed=job.seed,
       temperature=job.temperature,
@@ -321,10 +335,14 @@ class Engine:
     rows = batcher.rows
     for row, job in jobs.items():
       done = batcher.requests[row] is None
-      # The text so far: the generated positions drawn without a gap (every one, in L2R).
       p = len(job.prompt)
-      drawn = rows.drawn.step_BT[row][p : p + job.max_tokens] >= 0
-      ids = rows.tokens_BT[row][p : p + int(np.argmin(np.append(drawn, False)))]
+      if job.inside:  # an infill's text, its known ids among the drawn ones, once all are drawn
+        if not done:
+          continue
+        ids = rows.tokens_BT[row][p : p + job.max_tokens]
+      else:  # the text so far: the generated positions drawn without a gap (every one, in L2R)
+        drawn = rows.drawn.step_BT[row][p : p + job.max_tokens] >= 0
+        ids = rows.tokens_BT[row][p : p + int(np.argmin(np.append(drawn, False)))]
       try:
         reason = self._progress(job, ids, rows.drawn.raw_logprob_BT[row], done)
       except Exception as e:  # this job fails; the others go on
@@ -365,10 +383,10 @@ class Engine:
       while final > 0 and text[final - 1] == "\ufffd":
         final -= 1
       final = max(final - max((len(s) - 1 for s in job.stop), default=0), job.sent)
-    n = job.sent_ids  # the ids whose text is within the final text
+    n = len(job.ids)  # the ids whose text is within the final text
     while n < len(ids) and len(decode(n + 1)) <= final:
       n += 1
-    if final > job.sent or n > job.sent_ids:
+    if final > job.sent or n > len(job.ids):
       if job.first_token_s is None:
         job.first_token_s = time.monotonic() - job.enqueued
         self.stats.ttft_s.append(job.first_token_s)
@@ -377,27 +395,57 @@ class Engine:
         "text",
         {
           "text": text[job.sent : final],
-          "ids": ids[job.sent_ids : n],
-          "logprobs": raw_T[p + job.sent_ids : p + n].tolist(),
+          "ids": ids[len(job.ids) : n],
+          "logprobs": raw_T[p + len(job.ids) : p + n].tolist(),
         },
       )
-      job.sent, job.sent_ids = final, n
+      job.sent, job.ids = final, tuple(ids[:n])
     return reason
 
   def _finish(self, job: Job, reason: str) -> None:
+    done: dict[str, Any] = {"finish_reason": reason, "prompt_logprobs": job.scored}
+    if job.rank:
+      try:
+        done["logprob"] = self._completion_logprob(job)
+      except Exception as e:  # this job fails; the others go on
+        self._fail(job, e)
+        return
     self.stats.finished += 1
-    job.emit("done", {"finish_reason": reason, "prompt_logprobs": job.scored})
+    job.emit("done", done)
 
-  def _prompt_logprobs(self, job: Job) -> list:
-    """The prompt's L2R log-probs, each token given those before it (the first given none),
-    as `ao-mdm eval` scores: one forward over a bucketed width."""
+  @property
+  def scorer(self) -> Any:
+    """The exact scorer of echo and best_of (eval/scoring.Scorer), made at first use."""
     from ao_mdm.eval import scoring
 
     if self._scorer is None:
       self._scorer = scoring.Scorer(self.params, self.cfg)
+    return self._scorer
+
+  def _prompt_logprobs(self, job: Job) -> list:
+    """The prompt's L2R log-probs, each token given those before it (the first given none),
+    as `ao-mdm eval` scores: one forward over a bucketed width."""
     t, p = self.cfg.block_size, len(job.prompt)
     width = batching.prefill_width(p, t)
     tokens = np.zeros((1, t), np.int32)
     tokens[0, :p] = job.prompt
-    nll = self._scorer.slot_nll(tokens, np.arange(width)[None])
+    nll = self.scorer.slot_nll(tokens, np.arange(width)[None])
     return (-nll[0, :p]).tolist()
+
+  def _completion_logprob(self, job: Job) -> float:
+    """Exact log p(the drawn ids emitted | the known ones), later positions left out
+    (eval/scoring.drawn_logprob)."""
+    from ao_mdm.eval import scoring
+
+    p, m, t = len(job.prompt), job.max_tokens, self.cfg.block_size
+    tokens = np.zeros((1, t), np.int32)
+    tokens[0, : p + m + len(job.suffix)] = [
+      *job.prompt,
+      *job.ids,
+      *[0] * (m - len(job.ids)),
+      *job.suffix,
+    ]
+    known = np.zeros((1, t), bool)
+    known[0, self._known(job)[0]] = True
+    drawn = ~known & (np.arange(t) >= p) & (np.arange(t) < p + len(job.ids))
+    return float(scoring.drawn_logprob(self.scorer, tokens, known, drawn)[0])

@@ -3,15 +3,10 @@ completions are the engine's exact L2R decoding, its log-probs the scorer's, bad
 naming the field, and the server goes on after every fault."""
 
 import concurrent.futures
-import json
-import os
 import pathlib
 import random
-import select
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import httpx
@@ -23,70 +18,11 @@ from scipy import stats
 from ao_mdm.decode import parallel
 from ao_mdm.eval import scoring
 from ao_mdm.serve.api import token_texts
-from helpers import ROOT, filtered_probs
+from helpers import Server, filtered_probs
 
 # They time bounded detections or signal processes after delays: the slow stage runs them one
 # at a time (`alone`), never beside another test.
 pytestmark = pytest.mark.alone
-
-
-class Server:
-  """A running `ao-mdm serve` of `path`; its URL read from the line it prints when ready."""
-
-  def __init__(self, path: str, *flags: str):
-    self.proc = subprocess.Popen(
-      [
-        sys.executable,
-        "-m",
-        "ao_mdm.cli.main",
-        "serve",
-        f"--checkpoint={path}",
-        "--port=0",
-        *flags,
-      ],
-      cwd=ROOT,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-      env={**os.environ, "JAX_PLATFORMS": "cpu"},
-    )
-    self.lines = []
-    deadline = time.time() + 180
-    while time.time() < deadline:
-      ready, _, _ = select.select([self.proc.stdout], [], [], 1)
-      if ready:
-        line = self.proc.stdout.readline()
-        self.lines.append(line)
-        if line.startswith("serving "):
-          self.model, self.url = line.split()[1], line.split(" at ")[1].split()[0]
-          self.client = openai.OpenAI(base_url=self.url, api_key="none", max_retries=0)
-          return
-      if self.proc.poll() is not None:
-        break
-    self.proc.kill()
-    raise AssertionError(f"no server: {self.lines} {self.proc.stderr.read()}")
-
-  def complete(self, **kwargs):
-    return self.client.completions.create(model=self.model, **kwargs)
-
-  def post(self, body: str | dict) -> httpx.Response:
-    data = body if isinstance(body, str) else json.dumps(body)
-    headers = {"content-type": "application/json"}
-    return httpx.post(f"{self.url}/completions", content=data, headers=headers, timeout=120)
-
-  def get(self, path: str) -> httpx.Response:
-    return httpx.get(self.url.removesuffix("/v1") + path, timeout=30)
-
-  def metric(self, name: str) -> float:
-    for line in self.get("/metrics").text.splitlines():
-      if line.startswith(name + " "):
-        return float(line.split()[1])
-    raise KeyError(name)
-
-  def stop(self, sig: int = signal.SIGTERM) -> tuple:
-    self.proc.send_signal(sig)
-    out, err = self.proc.communicate(timeout=60)
-    return self.proc.returncode, "".join(self.lines) + out, err
 
 
 @pytest.fixture(scope="module")
@@ -427,6 +363,28 @@ def test_top_p_and_top_k_apply_to_each_request_through_the_openai_client(server,
     counts, exp = np.asarray(counts), np.asarray(exp) * len(got)
     keep = exp > 0
     assert stats.chisquare(counts[keep], exp[keep]).pvalue > 1e-3, (setting, counts, exp)
+
+
+def test_best_of_returns_the_draws_most_likely_by_their_exact_log_prob(server, export):
+  """best_of=4, n=2: of the four draws (each what seed + c gives alone) the two with the highest
+  exact log-prob per token of the completion given the prompt, best first (drawn L2R a token a
+  step, a draw's own log-probs are those exact conditionals); best_of below n or streamed is a
+  400."""
+  prompt = "We the people"
+  got = server.complete(prompt=prompt, max_tokens=8, best_of=4, n=2, seed=11, logprobs=0)
+  draws = [
+    server.complete(prompt=prompt, max_tokens=8, seed=11 + c, logprobs=0).choices[0]
+    for c in range(4)
+  ]
+  mean = [np.mean(d.logprobs.token_logprobs) for d in draws]
+  best = np.argsort(mean)[::-1][:2]
+  assert [c.text for c in got.choices] == [draws[i].text for i in best]
+  assert [c.index for c in got.choices] == [0, 1] and mean[best[0]] > mean[best[1]]
+  assert got.usage.completion_tokens == sum(len(d.logprobs.tokens) for d in draws)
+  for kwargs in (dict(best_of=2, n=3), dict(best_of=2, stream=True)):
+    with pytest.raises(openai.BadRequestError) as e:
+      server.complete(prompt=prompt, max_tokens=4, **kwargs)
+    assert e.value.body["param"] == "best_of", e.value.body
 
 
 def test_fields_are_checked_strictly_and_every_error_has_openai_shape(server, export):

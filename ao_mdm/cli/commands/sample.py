@@ -18,6 +18,7 @@ from ao_mdm.decode.options import (
   SCHEDULES,
   SCORES,
   TOP_P_RULES,
+  check_best_of,
   check_block_len,
   check_counts,
   check_sampling,
@@ -26,7 +27,7 @@ from ao_mdm.runtime import interrupts
 from ao_mdm.storage import fs, paths
 
 SUMMARY = "sample texts: --checkpoint=DIR [--prompt=TEXT | --infill='a [MASK] b'] [--steps=64 ...]"
-TEXT_OPTIONS = ("prompt", "infill", "infill_span", "mode", "num_samples", "until_eos")
+TEXT_OPTIONS = ("prompt", "infill", "infill_span", "mode", "num_samples", "until_eos", "best_of")
 
 
 def define(fv: flags.FlagValues) -> None:
@@ -102,6 +103,14 @@ def define(fv: flags.FlagValues) -> None:
     flag_values=fv,
   )
   flags.DEFINE_integer("num_samples", 4, "How many samples.", flag_values=fv)
+  flags.DEFINE_integer(
+    "best_of",
+    1,
+    "Likelihood-ranked sampling: each sample is the best of this many draws by the exact "
+    "log-probability per token of what it drew, in the order it was written (one more forward "
+    "a draw).",
+    flag_values=fv,
+  )
   flags_lib.batch_size(fv, 4, "Samples per batch.")
   flags_lib.seed(fv)
   flags_lib.out(fv, "A new JSON-lines file: one object per sample (text, tokens, settings).")
@@ -124,6 +133,7 @@ def check(v: dict, given: set) -> None:
     raise ValueError("--infill_span applies with --infill")
   policies.check_options(v["mode"], given & policies.option_names())
   check_counts(v["num_samples"], v["batch_size"])
+  check_best_of(v["best_of"])
   # Before JAX loads: the values that do not depend on the model (the rest are checked on it).
   check_sampling(
     v["steps"], v["temperature"], v["top_p"], v["top_k"], v["order"], v["top_p_rule"],
@@ -140,6 +150,8 @@ def check(v: dict, given: set) -> None:
 def describe(record: dict, mode: str, settings: dict) -> str:
   """How a sample was made, as it is printed above the text."""
   length = f", {record['length']} tokens" if "length" in record else ""
+  if "best_of" in record:
+    length += f", best of {record['best_of']} (log p {record['logprob']:.2f})"
   if mode == "speculative":
     drafter = "learned head" if settings.get("draft_head") else "self-drafted"
     return (
@@ -147,7 +159,7 @@ def describe(record: dict, mode: str, settings: dict) -> str:
       f"{record['forwards']} forwards, {record['accepted']} drafts accepted{length}"
     )
   blocks = f", blocks of {record['block_len']}" if "block_len" in record else ""
-  steps = f": {record['forwards']} steps{length}" if length else ""
+  steps = f": {record['forwards']} steps{length}" if "length" in record else length
   return f"steps={record['steps']}, {record.get('order', mode)} order{blocks}{steps}"
 
 
@@ -173,6 +185,7 @@ def run(v: dict, given: set) -> None:
     "seed": v["seed"],
     "mode": v["mode"],
     "until_eos": v["until_eos"],
+    "best_of": v["best_of"],
     **options,
   }
   if options.get("draft_head"):  # the path is recorded; the sampler takes the params
