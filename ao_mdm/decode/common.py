@@ -1,8 +1,10 @@
 """What the decoders share besides the model's decode interface (engine.py): the draw from
-filtered probabilities, orders, cache-length buckets, known-token inputs, the output."""
+filtered probabilities, orders, cache-length buckets, known-token inputs, the output, the exact
+log-probability of what was drawn."""
 
 from collections.abc import Sequence
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -263,3 +265,21 @@ def known_inputs(
   if vocab_limit is not None and np.any(tokens[mask] >= vocab_limit):
     raise ValueError(f"known token ids must be below vocab_limit={vocab_limit}")
   return tokens, mask
+
+
+@functools.lru_cache(maxsize=8)
+def _slot_nll(cfg: specs.ModelSpec) -> Any:
+  return jax.jit(functools.partial(model_lib.slot_nll, model_lib.make_model(cfg)))
+
+
+def drawn_logprob(
+  params: Any, cfg: specs.ModelSpec, tokens_BT: Any, known_BT: Any, drawn_BT: Any
+) -> np.ndarray:
+  """[B] exact log p(each row's drawn tokens | its known ones), the positions in neither left
+  out (an any-order model's marginal): one float32 forward, the known tokens first, then the
+  drawn ones left to right. What likelihood-ranked sampling (best_of) ranks by, whatever order
+  and however many tokens a step the decoder wrote them in."""
+  order_BT = np.argsort(np.where(known_BT, 0, np.where(drawn_BT, 1, 2)), axis=1, kind="stable")
+  tokens_BT = np.asarray(tokens_BT, np.int32)
+  nll_BT = np.asarray(_slot_nll(cfg.replace(dtype="float32"))(params, tokens_BT, order_BT))
+  return -(nll_BT.astype(np.float64) * np.take_along_axis(drawn_BT, order_BT, axis=1)).sum(1)

@@ -10,7 +10,6 @@ import numpy as np
 from ao_mdm import specs
 from ao_mdm.decode import common, policies, text
 from ao_mdm.decode import options as options_lib
-from ao_mdm.eval import scoring
 
 
 def sample_texts(
@@ -46,7 +45,7 @@ def sample_texts(
   spans are drawn (a text ending in [MASK] is continued by infill_span tokens).
 
   best_of=n: each sample is the best of n draws by the exact log-probability per drawn token of
-  what it drew given the known tokens (eval/scoring.drawn_logprob; its record gains `logprob`,
+  what it drew given the known tokens (common.drawn_logprob; its record gains `logprob`,
   that sum, and `best_of`).
 
   Batch i uses seed + i * batch_size (its draw j of best_of: + j * num_samples); ids beyond the
@@ -94,17 +93,16 @@ def sample_texts(
     **stop,
     **options,
   )
-  scorer = scoring.Scorer(params, cfg) if best_of > 1 else None  # float32, as `eval` scores
 
   def best(start: int) -> tuple[common.SampleOutput, np.ndarray | None]:
     """The batch at `start`, each row the best of `best_of` draws (and their log-probs)."""
     outs = [draw(seed + start + j * num_samples) for j in range(best_of)]
-    if scorer is None:
+    if best_of == 1:
       return outs[0], None
     logprob, per_token = [], []
     for out in outs:
       drawn_BT = ~known & (np.arange(cfg.block_size) < lengths(out)[:, None])
-      logprob.append(scoring.drawn_logprob(scorer, out.tokens, known[None], drawn_BT))
+      logprob.append(common.drawn_logprob(params, cfg, out.tokens, known[None], drawn_BT))
       per_token.append(logprob[-1] / np.maximum(drawn_BT.sum(1), 1))
     pick_B = np.argmax(np.stack(per_token), axis=0)
     chosen = common.SampleOutput(

@@ -95,13 +95,3 @@ def l2r_nll(scorer: Any, tokens_BT: np.ndarray) -> np.ndarray:
   """[B, T] NLL of each token under the identity order, from anything with `slot_nll`."""
   b, t = tokens_BT.shape
   return scorer.slot_nll(tokens_BT, np.broadcast_to(np.arange(t), (b, t)))
-
-
-def drawn_logprob(scorer: Any, tokens_BT: np.ndarray, known_BT: np.ndarray, drawn_BT: np.ndarray):
-  """[B] exact log p(each row's drawn tokens | its known ones), the positions in neither left
-  out (an any-order model's marginal): one forward, the known tokens first, then the drawn ones
-  left to right. What likelihood-ranked sampling (best_of) ranks by, whatever order and however
-  many tokens a step the decoder wrote them in."""
-  order_BT = np.argsort(np.where(known_BT, 0, np.where(drawn_BT, 1, 2)), axis=1, kind="stable")
-  nll_BT = scorer.slot_nll(np.asarray(tokens_BT, np.int32), order_BT)
-  return -(nll_BT * np.take_along_axis(drawn_BT, order_BT, axis=1)).sum(1)

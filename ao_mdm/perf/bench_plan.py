@@ -23,8 +23,7 @@ import numpy as np
 from ao_mdm import model as model_lib
 from ao_mdm.checkpoint import checkpoints, layout
 from ao_mdm.data import sudoku
-from ao_mdm.decode import batching
-from ao_mdm.eval import scoring
+from ao_mdm.decode import batching, common
 from ao_mdm.perf import svg
 from ao_mdm.storage import fs
 
@@ -110,12 +109,6 @@ def reading_order(params: Any, cfg: Any, quiz_N81: np.ndarray, vocab_limit: int)
   return np.asarray(grids), float(sudoku.CELLS), seconds
 
 
-def exact_logprobs(scorer: scoring.Scorer, grids_N81: np.ndarray, quiz_N81: np.ndarray):
-  """[N] log p(grid's empty cells | its givens), exact: one forward with the givens first, then
-  the empty cells left to right."""
-  return scoring.drawn_logprob(scorer, grids_N81, quiz_N81 != 0, quiz_N81 == 0)
-
-
 def _score_run(
   run: str,
   bench: Any,
@@ -148,7 +141,6 @@ def _score_run(
       out[f"{label} {kind}"] = Solved(grids, quiz, solution, forwards, seconds)
       log(out[f"{label} {kind}"].line(f"{label} {kind}"))
   if ranked:
-    scorer = scoring.Scorer(params, cfg)
     draws, logp, seconds, forwards = [], [], 0.0, 0.0
     for j in range(max(ranked)):  # draw j of puzzle i: seed `seed + (j + 1) N + i`
       seed = bench.seed + (j + 1) * len(quiz)
@@ -156,7 +148,7 @@ def _score_run(
         decoders["margin"], quiz, seed, bench.temperature, warm="margin" in labels or j > 0
       )
       start = time.perf_counter()
-      logp.append(exact_logprobs(scorer, grids, quiz))
+      logp.append(common.drawn_logprob(params, cfg, grids, quiz != 0, quiz == 0))
       draws.append(grids)
       seconds += s + (time.perf_counter() - start) / len(quiz)
       forwards += f + 1  # and its scoring forward

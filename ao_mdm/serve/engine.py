@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ao_mdm.decode import batching, schedules
+from ao_mdm.decode import batching, common, schedules
 from ao_mdm.runtime import memory
 
 EVENTS = ("text", "done", "error")  # what a job's `emit` is called with
@@ -415,7 +415,7 @@ class Engine:
 
   @property
   def scorer(self) -> Any:
-    """The exact scorer of echo and best_of (eval/scoring.Scorer), made at first use."""
+    """The scorer of echo's prompt log-probs (eval/scoring.Scorer), made at first use."""
     from ao_mdm.eval import scoring
 
     if self._scorer is None:
@@ -434,9 +434,7 @@ class Engine:
 
   def _completion_logprob(self, job: Job) -> float:
     """Exact log p(the drawn ids emitted | the known ones), later positions left out
-    (eval/scoring.drawn_logprob)."""
-    from ao_mdm.eval import scoring
-
+    (decode/common.drawn_logprob)."""
     p, m, t = len(job.prompt), job.max_tokens, self.cfg.block_size
     tokens = np.zeros((1, t), np.int32)
     tokens[0, : p + m + len(job.suffix)] = [
@@ -448,4 +446,4 @@ class Engine:
     known = np.zeros((1, t), bool)
     known[0, self._known(job)[0]] = True
     drawn = ~known & (np.arange(t) >= p) & (np.arange(t) < p + len(job.ids))
-    return float(scoring.drawn_logprob(self.scorer, tokens, known, drawn)[0])
+    return float(common.drawn_logprob(self.params, self.cfg, tokens, known, drawn)[0])

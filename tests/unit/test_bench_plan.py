@@ -14,8 +14,7 @@ from ao_mdm import model as model_lib
 from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.data import sudoku
-from ao_mdm.decode import batching
-from ao_mdm.eval import scoring
+from ao_mdm.decode import batching, common
 from ao_mdm.perf import bench_plan
 from helpers import ROOT
 
@@ -80,9 +79,10 @@ def test_the_figures_are_those_of_the_decoded_grids(run, tmp_path, capsys):
 
 
 def test_exact_logprobs_are_a_naive_forward_per_empty_cell(run):
+  """common.drawn_logprob, what the ranking keeps: the givens first, then the empty cells."""
   _, config, params = run
   quiz, solved = puzzles(3, 5)
-  got = bench_plan.exact_logprobs(scoring.Scorer(params, config.model), solved, quiz)
+  got = common.drawn_logprob(params, config.model, solved, quiz != 0, quiz == 0)
   model = model_lib.make_model(config.model)
   for i in range(3):
     given, empty = np.flatnonzero(quiz[i]), np.flatnonzero(quiz[i] == 0)
