@@ -122,8 +122,9 @@ def sample_texts(
       out, logprob = best(start)
       if progress:
         progress(1)
+      length_B = lengths(out)
       for i, row in enumerate(out.tokens[: num_samples - start]):
-        row = row[: lengths(out)[i]]
+        row = row[: length_B[i]]
         decoded = text.decode_text(tokenizer.decode, row, tokenizer.eos_id, tokenizer.vocab_size)
         record = {"text": decoded, "tokens": row.tolist()}
         if out.logprobs is not None:  # per position, as drawn and the model's own; known: 0

@@ -206,12 +206,12 @@ def build(engine: engine_lib.Engine, model_name: str) -> fastapi.FastAPI:
     if not given:
       return error(400, "prompt: an empty list", "prompt")
     if len(given) * draws > engine.max_queue:  # could never be queued: not a retry later
-      per = f"best_of={draws}" if body.best_of else f"n={body.n}"
+      per = "best_of" if body.best_of else "n"
       return error(
         400,
-        f"{len(given)} prompts x {per} = {len(given) * draws} choices; this server queues "
-        f"at most {engine.max_queue} (ao-mdm serve --max_queue)",
-        per.split("=")[0] if draws > 1 else "prompt",
+        f"{len(given)} prompts x {per}={draws} = {len(given) * draws} choices; this server "
+        f"queues at most {engine.max_queue} (ao-mdm serve --max_queue)",
+        per if draws > 1 else "prompt",
       )
     if any(isinstance(x, str) and text_lib.MASK in x for x in given):
       for name, wrong in (
@@ -347,9 +347,9 @@ def _best(results: list, prompts: int, draws: int, n: int) -> list[int]:
   draws with the highest exact log-prob per generated token, best first."""
   if draws == n:
     return list(range(len(results)))
+  mean = lambda i: results[i][3]["logprob"] / max(len(results[i][1]), 1)
   out = []
   for first in range(0, prompts * draws, draws):
-    mean = lambda i: results[i][3]["logprob"] / max(len(results[i][1]), 1)
     out += sorted(range(first, first + draws), key=mean, reverse=True)[:n]
   return out
 

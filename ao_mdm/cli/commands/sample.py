@@ -107,8 +107,7 @@ def define(fv: flags.FlagValues) -> None:
     "best_of",
     1,
     "Likelihood-ranked sampling: each sample is the best of this many draws by the exact "
-    "log-probability per token of what it drew, in the order it was written (one more forward "
-    "a draw).",
+    "log-probability per drawn token given the known ones (one more forward a draw).",
     flag_values=fv,
   )
   flags_lib.batch_size(fv, 4, "Samples per batch.")
