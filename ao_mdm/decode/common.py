@@ -15,7 +15,8 @@ from ao_mdm import model as model_lib
 from ao_mdm import specs
 from ao_mdm.decode import noise
 
-CACHE_BUCKETS = 4  # decode loops, each reading only the cache prefix its steps can see
+MIN_BUCKET = 16  # a smaller shape saves less than its compile costs
+CACHE_BUCKETS = 5  # decode loops, each reading only the cache prefix its steps can see
 
 
 @dataclasses.dataclass
@@ -187,9 +188,10 @@ def eos_lengths(tokens_BT: np.ndarray, start: int, eos_id: int) -> np.ndarray:
 
 
 def bucket_bounds(total: int, buckets: int) -> list:
-  """The distinct sizes ceil(total * g / buckets), g = 1..buckets, ascending: the few static
-  shapes a program is compiled for instead of one per size."""
-  return sorted({-(-total * g // buckets) for g in range(1, buckets + 1)})
+  """The distinct sizes ceil(total / 2**g), g = 0..buckets-1, none below MIN_BUCKET, ascending:
+  the few static shapes a program is compiled for instead of one per size, each at most twice
+  the size it holds (or MIN_BUCKET)."""
+  return sorted({max(-(-total // 2**g), min(total, MIN_BUCKET)) for g in range(buckets)})
 
 
 def bucket_for(size: int, total: int, buckets: int) -> int:
