@@ -12,7 +12,8 @@ process may use (`taskset -c 0` for one), is warmed up, then gets the same reque
 `openai` client: one at a time, then from each count of --clients (prompts of --prompt_tokens
 random token ids, --max_tokens out, temperature 1; vLLM ignores EOS, ao-mdm stops at one, rare
 at initialisation: tokens are counted from the usage), streamed, for the time to the first
-text; then its process tree's memory (PSS). The servers alternate, --repeats times. Writes
+text; then its process tree's memory (PSS). The warm-up before is 2 requests from each of the
+most --clients. The servers alternate, --repeats times. Writes
 results.json, table.md and, with matplotlib (the [repro] extra), throughput.png into --out;
 prints the table.
 """
@@ -307,7 +308,10 @@ def main() -> None:
       try:
         k = name.rsplit("k=", 1)[-1]
         body = {"ignore_eos": True} if name == "vllm" else {"tokens_per_step": int(k)}
-        load(server, 4, 8, prompts, args, body)  # warm: compiles and caches of first use
+        # Warm: what a server compiles or caches at first use (ao-mdm: a prefill of several
+        # rows at once) is paid here, at the largest load, not in the first measured round.
+        most = max(_ints(args.clients))
+        load(server, most, 2 * most, prompts, args, body)
         cases = [(1, args.sequential_requests)] + [
           (c, c * args.requests_per_client) for c in _ints(args.clients) if c > 1
         ]
