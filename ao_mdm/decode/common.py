@@ -16,7 +16,7 @@ from ao_mdm import specs
 from ao_mdm.decode import noise
 
 MIN_BUCKET = 16  # a smaller shape saves less than its compile costs
-CACHE_BUCKETS = 5  # decode loops, each reading only the cache prefix its steps can see
+CACHE_BUCKETS = 4  # decode loops, each reading only the cache prefix its steps can see
 
 
 @dataclasses.dataclass
@@ -188,10 +188,13 @@ def eos_lengths(tokens_BT: np.ndarray, start: int, eos_id: int) -> np.ndarray:
 
 
 def bucket_bounds(total: int, buckets: int) -> list:
-  """The distinct sizes ceil(total / 2**g), g = 0..buckets-1, none below MIN_BUCKET, ascending:
-  the few static shapes a program is compiled for instead of one per size, each at most twice
-  the size it holds (or MIN_BUCKET)."""
-  return sorted({max(-(-total // 2**g), min(total, MIN_BUCKET)) for g in range(buckets)})
+  """The few static sizes a program is compiled for instead of one per size: ceil(total * g /
+  buckets), g = 1..buckets, and below the first, total / 8 and total / 16 (none below
+  MIN_BUCKET), ascending. A short request in a long context then reads at most twice its slots,
+  a long generation at most total / buckets more than it needs."""
+  steps = {-(-total * g // buckets) for g in range(1, buckets + 1)}
+  halvings = {-(-total // d) for d in (8, 16) if d > buckets}
+  return sorted({max(b, min(total, MIN_BUCKET)) for b in steps | halvings})
 
 
 def bucket_for(size: int, total: int, buckets: int) -> int:

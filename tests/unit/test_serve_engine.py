@@ -81,10 +81,10 @@ def test_jobs_that_wait_together_are_prefilled_by_one_forward_after_the_warm_up(
     deadline = time.monotonic() + 120
     while eng.warming and time.monotonic() < deadline:
       time.sleep(0.05)
-    # At 2 rows and at 4: the 2 resizes between the 2 cache lengths (16, 32) a step makes (any
-    # growth; a cut to half or less), the prefill widths 8, 16, 32 at each length that holds
-    # them (5 inserts), and a step at each length.
-    assert eng.warming == "" and seen[-1] == (18, 18)
+    # At 2 rows and at 4: the 4 resizes between the 3 cache lengths (16, 24, 32) a step makes
+    # (any growth; a cut to half or less), the prefill widths 8, 16, 32 at each length that
+    # holds them (7 inserts), and a step at each length.
+    assert eng.warming == "" and seen[-1] == (28, 28)
     inserts = []
     insert = eng.batchers["parallel"]._insert
     eng.batchers["parallel"]._insert = lambda *a, **k: (inserts.append(1), insert(*a, **k))[1]
