@@ -43,7 +43,7 @@ def ensemble_nll(
   logp_BTE = np.empty((b, t, m))
   logp_BTE[:, :, 0] = -scorer.slot_nll(tokens_BT, order_BT)
   rng = np.random.default_rng(seed)
-  # Linear bounds (not the decoders' halving ones): slot i then pays at most i + T / 8 slots.
+  # Equal steps only, no floor (not the decoders' bounds): slot i pays at most i + T / 8 slots.
   bounds = sorted({-(-t * g // ENSEMBLE_BUCKETS) for g in range(1, ENSEMBLE_BUCKETS + 1)})
   slots_computed = b * t  # the original order: one full forward
   for lo, hi in zip([0] + bounds[:-1], bounds):
