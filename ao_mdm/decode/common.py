@@ -187,12 +187,17 @@ def eos_lengths(tokens_BT: np.ndarray, start: int, eos_id: int) -> np.ndarray:
   return np.where(hit_BT.any(1), hit_BT.argmax(1) + 1, t).astype(np.int32)
 
 
+def equal_bounds(total: int, parts: int) -> list:
+  """The distinct sizes ceil(total * g / parts), g = 1..parts, ascending."""
+  return sorted({-(-total * g // parts) for g in range(1, parts + 1)})
+
+
 def bucket_bounds(total: int, buckets: int) -> list:
   """The few static sizes a program is compiled for instead of one per size: ceil(total * g /
   buckets), g = 1..buckets, and below the first, total / 8 and total / 16 (none below
   MIN_BUCKET), ascending. A short request in a long context then reads at most twice its slots,
   a long generation at most total / buckets more than it needs."""
-  steps = {-(-total * g // buckets) for g in range(1, buckets + 1)}
+  steps = set(equal_bounds(total, buckets))
   halvings = {-(-total // d) for d in (8, 16) if d > buckets}
   return sorted({max(b, min(total, MIN_BUCKET)) for b in steps | halvings})
 

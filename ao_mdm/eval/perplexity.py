@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from ao_mdm import orders as orders_lib
+from ao_mdm.decode import common
 from ao_mdm.eval import scoring
 from ao_mdm.storage import fs
 
@@ -44,7 +45,7 @@ def ensemble_nll(
   logp_BTE[:, :, 0] = -scorer.slot_nll(tokens_BT, order_BT)
   rng = np.random.default_rng(seed)
   # Equal steps only, no floor (not the decoders' bounds): slot i pays at most i + T / 8 slots.
-  bounds = sorted({-(-t * g // ENSEMBLE_BUCKETS) for g in range(1, ENSEMBLE_BUCKETS + 1)})
+  bounds = common.equal_bounds(t, ENSEMBLE_BUCKETS)
   slots_computed = b * t  # the original order: one full forward
   for lo, hi in zip([0] + bounds[:-1], bounds):
     jobs = [(bi, i, r) for i in range(lo, min(hi, t)) for bi in range(b) for r in range(1, m)]
