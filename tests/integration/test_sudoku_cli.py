@@ -12,7 +12,6 @@ TINY = (
   "--config.model.n_layer=1",
   "--config.model.n_embd=32",
   "--config.model.n_head=2",
-  "--config.model.cond_dim=32",
   "--config.train.batch_size=8",
   "--config.train.num_steps=4",
   "--config.train.warmup_steps=1",
@@ -24,7 +23,7 @@ TINY = (
 
 
 @pytest.mark.slow  # a training run in a process of its own (7-20 s)
-@pytest.mark.parametrize("name, kind", [("ao", "mixed"), ("ar", "l2r")])
+@pytest.mark.parametrize("name, kind", [("ao", "random"), ("ar", "l2r")])
 def test_a_tiny_sudoku_run_trains_on_grids(tmp_path, name, kind):
   workdir = tmp_path / "run"
   out = ao_mdm("train", f"--config={ROOT}/configs/sudoku.py:{name}", f"--workdir={workdir}", *TINY)

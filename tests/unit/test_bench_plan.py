@@ -21,14 +21,14 @@ from helpers import ROOT
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-  """An export of a tiny random AO-GPT on Sudoku grids (its logits x3: decisive draws)."""
+  """An export of a tiny random configs/sudoku.py:ao model (its logits x3: decisive draws)."""
   import importlib.util
 
   spec = importlib.util.spec_from_file_location("sudoku_config", ROOT / "configs" / "sudoku.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = module.get_config("ao")
-  c.model.update(n_layer=1, n_embd=32, n_head=2, cond_dim=32)
+  c.model.update(n_layer=1, n_embd=32, n_head=2)
   config = specs.parse(c)
   params = nn.unbox(model_lib.init_params(config.model, jax.random.key(4)))
   params = jax.tree.map(lambda p: p * 3.0 if p.ndim >= 2 else p, params)
