@@ -120,6 +120,8 @@ class Batcher:
       functools.partial(protocol.prefill, spec, dm), static_argnames=("width",)
     )
     self._insert = jax.jit(functools.partial(protocol.insert, spec), donate_argnums=0)
+    # Prefill K/V [L, R, W, H, K] of distinct prompts -> each new row's.
+    self._spread = jax.jit(lambda kv, rows_R: jax.tree.map(lambda x: jnp.take(x, rows_R, 1), kv))
     self._resized = jax.jit(engine.resized, static_argnums=(1, 2))
     # Each step's shape from the rows' needs, read in one call.
     self._needs = jax.jit(lambda rows, fields: (rows.active_B, spec.needs(rows, fields)))
@@ -285,7 +287,7 @@ class Batcher:
     )
     todo = max(p.known - m for p, m in zip(parts, starts))
     # A few static prefill widths (a compile each), not one per prompt length.
-    kv = self._prefill(self.params, tokens, order, prefill_width(todo, t), prefix) if todo else None
+    kv = self._prefilled(tokens, order, prefill_width(todo, t), parts, prefix) if todo else None
     plans = jax.tree.map(lambda *x: column(x), *[p.plan for p in parts], is_leaf=protocol.is_row)
     self._rows = None
     self.state = self._insert(
@@ -304,6 +306,24 @@ class Batcher:
       kv,
       prefix,
     )
+
+  def _prefilled(self, tokens: Any, order: Any, width: int, parts: list, prefix: Any) -> dict:
+    """The new rows' prefill K/V. Rows with the same known tokens (n answers to one prompt, as
+    a GRPO group's) have the same known slots (known positions come first, left to right), so
+    one forward of each distinct prompt is copied to its rows."""
+    if prefix is not None:
+      return self._prefill(self.params, tokens, order, width, prefix)
+    first: dict = {}
+    source = [
+      first.setdefault((p.end, p.tokens.tobytes(), p.mask.tobytes()), len(first)) for p in parts
+    ]
+    n = max(2, 1 << (len(first) - 1).bit_length())  # 2 rows and up round alike (see sizes)
+    if n >= len(parts):
+      return self._prefill(self.params, tokens, order, width, None)
+    rows = [source.index(i) for i in range(len(first))]
+    rows = jnp.asarray(rows + rows[-1:] * (n - len(rows)))
+    kv = self._prefill(self.params, tokens[rows], order[rows], width, None)
+    return self._spread(kv, jnp.asarray(source, jnp.int32))
 
   @staticmethod
   def _prompt(request: Request) -> tuple:

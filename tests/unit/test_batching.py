@@ -131,6 +131,36 @@ def test_a_prompt_sharing_a_prefix_copies_its_cache_and_decodes_as_computed(temp
     np.testing.assert_allclose(a.raw_logprobs, b.raw_logprobs, atol=1e-5)
 
 
+def test_rows_joining_with_one_prompt_share_its_prefill_and_decode_as_they_do_alone():
+  """8 rows joining at once, 3 answers to each of 2 prompts and 2 to an infill (a GRPO round's
+  groups): one prefill forward of the 3 distinct prompts (4 rows: 2 and up round alike), each
+  row's tokens and log-probs those it draws alone."""
+  cfg, params = cached_model("ao")
+  rng = np.random.default_rng(5)
+  prompts = [(tuple(range(n)), tuple(rng.integers(0, cfg.vocab_size, n).tolist())) for n in (5, 9)]
+  prompts.append(((0, 3, 8), tuple(rng.integers(0, cfg.vocab_size, 3).tolist())))
+  reqs = [
+    batching.Request(pos, ids, schedules.steps_within(T, len(pos), 2), seed=10 * i + j)
+    for i, (pos, ids) in enumerate(prompts)
+    for j in range(3 if i < 2 else 2)
+  ]
+  b = batching.Batcher.continuing(params, cfg, batch=8, tokens_per_step=2)
+  forwards = []
+  prefill = b._prefill
+  b._prefill = lambda params, tokens, *a: (
+    forwards.append(tokens.shape[0]) or prefill(params, tokens, *a)
+  )
+  done = batching.decode_all(b, reqs)
+  assert forwards == [4]
+  spec = b.spec
+  for req, got in zip(reqs, done):
+    one = batching.Batcher(params, spec, batch=2, max_steps=T)
+    (ref,) = batching.decode_all(one, [req])
+    np.testing.assert_array_equal(got.tokens, ref.tokens)
+    np.testing.assert_array_equal(got.order, ref.order)
+    np.testing.assert_allclose(got.raw_logprobs, ref.raw_logprobs, atol=1e-5)
+
+
 def test_steps_within_commit_at_most_the_asked_tokens_per_step():
   """The schedule's float32 rounding can put k + 1 tokens in a step of ceil(n / k) steps (a
   batch built for k per forward refused such a request): steps_within adds steps until none
