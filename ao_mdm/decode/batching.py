@@ -320,8 +320,8 @@ class Batcher:
     n = max(2, 1 << (len(first) - 1).bit_length())  # 2 rows and up round alike (see sizes)
     if n >= len(parts):
       return self._prefill(self.params, tokens, order, width, None)
-    rows = [source.index(i) for i in range(len(first))]
-    rows = jnp.asarray(rows + rows[-1:] * (n - len(rows)))
+    firsts = [source.index(i) for i in range(len(first))]
+    rows = jnp.asarray(firsts + firsts[-1:] * (n - len(firsts)))
     kv = self._prefill(self.params, tokens[rows], order[rows], width, None)
     return self._spread(kv, jnp.asarray(source, jnp.int32))
 
