@@ -30,6 +30,7 @@ REMAT = {
 }
 DTYPES = {name: jnp.dtype(name) for name in specs.DTYPES}
 NORM_EPS = 1e-5
+INPUT_AXES = {"attn_out": 2}  # Dense layers (by name) whose kernel reads more than the last axis
 
 
 def _init(cfg, std: float, names: tuple):
@@ -218,32 +219,32 @@ def attend(cfg: specs.ModelSpec, q_BWHK, k_BWHK, v_BWHK, cache=None, mask=None):
 
 
 class Dense(nn.Module):
-  """Kernel over the last `n_in` input axes to `features`; float32 params, compute in cfg.dtype."""
+  """Kernel over the input's last INPUT_AXES[name] axes (1) to `features`, computed in cfg.dtype."""
 
   cfg: specs.ModelSpec
   features: tuple
   names: tuple  # logical axis names of the kernel: input axes, then output axes
   std: float = 0.02
-  n_in: int = 1
   use_bias: bool = True
   float32_out: bool = False  # accumulate and return float32 (the head's logits)
 
   @nn.compact
   def __call__(self, x):
-    dtype = DTYPES[self.cfg.dtype]
-    shape = x.shape[-self.n_in :] + tuple(self.features)
-    kernel = self.param("kernel", _init(self.cfg, self.std, self.names), shape, jnp.float32)
-    # One 2-D matmul: XLA:CPU transposes a 3-D operand for the kernel gradient (2x slower).
-    x_NI = x.reshape(-1, math.prod(shape[: self.n_in])).astype(dtype)
-    y_NO = jnp.matmul(
-      x_NI,
-      kernel.reshape(x_NI.shape[1], -1).astype(dtype),
-      preferred_element_type=jnp.float32 if self.float32_out else None,
-    )
+    n_in = INPUT_AXES.get(self.name or "", 1)
+    shape = x.shape[-n_in:] + tuple(self.features)
+    x_NI = x.reshape(-1, math.prod(shape[:n_in])).astype(DTYPES[self.cfg.dtype])
+    if self.has_variable("params", "kernel_OI"):  # a decode loop's (decode/engine.output_major)
+      kernel_IO = self.get_variable("params", "kernel_OI").T
+    else:
+      # One 2-D matmul: XLA:CPU transposes a 3-D operand for the kernel gradient (2x slower).
+      kernel = self.param("kernel", _init(self.cfg, self.std, self.names), shape, jnp.float32)
+      kernel_IO = kernel.reshape(x_NI.shape[1], -1)
+    out_dtype = jnp.float32 if self.float32_out else None
+    y_NO = jnp.matmul(x_NI, kernel_IO.astype(x_NI.dtype), preferred_element_type=out_dtype)
     if self.use_bias:
-      bias = self.param("bias", _zeros(self.names[self.n_in :]), tuple(self.features), jnp.float32)
+      bias = self.param("bias", _zeros(self.names[n_in:]), tuple(self.features), jnp.float32)
       y_NO = y_NO + bias.reshape(-1).astype(y_NO.dtype)
-    return y_NO.reshape(x.shape[: -self.n_in] + tuple(self.features))
+    return y_NO.reshape(x.shape[:-n_in] + tuple(self.features))
 
 
 def per_slot(dense: nn.Module, cond: tuple, mod_TJD: Any = None) -> list:
@@ -317,7 +318,7 @@ class Block(nn.Module):
     if written is not None:
       cache = {"k": written[0], "v": written[1]}
     a_BWHK = attend(cfg, q_BWHK, k_BWHK, v_BWHK, cache, mask)
-    a_BWD = Dense(cfg, (d,), ("heads", "kv", "embed"), resid_std, n_in=2, name="attn_out")(a_BWHK)
+    a_BWD = Dense(cfg, (d,), ("heads", "kv", "embed"), resid_std, name="attn_out")(a_BWHK)
     x_BWD = x_BWD + gate1 * a_BWD
     x_BWD = nn.with_logical_constraint(x_BWD, ("batch", "length", "embed"))
 

@@ -8,6 +8,7 @@ a position, and sees the first `sees[w]` columns of the chunk and itself, plus t
 copy of a real slot's input with another target) the real slots before the one it copies.
 """
 
+import math
 from typing import Any, NamedTuple, cast
 
 import flax.linen as nn
@@ -130,6 +131,26 @@ def _embed_stack(module: Any, tok, pos, target, mask) -> tuple:
   return h, c, kv
 
 
+def output_major(params: Any) -> Any:
+  """Split layers' params with each Dense kernel [inputs..., outputs...] held as `kernel_OI`, a
+  matrix [outputs, inputs], which Dense then multiplies by: XLA:CPU multiplies a step's few rows
+  by that layout faster (16 rows of ao_small: 66 -> 56 ms a step)."""
+  if isinstance(params, tuple):
+    return tuple(output_major(p) for p in params)
+  if not isinstance(params, dict):
+    return params
+  out = {}
+  for name, p in params.items():
+    if isinstance(p, dict) and "kernel" in p:
+      k = p["kernel"]
+      inputs = math.prod(k.shape[: model_lib.INPUT_AXES.get(name, 1)])
+      out[name] = {n: v for n, v in p.items() if n != "kernel"}
+      out[name]["kernel_OI"] = k.reshape(inputs, -1).T
+    else:
+      out[name] = output_major(p)
+  return out
+
+
 class DecodeModel(NamedTuple):
   """A model's decode forwards: `forward` runs a chunk against the cache, `logits` reads the
   head at chosen columns, `prefill` fills cache rows with their known slots."""
@@ -167,19 +188,20 @@ class DecodeModel(NamedTuple):
 
   def loop_params(self, params: Any) -> Any:
     """The params as a decode loop holds them, made once before it starts: the stacked layers
-    split into one tree per layer (XLA:CPU copies the slices in every step otherwise) and, with
+    split into one tree per layer (XLA:CPU copies the slices in every step otherwise), each
+    Dense kernel [outputs, inputs] (model.output_major: faster for a step's few rows) and, with
     AdaLN, each layer's modulations [T, 6, D] of every target position (model.per_slot gathers
     them per column). A forward without a cache (a prefill) takes the params stacked."""
     if isinstance(params["blocks"], tuple):
       return params
     layers = _layers(params["blocks"])
     if not self.cfg.arch.adaln:
-      return {**params, "blocks": layers}
+      return output_major({**params, "blocks": layers})
     one = jnp.zeros((1, 1), jnp.int32)
     _, (c_TC, _) = self.module.apply({"params": params}, one, one, one, method="embed")
     adaln = model_lib.adaln_dense(self.cfg)
     tables = tuple(adaln.apply({"params": p["adaln"]}, c_TC) for p in layers)
-    return {**params, "blocks": layers, "adaln_TJD": tables}
+    return output_major({**params, "blocks": layers, "adaln_TJD": tables})
 
   def _run(self, params: Any, tok, pos, target, cache, mask, write_BW=None, cols_BQ=None) -> tuple:
     """Embedding and the layers. Without a cache, the training stack's scan (one layer body to
