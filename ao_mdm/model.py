@@ -219,7 +219,7 @@ def attend(cfg: specs.ModelSpec, q_BWHK, k_BWHK, v_BWHK, cache=None, mask=None):
 
 
 class Dense(nn.Module):
-  """Kernel over the input's last INPUT_AXES[name] axes (1) to `features`, computed in cfg.dtype."""
+  """Kernel over the input's last INPUT_AXES[name] axes (default 1) to `features`, in cfg.dtype."""
 
   cfg: specs.ModelSpec
   features: tuple

@@ -189,7 +189,7 @@ class DecodeModel(NamedTuple):
   def loop_params(self, params: Any) -> Any:
     """The params as a decode loop holds them, made once before it starts: the stacked layers
     split into one tree per layer (XLA:CPU copies the slices in every step otherwise), each
-    Dense kernel [outputs, inputs] (model.output_major: faster for a step's few rows) and, with
+    Dense kernel [outputs, inputs] (output_major: faster for a step's few rows) and, with
     AdaLN, each layer's modulations [T, 6, D] of every target position (model.per_slot gathers
     them per column). A forward without a cache (a prefill) takes the params stacked."""
     if isinstance(params["blocks"], tuple):

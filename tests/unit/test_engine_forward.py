@@ -45,6 +45,7 @@ def test_forward_at_columns_equals_full_forward_there(variant, dtype, cached):
   cache_len = T if cached else None
   # A forward without a cache takes the params stacked; with one, also those of a decode loop.
   forms = [params, dm.loop_params(params)] if cached else [params]
+  outputs = []
   for p in forms:
     h, c, kv, new_cache = dm.forward(p, cache, chunk, cache_len, write)
     h_q, c_q, kv_q, new_cache_q = dm.forward(p, cache, chunk, cache_len, write, cols)
@@ -53,13 +54,11 @@ def test_forward_at_columns_equals_full_forward_there(variant, dtype, cached):
     np.testing.assert_array_equal(dm.logits(p, h_q, c_q), dm.logits(p, *_at(h, c, cols)))
     for a, b in zip(jax.tree.leaves((kv, new_cache)), jax.tree.leaves((kv_q, new_cache_q))):
       np.testing.assert_array_equal(a, b)  # every column's K/V, and the cache written with them
-    outputs = [h, dm.logits(p, h, c), kv, new_cache]
-    if p is params:
-      stacked = outputs
-  # The loop's kernels [outputs, inputs] round differently, within float32's precision.
-  tol = 1e-5 if dtype == "float32" else 2e-2
-  for a, b in zip(jax.tree.leaves(stacked), jax.tree.leaves(outputs)):
-    np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=tol, atol=tol)
+    outputs.append([h, dm.logits(p, h, c), kv, new_cache])
+  if cached:  # the loop's kernels [outputs, inputs] round differently, within float32's precision
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    for a, b in zip(*(jax.tree.leaves(o) for o in outputs)):
+      np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=tol, atol=tol)
 
 
 def _at(h, c, cols):
