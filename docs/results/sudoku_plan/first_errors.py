@@ -16,18 +16,8 @@ from ao_mdm.perf import bench_plan
 
 
 def peers(cell: int) -> list[int]:
-  """The 20 cells sharing a row, column or box with `cell`."""
-  r, c = divmod(cell, 9)
-  box = [(r // 3 * 3 + i) * 9 + c // 3 * 3 + j for i in range(3) for j in range(3)]
-  return sorted({r * 9 + j for j in range(9)} | {i * 9 + c for i in range(9)} | set(box) - {cell})
-
-
-UNITS = [[r * 9 + c for c in range(9)] for r in range(9)] + [
-  [r * 9 + c for r in range(9)] for c in range(9)
-]
-UNITS += [
-  [(b // 3 * 3 + i) * 9 + b % 3 * 3 + j for i in range(3) for j in range(3)] for b in range(9)
-]
+  """The 20 cells sharing a row, column or box with `cell` (from sudoku.UNITS_U9)."""
+  return sorted({int(c) for unit in sudoku.UNITS_U9 if cell in unit for c in unit} - {cell})
 
 
 def by_singles(quiz_81: np.ndarray, hidden: bool) -> bool:
@@ -39,7 +29,7 @@ def by_singles(quiz_81: np.ndarray, hidden: bool) -> bool:
     }
     moves = [(c, next(iter(d))) for c, d in left.items() if len(d) == 1]
     if hidden and not moves:
-      for unit, d in ((u, d) for u in UNITS for d in range(1, 10)):
+      for unit, d in ((u, d) for u in sudoku.UNITS_U9 for d in range(1, 10)):
         places = [c for c in unit if c in left and d in left[c]]
         if len(places) == 1 and d not in grid[unit]:
           moves = [(places[0], d)]
