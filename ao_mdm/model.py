@@ -349,12 +349,12 @@ class AOGPT(nn.Module):
       "token_embed", _init(cfg, 0.02, ("vocab", "embed")), (cfg.vocab_size, d), jnp.float32
     )
     self.pos_embed = self.param(
-      "pos_embed", _init(cfg, 0.02, (None, "embed")), (t + 1, d), jnp.float32
+      "pos_embed", _init(cfg, cfg.position_std, (None, "embed")), (t + 1, d), jnp.float32
     )
     self.none_embed = self.param("none_embed", _init(cfg, 0.02, ("embed",)), (d,), jnp.float32)
     self.target_embed = self.param(
       "target_embed",
-      _init(cfg, 0.02, (None, "cond" if cfg.arch.adaln else "embed")),
+      _init(cfg, cfg.position_std, (None, "cond" if cfg.arch.adaln else "embed")),
       (t, cfg.cond_dim if cfg.arch.adaln else d),
       jnp.float32,
     )

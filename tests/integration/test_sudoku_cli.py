@@ -3,6 +3,7 @@ through the command line, and `prepare` refusing what it has nothing to do for."
 
 import json
 
+import numpy as np
 import pytest
 
 from ao_mdm.checkpoint import checkpoints
@@ -33,8 +34,12 @@ def test_a_tiny_sudoku_run_trains_on_grids(tmp_path, name, kind):
   assert [r["step"] for r in rows if "loss" in r] == [2, 4]
   l2r = [r["l2r_fraction"] for r in rows if "l2r_fraction" in r]
   assert len(l2r) == 2 and (kind != "l2r" or l2r == [1.0, 1.0])
-  config, _ = checkpoints.load_params(str(workdir))
+  config, params = checkpoints.load_params(str(workdir))
   assert (config.data.dataset, config.order.kind, config.model.block_size) == ("sudoku", kind, 81)
+  # configs/sudoku.py's model.position_std=0.1 reached the tables (4 steps move them ~0.01)
+  assert config.model.position_std == 0.1
+  assert 0.08 < np.std(params["pos_embed"]) < 0.12 and 0.08 < np.std(params["target_embed"]) < 0.12
+  assert np.std(params["token_embed"]) < 0.05
 
 
 def test_prepare_has_nothing_to_do_for_sudoku():

@@ -136,6 +136,12 @@ def test_init_statistics():
   np.testing.assert_allclose(out.std(), 0.02 / np.sqrt(2 * cfg.n_layer) * 0.9866, rtol=0.03)
   assert not np.any(params["head"]["bias"]) and np.all(params["ln_f"]["scale"] == 1)
   assert np.abs(np.asarray(params["blocks"]["adaln"]["kernel"])).max() > 0  # not zero-init
+  for name in ("pos_embed", "target_embed"):
+    np.testing.assert_allclose(np.asarray(params[name]).std(), 0.02 * 0.9866, rtol=0.05)
+  wide = nn.unbox(model_lib.init_params(cfg.replace(position_std=0.1), jax.random.key(0)))
+  for name in ("pos_embed", "target_embed"):  # model.position_std: these two tables only
+    np.testing.assert_allclose(np.asarray(wide[name]).std(), 0.1 * 0.9866, rtol=0.05)
+  np.testing.assert_array_equal(wide["token_embed"], params["token_embed"])
 
 
 def test_bad_model_config():
