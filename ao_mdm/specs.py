@@ -110,15 +110,8 @@ class ModelSpec(Section):
   n_layer: int = field(4, "L, blocks", bounds=">= 1")
   n_head: int = field(4, "H, attention heads", bounds=">= 1")
   n_embd: int = field(128, "D, the width", bounds=">= 1")
-  cond_dim: int = field(
-    128, "C, width of the target-position conditioning (AO-GPT only)", bounds=">= 1"
-  )
-  position_std: float = field(
-    0.02,
-    "std of the position and target tables at init (the authors' 0.02; Sudoku's 0.1 leaves "
-    "the loss plateau in a fifth of the steps: docs/results/sudoku.md)",
-    bounds="> 0",
-  )
+  cond_dim: int = field(128, "C, target-conditioning width (AO-GPT only)", bounds=">= 1")
+  position_std: float = field(0.02, "init std of the position and target tables", bounds="> 0")
   dtype: str = field("float32", "compute dtype; params are always float32", DTYPES)
   unroll_layers: bool = field(
     False,
