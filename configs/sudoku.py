@@ -10,7 +10,7 @@ unigram plateau (2.11 nats after 600 steps against 1.27), opening its gates at i
 adding the target to the input beside AdaLN did not help (docs/results/sudoku.md). Both start
 their position and target tables at std 0.1, not 0.02: from 0.02 the loss sat above 1.1 nats for
 thousands of steps. L=4, D=128, 0.8M parameters, batch 64: about 0.5 s a step on one core of
-this machine, so 3,000 steps (192k grids) take about 25 minutes. A perfect model's loss, in any
+this machine, so 3,000 steps (192k grids) take about 27 minutes. A perfect model's loss, in any
 order, is 0.617 nats a cell.
 """
 
