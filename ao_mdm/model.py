@@ -272,10 +272,10 @@ def adaln_dense(cfg: specs.ModelSpec, name: str | None = None) -> "Dense":
 
 class Block(nn.Module):
   """Pre-norm transformer block; AO-GPT modulates both norms with AdaLN from the target.
-  `cache`: None or a layer's {"k", "v"} (`attention`'s layout), with "slots_BW" to write the
-  chunk's K/V there first (returned as kv["cache"]), "cols_BQ" to return only those columns
-  (every column's K/V is still made; the rest of the block runs on Q rows), "adaln_TJD" the
-  AdaLN table made before (DecodeModel.loop_params)."""
+  `cache`: None or a dict: a layer's {"k", "v"} (`attention`'s layout; without, no cache read),
+  "slots_BW" to write the chunk's K/V there first (returned as kv["cache"]), "cols_BQ" to return
+  only those columns (every column's K/V is still made; the rest of the block runs on Q rows),
+  "adaln_TJD" the AdaLN table made before (DecodeModel.loop_params)."""
 
   cfg: specs.ModelSpec
   return_kv: bool = False
@@ -317,7 +317,7 @@ class Block(nn.Module):
         shift2, scale2, gate1, gate2 = map(at, (shift2, scale2, gate1, gate2))
     if written is not None:
       cache = {"k": written[0], "v": written[1]}
-    a_BWHK = attend(cfg, q_BWHK, k_BWHK, v_BWHK, cache, mask)
+    a_BWHK = attend(cfg, q_BWHK, k_BWHK, v_BWHK, cache if cache and "k" in cache else None, mask)
     a_BWD = Dense(cfg, (d,), ("heads", "kv", "embed"), resid_std, name="attn_out")(a_BWHK)
     x_BWD = x_BWD + gate1 * a_BWD
     x_BWD = nn.with_logical_constraint(x_BWD, ("batch", "length", "embed"))

@@ -150,9 +150,9 @@ class Batcher:
 
   @params.setter
   def params(self, params: Any) -> None:
-    """New params (GRPO swaps them between steps): steps take them as a decode loop does
-    (DecodeModel.loop_params), split once here rather than in every step; prefills, stacked.
-    The same params again (GRPO's later rounds of a step) are not split again."""
+    """New params (GRPO swaps them between steps): steps and prefills take them as a decode
+    loop does (DecodeModel.loop_params), split once here rather than in every call. The same
+    params again (GRPO's later rounds of a step) are not split again."""
     if params is not None and params is self._params:
       return
     self._params = params
@@ -312,17 +312,17 @@ class Batcher:
     a GRPO group's) have the same known slots (known positions come first, left to right), so
     one forward of each distinct prompt is copied to its rows."""
     if prefix is not None:
-      return self._prefill(self.params, tokens, order, width, prefix)
+      return self._prefill(self._stepped, tokens, order, width, prefix)
     first: dict = {}
     source = [
       first.setdefault((p.end, p.tokens.tobytes(), p.mask.tobytes()), len(first)) for p in parts
     ]
     n = max(2, 1 << (len(first) - 1).bit_length())  # 2 rows and up round alike (see sizes)
     if n >= len(parts):
-      return self._prefill(self.params, tokens, order, width, None)
+      return self._prefill(self._stepped, tokens, order, width, None)
     firsts = [source.index(i) for i in range(len(first))]
     rows = jnp.asarray(firsts + firsts[-1:] * (n - len(firsts)))
-    kv = self._prefill(self.params, tokens[rows], order[rows], width, None)
+    kv = self._prefill(self._stepped, tokens[rows], order[rows], width, None)
     return self._spread(kv, jnp.asarray(source, jnp.int32))
 
   @staticmethod

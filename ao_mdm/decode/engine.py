@@ -191,7 +191,7 @@ class DecodeModel(NamedTuple):
     split into one tree per layer (XLA:CPU copies the slices in every step otherwise), each
     Dense kernel [outputs, inputs] (output_major: faster for a step's few rows) and, with
     AdaLN, each layer's modulations [T, 6, D] of every target position (model.per_slot gathers
-    them per column). A forward without a cache (a prefill) takes the params stacked."""
+    them per column). A forward without a cache (a prefill) takes either form."""
     if isinstance(params["blocks"], tuple):
       return params
     layers = _layers(params["blocks"])
@@ -204,11 +204,13 @@ class DecodeModel(NamedTuple):
     return output_major({**params, "blocks": layers, "adaln_TJD": tables})
 
   def _run(self, params: Any, tok, pos, target, cache, mask, write_BW=None, cols_BQ=None) -> tuple:
-    """Embedding and the layers. Without a cache, the training stack's scan (one layer body to
-    compile); with one, the layers one after another, each reading its own cache arrays (a scan
-    would copy its slice of a stacked cache every step)."""
+    """Embedding and the layers. With the params stacked (and no cache), the training stack's
+    scan (one layer body to compile); with loop_params', the layers one after another, each
+    reading its own cache arrays (a scan would copy its slice of a stacked cache every step)
+    and its AdaLN table (a prefill then gathers its modulations rather than computing them:
+    16 prompts of 32 tokens of ao_small, 460 -> 310 ms)."""
     pick = lambda a: a if cols_BQ is None else model_lib.columns(a, cols_BQ)
-    if cache is None:
+    if cache is None and not isinstance(params["blocks"], tuple):
       h, c, kv = self.module.apply({"params": params}, tok, pos, target, mask, method=_embed_stack)
       return pick(h), c and (c[0], pick(c[1])), kv, None
     x, c = self.module.apply({"params": params}, tok, pos, target, method="embed")
@@ -221,7 +223,7 @@ class DecodeModel(NamedTuple):
     blocks = params["blocks"]  # split per step when not by loop_params (the batching server)
     blocks = blocks if isinstance(blocks, tuple) else _layers(blocks)
     for i, p in enumerate(blocks):
-      layer = {"k": cache.k[i], "v": cache.v[i]}
+      layer = {} if cache is None else {"k": cache.k[i], "v": cache.v[i]}
       if params.get("adaln_TJD"):
         layer["adaln_TJD"] = params["adaln_TJD"][i]
       if write_BW is not None:

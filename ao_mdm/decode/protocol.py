@@ -235,6 +235,8 @@ def decoder(spec: PolicySpec, plan: Any):
     full = lambda x: jnp.full((b,), x)
     s = empty(spec, b, steps, segments[0][2].cache_len)
     tokens_BT = jnp.where(known_BT, tokens_BT, 0)
+    if spec.use_cache:
+      params = dm.loop_params(params)
     s = insert(
       spec,
       s,
@@ -247,8 +249,6 @@ def decoder(spec: PolicySpec, plan: Any):
       jax.tree.map(lambda x: jnp.broadcast_to(x, (b, *x.shape)), fields),
       prefill(spec, dm, params, tokens_BT, order_BT, known),
     )
-    if spec.use_cache:
-      params = dm.loop_params(params)
     for first, last, shape in segments:
       if s.cache is not None:
         s = s._replace(cache=s.cache.resized(shape.cache_len))

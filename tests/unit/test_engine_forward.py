@@ -1,8 +1,8 @@
 """DecodeModel.forward with cols_BQ: its last layer runs only those columns (every column's K/V is
 still made and written), and what it returns is exactly the full chunk's hidden states there.
 The same, bitwise, on the params a decode loop holds (DecodeModel.loop_params: the layers split,
-each Dense kernel [outputs, inputs], the AdaLN tables made once), whose outputs are the stacked
-params' within float32 rounding."""
+each Dense kernel [outputs, inputs], the AdaLN tables made once), whose outputs, with a cache or
+without, and prefills are the stacked params' within float32 rounding."""
 
 import flax.linen as nn
 import jax
@@ -43,8 +43,8 @@ def test_forward_at_columns_equals_full_forward_there(variant, dtype, cached):
   write = jnp.where(slots < T, slots, T)[:, :3] if cached else None
   cols = jnp.asarray([[0, 2, 5, 6], [6, 1, 1, 3], [4, 5, 6, 0]], jnp.int32)
   cache_len = T if cached else None
-  # A forward without a cache takes the params stacked; with one, also those of a decode loop.
-  forms = [params, dm.loop_params(params)] if cached else [params]
+  # Either form, with a cache or without (a prefill's forward).
+  forms = [params, dm.loop_params(params)]
   outputs = []
   for p in forms:
     h, c, kv, new_cache = dm.forward(p, cache, chunk, cache_len, write)
@@ -54,11 +54,11 @@ def test_forward_at_columns_equals_full_forward_there(variant, dtype, cached):
     np.testing.assert_array_equal(dm.logits(p, h_q, c_q), dm.logits(p, *_at(h, c, cols)))
     for a, b in zip(jax.tree.leaves((kv, new_cache)), jax.tree.leaves((kv_q, new_cache_q))):
       np.testing.assert_array_equal(a, b)  # every column's K/V, and the cache written with them
-    outputs.append([h, dm.logits(p, h, c), kv, new_cache])
-  if cached:  # the loop's kernels [outputs, inputs] round differently, within float32's precision
-    tol = 1e-5 if dtype == "float32" else 2e-2
-    for a, b in zip(*(jax.tree.leaves(o) for o in outputs)):
-      np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=tol, atol=tol)
+    outputs.append([h, dm.logits(p, h, c), kv, new_cache, dm.prefill(p, tokens, order, 12)])
+  # The loop's kernels [outputs, inputs] round differently, within float32's precision.
+  tol = 1e-5 if dtype == "float32" else 2e-2
+  for a, b in zip(*(jax.tree.leaves(o) for o in outputs)):
+    np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=tol, atol=tol)
 
 
 def _at(h, c, cols):
