@@ -208,7 +208,7 @@ class DecodeModel(NamedTuple):
     scan (one layer body to compile); with loop_params', the layers one after another, each
     reading its own cache arrays (a scan would copy its slice of a stacked cache every step)
     and its AdaLN table (a prefill then gathers its modulations rather than computing them:
-    16 prompts of 32 tokens of ao_small, 460 -> 310 ms)."""
+    16 prompts of 32 tokens of ao_small, 460 -> 370 ms)."""
     pick = lambda a: a if cols_BQ is None else model_lib.columns(a, cols_BQ)
     if cache is None and not isinstance(params["blocks"], tuple):
       h, c, kv = self.module.apply({"params": params}, tok, pos, target, mask, method=_embed_stack)
