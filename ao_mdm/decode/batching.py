@@ -17,6 +17,11 @@ from ao_mdm import specs
 from ao_mdm.decode import common, engine, policies, protocol, schedules
 
 MIN_PREFILL = 8  # the narrowest prefill forward; wider ones double up to T
+# warm_up runs the prefills of several rows whose slots are at most this many a row of the
+# batch: a burst of short prompts then waits on no compile (whose first use cost 0.5-0.9 s of
+# ao_small, more than such a prefill), while a burst of long ones, whose prefill costs more
+# than its compile, is left to compile at first use.
+BURST_SLOTS = 64
 PREFIX_MIN = 8  # shorter shared prefixes are recomputed: a second prefill forward costs more
 
 
@@ -123,6 +128,15 @@ class Batcher:
     # Prefill K/V [L, R, W, H, K] of distinct prompts -> each new row's.
     self._spread = jax.jit(lambda kv, rows_R: jax.tree.map(lambda x: jnp.take(x, rows_R, 1), kv))
     self._resized = jax.jit(engine.resized, static_argnums=(1, 2))
+
+    # A change of the state's size as one program (op by op, each of its ~80 arrays' shapes
+    # compiled at first use: 2.5 s of ao_small's first burst after a lone request).
+    def grown(s: protocol.DecodeState, rows: int) -> protocol.DecodeState:
+      more = protocol.empty(spec, rows, max_steps, s.cache and s.cache.length)
+      return jax.tree.map(lambda x, y: jnp.concatenate([x, y]), s, more)
+
+    self._grown = jax.jit(grown, static_argnums=1)
+    self._cut = jax.jit(lambda s, rows: jax.tree.map(lambda x: x[:rows], s), static_argnums=1)
     # Each step's shape from the rows' needs, read in one call.
     self._needs = jax.jit(lambda rows, fields: (rows.active_B, spec.needs(rows, fields)))
     # Prompts -> their rows' cache (a KVCache of one row), the last used last:
@@ -216,10 +230,9 @@ class Batcher:
     free rows. A copy of the state, once per change of size."""
     held, self._rows = self.held, None
     if rows < held:
-      self.state = jax.tree.map(lambda x: x[:rows], self.state)
+      self.state = self._cut(self.state, rows)
     elif rows > held:
-      more = self._empty(rows - held, self.cache_len or None)
-      self.state = jax.tree.map(lambda x, y: jnp.concatenate([x, y]), self.state, more)
+      self.state = self._grown(self.state, rows - held)
 
   def add_many(self, requests: list[Request]) -> list[int]:
     """Start each request in a free row, all prefilled by one forward (their rows); ValueError
@@ -365,10 +378,11 @@ class Batcher:
 
   def warm_up(self, progress: Any = None) -> None:
     """Compiles, at each state size, the resizes of the cache a step may make, at each cache
-    length the one-row prefill of each width bucket that fits (on a free row, its work dropped)
-    and the steps of each shape: a server says it is ready only once a request waits on no
-    compile (but a prefill of several rows at once, compiled at first use). progress(done,
-    total) after each."""
+    length the one-row prefill of each width bucket that fits, the prefills of 2, 4, ... rows
+    up to the size of BURST_SLOTS slots a row of the batch (at the shortest length that holds
+    them; on free rows, their work dropped) and the steps of each shape; then the changes of
+    size at each length: a server says it is ready only once a request waits on no compile
+    (but a burst of long prompts, compiled at first use). progress(done, total) after each."""
     t = self.spec.model.block_size
     shapes = self.spec.shapes()
     lengths = sorted({s.cache_len for s in shapes})
@@ -376,7 +390,11 @@ class Batcher:
     known = [min(w, t - 1) for w in prefill_widths(t)]
     inserts = [(n, k) for n in lengths for k in known if bucket(k) <= n]
     resizes = [(a, b) for a in lengths for b in lengths if b > a or 2 * b <= a]
-    total = len(self.sizes) * (len(inserts) + len(shapes) + len(resizes))
+    rows = lambda size: [1 << i for i in range(1, size.bit_length()) if 1 << i <= size]
+    slots = BURST_SLOTS * len(self.requests)
+    bursts = {s: [(r, k) for r in rows(s) for k in known if r * k <= slots] for s in self.sizes}
+    total = sum(len(inserts) + len(bursts[s]) + len(shapes) + len(resizes) for s in self.sizes)
+    total += len(lengths) if len(self.sizes) > 1 else 0
     done = iter(range(1, total + 1))
     for size in self.sizes:
       self._resize(size)
@@ -390,11 +408,23 @@ class Batcher:
         self.cancel(self.add(Request(tuple(range(k)), (0,) * k, t - k)))
         if progress:
           progress(next(done), total)
+      for r, k in bursts[size]:  # distinct prompts: one forward of r rows
+        self._hold(bucket(k))
+        for row in self.add_many([Request(tuple(range(k)), (i,) * k, t - k) for i in range(r)]):
+          self.cancel(row)
+        if progress:
+          progress(next(done), total)
       for shape in shapes:  # every row free: the step changes nothing
         self._hold(shape.cache_len)
         self.state = jax.block_until_ready(self._run_steps(shape, 1, True))
         if progress:
           progress(next(done), total)
+    for length in lengths if len(self.sizes) > 1 else ():  # a change of size at each length
+      self._hold(length)
+      self._resize(self.sizes[0])
+      self._resize(self.sizes[-1])
+      if progress:
+        progress(next(done), total)
     self.prefixes.clear()
     self.reused_slots = 0
     self._resize(self.sizes[0])

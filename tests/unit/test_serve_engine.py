@@ -66,10 +66,11 @@ def test_a_job_that_raises_fails_alone_and_the_engine_goes_on(monkeypatch):
     eng.stop()
 
 
-@pytest.mark.slow  # compiles 44 programs (about 20 s here)
+@pytest.mark.slow  # compiles 60 programs (about 25 s here)
 def test_jobs_that_wait_together_are_prefilled_by_one_forward_after_the_warm_up():
   """The engine first compiles every prefill width and step length (`warming` says how far);
-  then 4 jobs submitted together into 4 free rows join by one prefill, and decode as alone."""
+  then 4 jobs submitted together into 4 free rows join by one prefill, compiled before, and
+  decode as alone."""
   cfg, params = cached_model("ao")
   eng = engine_lib.Engine(params, cfg, Ids(), max_batch=4, max_queue=8, max_tokens_per_step=1)
   seen = []
@@ -83,14 +84,16 @@ def test_jobs_that_wait_together_are_prefilled_by_one_forward_after_the_warm_up(
       time.sleep(0.05)
     # At 2 rows and at 4: the 4 resizes between the 3 cache lengths (16, 24, 32) a step makes
     # (any growth; a cut to half or less), the prefill widths 8, 16, 32 at each length that
-    # holds them (7 inserts), and a step at each length.
-    assert eng.warming == "" and seen[-1] == (28, 28)
+    # holds them (7 inserts), those widths' prefills of 2 rows (and at 4, of 4: 64 slots a row
+    # of the batch hold them all) and a step at each length; then a change of size at each.
+    assert eng.warming == "" and seen[-1] == (40, 40)
     inserts = []
-    insert = eng.batchers["parallel"]._insert
-    eng.batchers["parallel"]._insert = lambda *a, **k: (inserts.append(1), insert(*a, **k))[1]
+    insert = batcher._insert
+    batcher._insert = lambda *a, **k: (inserts.append(1), insert(*a, **k))[1]
+    prefills = batcher._prefill._cache_size()
     jobs = [((3, 4, 5), 8, 1), ((6, 7), 12, 2), ((1,), 5, 3), ((2, 2, 2, 2), 9, 4)]
     together = run(eng, jobs)
-    assert len(inserts) == 1
+    assert len(inserts) == 1 and batcher._prefill._cache_size() == prefills
     alone = [run(eng, [job])[0] for job in jobs]
     assert [text(e) for e in together] == [text(e) for e in alone]
   finally:
