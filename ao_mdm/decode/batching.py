@@ -129,8 +129,8 @@ class Batcher:
     self._spread = jax.jit(lambda kv, rows_R: jax.tree.map(lambda x: jnp.take(x, rows_R, 1), kv))
     self._resized = jax.jit(engine.resized, static_argnums=(1, 2))
 
-    # A change of the state's size as one program (op by op, each of its ~80 arrays' shapes
-    # compiled at first use: 2.5 s of ao_small's first burst after a lone request).
+    # A change of the state's size as one program (op by op, each array's ops compiled at
+    # first use at each cache length: 2.5 s of ao_small's first burst after a lone request).
     def grown(s: protocol.DecodeState, rows: int) -> protocol.DecodeState:
       more = protocol.empty(spec, rows, max_steps, s.cache and s.cache.length)
       return jax.tree.map(lambda x, y: jnp.concatenate([x, y]), s, more)

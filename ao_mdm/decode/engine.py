@@ -220,7 +220,7 @@ class DecodeModel(NamedTuple):
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     block = model_lib.Block(self.cfg, return_kv=True)
     kvs, written = [], []
-    blocks = params["blocks"]  # split per step when not by loop_params (the batching server)
+    blocks = params["blocks"]  # split per call when not by loop_params
     blocks = blocks if isinstance(blocks, tuple) else _layers(blocks)
     for i, p in enumerate(blocks):
       layer = {} if cache is None else {"k": cache.k[i], "v": cache.v[i]}
