@@ -390,7 +390,8 @@ class Batcher:
     known = [min(w, t - 1) for w in prefill_widths(t)]
     inserts = [(n, k) for n in lengths for k in known if bucket(k) <= n]
     resizes = [(a, b) for a in lengths for b in lengths if b > a or 2 * b <= a]
-    rows = lambda size: [1 << i for i in range(1, size.bit_length()) if 1 << i <= size]
+    # The row counts _insert_rows pads to: powers of two, the size at most.
+    rows = lambda size: [min(1 << i, size) for i in range(1, (size - 1).bit_length() + 1)]
     slots = BURST_SLOTS * len(self.requests)
     bursts = {s: [(r, k) for r in rows(s) for k in known if r * k <= slots] for s in self.sizes}
     total = sum(len(inserts) + len(bursts[s]) + len(shapes) + len(resizes) for s in self.sizes)
