@@ -28,3 +28,11 @@ def slow(prompt: str, answer: str, reference: str) -> float:
   """exact match after 5 ms: a reward whose time must show in reward_s."""
   time.sleep(0.005)
   return float(answer.strip() == reference.strip())
+
+
+def odd_prompts_flat(prompt: str, answer: str, reference: str) -> float:
+  """0 when the prompt's first id is odd (a group without signal); else the parity of the
+  answer's first id (the tests' tokenizer writes ids as text)."""
+  if int(prompt.split()[0]) % 2 or not answer.split():
+    return 0.0
+  return float(int(answer.split()[0]) % 2)

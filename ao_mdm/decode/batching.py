@@ -5,8 +5,10 @@ with key fold_in(key(s), r), so a request with seed s decodes as `sample(batch_s
 """
 
 import collections
+from collections.abc import Callable
 import dataclasses
 import functools
+import itertools
 from typing import Any, NamedTuple
 
 import jax
@@ -101,18 +103,29 @@ class Batcher:
   finished."""
 
   def __init__(
-    self, params: Any, spec: protocol.PolicySpec, *, batch: int, max_steps: int, prefixes: int = 0
+    self,
+    params: Any,
+    spec: protocol.PolicySpec,
+    *,
+    batch: int,
+    max_steps: int,
+    prefixes: int = 0,
+    sizes: tuple[int, ...] = (),
   ):
     self.spec = spec
     dm = engine.DecodeModel.of(spec.model)
     self._loop_params = jax.jit(dm.loop_params)
     self._params: Any = None
     self.params, self.max_steps = params, max_steps
-    # The state holds 2 rows while only rows 0-1 are busy, else all `batch`: a step computes
-    # every row it holds, and a lone request should not pay for a full batch. Not 1: XLA:CPU
-    # multiplies a single row by other kernels, whose rounding differs, and a row's tokens
-    # would depend on what else runs (from 2 rows up they are bitwise the same).
-    self.sizes = tuple(sorted({min(2, batch), batch}))
+    # The rows the state holds: the smallest of `sizes` (default 2 and `batch`) holding the
+    # last busy row, as a step computes every row it holds. Each size is more programs (a
+    # server compiles them all before it is ready), so more sizes suit callers that compile
+    # at first use, as GRPO's rollouts (size_ladder). Not 1: XLA:CPU multiplies a single
+    # row by other kernels, whose rounding differs, and a row's tokens would depend on what
+    # else runs (from 2 rows up they are bitwise the same).
+    self.sizes = tuple(sorted(set(sizes) | {min(2, batch), batch}))
+    if not all(min(2, batch) <= n <= batch for n in self.sizes):
+      raise ValueError(f"Batcher sizes={sizes} must be in [2, batch={batch}]")
     # The cache holds the slots of the current step's shape, resized (a copy) when that
     # changes: a step reading part of a longer cache copied that part in every layer.
     self.state = self._empty(self.sizes[0], spec.shapes()[0].cache_len)
@@ -127,6 +140,7 @@ class Batcher:
     self._insert = jax.jit(functools.partial(protocol.insert, spec), donate_argnums=0)
     # Prefill K/V [L, R, W, H, K] of distinct prompts -> each new row's.
     self._spread = jax.jit(lambda kv, rows_R: jax.tree.map(lambda x: jnp.take(x, rows_R, 1), kv))
+    self._take = jax.jit(lambda x, rows_R: x[rows_R])
     self._resized = jax.jit(engine.resized, static_argnums=(1, 2))
 
     # A change of the state's size as one program (op by op, each array's ops compiled at
@@ -137,6 +151,7 @@ class Batcher:
 
     self._grown = jax.jit(grown, static_argnums=1)
     self._cut = jax.jit(lambda s, rows: jax.tree.map(lambda x: x[:rows], s), static_argnums=1)
+    self._gathered = jax.jit(lambda s, rows_S: jax.tree.map(lambda x: x[rows_S], s))
     # Each step's shape from the rows' needs, read in one call.
     self._needs = jax.jit(lambda rows, fields: (rows.active_B, spec.needs(rows, fields)))
     # Prompts -> their rows' cache (a KVCache of one row), the last used last:
@@ -181,14 +196,15 @@ class Batcher:
     batch: int,
     policy: str = "parallel",
     prefixes: int = 0,
+    sizes: tuple[int, ...] = (),
     **options: Any,
   ) -> "Batcher":
     """A batch continuing prompts (prompt_request) by a registered policy (its `batched` spec,
     built from `options`: tokens_per_step, eos_id, vocab_limit, its own): what the server,
     completions and GRPO's rollouts run; with `prefixes` > 0, the caches of that many recent
-    prompts are kept for reuse."""
+    prompts are kept for reuse; `sizes`: the state's sizes besides 2 and `batch`."""
     spec = policies.get(policy).batch_spec(cfg, **options)
-    return cls(params, spec, batch=batch, max_steps=cfg.block_size, prefixes=prefixes)
+    return cls(params, spec, batch=batch, max_steps=cfg.block_size, prefixes=prefixes, sizes=sizes)
 
   def free_rows(self) -> int:
     return self.requests.count(None)
@@ -233,6 +249,24 @@ class Batcher:
       self.state = self._cut(self.state, rows)
     elif rows > held:
       self.state = self._grown(self.state, rows - held)
+
+  def compact(self) -> dict[int, int]:
+    """When the busy rows fit a smaller state size with room for as many more, the state cut
+    to it, the busy rows past it moved into its free rows (one program per pair of sizes, as
+    a step computes every row the state holds); {old row: new row}. A row decodes as it
+    would have: from 2 rows up, its tokens do not depend on its place."""
+    busy = [r for r, q in enumerate(self.requests) if q is not None]
+    size = self._size(min(max(2 * len(busy), 1), self.held))
+    if size >= self.held:
+      return {}
+    free = [r for r in range(size) if self.requests[r] is None]
+    moves = dict(zip([r for r in busy if r >= size], free))
+    rows_S = np.arange(size)
+    rows_S[list(moves.values())] = list(moves)
+    self.state, self._rows = self._gathered(self.state, rows_S), None
+    for old, new in moves.items():
+      self.requests[new], self.requests[old] = self.requests[old], None
+    return moves
 
   def add_many(self, requests: list[Request]) -> list[int]:
     """Start each request in a free row, all prefilled by one forward (their rows); ValueError
@@ -292,7 +326,7 @@ class Batcher:
       stored = [r[1].resized(bucket(max(starts))) for r in reuse]
       stored = jax.tree.map(lambda *x: jnp.concatenate(x), *stored)
       prefix = protocol.Prefix(column(starts), stored)
-    tokens = jnp.asarray(np.concatenate([p.tokens for p in parts]))
+    tokens = np.concatenate([p.tokens for p in parts])
     order, keys = self._starts(
       column([q.seed for q in requests]),
       jnp.asarray(np.concatenate([p.mask for p in parts])),
@@ -334,9 +368,9 @@ class Batcher:
     if n >= len(parts):
       return self._prefill(self._stepped, tokens, order, width, None)
     firsts = [source.index(i) for i in range(len(first))]
-    rows = jnp.asarray(firsts + firsts[-1:] * (n - len(firsts)))
-    kv = self._prefill(self._stepped, tokens[rows], order[rows], width, None)
-    return self._spread(kv, jnp.asarray(source, jnp.int32))
+    rows = np.asarray(firsts + firsts[-1:] * (n - len(firsts)))
+    kv = self._prefill(self._stepped, tokens[rows], self._take(order, rows), width, None)
+    return self._spread(kv, np.asarray(source, np.int32))
 
   @staticmethod
   def _prompt(request: Request) -> tuple:
@@ -420,10 +454,11 @@ class Batcher:
         self.state = jax.block_until_ready(self._run_steps(shape, 1, True))
         if progress:
           progress(next(done), total)
-    for length in lengths if len(self.sizes) > 1 else ():  # a change of size at each length
+    for length in lengths if len(self.sizes) > 1 else ():  # each change of size, each length
       self._hold(length)
-      self._resize(self.sizes[0])
-      self._resize(self.sizes[-1])
+      for a, b in itertools.permutations(self.sizes, 2):
+        self._resize(a)
+        self._resize(b)
       if progress:
         progress(next(done), total)
     self.prefixes.clear()
@@ -440,9 +475,7 @@ class Batcher:
     self.requests[row] = None
 
   def _run_steps(self, shape: protocol.Shape, steps: int, until_finish: bool) -> Any:
-    return self._advance(
-      self._stepped, self.state, shape, jnp.int32(steps), jnp.asarray(until_finish)
-    )
+    return self._advance(self._stepped, self.state, shape, np.int32(steps), np.bool_(until_finish))
 
   def step(self, steps: int = 1, until_finish: bool = True) -> list[Finished]:
     """Up to `steps` steps of every active row in one call (ending early once every row is
@@ -478,19 +511,40 @@ class Batcher:
     return done
 
 
-def decode_all(batcher: Batcher, requests: list[Request]) -> list[Finished]:
-  """Every request decoded through `batcher`, joining rows as they free up; in request order."""
-  pending, done = list(enumerate(requests)), {}
+def size_ladder(batch: int) -> tuple[int, ...]:
+  """2, 8, 32, ... below `batch`: Batcher sizes each 4x the one before (a program each for
+  every shape of step, insert and change of size: 2x apart cost more compiles than saved)."""
+  return tuple(2 * 4**i for i in range(batch.bit_length()) if 2 * 4**i < batch)
+
+
+def decode_all(
+  batcher: Batcher,
+  requests: list[Request],
+  then: Callable[[int, Finished], list[Request]] | None = None,
+) -> list[Finished]:
+  """Every request decoded through `batcher`, joining rows as they free up; in request order.
+  then(i, finished), as request i finishes, may return more requests (numbered on from the
+  last): work that depends on results (GRPO's redraws) fills the rows that others free."""
+  pending, done = collections.deque(enumerate(requests)), {}
   rows: dict[int, int] = {}  # batch row -> request index
+  numbered = len(requests)
   while pending or rows:
-    joining = pending[: batcher.free_rows()]
+    joining = [pending.popleft() for _ in range(min(len(pending), batcher.free_rows()))]
     if joining:
-      del pending[: len(joining)]
       for row, (i, _) in zip(batcher.add_many([q for _, q in joining]), joining):
         rows[row] = i
+    for old, new in batcher.compact().items():
+      rows[new] = rows.pop(old)
     busy = [r for r, q in enumerate(batcher.requests) if q is not None]
-    # Many steps a call; until a row finishes only while a request waits for a free row.
-    finished = batcher.step(batcher.spec.model.block_size, until_finish=bool(pending))
+    # Many steps a call; until a row finishes only while a request waits for a free row, or
+    # one may come.
+    finished = batcher.step(
+      batcher.spec.model.block_size, until_finish=bool(pending) or then is not None
+    )
     for row, f in zip([r for r in busy if batcher.requests[r] is None], finished):
-      done[rows.pop(row)] = f
-  return [done[i] for i in range(len(requests))]
+      i = rows.pop(row)
+      done[i] = f
+      for request in then(i, f) if then else ():
+        pending.append((numbered, request))
+        numbered += 1
+  return [done[i] for i in range(numbered)]

@@ -161,20 +161,16 @@ class Answers(NamedTuple):
   logprobs: np.ndarray
 
 
-def replaced_groups(
-  answers: Answers, into: np.ndarray, more: Answers, useful: np.ndarray, group: int
-) -> Answers:
-  """`answers` with its groups `into` (of `group` rows each) replaced by the groups `useful` of
-  `more`, in turn."""
-  out_b = (into[:, None] * group + np.arange(group)).ravel()
-  from_b = (useful[:, None] * group + np.arange(group)).ravel()
+class _Group(NamedTuple):
+  """Answers to draw to a pairs row's prompt (tokens[:prompt]; its reference answer ends at
+  length - 1): for the batch's `slot`, as its own prompt (attempt -1) or its redraw
+  `attempt`."""
 
-  def swapped(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
-    mine = mine.copy()
-    mine[out_b] = theirs[from_b]
-    return mine
-
-  return Answers(*(swapped(m, t) for m, t in zip(answers, more)))
+  tokens: np.ndarray
+  prompt: int
+  length: int
+  slot: int
+  attempt: int
 
 
 class Rollouts:
@@ -190,18 +186,20 @@ class Rollouts:
     self.reward = load_reward(config.grpo.reward)
     cfg, g = config.model, config.grpo
     self.vocab_limit = min(tokenizer.vocab_size, cfg.vocab_size)
-    self.drawn_tokens = 0  # answer tokens the current step has drawn, every round
+    self.drawn_tokens = 0  # answer tokens the current step has drawn, redraws included
     orders: dict[str, Any] = {}  # a policy of fixed orders takes grpo's order (and blocks)
     if policies.get(g.policy).orders:
       orders = dict(order=g.order, block_len=g.block_len or None)
+    batch = config.train.batch_size // jax.process_count()
     self.batcher = batching.Batcher.continuing(
       None,  # each call's params
       cfg,
-      batch=config.train.batch_size // jax.process_count(),
+      batch=batch,
       policy=g.policy,
       tokens_per_step=g.tokens_per_step,
       eos_id=tokenizer.eos_id,
       vocab_limit=self.vocab_limit,
+      sizes=batching.size_ladder(batch),  # its programs compile at first use
       **orders,
     )
     self._logprobs = jax.jit(train_step.answers_logprobs(config), out_shardings=batch_sharding)
@@ -217,11 +215,11 @@ class Rollouts:
     first = jax.process_index() * n  # this process's first prompt in the global batch
     row = step * n * jax.process_count() + first
     seeds_P = (self.config.seed * 1_000_003 + (row + np.arange(n)) * g.group) % 2**31
-    answers, rewards_PG, reward_s = self._rewarded(local, np.asarray(rows_PX), seeds_P)
-    drawn_reward = rewards_PG.mean()  # the policy's reward on the step's own prompts
-    signal = np.sum(rewards_PG.std(-1) > 0)
-    answers, rewards_PG, extra_s = self._resampled(local, answers, rewards_PG, step, first)
-    reward_s += extra_s
+    answers, rewards_PG, own_PG, reward_s = self._drawn(
+      local, np.asarray(rows_PX), seeds_P, step, first
+    )
+    drawn_reward = own_PG.mean()  # the policy's reward on the step's own prompts
+    signal = np.sum(own_PG.std(-1) > 0)
     tokens_BT, counted_BT = answers.tokens, answers.counted
     rollout_s = time.perf_counter() - start - reward_s
     batch = {
@@ -263,80 +261,126 @@ class Rollouts:
     }
     return batch, metrics
 
-  def _rewarded(self, params: Any, rows_PX: np.ndarray, seeds_P: np.ndarray) -> tuple:
-    """(answers, rewards [P, group], seconds turning answers into rewards: their text and the
-    reward function) of `group` answers drawn to each prompt row, answer j of prompt i with
-    seed seeds_P[i] + j."""
-    g = self.config.grpo
-    tokens_PT, prompt_P, length_P = pairs.split_rows(rows_PX)
-    answers = self.draw(params, tokens_PT, prompt_P, seeds_P)
-    rewards, decode, start = [], self.tokenizer.decode, time.perf_counter()
-    for b, tokens_T in enumerate(answers.tokens):
-      i, p = b // g.group, int(prompt_P[b // g.group])
-      answer = decode(responses.response_ids(tokens_T, p, self.tokenizer.eos_id))
-      reference = decode(tokens_PT[i, p : int(length_P[i]) - 1].tolist())
-      prompt = decode(tokens_PT[i, :p].tolist())
-      rewards.append(scored(self.reward, g.reward, prompt, answer, reference))
-    reward_s = time.perf_counter() - start
-    return answers, np.asarray(rewards, np.float32).reshape(-1, g.group), reward_s
+  def _drawn(
+    self, params: Any, rows_PX: np.ndarray, seeds_P: np.ndarray, step: int, first: int
+  ) -> tuple[Answers, np.ndarray, np.ndarray, float]:
+    """(answers, their rewards [P, group], the rewards of the answers to the rows' own prompts,
+    seconds spent turning answers into rewards: their text and the reward function) of `group`
+    answers to each prompt row, answer j of row i with seed seeds_P[i] + j.
 
-  def _resampled(
-    self, params: Any, answers: Answers, rewards_PG: np.ndarray, step: int, first: int
-  ) -> tuple:
-    """(answers, rewards, reward seconds) with the groups whose rewards are all equal, which
-    carry no signal (zero advantages), replaced by groups of other training prompts that have
-    some. Each such group draws 2 candidate prompts and their answers by a seed of the step
-    and its prompt's index in the global batch (local index + `first`), and takes the first
-    candidate with signal: a resumed run, and any split among processes, draws alike."""
-    g, reward_s = self.config.grpo, 0.0
-    if self._train_rows is None:
-      self._train_rows = pairs.rows_for(
-        self.config.data.pairs,
-        "train",
-        self.tokenizer,
-        self.config.model.block_size,
-        log=lambda _: None,
+    A group whose answers all got one reward carries no signal (zero advantages): as soon as
+    its answers are in, 2 other training prompts are drawn for its slot (by a seed of the step
+    and the slot's index in the global batch, local index + `first`: a resumed run, and any
+    split among processes, draws alike) and the first with signal takes the slot; with none,
+    again, RESAMPLE_ROUNDS times at most (DAPO's dynamic sampling). The redraws join the same
+    continuous batch, in the rows that finished answers free."""
+    g = self.config.grpo
+    groups: list[_Group] = []
+    redrawn: dict[tuple[int, int], list[int]] = {}  # (slot, attempt) -> its 2 groups
+    done: dict[int, batching.Finished] = {}  # by request: group k's are k * group + j
+    rewards: dict[int, np.ndarray] = {}  # by group, once all its answers are in
+    taken = list(range(len(rows_PX)))  # slot -> the group whose answers it takes
+    reward_s = 0.0
+
+    def drawing(row: np.ndarray, seed: int, slot: int, attempt: int) -> list[batching.Request]:
+      (tokens,), (prompt,), (length,) = pairs.split_rows(row[None])
+      groups.append(_Group(tokens, int(prompt), int(length), slot, attempt))
+      redrawn.setdefault((slot, attempt), []).append(len(groups) - 1)
+      return self._requests(tokens[: int(prompt)], int(seed))
+
+    def redraws(slot: int, attempt: int) -> list[batching.Request]:
+      if attempt >= RESAMPLE_ROUNDS:
+        return []
+      if self._train_rows is None:
+        self._train_rows = pairs.rows_for(
+          self.config.data.pairs,
+          "train",
+          self.tokenizer,
+          self.config.model.block_size,
+          log=lambda _: None,
+        )
+      rng = np.random.default_rng([self.config.seed, step, first + slot, attempt])
+      picks = rng.integers(0, len(self._train_rows), 2)
+      seeds = rng.integers(0, 2**31 - g.group, 2)
+      rows = self._train_rows.rows(picks.tolist())
+      return [q for row, s in zip(rows, seeds) for q in drawing(row, s, slot, attempt)]
+
+    def then(i: int, finished: batching.Finished) -> list[batching.Request]:
+      nonlocal reward_s
+      done[i] = finished
+      k = i // g.group
+      members = range(k * g.group, (k + 1) * g.group)
+      if any(j not in done for j in members):
+        return []
+      start = time.perf_counter()
+      rewards[k] = self._rewards(groups[k], [done[j] for j in members])
+      reward_s += time.perf_counter() - start
+      slot, attempt = groups[k].slot, groups[k].attempt
+      if attempt < 0:
+        return [] if rewards[k].std() > 0 else redraws(slot, 0)
+      candidates = redrawn[(slot, attempt)]
+      if any(c not in rewards for c in candidates):
+        return []
+      useful = [c for c in candidates if rewards[c].std() > 0]
+      if useful:
+        taken[slot] = useful[0]
+        return []
+      return redraws(slot, attempt + 1)
+
+    requests = [
+      q for i, (row, s) in enumerate(zip(rows_PX, seeds_P)) for q in drawing(row, s, i, -1)
+    ]
+    self.batcher.params = params
+    answers = self._answers(batching.decode_all(self.batcher, requests, then))
+    rows_B = (np.asarray(taken)[:, None] * g.group + np.arange(g.group)).ravel()
+    own_PG = np.stack([rewards[k] for k in range(len(rows_PX))])
+    return (
+      Answers(*(x[rows_B] for x in answers)),
+      np.stack([rewards[k] for k in taken]),
+      own_PG,
+      reward_s,
+    )
+
+  def _requests(self, prompt: np.ndarray, seed: int) -> list[batching.Request]:
+    """`group` answers to `prompt` (token ids), answer j with seed seed + j."""
+    g, t = self.config.grpo, self.config.model.block_size
+    return [
+      batching.prompt_request(
+        prompt,
+        t,
+        g.tokens_per_step,
+        seed=(seed + j) % 2**31,
+        temperature=g.temperature,
+        block_len=g.block_len or None,
       )
-    for attempt in range(RESAMPLE_ROUNDS):
-      flat = np.flatnonzero(rewards_PG.std(-1) == 0)
-      if not len(flat):
-        break
-      rngs = [
-        np.random.default_rng([self.config.seed, step, first + int(i), attempt]) for i in flat
-      ]
-      picks = np.concatenate([r.integers(0, len(self._train_rows), 2) for r in rngs])
-      seeds = np.concatenate([r.integers(0, 2**31 - g.group, 2) for r in rngs])
-      more, more_PG, more_s = self._rewarded(params, self._train_rows.rows(picks.tolist()), seeds)
-      reward_s += more_s
-      has_signal = (more_PG.std(-1) > 0).reshape(-1, 2)  # per flat group, its 2 candidates
-      into = flat[has_signal.any(1)]
-      useful = (2 * np.arange(len(flat)) + has_signal.argmax(1))[has_signal.any(1)]
-      answers = replaced_groups(answers, into, more, useful, g.group)
-      rewards_PG = rewards_PG.copy()
-      rewards_PG[into] = more_PG[useful]
-    return answers, rewards_PG, reward_s
+      for j in range(g.group)
+    ]
+
+  def _rewards(self, group: _Group, done: list[batching.Finished]) -> np.ndarray:
+    """The rewards [group] of a group's answers, by grpo.reward."""
+    decode, p, name = self.tokenizer.decode, group.prompt, self.config.grpo.reward
+    prompt = decode(group.tokens[:p].tolist())
+    reference = decode(group.tokens[p : group.length - 1].tolist())
+    answers = [decode(responses.response_ids(f.tokens, p, self.tokenizer.eos_id)) for f in done]
+    return np.asarray(
+      [scored(self.reward, name, prompt, a, reference) for a in answers], np.float32
+    )
 
   def draw(
     self, params: Any, tokens_PT: np.ndarray, prompt_P: np.ndarray, seeds_P: np.ndarray
   ) -> Answers:
     """`group` answers to each prompt (tokens_PT[i, :prompt_P[i]]), drawn by grpo.policy in the
     continuous batch, tokens_per_step per forward (speculative: drafts), answer j of prompt i
-    with seed seeds_P[i] + j."""
-    g, t = self.config.grpo, self.config.model.block_size
-    requests = [
-      batching.prompt_request(
-        tokens_PT[i, :p],
-        t,
-        g.tokens_per_step,
-        seed=int(seeds_P[i] + j) % 2**31,
-        temperature=g.temperature,
-        block_len=g.block_len or None,
-      )
-      for i, p in enumerate(prompt_P.tolist())
-      for j in range(g.group)
-    ]
+    with seed seeds_P[i] + j; no redraws."""
     self.batcher.params = params
-    done = batching.decode_all(self.batcher, requests)
+    requests = [
+      q for x, p, s in zip(tokens_PT, prompt_P, seeds_P) for q in self._requests(x[:p], int(s))
+    ]
+    return self._answers(batching.decode_all(self.batcher, requests))
+
+  def _answers(self, done: list[batching.Finished]) -> Answers:
+    """The finished requests' answers, their drawn tokens counted in drawn_tokens."""
+    t = self.config.model.block_size
     tokens_BT = np.stack([f.tokens for f in done]).astype(np.int32)
     order_BT = np.stack([f.order for f in done]).astype(np.int32)
     step_BT = np.stack([f.steps for f in done])

@@ -231,3 +231,34 @@ def test_the_state_holds_two_rows_while_only_rows_0_and_1_are_busy():
   full = batching.Batcher.continuing(params, cfg, batch=4, tokens_per_step=1)
   together = batching.decode_all(full, [long, *[dataclasses.replace(long, seed=9)] * 3])[0]
   np.testing.assert_array_equal(together.raw_logprobs, done[-1].raw_logprobs)
+
+
+def test_compact_moves_busy_rows_into_a_smaller_state_and_they_decode_as_they_would_have():
+  """Busy rows past a smaller size (with room for as many rows again) move into its free rows;
+  the state shrinks to it, and each row's tokens and log-probs are those it draws alone."""
+  cfg, params = cached_model("ao")
+  rng = np.random.default_rng(7)
+  reqs = [
+    batching.prompt_request(rng.integers(0, cfg.vocab_size, 5), T, 1, seed=i) for i in range(16)
+  ]
+  b = batching.Batcher.continuing(
+    params, cfg, batch=16, tokens_per_step=1, sizes=batching.size_ladder(16)
+  )
+  assert b.sizes == (2, 8, 16)
+  b.add_many(reqs)
+  b.step(3, until_finish=False)
+  assert b.compact() == {}  # 16 busy rows: nothing fits a smaller size
+  kept = [2, 9, 13, 15]
+  for row in range(16):
+    if row not in kept:
+      b.cancel(row)
+  assert b.compact() == {9: 0, 13: 1, 15: 3} and b.held == 8  # 4 rows: room for 4 more
+  assert b.requests == [reqs[9], reqs[13], reqs[2], reqs[15]] + [None] * 12
+  done: list = []
+  while len(done) < 4:  # a call also ends where the step's shape changes
+    done += b.step(T)
+  alone = batching.decode_all(batching.Batcher(params, b.spec, batch=2, max_steps=T), reqs)
+  for got in done:
+    want = alone[reqs.index(got.request)]
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_allclose(got.raw_logprobs, want.raw_logprobs, atol=1e-5)

@@ -18,6 +18,7 @@ from ao_mdm.eval import responses
 from ao_mdm.train import grpo
 from ao_mdm.train import step as train_step
 from helpers import default_stage_keeps
+import reward_fns
 
 PROMPTS = [3, 0, 6, 1]  # prompt lengths
 
@@ -258,50 +259,96 @@ def test_a_reward_must_be_a_finite_number_and_failures_name_their_source():
       grpo.scored(fn, name, "1+1=", "3", "2")
 
 
-def test_groups_without_signal_are_replaced_by_other_prompts_groups_with_some():
-  """Prompt rows whose first token is even get rewards 1, 0 (signal); odd ones 0, 0 (none)."""
-  rollouts = object.__new__(grpo.Rollouts)
-  c = specs.default()
-  rollouts.config = c.replace(grpo=c.grpo.replace(group=2), seed=3)
-  train_NX = np.zeros((40, 6), np.int32)
-  train_NX[:, 0] = np.arange(40)
-  rollouts._train_rows = pairs.Rows(train_NX, "train")
-  calls = []
+def _redrawn_round_by_round(rollouts, params, rows_PX, seeds_P, step, first):
+  """The redraws done naively: all groups, then every flat slot's 2 candidates at once, one
+  round per attempt (Rollouts._drawn does them as groups finish, in one continuous batch);
+  with, per flat slot and attempt, how many of its 2 candidates had signal."""
+  g, c = rollouts.config.grpo, rollouts.config
 
-  def rewarded(params, rows_PX, seeds_P):
-    calls.append(len(rows_PX))
-    ids_B = np.repeat(rows_PX[:, 0], 2)
-    answers = grpo.Answers(*(np.stack([ids_B, ids_B + k], 1) for k in range(5)))
-    rewards_PG = np.stack([ids_B[::2] % 2 == 0, np.zeros(len(rows_PX), bool)], 1)
-    return answers, rewards_PG.astype(np.float32), 0.25
+  def rewarded(rows):
+    tokens_PT, prompt_P, length_P = pairs.split_rows(rows)
+    answers = rollouts.draw(params, tokens_PT, prompt_P, seeds[: len(rows)])
+    text = lambda ids: " ".join(map(str, ids))
+    rewards = [
+      reward_fns.odd_prompts_flat(
+        text(tokens_PT[b // g.group, :p]),
+        text(responses.response_ids(answers.tokens[b], p, 1)),
+        text(tokens_PT[b // g.group, p : length_P[b // g.group] - 1]),
+      )
+      for b, p in enumerate(np.repeat(prompt_P, g.group))
+    ]
+    return answers, np.asarray(rewards, np.float32).reshape(-1, g.group)
 
-  rollouts._rewarded = rewarded
-  mine_PX = np.zeros((4, 6), np.int32)
-  mine_PX[:, 0] = [1, 2, 3, 4]  # rows 1 and 3 (ids 2, 4) have signal, 0 and 2 none
-  answers, rewards_PG, _ = rewarded(None, mine_PX, 0)
-  calls.clear()
-  got, got_PG, reward_s = rollouts._resampled(None, answers, rewards_PG, step=5, first=0)
-  assert calls[0] == 4 and reward_s == 0.25 * len(calls)  # 2 flat groups: 2 prompts each
-  ids = got.tokens[::2, 0]
-  replaced = ids != mine_PX[:, 0]  # a group with no signal in its 2 x 2 candidates stays
-  assert list(replaced) == [True, False, True, False] or replaced.sum() == 1, ids
-  assert not replaced[[1, 3]].any() and (ids[replaced] % 2 == 0).all()
-  assert (got_PG[replaced].std(-1) > 0).all()
-  assert (got.tokens[::2] == got.tokens[1::2]).all()  # whole groups moved, every field alike
-  assert (got.logprobs[:, 1] == got.tokens[:, 0] + 4).all()
-  again = rollouts._resampled(None, answers, rewards_PG, step=5, first=0)[0]
-  assert (again.tokens == got.tokens).all()  # the step's seed: a resumed run draws alike
-  # Two processes, each with two of the prompts, replace as one process does.
-  split = grpo.Answers(*(x.reshape(2, 4, -1) for x in answers))
+  seeds = seeds_P
+  answers, rewards_PG = rewarded(rows_PX)
+  own_PG, useful_counts = rewards_PG, []
+  for attempt in range(grpo.RESAMPLE_ROUNDS):
+    flat = np.flatnonzero(rewards_PG.std(-1) == 0)
+    if not len(flat):
+      break
+    rngs = [np.random.default_rng([c.seed, step, first + int(i), attempt]) for i in flat]
+    picks = np.concatenate([r.integers(0, len(rollouts._train_rows), 2) for r in rngs])
+    seeds = np.concatenate([r.integers(0, 2**31 - g.group, 2) for r in rngs])
+    more, more_PG = rewarded(rollouts._train_rows.rows(picks.tolist()))
+    for n, i in enumerate(flat):
+      useful = [2 * n + j for j in range(2) if more_PG[2 * n + j].std() > 0]
+      useful_counts.append((attempt, len(useful)))
+      if useful:
+        out, src = np.arange(g.group) + i * g.group, np.arange(g.group) + useful[0] * g.group
+        answers = grpo.Answers(*(_put(x, out, y[src]) for x, y in zip(answers, more)))
+        rewards_PG = _put(rewards_PG, [i], more_PG[useful[:1]])
+  return answers, rewards_PG, own_PG, useful_counts
+
+
+def _put(x, where, values):
+  x = x.copy()
+  x[where] = values
+  return x
+
+
+def test_groups_without_signal_are_redrawn_as_they_finish_as_round_by_round():
+  """Slots whose answers all got one reward take the first of 2 other prompts' groups with
+  signal, up to RESAMPLE_ROUNDS redraws. Drawn as groups finish, in the rows others free, the
+  answers and rewards are the naive rounds' (tokens bitwise); a split among processes (each
+  its `first`) draws alike. (Step 16: a case with every branch.)"""
+  cfg, params = cached_model("ao")
+  base = specs.default()
+  config = base.replace(
+    model=cfg,
+    seed=3,
+    data=base.data.replace(pairs="arithmetic:8"),
+    train=base.train.replace(batch_size=8),
+    grpo=base.grpo.replace(reward="reward_fns:odd_prompts_flat", group=2),
+  )
+  rollouts = grpo.Rollouts(
+    config, Ids(), params, jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  )
+  rng = np.random.default_rng(9)
+
+  def rows(n, odd):  # the first prompt id odd (no signal) in rows i % odd == 0
+    tokens = rng.integers(2, cfg.vocab_size, (n, T))
+    tokens[:, 0] = tokens[:, 0] // 2 * 2 + (np.arange(n) % odd == 0)
+    prompt = rng.integers(1, 8, n)
+    return np.concatenate([tokens, prompt[:, None], prompt[:, None] + 6], 1).astype(np.int32)
+
+  rollouts._train_rows = pairs.Rows(rows(40, 4), "train")
+  mine_PX, seeds_P = rows(8, 2), 11 + 5 * np.arange(8)
+  answers, rewards_PG, own_PG, _ = rollouts._drawn(params, mine_PX, seeds_P, step=16, first=0)
+  want = _redrawn_round_by_round(rollouts, params, mine_PX, seeds_P, 16, 0)
+  for got, expected in zip(answers[:-1], want[0][:-1]):
+    np.testing.assert_array_equal(got, expected)
+  np.testing.assert_allclose(answers.logprobs, want[0].logprobs, atol=1e-5)  # as test_batching
+  np.testing.assert_array_equal(rewards_PG, want[1])
+  np.testing.assert_array_equal(own_PG, want[2])
+  flat = own_PG.std(-1) == 0
+  replaced = (answers.tokens[::2, 0] != mine_PX[:, 0]) | (answers.tokens[1::2, 0] != mine_PX[:, 0])
+  # The case has slots with signal, and slots redrawn whose candidates both / one / neither
+  # have it, at each attempt.
+  assert (~flat).any() and {(0, 2), (0, 1), (0, 0), (1, 1), (1, 0)} <= set(want[3]), str(want[3])
+  assert not replaced[~flat].any() and (rewards_PG[replaced].std(-1) > 0).all()
   halves = [
-    rollouts._resampled(
-      None, grpo.Answers(*(x[h] for x in split)), rewards_PG[2 * h : 2 * h + 2], 5, 2 * h
-    )
-    for h in range(2)
+    rollouts._drawn(params, mine_PX[h : h + 4], seeds_P[h : h + 4], step=16, first=h)
+    for h in (0, 4)
   ]
-  assert (np.concatenate([h[0].tokens for h in halves]) == got.tokens).all()
-  assert (np.concatenate([h[1] for h in halves]) == got_PG).all()
-  rollouts._train_rows = pairs.Rows(train_NX[1::2], "train")  # odd ids only: never a signal
-  calls.clear()
-  still_PG = rollouts._resampled(None, answers, rewards_PG, step=5, first=0)[1]
-  assert calls == [4, 4] and (still_PG == rewards_PG).all()  # RESAMPLE_ROUNDS draws, no more
+  np.testing.assert_array_equal(np.concatenate([h[0].tokens for h in halves]), answers.tokens)
+  np.testing.assert_array_equal(np.concatenate([h[1] for h in halves]), rewards_PG)
