@@ -512,8 +512,8 @@ class Batcher:
 
 
 def size_ladder(batch: int) -> tuple[int, ...]:
-  """2, 8, 32, ... below `batch`: Batcher sizes each 4x the one before (a program each for
-  every shape of step, insert and change of size: 2x apart cost more compiles than saved)."""
+  """2, 8, 32, ... below `batch`: Batcher sizes each 4x the one before (each size compiles its
+  own programs of every step shape, insert and change of size)."""
   return tuple(2 * 4**i for i in range(batch.bit_length()) if 2 * 4**i < batch)
 
 
