@@ -16,29 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ao_mdm import specs
-from ao_mdm.decode import common, engine, policies, protocol, schedules
+from ao_mdm.decode import common, engine, policies, prefill, protocol, schedules
 
-MIN_PREFILL = 8  # the narrowest prefill forward; wider ones double up to T
 # warm_up runs the prefills of several rows whose slots are at most this many a row of the
 # batch: a burst of short prompts then waits on no compile (whose first use cost 0.5-0.9 s of
 # ao_small, more than such a prefill), while a burst of long ones, whose prefill costs more
 # than its compile, is left to compile at first use.
 BURST_SLOTS = 64
-PREFIX_MIN = 8  # shorter shared prefixes are recomputed: a second prefill forward costs more
-
-
-def prefill_widths(t: int) -> list[int]:
-  """The widths a prefill forward is compiled for: powers of two from MIN_PREFILL, and T. A
-  prompt pays at most twice its length (32 tokens of T = 1024 paid 128 in steps of T / 8)."""
-  widths = [MIN_PREFILL]
-  while widths[-1] < t:
-    widths.append(min(2 * widths[-1], t))
-  return widths
-
-
-def prefill_width(n: int, t: int) -> int:
-  """The narrowest prefill width that holds n slots."""
-  return min(w for w in prefill_widths(t) if w >= n)
 
 
 class _Start(NamedTuple):
@@ -117,12 +101,10 @@ class Batcher:
     self._loop_params = jax.jit(dm.loop_params)
     self._params: Any = None
     self.params, self.max_steps = params, max_steps
-    # The rows the state holds: the smallest of `sizes` (default 2 and `batch`) holding the
-    # last busy row, as a step computes every row it holds. Each size is more programs (a
-    # server compiles them all before it is ready), so more sizes suit callers that compile
-    # at first use, as GRPO's rollouts (size_ladder). Not 1: XLA:CPU multiplies a single
-    # row by other kernels, whose rounding differs, and a row's tokens would depend on what
-    # else runs (from 2 rows up they are bitwise the same).
+    # The state holds the smallest of `sizes` (and 2, `batch`) that holds the last busy row: a
+    # step computes every row it holds. Each size is more programs, which a server compiles
+    # before it is ready (GRPO's compile at first use: size_ladder). Not 1: XLA:CPU multiplies
+    # a single row by other kernels, whose rounding differs (from 2 up rows are bitwise alike).
     self.sizes = tuple(sorted(set(sizes) | {min(2, batch), batch}))
     if not all(min(2, batch) <= n <= batch for n in self.sizes):
       raise ValueError(f"Batcher sizes={sizes} must be in [2, batch={batch}]")
@@ -154,10 +136,7 @@ class Batcher:
     self._gathered = jax.jit(lambda s, rows_S: jax.tree.map(lambda x: x[rows_S], s))
     # Each step's shape from the rows' needs, read in one call.
     self._needs = jax.jit(lambda rows, fields: (rows.active_B, spec.needs(rows, fields)))
-    # Prompts -> their rows' cache (a KVCache of one row), the last used last:
-    # a new request whose prompt shares a prefix with one copies those slots, not computes them.
-    self.prefixes: collections.OrderedDict[tuple, engine.KVCache] = collections.OrderedDict()
-    self.max_prefixes, self.reused_slots = prefixes, 0
+    self.prefixes, self.reused_slots = prefill.PrefixStore(prefixes), 0
     # Each request's order and draw key from its seed: one call for all that join at once.
     one = lambda seed, mask_T, end: spec.orders(jax.random.key(seed), mask_T[None], end)
     self._starts = jax.jit(lambda *a: jax.tree.map(lambda x: x[:, 0], jax.vmap(one)(*a)))
@@ -290,7 +269,7 @@ class Batcher:
       parts.append(_Start(tokens, mask, plan, known, end))
     rows = free[: len(requests)]
     self._resize(max(self.held, self._size(max(rows) + 1)))
-    reuse = [self._shared_prefix(q) for q in requests]
+    reuse = [self.prefixes.longest(prefill.prompt_ids(q.positions, q.token_ids)) for q in requests]
     self.reused_slots += sum(r[0] for r in reuse)
     for group in (
       [i for i, r in enumerate(reuse) if not r[0]],
@@ -334,7 +313,7 @@ class Batcher:
     )
     todo = max(p.known - m for p, m in zip(parts, starts))
     # A few static prefill widths (a compile each), not one per prompt length.
-    kv = self._prefilled(tokens, order, prefill_width(todo, t), parts, prefix) if todo else None
+    kv = self._prefilled(tokens, order, prefill.width(todo, t), parts, prefix) if todo else None
     plans = jax.tree.map(lambda *x: column(x), *[p.plan for p in parts], is_leaf=protocol.is_row)
     self._rows = None
     self.state = self._insert(
@@ -372,43 +351,14 @@ class Batcher:
     kv = self._prefill(self._stepped, tokens[rows], self._take(order, rows), width, None)
     return self._spread(kv, np.asarray(source, np.int32))
 
-  @staticmethod
-  def _prompt(request: Request) -> tuple:
-    """The known tokens at positions 0, 1, 2, ... (the first order slots, left to right)."""
-    known = dict(zip(request.positions, request.token_ids))
-    n = 0
-    while n in known:
-      n += 1
-    return tuple(known[i] for i in range(n))
-
-  def _shared_prefix(self, request: Request) -> tuple:
-    """(slots to copy, the stored cache to copy them from) for the longest prefix that the
-    request's prompt shares with a stored one, or (0, None). Slot s reads tokens 0..s-1 and
-    predicts position s, so with n tokens in common, slots 0..n can be copied."""
-    ids = self._prompt(request)
-    best: tuple[int, Any, tuple] = (0, None, ())
-    for key, kv in self.prefixes.items():
-      n = min(len(key), len(ids))
-      same = np.asarray(key[:n]) == np.asarray(ids[:n])
-      m = min((n if same.all() else int(same.argmin())) + 1, len(key), len(ids))
-      if m > best[0]:
-        best = (m, kv, key)
-    if best[0] < PREFIX_MIN:
-      return 0, None
-    self.prefixes.move_to_end(best[2])
-    return best[0], best[1]
-
   def _remember(self, rows: list, requests: list) -> None:
-    """The new rows' prompt caches, kept (the least recently used dropped) when prefixes > 0."""
-    if not self.max_prefixes or self.state.cache is None:
+    """The new rows' prompt caches, kept for reuse (with `prefixes` > 0)."""
+    if self.state.cache is None or not self.prefixes.size:
       return
+    take = self.state.cache.take
     for row, request in zip(rows, requests):
-      ids = self._prompt(request)
-      if len(ids) < PREFIX_MIN or ids in self.prefixes:
-        continue
-      self.prefixes[ids] = self.state.cache.take(jnp.asarray([row]))
-      while len(self.prefixes) > self.max_prefixes:
-        self.prefixes.popitem(last=False)
+      ids = prefill.prompt_ids(request.positions, request.token_ids)
+      self.prefixes.remember(ids, lambda: take(jnp.asarray([row])))  # noqa: B023 (called now)
 
   def warm_up(self, progress: Any = None) -> None:
     """Compiles, at each state size, the resizes of the cache a step may make, at each cache
@@ -421,7 +371,7 @@ class Batcher:
     shapes = self.spec.shapes()
     lengths = sorted({s.cache_len for s in shapes})
     bucket = lambda n: common.bucket_for(n, t, self.spec.buckets.cache_len)
-    known = [min(w, t - 1) for w in prefill_widths(t)]
+    known = [min(w, t - 1) for w in prefill.widths(t)]
     inserts = [(n, k) for n in lengths for k in known if bucket(k) <= n]
     resizes = [(a, b) for a in lengths for b in lengths if b > a or 2 * b <= a]
     # The row counts _insert_rows pads to: powers of two, the size at most.

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ao_mdm.decode import batching, common, schedules
+from ao_mdm.decode import batching, common, prefill, schedules
 from ao_mdm.runtime import memory
 
 EVENTS = ("text", "done", "error")  # what a job's `emit` is called with
@@ -426,7 +426,7 @@ class Engine:
     """The prompt's L2R log-probs, each token given those before it (the first given none),
     as `ao-mdm eval` scores: one forward over a bucketed width."""
     t, p = self.cfg.block_size, len(job.prompt)
-    width = batching.prefill_width(p, t)
+    width = prefill.width(p, t)
     tokens = np.zeros((1, t), np.int32)
     tokens[0, :p] = job.prompt
     nll = self.scorer.slot_nll(tokens, np.arange(width)[None])
