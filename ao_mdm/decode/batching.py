@@ -353,12 +353,11 @@ class Batcher:
 
   def _remember(self, rows: list, requests: list) -> None:
     """The new rows' prompt caches, kept for reuse (with `prefixes` > 0)."""
-    if self.state.cache is None or not self.prefixes.size:
+    cache = self.state.cache
+    if cache is None or not self.prefixes.size:  # no prompt ids to work out
       return
-    take = self.state.cache.take
     for row, request in zip(rows, requests):
-      ids = prefill.prompt_ids(request.positions, request.token_ids)
-      self.prefixes.remember(ids, lambda: take(jnp.asarray([row])))  # noqa: B023 (called now)
+      self.prefixes.remember(prefill.prompt_ids(request.positions, request.token_ids), cache, row)
 
   def warm_up(self, progress: Any = None) -> None:
     """Compiles, at each state size, the resizes of the cache a step may make, at each cache

@@ -3,8 +3,8 @@ and the prompt caches it keeps (`prefixes`), from which a request whose prompt s
 with a recent one copies those slots rather than computing them."""
 
 import collections
-from collections.abc import Callable
 
+import jax.numpy as jnp
 import numpy as np
 
 from ao_mdm.decode import engine
@@ -62,11 +62,11 @@ class PrefixStore:
     self._caches.move_to_end(best[2])
     return best[0], best[1]
 
-  def remember(self, ids: tuple, cache: Callable[[], engine.KVCache]) -> None:
-    """Keeps cache() as the prompt's, unless it is short or already kept."""
+  def remember(self, ids: tuple, cache: engine.KVCache, row: int) -> None:
+    """Keeps row `row` of `cache` as the prompt's, unless it is short or already kept."""
     if not self.size or len(ids) < PREFIX_MIN or ids in self._caches:
       return
-    self._caches[ids] = cache()
+    self._caches[ids] = cache.take(jnp.asarray([row]))
     while len(self._caches) > self.size:
       self._caches.popitem(last=False)
 
