@@ -644,6 +644,8 @@ def _unused_port() -> int:
     return s.getsockname()[1]
 
 
+@pytest.mark.slow  # about 14 s, most of it waiting on a join that cannot happen
+@pytest.mark.alone
 def test_unreachable_coordinator_gives_up_in_time_and_ctrl_c_works(tmp_path):
   workdir = tmp_path / "w"
   joining = [

@@ -120,6 +120,7 @@ def test_a_missing_bucket_or_no_server_is_one_error_line_in_bounded_time(gcs_ser
   assert "within 8 s" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow  # about 15 s
 @pytest.mark.alone
 def test_the_lock_refuses_a_second_holder_and_takes_over_a_stale_one(gcs_server):
   path = f"gs://bucket/locks/{time.time_ns()}/train.lock"
