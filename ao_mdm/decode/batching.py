@@ -141,15 +141,19 @@ class Batcher:
     one = lambda seed, mask_T, end: spec.orders(jax.random.key(seed), mask_T[None], end)
     self._starts = jax.jit(lambda *a: jax.tree.map(lambda x: x[:, 0], jax.vmap(one)(*a)))
     self._plan = functools.lru_cache(maxsize=4096)(spec.plan_request)  # plans repeat
+    self._known = functools.lru_cache(maxsize=4096)(self._known_inputs)  # so do prompts
     self.requests: list[Request | None] = [None] * batch
     self._rows: Any = None
 
   @property
   def rows(self) -> Any:
-    """The state's rows as of the last step, on the host (fetched at the first read after it:
-    a caller that needs only the finished ones does not pay for all)."""
+    """The state's rows as of the last step, their outputs (tokens, orders, draws, forwards)
+    on the host, the rest left on the device: fetched at the first read after a step, as a
+    caller that needs only the finished ones should not pay for all."""
     if self._rows is None:
-      self._rows = jax.device_get(self.state.rows)
+      r = self.state.rows
+      out = dict(tokens_BT=r.tokens_BT, order_BT=r.order_BT, drawn=r.drawn, forwards_B=r.forwards_B)
+      self._rows = r._replace(**jax.device_get(out))
     return self._rows
 
   @property
@@ -257,10 +261,7 @@ class Batcher:
     for request in requests:
       if not 0 <= request.seed < 2**31:
         raise ValueError(f"{request}: seed={request.seed} must be in [0, 2**31)")
-      tokens, mask = common.known_inputs(
-        self.spec.model, 1, request.positions, request.token_ids, None
-      )
-      end = common.decode_end(request.end, mask[0])
+      tokens, mask, end = self._known(request.positions, request.token_ids, request.end)
       known = int(mask[0].sum())
       try:
         plan = self._plan(known, end, request.steps, request.schedule, self.max_steps)
@@ -283,6 +284,12 @@ class Batcher:
     self._remember(rows, requests)
     return rows
 
+  def _known_inputs(self, positions: tuple, token_ids: tuple, end: int | None) -> tuple:
+    """(tokens [1, T], mask [1, T], end) of a request's known tokens: shared by every request
+    to one prompt (GRPO's group), so not to be written to."""
+    tokens, mask = common.known_inputs(self.spec.model, 1, positions, token_ids, None)
+    return tokens, mask, common.decode_end(end, mask[0])
+
   def _size(self, rows: int) -> int:
     """The smallest state size that holds `rows` rows."""
     return min(n for n in self.sizes if n >= rows)
@@ -296,7 +303,7 @@ class Batcher:
     t = self.spec.model.block_size
     pad = min(1 << (len(rows) - 1).bit_length(), self.held) - len(rows)
     rows, requests, parts, reuse = (xs + xs[-1:] * pad for xs in (rows, requests, parts, reuse))
-    column = lambda values, dtype=np.int32: jnp.asarray(np.asarray(values, dtype))
+    column = lambda values, dtype=np.int32: np.asarray(values, dtype)  # a jit call moves it
     bucket = lambda n: common.bucket_for(n, t, self.spec.buckets.cache_len)
     self._hold(max(self.cache_len, bucket(max(p.known for p in parts))))
     starts = [r[0] for r in reuse]
@@ -304,11 +311,11 @@ class Batcher:
     if max(starts):  # the stored caches cut to the slots the prefill reads
       stored = [r[1].resized(bucket(max(starts))) for r in reuse]
       stored = jax.tree.map(lambda *x: jnp.concatenate(x), *stored)
-      prefix = protocol.Prefix(column(starts), stored)
+      prefix = protocol.Prefix(jnp.asarray(column(starts)), stored)
     tokens = np.concatenate([p.tokens for p in parts])
     order, keys = self._starts(
       column([q.seed for q in requests]),
-      jnp.asarray(np.concatenate([p.mask for p in parts])),
+      np.concatenate([p.mask for p in parts]),
       column([p.end for p in parts]),
     )
     todo = max(p.known - m for p, m in zip(parts, starts))
