@@ -141,7 +141,7 @@ class Batcher:
     one = lambda seed, mask_T, end: spec.orders(jax.random.key(seed), mask_T[None], end)
     self._starts = jax.jit(lambda *a: jax.tree.map(lambda x: x[:, 0], jax.vmap(one)(*a)))
     self._plan = functools.lru_cache(maxsize=4096)(spec.plan_request)  # plans repeat
-    self._known = functools.lru_cache(maxsize=4096)(self._known_inputs)  # so do prompts
+    self._known = functools.lru_cache(maxsize=256)(self._known_inputs)  # so do prompts (groups)
     self.requests: list[Request | None] = [None] * batch
     self._rows: Any = None
 
