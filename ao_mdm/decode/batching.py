@@ -141,15 +141,15 @@ class Batcher:
     one = lambda seed, mask_T, end: spec.orders(jax.random.key(seed), mask_T[None], end)
     self._starts = jax.jit(lambda *a: jax.tree.map(lambda x: x[:, 0], jax.vmap(one)(*a)))
     self._plan = functools.lru_cache(maxsize=4096)(spec.plan_request)  # plans repeat
-    self._known = functools.lru_cache(maxsize=256)(self._known_inputs)  # so do prompts (groups)
+    # A prompt's known arrays, shared by the requests to it (a GRPO group): not to be written to.
+    self._known = functools.lru_cache(256)(functools.partial(common.known_inputs, spec.model, 1))
     self.requests: list[Request | None] = [None] * batch
     self._rows: Any = None
 
   @property
   def rows(self) -> Any:
-    """The state's rows as of the last step, their outputs (tokens, orders, draws, forwards)
-    on the host, the rest left on the device: fetched at the first read after a step, as a
-    caller that needs only the finished ones should not pay for all."""
+    """The state's rows as of the last step, their outputs (tokens, orders, draws, forwards) on
+    the host: fetched at the first read after it (a caller may need only the finished ones)."""
     if self._rows is None:
       r = self.state.rows
       out = dict(tokens_BT=r.tokens_BT, order_BT=r.order_BT, drawn=r.drawn, forwards_B=r.forwards_B)
@@ -225,8 +225,7 @@ class Batcher:
     return self.state.rows.active_B.shape[0]
 
   def _resize(self, rows: int) -> None:
-    """The state at `rows` rows: cut after its first rows (the others free), or padded with
-    free rows. A copy of the state, once per change of size."""
+    """The state at `rows` rows: cut after its first rows, or padded with free rows (a copy)."""
     held, self._rows = self.held, None
     if rows < held:
       self.state = self._cut(self.state, rows)
@@ -261,7 +260,8 @@ class Batcher:
     for request in requests:
       if not 0 <= request.seed < 2**31:
         raise ValueError(f"{request}: seed={request.seed} must be in [0, 2**31)")
-      tokens, mask, end = self._known(request.positions, request.token_ids, request.end)
+      tokens, mask = self._known(request.positions, request.token_ids, None)
+      end = common.decode_end(request.end, mask[0])
       known = int(mask[0].sum())
       try:
         plan = self._plan(known, end, request.steps, request.schedule, self.max_steps)
@@ -283,12 +283,6 @@ class Batcher:
       self.requests[row] = request
     self._remember(rows, requests)
     return rows
-
-  def _known_inputs(self, positions: tuple, token_ids: tuple, end: int | None) -> tuple:
-    """(tokens [1, T], mask [1, T], end) of a request's known tokens: shared by every request
-    to one prompt (GRPO's group), so not to be written to."""
-    tokens, mask = common.known_inputs(self.spec.model, 1, positions, token_ids, None)
-    return tokens, mask, common.decode_end(end, mask[0])
 
   def _size(self, rows: int) -> int:
     """The smallest state size that holds `rows` rows."""
