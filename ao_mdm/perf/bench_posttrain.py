@@ -5,9 +5,10 @@ then GRPO on each of the config's tasks (bench.tasks), from a trained model, in 
 Prints per task the exact match on the validation pairs (greedy, and of draws at GRPO's
 temperature) of the model, after fine-tuning and after GRPO; GRPO's sampled reward per window of
 steps (its curve; bench.plot: an SVG of every task's); GRPO's step time split into rollout, reward
-function, scoring and update, and its rollout tokens/s against the same answers drawn by
-`parallel.sample`; and how far d1's mean-field estimate of an answer's log-probability (each token
-given the prompt alone) lies from the exact one. One JSON line last.
+function, scoring and update, and its rollout tokens/s against `parallel.sample` drawing as many
+answers to one prompt (and against GRPO's continuous batch drawing those: the engine's own cost);
+and how far d1's mean-field estimate of an answer's log-probability (each token given the prompt
+alone) lies from the exact one. One JSON line last.
 """
 
 from collections.abc import Callable
@@ -109,10 +110,13 @@ def reward_curve(rows: list[dict], window: int) -> list[float]:
   return [float(np.mean(v)) for _, v in sorted(by_window.items())]
 
 
-def _sampler_tokens_per_s(config: specs.Spec, params: Any, tokenizer: Any, items: list) -> float:
-  """parallel.sample drawing the same number of answers, L2R one token per step until EOS, all
-  rows to one prompt (what `ao-mdm bench sample` times): the median of three calls after a
-  compile."""
+def _draw_rates(config: specs.Spec, params: Any, tokenizer: Any, items: list) -> dict:
+  """Tokens/s drawing the batch's answers to one prompt (items[0]'s), L2R one token a step until
+  EOS: by parallel.sample (what `ao-mdm bench sample` times: the rollout's baseline) and by
+  GRPO's continuous batch (Rollouts.draw, no redraws): the engine on the baseline's own work,
+  apart from what the rollout adds (answers of other lengths in one batch, redraws)."""
+  from ao_mdm.train import grpo
+
   b, t = config.train.batch_size, config.model.block_size
   ids = tokenizer.encode(items[0][0])
   kw = dict(
@@ -125,13 +129,38 @@ def _sampler_tokens_per_s(config: specs.Spec, params: Any, tokenizer: Any, items
     vocab_limit=min(tokenizer.vocab_size, config.model.vocab_size),
   )
   sample = policies.get("parallel").sample
-  sample(params, config.model, **kw)
-  rates = []
-  for seed in (1, 2, 3):  # one timed call moved by up to 1.6x between runs: the median of three
-    start = time.perf_counter()
+
+  def sampled(seed: int) -> int:
     out = sample(params, config.model, seed=seed, **kw)
     assert out.stats is not None  # with eos_id: each row's length, its EOS included
-    rates.append(int((out.stats["length"] - len(ids)).sum()) / (time.perf_counter() - start))
+    return int((out.stats["length"] - len(ids)).sum())
+
+  rollouts = grpo.Rollouts(
+    config, tokenizer, params, jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  )
+  p = b // config.grpo.group
+  prompt_PT = np.tile(np.asarray(ids, np.int32), (p, 1))
+
+  def batched(seed: int) -> int:
+    rollouts.drawn_tokens = 0
+    rollouts.draw(params, prompt_PT, np.full(p, len(ids)), seed + config.grpo.group * np.arange(p))
+    return rollouts.drawn_tokens
+
+  return {
+    "sampler_tokens_per_s": _median_rate(sampled),
+    "batcher_same_work_tokens_per_s": _median_rate(batched),
+  }
+
+
+def _median_rate(draw: Callable[[int], int]) -> float:
+  """Tokens/s of draw(seed) (returning the tokens it drew): the median of seeds 1-3 after a call
+  that compiles (one timed call moved by up to 1.6x between runs)."""
+  draw(0)
+  rates = []
+  for seed in (1, 2, 3):
+    start = time.perf_counter()
+    tokens = draw(seed)
+    rates.append(tokens / (time.perf_counter() - start))
   return float(np.median(rates))
 
 
@@ -177,14 +206,15 @@ def _task(config: specs.Spec, bench: Any, checkpoint: str, log: Callable) -> dic
     result["grpo_accuracy"] = _accuracy(grpo_dir, items, *drawn, log, "after GRPO")[0]
     rows = _grpo_rows(grpo_dir)
     result["grpo"] = _grpo_costs(rows, grpo)
-    result["grpo"]["sampler_tokens_per_s"] = _sampler_tokens_per_s(grpo, params, tokenizer, items)
+    result["grpo"].update(_draw_rates(grpo, params, tokenizer, items))
     result["reward_curve"] = reward_curve(rows, bench.window)
   g, m = result["grpo"], result["mean_field"]
   log(
     f"GRPO step {g['step_s']:.2f} s: rollout {g['rollout_s']:.2f} s, reward {g['reward_s']:.3f}"
     f" s, scoring {g['scoring_s']:.2f} s, update {g['update_s']:.2f} s; rollout "
     f"{g['rollout_tokens_per_s']:.0f} tokens/s against {g['sampler_tokens_per_s']:.0f} for "
-    "parallel.sample"
+    f"parallel.sample (GRPO's continuous batch on its work, {config.train.batch_size} answers to "
+    f"one prompt: {g['batcher_same_work_tokens_per_s']:.0f})"
   )
   curve = result["reward_curve"]
   gain = f" (last - first: {curve[-1] - curve[0]:+.3f})" if curve else ""
