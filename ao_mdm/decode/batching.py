@@ -233,12 +233,12 @@ class Batcher:
       self.state = self._grown(self.state, rows - held)
 
   def compact(self) -> dict[int, int]:
-    """When the busy rows fit a smaller state size with room for as many more, the state cut
-    to it, the busy rows past it moved into its free rows (one program per pair of sizes, as
-    a step computes every row the state holds); {old row: new row}. A row decodes as it
-    would have: from 2 rows up, its tokens do not depend on its place."""
+    """When the busy rows fit a smaller state size, the state cut to it, the busy rows past it
+    moved into its free rows (one program per pair of sizes, as a step computes every row the
+    state holds); {old row: new row}. A row decodes as it would have: from 2 rows up, its
+    tokens do not depend on its place."""
     busy = [r for r, q in enumerate(self.requests) if q is not None]
-    size = self._size(min(max(2 * len(busy), 1), self.held))
+    size = self._size(max(len(busy), 1))
     if size >= self.held:
       return {}
     free = [r for r in range(size) if self.requests[r] is None]
@@ -462,9 +462,9 @@ class Batcher:
 
 
 def size_ladder(batch: int) -> tuple[int, ...]:
-  """2, 8, 32, ... below `batch`: Batcher sizes each 4x the one before (each size compiles its
-  own programs of every step shape, insert and change of size)."""
-  return tuple(2 * 4**i for i in range(batch.bit_length()) if 2 * 4**i < batch)
+  """Batcher sizes below `batch` (besides 2): half of it, where answers of many lengths spend
+  most steps, and each next 4x smaller; each size compiles its own programs."""
+  return tuple(sorted({batch // 2 // 4**i for i in range(batch.bit_length())} - {0, 1}))
 
 
 def decode_all(

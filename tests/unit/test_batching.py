@@ -234,8 +234,8 @@ def test_the_state_holds_two_rows_while_only_rows_0_and_1_are_busy():
 
 
 def test_compact_moves_busy_rows_into_a_smaller_state_and_they_decode_as_they_would_have():
-  """Busy rows past a smaller size (with room for as many rows again) move into its free rows;
-  the state shrinks to it, and each row's tokens and log-probs are those it draws alone."""
+  """Busy rows past a smaller size that holds them all move into its free rows; the state
+  shrinks to it, and each row's tokens and log-probs are those it draws alone."""
   cfg, params = cached_model("ao")
   rng = np.random.default_rng(7)
   reqs = [
@@ -244,18 +244,20 @@ def test_compact_moves_busy_rows_into_a_smaller_state_and_they_decode_as_they_wo
   b = batching.Batcher.continuing(
     params, cfg, batch=16, tokens_per_step=1, sizes=batching.size_ladder(16)
   )
-  assert b.sizes == (2, 8, 16)
+  assert b.sizes == (2, 8, 16) and batching.size_ladder(128) == (4, 16, 64)
   b.add_many(reqs)
   b.step(3, until_finish=False)
-  assert b.compact() == {}  # 16 busy rows: nothing fits a smaller size
-  kept = [2, 9, 13, 15]
+  b.cancel(0)
+  assert b.compact() == {}  # 15 busy rows: nothing fits a smaller size
+  kept = [1, 2, 4, 6, 9, 11, 13, 15]
   for row in range(16):
     if row not in kept:
       b.cancel(row)
-  assert b.compact() == {9: 0, 13: 1, 15: 3} and b.held == 8  # 4 rows: room for 4 more
-  assert b.requests == [reqs[9], reqs[13], reqs[2], reqs[15]] + [None] * 12
+  assert b.compact() == {9: 0, 11: 3, 13: 5, 15: 7} and b.held == 8  # 8 rows fit 8
+  want = [9, 1, 2, 11, 4, 13, 6, 15]
+  assert b.requests == [reqs[r] for r in want] + [None] * 8
   done: list = []
-  while len(done) < 4:  # a call also ends where the step's shape changes
+  while len(done) < 8:  # a call also ends where the step's shape changes
     done += b.step(T)
   alone = batching.decode_all(batching.Batcher(params, b.spec, batch=2, max_steps=T), reqs)
   for got in done:
