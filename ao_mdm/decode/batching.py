@@ -238,7 +238,7 @@ class Batcher:
     state holds); {old row: new row}. A row decodes as it would have: from 2 rows up, its
     tokens do not depend on its place."""
     busy = [r for r, q in enumerate(self.requests) if q is not None]
-    size = self._size(max(len(busy), 1))
+    size = self._size(len(busy))
     if size >= self.held:
       return {}
     free = [r for r in range(size) if self.requests[r] is None]
