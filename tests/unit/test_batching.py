@@ -152,9 +152,8 @@ def test_rows_joining_with_one_prompt_share_its_prefill_and_decode_as_they_do_al
   )
   done = batching.decode_all(b, reqs)
   assert forwards == [4]
-  spec = b.spec
+  one = batching.Batcher(params, b.spec, batch=2, max_steps=T)  # each request alone in turn
   for req, got in zip(reqs, done):
-    one = batching.Batcher(params, spec, batch=2, max_steps=T)
     (ref,) = batching.decode_all(one, [req])
     np.testing.assert_array_equal(got.tokens, ref.tokens)
     np.testing.assert_array_equal(got.order, ref.order)
