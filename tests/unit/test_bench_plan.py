@@ -46,6 +46,7 @@ def puzzles(n: int, empty: int) -> tuple:
   return quiz, solved
 
 
+@pytest.mark.slow  # two policies decoded and ranked over 27 grids (14 s)
 def test_the_figures_are_those_of_the_decoded_grids(run, tmp_path, capsys):
   path, config, params = run
   quiz, solved = puzzles(27, 1)  # one cell each: a random model solves some
