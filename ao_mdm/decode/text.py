@@ -7,15 +7,9 @@ from typing import Any
 MASK = "[MASK]"
 
 
-def layout_known(
-  encode: Any, t: int, prompt: str = "", infill: str = "", span: int = 8
-) -> tuple[list, list, int]:
-  """Known (positions, token ids) for a prefix prompt or an infill text with [MASK] spans, and
-  the end of what is generated.
-
-  Each [MASK] leaves `span` positions to generate. An infill ends where its text ends (a text
-  ending in [MASK] is continued by `span` tokens); a prompt, or no text, is continued to T.
-  """
+def check_text(prompt: str, infill: str, span: int) -> None:
+  """ValueError for what is wrong with a prompt or infill text whatever the model (a command
+  checks it before loading one): both given, no [MASK] in an infill, a span below 1."""
   if prompt and infill:
     raise ValueError("give a prompt (--prompt) or an infill text (--infill), not both")
   if span < 1:
@@ -25,6 +19,18 @@ def layout_known(
       f"the infill text has no {MASK} to fill in; give e.g. --infill='a {MASK} "
       "b', or --prompt=TEXT to continue a text"
     )
+
+
+def layout_known(
+  encode: Any, t: int, prompt: str = "", infill: str = "", span: int = 8
+) -> tuple[list, list, int]:
+  """Known (positions, token ids) for a prefix prompt or an infill text with [MASK] spans, and
+  the end of what is generated.
+
+  Each [MASK] leaves `span` positions to generate. An infill ends where its text ends (a text
+  ending in [MASK] is continued by `span` tokens); a prompt, or no text, is continued to T.
+  """
+  check_text(prompt, infill, span)
   pieces = infill.split(MASK) if infill else [prompt] if prompt else []
   positions: list[int] = []
   ids: list[int] = []

@@ -10,7 +10,7 @@ from absl import flags
 from ao_mdm.checkpoint import layout
 from ao_mdm.cli import checks
 from ao_mdm.cli import flags as flags_lib
-from ao_mdm.decode import policies
+from ao_mdm.decode import policies, text
 from ao_mdm.decode.options import (
   DEFAULT_BLOCK_LEN,
   DEFAULT_STEPS,
@@ -130,6 +130,7 @@ def check(v: dict, given: set) -> None:
     paths.new_output_file(v["out"])
   if "infill_span" in given and not v["infill"]:
     raise ValueError("--infill_span applies with --infill")
+  text.check_text(v["prompt"], v["infill"], v["infill_span"])
   policies.check_options(v["mode"], given & policies.option_names())
   check_counts(v["num_samples"], v["batch_size"])
   check_best_of(v["best_of"])
