@@ -83,11 +83,12 @@ def _grpo_rows(workdir: str) -> list[dict]:
   return [r for r in rows if r.get("rollout_s") is not None and r.get("step_s")]
 
 
-def _grpo_costs(rows: list[dict], config: specs.Spec) -> dict:
+def _grpo_costs(rows: list[dict]) -> dict:
   """Mean seconds per GRPO step in rollout, reward, scoring and update (the rest of the step),
-  and the median step's rollout tokens/s, from the run's logged steps."""
-  del config
-  step_s = float(np.mean([r["step_s"] for r in rows]))
+  and the median step's rollout tokens/s, from the run's logged steps. A logged interval ends
+  once the next step's rollout ran (the loop reads a step's metrics after starting the next),
+  so the last one holds no rollout and is left out: step and update NaN with under 3 steps."""
+  step_s = float(np.mean([r["step_s"] for r in rows[:-1]])) if len(rows) > 1 else np.nan
   rollout, reward, scoring = (  # NaN: not in the log
     float(np.mean([r.get(k, np.nan) for r in rows])) for k in ("rollout_s", "reward_s", "scoring_s")
   )
@@ -100,6 +101,10 @@ def _grpo_costs(rows: list[dict], config: specs.Spec) -> dict:
     # The median: the first steps also compile the batch's programs.
     "rollout_tokens_per_s": float(np.median([r["rollout_tokens_per_s"] for r in rows])),
   }
+
+
+def _seconds(x: float) -> str:
+  return "n/a (too few steps)" if np.isnan(x) else f"{x:.2f} s"
 
 
 def reward_curve(rows: list[dict], window: int) -> list[float]:
@@ -205,13 +210,14 @@ def _task(config: specs.Spec, bench: Any, checkpoint: str, log: Callable) -> dic
     loop.train_and_evaluate(grpo, grpo_dir, init_from=sft_dir, log=quiet)
     result["grpo_accuracy"] = _accuracy(grpo_dir, items, *drawn, log, "after GRPO")[0]
     rows = _grpo_rows(grpo_dir)
-    result["grpo"] = _grpo_costs(rows, grpo)
+    result["grpo"] = _grpo_costs(rows)
     result["grpo"].update(_draw_rates(grpo, params, tokenizer, items))
     result["reward_curve"] = reward_curve(rows, bench.window)
   g, m = result["grpo"], result["mean_field"]
   log(
-    f"GRPO step {g['step_s']:.2f} s: rollout {g['rollout_s']:.2f} s, reward {g['reward_s']:.3f}"
-    f" s, scoring {g['scoring_s']:.2f} s, update {g['update_s']:.2f} s; rollout "
+    f"GRPO step {_seconds(g['step_s'])}: rollout {g['rollout_s']:.2f} s, reward "
+    f"{g['reward_s']:.3f} s, scoring {g['scoring_s']:.2f} s, update {_seconds(g['update_s'])}; "
+    f"rollout "
     f"{g['rollout_tokens_per_s']:.0f} tokens/s against {g['sampler_tokens_per_s']:.0f} for "
     f"parallel.sample (GRPO's continuous batch on its work, {config.train.batch_size} answers to "
     f"one prompt: {g['batcher_same_work_tokens_per_s']:.0f})"
