@@ -83,7 +83,7 @@ def _grpo_rows(workdir: str) -> list[dict]:
   return [r for r in rows if r.get("rollout_s") is not None and r.get("step_s")]
 
 
-def _grpo_costs(rows: list[dict]) -> dict:
+def grpo_costs(rows: list[dict]) -> dict:
   """Mean seconds per GRPO step in rollout, reward, scoring and update (the rest of the step),
   and the median step's rollout tokens/s, from the run's logged steps. A logged interval ends
   once the next step's rollout ran (the loop reads a step's metrics after starting the next),
@@ -210,17 +210,16 @@ def _task(config: specs.Spec, bench: Any, checkpoint: str, log: Callable) -> dic
     loop.train_and_evaluate(grpo, grpo_dir, init_from=sft_dir, log=quiet)
     result["grpo_accuracy"] = _accuracy(grpo_dir, items, *drawn, log, "after GRPO")[0]
     rows = _grpo_rows(grpo_dir)
-    result["grpo"] = _grpo_costs(rows)
+    result["grpo"] = grpo_costs(rows)
     result["grpo"].update(_draw_rates(grpo, params, tokenizer, items))
     result["reward_curve"] = reward_curve(rows, bench.window)
   g, m = result["grpo"], result["mean_field"]
   log(
     f"GRPO step {_seconds(g['step_s'])}: rollout {g['rollout_s']:.2f} s, reward "
     f"{g['reward_s']:.3f} s, scoring {g['scoring_s']:.2f} s, update {_seconds(g['update_s'])}; "
-    f"rollout "
-    f"{g['rollout_tokens_per_s']:.0f} tokens/s against {g['sampler_tokens_per_s']:.0f} for "
-    f"parallel.sample (GRPO's continuous batch on its work, {config.train.batch_size} answers to "
-    f"one prompt: {g['batcher_same_work_tokens_per_s']:.0f})"
+    f"rollout {g['rollout_tokens_per_s']:.0f} tokens/s against {g['sampler_tokens_per_s']:.0f} "
+    f"for parallel.sample (GRPO's continuous batch on its work, {config.train.batch_size} answers "
+    f"to one prompt: {g['batcher_same_work_tokens_per_s']:.0f})"
   )
   curve = result["reward_curve"]
   gain = f" (last - first: {curve[-1] - curve[0]:+.3f})" if curve else ""

@@ -27,9 +27,8 @@ def test_grpo_costs_leave_out_the_last_interval_which_holds_no_rollout():
   """Step n's interval ends after step n + 1's rollout; the run's last holds only its update."""
   row = lambda step_s: dict(step_s=step_s, rollout_s=0.5, reward_s=0.01, scoring_s=0.09,
                             rollout_tokens_per_s=100.0)  # fmt: skip
-  costs = bench_posttrain._grpo_costs([row(1.0), row(1.2), row(0.3)])
+  costs = bench_posttrain.grpo_costs([row(1.0), row(1.2), row(0.3)])
   assert costs["step_s"] == pytest.approx(1.1)
   assert costs["update_s"] == pytest.approx(1.1 - 0.5 - 0.01 - 0.09)
-  short = bench_posttrain._grpo_costs([row(0.3)])  # 2 GRPO steps: the first read starts the clock
+  short = bench_posttrain.grpo_costs([row(0.3)])  # 2 GRPO steps: the first read starts the clock
   assert np.isnan(short["step_s"]) and np.isnan(short["update_s"])
-  assert bench_posttrain._seconds(short["update_s"]) == "n/a (too few steps)"
