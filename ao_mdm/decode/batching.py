@@ -103,8 +103,8 @@ class Batcher:
     self.params, self.max_steps = params, max_steps
     # The state holds the smallest of `sizes` (and 2, `batch`) that holds the last busy row: a
     # step computes every row it holds. Each size is more programs, which a server compiles
-    # before it is ready (GRPO's compile at first use: size_ladder). Not 1: XLA:CPU multiplies
-    # a single row by other kernels, whose rounding differs (from 2 up rows are bitwise alike).
+    # before it is ready (GRPO's compile at first use: grpo.state_sizes). Not 1: XLA:CPU
+    # multiplies a lone row by other kernels, which round otherwise (from 2 rows up, alike).
     self.sizes = tuple(sorted(set(sizes) | {min(2, batch), batch}))
     if not all(min(2, batch) <= n <= batch for n in self.sizes):
       raise ValueError(f"Batcher sizes={sizes} must be in [2, batch={batch}]")
@@ -113,9 +113,10 @@ class Batcher:
     self.state = self._empty(self.sizes[0], spec.shapes()[0].cache_len)
     # The state is donated: a step or insert updates it (its K/V cache above all) in place,
     # where a copy of the cache every forward cost more than the forward (16 rows of ao_small).
-    self._advance = jax.jit(
-      functools.partial(protocol.advance, spec, dm), static_argnums=2, donate_argnums=1
-    )
+    # A step returns with it its rows' needs, the next step's shape: no program to read them.
+    needs = lambda rows, fields: (rows.active_B, spec.needs(rows, fields))
+    advance = lambda *a: (s := protocol.advance(spec, dm, *a), needs(s.rows, s.fields))
+    self._advance = jax.jit(advance, static_argnums=2, donate_argnums=1)
     self._prefill = jax.jit(
       functools.partial(protocol.prefill, spec, dm), static_argnames=("width",)
     )
@@ -134,8 +135,8 @@ class Batcher:
     self._grown = jax.jit(grown, static_argnums=1)
     self._cut = jax.jit(lambda s, rows: jax.tree.map(lambda x: x[:rows], s), static_argnums=1)
     self._gathered = jax.jit(lambda s, rows_S: jax.tree.map(lambda x: x[rows_S], s))
-    # Each step's shape from the rows' needs, read in one call.
-    self._needs = jax.jit(lambda rows, fields: (rows.active_B, spec.needs(rows, fields)))
+    self._needs = jax.jit(needs)  # after an insert, cut or cancel changed the rows
+    self._next: tuple = (None, None)  # (the rows, their needs), as a step returned them
     self.prefixes, self.reused_slots = prefill.PrefixStore(prefixes), 0
     # Each request's order and draw key from its seed: one call for all that join at once.
     one = lambda seed, mask_T, end: spec.orders(jax.random.key(seed), mask_T[None], end)
@@ -401,7 +402,7 @@ class Batcher:
           progress(next(done), total)
       for shape in shapes:  # every row free: the step changes nothing
         self._hold(shape.cache_len)
-        self.state = jax.block_until_ready(self._run_steps(shape, 1, True))
+        self.state = jax.block_until_ready(self._run_steps(shape, 1, True)[0])
         if progress:
           progress(next(done), total)
     for length in lengths if len(self.sizes) > 1 else ():  # each change of size, each length
@@ -431,15 +432,18 @@ class Batcher:
     """Up to `steps` steps of every active row in one call (ending early once every row is
     done, a step would need another static shape, or with until_finish once a row finishes);
     the requests that finished leave their rows."""
-    active, needs = jax.device_get(self._needs(self.state.rows, self.state.fields))
+    if self._next[0] is not self.state.rows:
+      self._next = self.state.rows, self._needs(self.state.rows, self.state.fields)
+    active, needs = jax.device_get(self._next[1])
     self._resize(self._size(int(np.flatnonzero(active).max(initial=0)) + 1))
     shape = self.spec.shape(active[: self.held], tuple(x[: self.held] for x in needs))
     held = self.cache_len
     if held and (shape.cache_len > held or 2 * shape.cache_len <= held):
       self._hold(shape.cache_len)  # grown, or cut to half or less: not every step as rows go
     shape = shape._replace(cache_len=self.cache_len or shape.cache_len)
-    self.state, self._rows = self._run_steps(shape, steps, until_finish), None
-    active = np.asarray(self.state.rows.active_B)
+    self.state, after = self._run_steps(shape, steps, until_finish)
+    self._rows, self._next = None, (self.state.rows, after)
+    active = np.asarray(after[0])
     ended = [(r, q) for r, q in enumerate(self.requests) if q is not None and not active[r]]
     if not ended:
       return []
@@ -459,12 +463,6 @@ class Batcher:
       )
       self.requests[r] = None
     return done
-
-
-def size_ladder(batch: int) -> tuple[int, ...]:
-  """Batcher sizes below `batch` (besides 2): half of it, where answers of many lengths spend
-  most steps, and each next 4x smaller; each size compiles its own programs."""
-  return tuple(sorted({batch // 2 // 4**i for i in range(batch.bit_length())} - {0, 1}))
 
 
 def decode_all(

@@ -114,6 +114,13 @@ def _gathered(mesh: jax.sharding.Mesh) -> Callable:
   return jax.jit(lambda params: params, out_shardings=jax.sharding.NamedSharding(mesh, P()))
 
 
+def state_sizes(batch: int) -> tuple[int, ...]:
+  """The continuous batch's sizes below `batch`: half of it, where answers of many lengths
+  spend most steps, and each next half, down to 2 (rows computed per busy row, reversal's
+  rollout: 1.13; 4x apart 1.18)."""
+  return tuple(batch >> i for i in range(1, batch.bit_length() - 1))
+
+
 def on_this_host(params: Any) -> Any:
   """The params whole on this process's first device, where its rollouts run: each process draws
   the answers to its own prompts, with no collective among the processes."""
@@ -199,7 +206,7 @@ class Rollouts:
       tokens_per_step=g.tokens_per_step,
       eos_id=tokenizer.eos_id,
       vocab_limit=self.vocab_limit,
-      sizes=batching.size_ladder(batch),  # its programs compile at first use
+      sizes=state_sizes(batch),  # their programs compile at first use
       **orders,
     )
     self._logprobs = jax.jit(train_step.answers_logprobs(config), out_shardings=batch_sharding)

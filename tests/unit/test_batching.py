@@ -10,6 +10,7 @@ from scipy.special import logsumexp
 from test_parallel import T, cached_model, tiny_model
 
 from ao_mdm.decode import batching, parallel, schedules
+from ao_mdm.train import grpo
 from helpers import default_stage_keeps, filtered_probs
 
 # (known positions, steps, end): prompts of 0, 3 and 7 tokens, an infill that ends at its text,
@@ -241,9 +242,9 @@ def test_compact_moves_busy_rows_into_a_smaller_state_and_they_decode_as_they_wo
     batching.prompt_request(rng.integers(0, cfg.vocab_size, 5), T, 1, seed=i) for i in range(16)
   ]
   b = batching.Batcher.continuing(
-    params, cfg, batch=16, tokens_per_step=1, sizes=batching.size_ladder(16)
+    params, cfg, batch=16, tokens_per_step=1, sizes=grpo.state_sizes(16)
   )
-  assert b.sizes == (2, 8, 16) and batching.size_ladder(128) == (4, 16, 64)
+  assert b.sizes == (2, 4, 8, 16) and grpo.state_sizes(128) == (64, 32, 16, 8, 4, 2)
   b.add_many(reqs)
   b.step(3, until_finish=False)
   b.cancel(0)
