@@ -136,7 +136,7 @@ class Batcher:
     self._cut = jax.jit(lambda s, rows: jax.tree.map(lambda x: x[:rows], s), static_argnums=1)
     self._gathered = jax.jit(lambda s, rows_S: jax.tree.map(lambda x: x[rows_S], s))
     self._needs = jax.jit(needs)  # after an insert, cut or cancel changed the rows
-    self._next: tuple = (None, None)  # (the rows, their needs), as a step returned them
+    self._next: tuple = (None, None)  # the rows a step returned, and their `needs` output
     self.prefixes, self.reused_slots = prefill.PrefixStore(prefixes), 0
     # Each request's order and draw key from its seed: one call for all that join at once.
     one = lambda seed, mask_T, end: spec.orders(jax.random.key(seed), mask_T[None], end)
@@ -432,9 +432,10 @@ class Batcher:
     """Up to `steps` steps of every active row in one call (ending early once every row is
     done, a step would need another static shape, or with until_finish once a row finishes);
     the requests that finished leave their rows."""
-    if self._next[0] is not self.state.rows:
-      self._next = self.state.rows, self._needs(self.state.rows, self.state.fields)
-    active, needs = jax.device_get(self._next[1])
+    stepped, after = self._next
+    if stepped is not self.state.rows:
+      after = self._needs(self.state.rows, self.state.fields)
+    active, needs = jax.device_get(after)
     self._resize(self._size(int(np.flatnonzero(active).max(initial=0)) + 1))
     shape = self.spec.shape(active[: self.held], tuple(x[: self.held] for x in needs))
     held = self.cache_len
