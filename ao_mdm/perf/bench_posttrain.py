@@ -6,7 +6,8 @@ Prints per task the exact match on the validation pairs (greedy, and of draws at
 temperature) of the model, after fine-tuning and after GRPO; GRPO's sampled reward per window of
 steps (its curve; bench.plot: an SVG of every task's); GRPO's step time split into rollout, reward
 function, scoring and update, and its rollout tokens/s against `parallel.sample` drawing as many
-answers to one prompt (and against GRPO's continuous batch drawing those: the engine's own cost);
+answers to one prompt (and against GRPO's continuous batch drawing those: the engine's own cost;
+both timed before and after the GRPO run);
 and how far d1's mean-field estimate of an answer's log-probability (each token given the prompt
 alone) lies from the exact one. One JSON line last.
 """
@@ -115,11 +116,11 @@ def reward_curve(rows: list[dict], window: int) -> list[float]:
   return [float(np.mean(v)) for _, v in sorted(by_window.items())]
 
 
-def _draw_rates(config: specs.Spec, params: Any, tokenizer: Any, items: list) -> dict:
-  """Tokens/s drawing the batch's answers to one prompt (items[0]'s), L2R one token a step until
-  EOS: by parallel.sample (what `ao-mdm bench sample` times: the rollout's baseline) and by
-  GRPO's continuous batch (Rollouts.draw, no redraws): the engine on the baseline's own work,
-  apart from what the rollout adds (answers of other lengths in one batch, redraws)."""
+def _draws(config: specs.Spec, params: Any, tokenizer: Any, items: list) -> dict:
+  """The rollout's baselines, each seed -> the answer tokens it drew: the batch's answers to one
+  prompt (items[0]'s), L2R one token a step until EOS, by parallel.sample (what `ao-mdm bench
+  sample` times) and by GRPO's continuous batch (Rollouts.draw, no redraws): the engine on the
+  baseline's own work, apart from what the rollout adds (answers of other lengths, redraws)."""
   from ao_mdm.train import grpo
 
   b, t = config.train.batch_size, config.model.block_size
@@ -151,22 +152,21 @@ def _draw_rates(config: specs.Spec, params: Any, tokenizer: Any, items: list) ->
     rollouts.draw(params, prompt_PT, np.full(p, len(ids)), seed + config.grpo.group * np.arange(p))
     return rollouts.drawn_tokens
 
-  return {
-    "sampler_tokens_per_s": _median_rate(sampled),
-    "batcher_same_work_tokens_per_s": _median_rate(batched),
-  }
+  return {"sampler_tokens_per_s": sampled, "batcher_same_work_tokens_per_s": batched}
 
 
-def _median_rate(draw: Callable[[int], int]) -> float:
-  """Tokens/s of draw(seed) (returning the tokens it drew): the median of seeds 1-3 after a call
-  that compiles (one timed call moved by up to 1.6x between runs)."""
-  draw(0)
-  rates = []
-  for seed in (1, 2, 3):
-    start = time.perf_counter()
-    tokens = draw(seed)
-    rates.append(tokens / (time.perf_counter() - start))
-  return float(np.median(rates))
+def timed_rates(draws: dict, seeds: range) -> dict[str, list[float]]:
+  """Tokens/s of each draw(seed) (returning the tokens it drew) at each seed, the draws taking
+  turns so that each sees the machine as the others do (one timed call moved by up to 1.6x
+  between runs); seed 0, where given, untimed: the call that compiles."""
+  rates: dict[str, list[float]] = {name: [] for name in draws}
+  for seed in seeds:
+    for name, draw in draws.items():
+      start = time.perf_counter()
+      tokens = draw(seed)
+      if seed:
+        rates[name].append(tokens / (time.perf_counter() - start))
+  return rates
 
 
 def _task(config: specs.Spec, bench: Any, checkpoint: str, log: Callable) -> dict:
@@ -207,11 +207,16 @@ def _task(config: specs.Spec, bench: Any, checkpoint: str, log: Callable) -> dic
         num_steps=bench.grpo_steps, checkpoint_every=bench.grpo_steps, eval_every=0, log_every=1
       )
     )
+    # The baselines are timed (seeds 1-3, then 4-6) before and after the GRPO run, whose
+    # rollouts they are set against: the machine's speed moves over a run.
+    draws = _draws(grpo, params, tokenizer, items)
+    rates = timed_rates(draws, range(4))
     loop.train_and_evaluate(grpo, grpo_dir, init_from=sft_dir, log=quiet)
     result["grpo_accuracy"] = _accuracy(grpo_dir, items, *drawn, log, "after GRPO")[0]
     rows = _grpo_rows(grpo_dir)
     result["grpo"] = grpo_costs(rows)
-    result["grpo"].update(_draw_rates(grpo, params, tokenizer, items))
+    after = timed_rates(draws, range(4, 7))
+    result["grpo"].update({k: float(np.median(v + after[k])) for k, v in rates.items()})
     result["reward_curve"] = reward_curve(rows, bench.window)
   g, m = result["grpo"], result["mean_field"]
   log(

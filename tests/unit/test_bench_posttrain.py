@@ -32,3 +32,13 @@ def test_grpo_costs_leave_out_the_last_interval_which_holds_no_rollout():
   assert costs["update_s"] == pytest.approx(1.1 - 0.5 - 0.01 - 0.09)
   short = bench_posttrain.grpo_costs([row(0.3)])  # 2 GRPO steps: the first read starts the clock
   assert np.isnan(short["step_s"]) and np.isnan(short["update_s"])
+
+
+def test_the_baselines_take_turns_and_their_compiling_call_is_not_timed():
+  calls = []
+  draw = lambda name: lambda seed: calls.append((name, seed)) or 10
+  rates = bench_posttrain.timed_rates({"a": draw("a"), "b": draw("b")}, range(3))
+  assert calls == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+  assert [len(v) for v in rates.values()] == [2, 2] and all(r > 0 for r in rates["a"])
+  later = bench_posttrain.timed_rates({"a": draw("a")}, range(4, 7))
+  assert len(later["a"]) == 3
