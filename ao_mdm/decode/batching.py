@@ -402,7 +402,7 @@ class Batcher:
           progress(next(done), total)
       for shape in shapes:  # every row free: the step changes nothing
         self._hold(shape.cache_len)
-        self.state = jax.block_until_ready(self._run_steps(shape, 1, True)[0])
+        self.state = jax.block_until_ready(self._run_steps(shape, 1, 1)[0])
         if progress:
           progress(next(done), total)
     for length in lengths if len(self.sizes) > 1 else ():  # each change of size, each length
@@ -425,12 +425,12 @@ class Batcher:
       self._rows = None
     self.requests[row] = None
 
-  def _run_steps(self, shape: protocol.Shape, steps: int, until_finish: bool) -> Any:
-    return self._advance(self._stepped, self.state, shape, np.int32(steps), np.bool_(until_finish))
+  def _run_steps(self, shape: protocol.Shape, steps: int, stop_after: int) -> Any:
+    return self._advance(self._stepped, self.state, shape, np.int32(steps), np.int32(stop_after))
 
-  def step(self, steps: int = 1, until_finish: bool = True) -> list[Finished]:
+  def step(self, steps: int = 1, stop_after: int = 1) -> list[Finished]:
     """Up to `steps` steps of every active row in one call (ending early once every row is
-    done, a step would need another static shape, or with until_finish once a row finishes);
+    done, a step would need another static shape, or once `stop_after` (> 0) rows finished);
     the requests that finished leave their rows."""
     stepped, after = self._next
     if stepped is not self.state.rows:
@@ -442,7 +442,7 @@ class Batcher:
     if held and (shape.cache_len > held or 2 * shape.cache_len <= held):
       self._hold(shape.cache_len)  # grown, or cut to half or less: not every step as rows go
     shape = shape._replace(cache_len=self.cache_len or shape.cache_len)
-    self.state, after = self._run_steps(shape, steps, until_finish)
+    self.state, after = self._run_steps(shape, steps, stop_after)
     self._rows, self._next = None, (self.state.rows, after)
     active = np.asarray(after[0])
     ended = [(r, q) for r, q in enumerate(self.requests) if q is not None and not active[r]]
@@ -485,11 +485,11 @@ def decode_all(
     for old, new in batcher.compact().items():
       rows[new] = rows.pop(old)
     busy = [r for r, q in enumerate(batcher.requests) if q is not None]
-    # Many steps a call; until a row finishes only while a request waits for a free row, or
-    # one may come.
-    finished = batcher.step(
-      batcher.spec.model.block_size, until_finish=bool(pending) or then is not None
-    )
+    # Many steps a call: until a row finishes while a request waits for a free row; while one
+    # may come (then), until half the busy rows finished, as a call and an insert cost more
+    # host work than a few rows idle a step (reversal's rollout: 26 -> 14 calls, 5-8% faster).
+    stop = 1 if pending else (max(1, len(busy) // 2) if then is not None else 0)
+    finished = batcher.step(batcher.spec.model.block_size, stop_after=stop)
     for row, f in zip([r for r in busy if batcher.requests[r] is None], finished):
       i = rows.pop(row)
       done[i] = f

@@ -252,7 +252,7 @@ def decoder(spec: PolicySpec, plan: Any):
     for first, last, shape in segments:
       if s.cache is not None:
         s = s._replace(cache=s.cache.resized(shape.cache_len))
-      s = advance(spec, dm, params, s, shape, last - first, until_finish=False, bounded=False)
+      s = advance(spec, dm, params, s, shape, last - first, stop_after=0, bounded=False)
     return s
 
   return jax.jit(run)
@@ -265,17 +265,18 @@ def advance(
   s: DecodeState,
   shape: Shape,
   limit: Any,
-  until_finish: Any,
+  stop_after: Any,
   bounded: bool = True,
 ) -> DecodeState:
-  """Up to `limit` steps at `shape`, ending once every row is done, (until_finish) once a row
-  that was active finishes, or (bounded) before a step that would not fit `shape`."""
+  """Up to `limit` steps at `shape`, ending once every row is done, once `stop_after` (> 0) of
+  the rows that were active have finished, or (bounded) before a step that would not fit `shape`."""
   started_B = s.rows.active_B
 
   def more(c) -> jax.Array:
     i, s = c
     go = (i < limit) & jnp.any(s.rows.active_B)
-    go &= ~(until_finish & jnp.any(started_B & ~s.rows.active_B))
+    finished = jnp.sum(started_B & ~s.rows.active_B)
+    go &= ~((stop_after > 0) & (finished >= stop_after))
     return go & spec.fits(s.rows, s.fields, shape) if bounded else go
 
   one = lambda c: (c[0] + 1, spec.step(dm, params, c[1], shape))

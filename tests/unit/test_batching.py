@@ -233,6 +233,29 @@ def test_the_state_holds_two_rows_while_only_rows_0_and_1_are_busy():
   np.testing.assert_array_equal(together.raw_logprobs, done[-1].raw_logprobs)
 
 
+def test_a_call_runs_on_until_stop_after_rows_finished_and_rows_decode_as_they_would_have():
+  """step(stop_after=k) ends once k of its rows finished (0: once all did), not at the first:
+  fewer calls, the same tokens."""
+  cfg, params = cached_model("ao")
+  reqs = [
+    dataclasses.replace(batching.prompt_request([3, 1, 4], T, 1, seed=i), end=5 + i, steps=2 + i)
+    for i in range(4)
+  ]
+  tokens = {}
+  for k, want in ((1, [[0], [1], [2], [3]]), (2, [[0, 1], [2, 3]]), (0, [[0, 1, 2, 3]])):
+    b = batching.Batcher.continuing(params, cfg, batch=4, tokens_per_step=1)
+    b.add_many(reqs)
+    calls = []
+    while any(q is not None for q in b.requests):
+      done = b.step(T, stop_after=k)
+      calls.append(sorted(reqs.index(f.request) for f in done))
+      tokens.update({(k, reqs.index(f.request)): f.tokens for f in done})
+    assert calls == want, k
+  for i in range(4):
+    np.testing.assert_array_equal(tokens[(2, i)], tokens[(1, i)])
+    np.testing.assert_array_equal(tokens[(0, i)], tokens[(1, i)])
+
+
 def test_compact_moves_busy_rows_into_a_smaller_state_and_they_decode_as_they_would_have():
   """Busy rows past a smaller size that holds them all move into its free rows; the state
   shrinks to it, and each row's tokens and log-probs are those it draws alone."""
@@ -246,7 +269,7 @@ def test_compact_moves_busy_rows_into_a_smaller_state_and_they_decode_as_they_wo
   )
   assert b.sizes == (2, 4, 8, 16) and grpo.state_sizes(128) == (64, 32, 16, 8, 4, 2)
   b.add_many(reqs)
-  b.step(3, until_finish=False)
+  b.step(3, stop_after=0)
   b.cancel(0)
   assert b.compact() == {}  # 15 busy rows: nothing fits a smaller size
   kept = [1, 2, 4, 6, 9, 11, 13, 15]
