@@ -12,7 +12,7 @@ import optax
 from ao_mdm import model as model_lib
 from ao_mdm import orders, specs
 from ao_mdm.data import pairs
-from ao_mdm.decode import batching
+from ao_mdm.decode import batching, driver
 
 
 def response_nll(
@@ -115,7 +115,7 @@ def complete(
     batching.prompt_request(ids, cfg.block_size, tokens_per_step, seed + i, temperature)
     for i, ids in enumerate(prompts)
   ]
-  return batching.decode_all(batcher, requests)
+  return driver.decode_all(batcher, requests)
 
 
 def response_ids(tokens_T: np.ndarray, prompt_len: int, eos_id: int) -> list[int]:

@@ -23,7 +23,7 @@ import numpy as np
 from ao_mdm import model as model_lib
 from ao_mdm.checkpoint import checkpoints, layout
 from ao_mdm.data import sudoku
-from ao_mdm.decode import batching, common
+from ao_mdm.decode import batching, common, driver
 from ao_mdm.perf import svg
 from ao_mdm.storage import fs
 
@@ -79,9 +79,9 @@ def _decode(
   `warm`, timed after the same decode untimed (rows joining as others finish compile inserts of
   many sizes)."""
   if not warm:
-    batching.decode_all(batcher, requests(quiz_N81, seed, temperature))
+    driver.decode_all(batcher, requests(quiz_N81, seed, temperature))
   start = time.perf_counter()
-  done = batching.decode_all(batcher, requests(quiz_N81, seed, temperature))
+  done = driver.decode_all(batcher, requests(quiz_N81, seed, temperature))
   seconds = (time.perf_counter() - start) / len(quiz_N81)
   grids = np.stack([f.tokens[: sudoku.CELLS] for f in done])
   return grids, float(np.mean([f.forwards for f in done])), seconds

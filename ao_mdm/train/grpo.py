@@ -24,7 +24,7 @@ import numpy as np
 
 from ao_mdm import sharding, specs
 from ao_mdm.data import pairs
-from ao_mdm.decode import batching, policies
+from ao_mdm.decode import batching, driver, policies
 from ao_mdm.eval import responses
 from ao_mdm.storage import fs
 from ao_mdm.train import step as train_step
@@ -338,7 +338,7 @@ class Rollouts:
       q for i, (row, s) in enumerate(zip(rows_PX, seeds_P)) for q in drawing(row, s, i, -1)
     ]
     self.batcher.params = params
-    answers = self._answers(batching.decode_all(self.batcher, requests, then))
+    answers = self._answers(driver.decode_all(self.batcher, requests, then))
     rows_B = (np.asarray(taken)[:, None] * g.group + np.arange(g.group)).ravel()
     own_PG = np.stack([rewards[k] for k in range(len(rows_PX))])
     return (
@@ -383,7 +383,7 @@ class Rollouts:
     requests = [
       q for x, p, s in zip(tokens_PT, prompt_P, seeds_P) for q in self._requests(x[:p], int(s))
     ]
-    return self._answers(batching.decode_all(self.batcher, requests))
+    return self._answers(driver.decode_all(self.batcher, requests))
 
   def _answers(self, done: list[batching.Finished]) -> Answers:
     """The finished requests' answers, their drawn tokens counted in drawn_tokens."""

@@ -9,7 +9,7 @@ from scipy import stats
 from scipy.special import logsumexp
 from test_parallel import T, cached_model, tiny_model
 
-from ao_mdm.decode import batching, parallel, schedules
+from ao_mdm.decode import batching, driver, parallel, schedules
 from ao_mdm.train import grpo
 from helpers import default_stage_keeps, filtered_probs
 
@@ -124,7 +124,7 @@ def test_a_prompt_sharing_a_prefix_copies_its_cache_and_decodes_as_computed(temp
   runs = []
   for prefixes in (0, 4):
     b = batching.Batcher.continuing(params, cfg, batch=2, tokens_per_step=1, prefixes=prefixes)
-    runs.append((batching.decode_all(b, requests), b.reused_slots))
+    runs.append((driver.decode_all(b, requests), b.reused_slots))
   (computed, none), (copied, slots) = runs
   assert none == 0 and slots >= 10 * (len(prompts) - 2)
   for a, b in zip(computed, copied):
@@ -151,11 +151,11 @@ def test_rows_joining_with_one_prompt_share_its_prefill_and_decode_as_they_do_al
   b._prefill = lambda params, tokens, *a: (
     forwards.append(tokens.shape[0]) or prefill(params, tokens, *a)
   )
-  done = batching.decode_all(b, reqs)
+  done = driver.decode_all(b, reqs)
   assert forwards == [4]
   one = batching.Batcher(params, b.spec, batch=2, max_steps=T)  # each request alone in turn
   for req, got in zip(reqs, done):
-    (ref,) = batching.decode_all(one, [req])
+    (ref,) = driver.decode_all(one, [req])
     np.testing.assert_array_equal(got.tokens, ref.tokens)
     np.testing.assert_array_equal(got.order, ref.order)
     np.testing.assert_allclose(got.raw_logprobs, ref.raw_logprobs, atol=1e-5)
@@ -191,7 +191,7 @@ def test_rows_mixed_in_one_batch_draw_from_their_own_filtered_distributions():
     for tt, p, k in settings
   ]
   batcher = batching.Batcher.continuing(params, cfg, batch=len(requests), tokens_per_step=1)
-  done = batching.decode_all(batcher, requests)
+  done = driver.decode_all(batcher, requests)
   logits = parallel.sample(
     params, cfg, batch_size=1, steps=1, order="l2r", known_positions=(0, 1, 2),
     known_tokens=prompt, end=4, return_logits=True,
@@ -229,7 +229,7 @@ def test_the_state_holds_two_rows_while_only_rows_0_and_1_are_busy():
   for f in done:
     np.testing.assert_array_equal(f.tokens, alone(params, cfg, f.request, "l2r").tokens[0])
   full = batching.Batcher.continuing(params, cfg, batch=4, tokens_per_step=1)
-  together = batching.decode_all(full, [long, *[dataclasses.replace(long, seed=9)] * 3])[0]
+  together = driver.decode_all(full, [long, *[dataclasses.replace(long, seed=9)] * 3])[0]
   np.testing.assert_array_equal(together.raw_logprobs, done[-1].raw_logprobs)
 
 
@@ -282,7 +282,7 @@ def test_compact_moves_busy_rows_into_a_smaller_state_and_they_decode_as_they_wo
   done: list = []
   while len(done) < 8:  # a call also ends where the step's shape changes
     done += b.step(T)
-  alone = batching.decode_all(batching.Batcher(params, b.spec, batch=2, max_steps=T), reqs)
+  alone = driver.decode_all(batching.Batcher(params, b.spec, batch=2, max_steps=T), reqs)
   for got in done:
     want = alone[reqs.index(got.request)]
     np.testing.assert_array_equal(got.tokens, want.tokens)

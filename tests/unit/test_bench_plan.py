@@ -14,7 +14,7 @@ from ao_mdm import model as model_lib
 from ao_mdm import specs
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.data import sudoku
-from ao_mdm.decode import batching, common
+from ao_mdm.decode import batching, common, driver
 from ao_mdm.perf import bench_plan
 from helpers import ROOT
 
@@ -65,7 +65,7 @@ def test_the_figures_are_those_of_the_decoded_grids(run, tmp_path, capsys):
       params, config.model, batch=8, policy=policy, tokens_per_step=1, vocab_limit=10, **options
     )
     for temperature, kind in ((0.0, "greedy"), (1.0, "sampled")):
-      done = batching.decode_all(batcher, bench_plan.requests(quiz, 3, temperature))
+      done = driver.decode_all(batcher, bench_plan.requests(quiz, 3, temperature))
       grids = np.stack([f.tokens for f in done])
       got = result["policies"][f"{label} {kind}"]
       assert got["rate"] == pytest.approx(sudoku.solves(grids, quiz).mean())

@@ -13,7 +13,7 @@ from test_parallel import T, cached_model
 from ao_mdm import model as model_lib
 from ao_mdm import specs
 from ao_mdm.data import pairs
-from ao_mdm.decode import batching, parallel
+from ao_mdm.decode import batching, driver, parallel
 from ao_mdm.eval import responses
 from ao_mdm.train import grpo
 from ao_mdm.train import step as train_step
@@ -39,7 +39,7 @@ def drawn(order, k, temperature=1.0):
     )
     for i, p in enumerate(PROMPTS)
   ]
-  done = batching.decode_all(batcher, requests)
+  done = driver.decode_all(batcher, requests)
   tokens = np.stack([f.tokens for f in done])
   order_BT = np.stack([f.order for f in done])
   steps = np.stack([f.steps for f in done])

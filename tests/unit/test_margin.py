@@ -8,7 +8,7 @@ from test_confidence import naive_greedy
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
-from ao_mdm.decode import batching, margin, policies, schedules
+from ao_mdm.decode import batching, driver, margin, policies, schedules
 
 
 def margin_np(logits_NV: np.ndarray) -> np.ndarray:
@@ -59,7 +59,7 @@ def test_margin_in_the_continuous_batcher_equals_naive_alone_and_beside_others(s
   ]
   batcher = batching.Batcher(params, spec, batch=3, max_steps=12)
   for requests in ([request], [request, *others], [*others, request]):
-    mine = batching.decode_all(batcher, requests)[requests.index(request)]
+    mine = driver.decode_all(batcher, requests)[requests.index(request)]
     np.testing.assert_array_equal(mine.order, want_order)
     np.testing.assert_array_equal(mine.tokens, want_tokens)
 

@@ -12,7 +12,7 @@ from scipy import stats
 
 from ao_mdm import model as model_lib
 from ao_mdm import specs
-from ao_mdm.decode import batching, draft, parallel, protocol, speculative
+from ao_mdm.decode import batching, draft, driver, parallel, protocol, speculative
 from ao_mdm.perf import bench_sample
 from helpers import default_stage_keeps, naive_greedy, random_model
 
@@ -247,7 +247,7 @@ def test_rows_in_the_continuous_batcher_decode_as_they_do_alone(temperature):
     batching.Request(pos, tuple(7 + p for p in pos), steps, seed=i, temperature=temperature)
     for i, (pos, steps, _) in enumerate(cases)
   ]
-  done = batching.decode_all(batcher, requests)
+  done = driver.decode_all(batcher, requests)
   for (pos, steps, drafts), request, got in zip(cases, requests, done):
     tokens, known = np.zeros((1, 16), np.int32), np.zeros((1, 16), bool)
     tokens[0, list(pos)], known[0, list(pos)] = request.token_ids, True

@@ -11,7 +11,7 @@ import numpy as np
 
 from ao_mdm.checkpoint import checkpoints
 from ao_mdm.data import sudoku
-from ao_mdm.decode import batching
+from ao_mdm.decode import batching, driver
 from ao_mdm.perf import bench_plan
 
 
@@ -46,7 +46,7 @@ def main(run: str, csv: str, n: int) -> None:
   batcher = batching.Batcher.continuing(
     params, config.model, batch=64, policy="margin", tokens_per_step=1, vocab_limit=10
   )
-  done = batching.decode_all(batcher, bench_plan.requests(quiz, 0, 0.0))
+  done = driver.decode_all(batcher, bench_plan.requests(quiz, 0, 0.0))
   before, left, repeats = [], [], []
   for f, q, s in zip(done, quiz, solution):
     grid, drawn = q.copy(), f.tokens[: sudoku.CELLS]
