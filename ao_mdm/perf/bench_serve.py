@@ -2,8 +2,9 @@
 `openai` client streaming every request: the same requests one at a time, then from concurrent
 clients, throughput, latency and time to first token of both, in one run (docs/performance.md)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 import concurrent.futures
+import contextlib
 import json
 import random
 import select
@@ -90,23 +91,39 @@ def _run(requests: list, clients: int, ask: Callable) -> dict:
   }
 
 
+@contextlib.contextmanager
+def _server(checkpoint: str, bench: ml_collections.ConfigDict, *extra: str) -> Iterator[tuple]:
+  """`ao-mdm serve` with bench's flags (and extra) while in the block: (its process, a function
+  (prompt, max_tokens) -> _one's record through the `openai` client)."""
+  import openai
+
+  proc, model, url = _start(checkpoint, bench, *extra)
+  client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
+  k = int(bench.tokens_per_step)
+  try:
+    yield proc, lambda prompt, n: _one(client, model, prompt, n, k)
+  finally:
+    proc.terminate()
+    proc.wait(timeout=120)
+
+
 def bench_serve(
   checkpoint: str, bench: ml_collections.ConfigDict, log: Callable[[str], None] = print
 ) -> dict:
   """Starts the server, warms it up (every compile), runs the workload one request at a time,
   then from bench.clients clients; with bench.duration_s, repeats the concurrent load that long
-  and compares the server's memory after the first minute and at the end."""
-  import openai
-
+  and compares the server's memory after the first minute and at the end; then the shared
+  opening, on the same server and on one with --prefix_cache."""
   requests = workload(bench)
-  proc, model, url = _start(checkpoint, bench)
-  client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
-  k = int(bench.tokens_per_step)
-  ask = lambda prompt, n: _one(client, model, prompt, n, k)
-  try:
-    log(f"serving {model}; warming up (compiles) with the {len(requests)} requests once")
+  sp = bench.shared_prefix
+  shared: dict[str, Any] = {}
+  with _server(checkpoint, bench) as (proc, ask):
+    log(f"serving {checkpoint}; warming up (compiles) with the {len(requests)} requests once")
     _run(requests, int(bench.clients), ask)
-    results: dict[str, Any] = {"requests": len(requests), "tokens_per_step": k}
+    results: dict[str, Any] = {
+      "requests": len(requests),
+      "tokens_per_step": int(bench.tokens_per_step),
+    }
     results["sequential"] = _run(requests, 1, ask)
     results["concurrent"] = _run(requests, int(bench.clients), ask)
     results["speedup"] = (
@@ -137,44 +154,34 @@ def bench_serve(
         f"server RSS after {first[0]:.1f} min {first[1]:.0f} MiB, "
         f"after {samples[-1][0]:.1f} min {samples[-1][1]:.0f} MiB"
       )
-  finally:
-    proc.terminate()
-    proc.wait(timeout=120)
-  if bench.shared_prefix.words:
-    results["shared_prefix"] = _shared_prefix(checkpoint, bench, log)
+    if sp.words:  # this server has no prefix cache: the first of the two
+      shared["prefix_cache_0"] = _shared_prefix(bench, ask, 0, log)
+  if sp.words:
+    with _server(checkpoint, bench, f"--prefix_cache={sp.cache}") as (_, ask):
+      on = shared[f"prefix_cache_{sp.cache}"] = _shared_prefix(bench, ask, int(sp.cache), log)
+    shared["gain"] = on["tokens_per_s"] / shared["prefix_cache_0"]["tokens_per_s"]
+    log(f"prefix cache on / off throughput: {shared['gain']:.2f}x")
+    results["shared_prefix"] = shared
   log(json.dumps(results))
   return results
 
 
 def _shared_prefix(
-  checkpoint: str, bench: ml_collections.ConfigDict, log: Callable[[str], None]
+  bench: ml_collections.ConfigDict, ask: Callable, cache: int, log: Callable[[str], None]
 ) -> dict:
   """One opening of bench.shared_prefix.words words before every prompt (a system prompt, a
-  few-shot header), from bench.clients clients, against a server without and then with
-  --prefix_cache: throughput and time to first token of both (the requests sent four times)."""
-  import openai
-
+  few-shot header), from bench.clients clients, against a running server with --prefix_cache
+  `cache`: throughput and time to first token (the requests sent four times, after a round
+  that compiles and, with the cache, fills it)."""
   sp = bench.shared_prefix
   opening = " ".join(corpus.sotu_documents("train")[0].split()[: int(sp.words)])
   requests = [
     (f"{opening} {p}", n) for p, n in workload(bench, sp.tail_words, sp.max_tokens, seed=1)
   ] * 4  # short answers: four rounds make a run long enough to time
-  out: dict[str, Any] = {}
-  for cache in (0, int(sp.cache)):
-    proc, model, url = _start(checkpoint, bench, f"--prefix_cache={cache}")
-    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
-    ask = lambda prompt, n: _one(client, model, prompt, n, int(bench.tokens_per_step))
-    try:
-      _run(requests, int(bench.clients), ask)  # compiles (and, with the cache, fills it)
-      r = out[f"prefix_cache_{cache}"] = _run(requests, int(bench.clients), ask)
-    finally:
-      proc.terminate()
-      proc.wait(timeout=120)
-    log(
-      f"shared {sp.words}-word opening, --prefix_cache={cache}: {r['tokens_per_s']:.1f} tokens/s,"
-      f" first token p50 {r['ttft_p50_s']:.2f} s / p99 {r['ttft_p99_s']:.2f} s"
-    )
-  on, off = out[f"prefix_cache_{int(sp.cache)}"], out["prefix_cache_0"]
-  out["gain"] = on["tokens_per_s"] / off["tokens_per_s"]
-  log(f"prefix cache on / off throughput: {out['gain']:.2f}x")
-  return out
+  _run(requests, int(bench.clients), ask)
+  r = _run(requests, int(bench.clients), ask)
+  log(
+    f"shared {sp.words}-word opening, --prefix_cache={cache}: {r['tokens_per_s']:.1f} tokens/s,"
+    f" first token p50 {r['ttft_p50_s']:.2f} s / p99 {r['ttft_p99_s']:.2f} s"
+  )
+  return r
