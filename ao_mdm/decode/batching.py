@@ -119,8 +119,6 @@ class Batcher:
       functools.partial(protocol.prefill, spec, dm), static_argnames=("width",)
     )
     self._insert = jax.jit(functools.partial(protocol.insert, spec), donate_argnums=0)
-    # Prefill K/V [L, R, W, H, K] of distinct prompts -> each new row's.
-    self._spread = jax.jit(lambda kv, rows_R: jax.tree.map(lambda x: jnp.take(x, rows_R, 1), kv))
     self._take = jax.jit(lambda x, rows_R: x[rows_R])
     self._resized = jax.jit(engine.resized, static_argnums=(1, 2))
 
@@ -313,7 +311,9 @@ class Batcher:
     )
     todo = max(p.known - m for p, m in zip(parts, starts))
     # A few static prefill widths (a compile each), not one per prompt length.
-    kv = self._prefilled(tokens, order, prefill.width(todo, t), parts, prefix) if todo else None
+    kv, source = (None, None)
+    if todo:
+      kv, source = self._prefilled(tokens, order, prefill.width(todo, t), parts, prefix)
     plans = jax.tree.map(lambda *x: column(x), *[p.plan for p in parts], is_leaf=protocol.is_row)
     self._rows = None
     self.state = self._insert(
@@ -331,25 +331,27 @@ class Batcher:
       plans,
       kv,
       prefix,
+      source,
     )
 
-  def _prefilled(self, tokens: Any, order: Any, width: int, parts: list, prefix: Any) -> dict:
-    """The new rows' prefill K/V. Rows with the same known tokens (n answers to one prompt, as
-    a GRPO group's) have the same known slots (known positions come first, left to right), so
-    one forward of each distinct prompt is copied to its rows."""
+  def _prefilled(self, tokens: Any, order: Any, width: int, parts: list, prefix: Any) -> tuple:
+    """The new rows' prefill K/V and, where rows share one, each row's row of it (else None).
+    Rows with the same known tokens (n answers to one prompt, as a GRPO group's) have the same
+    known slots (known positions come first, left to right): one forward of each distinct
+    prompt serves its rows."""
     if prefix is not None:
-      return self._prefill(self._stepped, tokens, order, width, prefix)
+      return self._prefill(self._stepped, tokens, order, width, prefix), None
     first: dict = {}
     source = [
       first.setdefault((p.end, p.tokens.tobytes(), p.mask.tobytes()), len(first)) for p in parts
     ]
     n = max(2, 1 << (len(first) - 1).bit_length())  # 2 rows and up round alike (see sizes)
     if n >= len(parts):
-      return self._prefill(self._stepped, tokens, order, width, None)
+      return self._prefill(self._stepped, tokens, order, width, None), None
     firsts = [source.index(i) for i in range(len(first))]
     rows = np.asarray(firsts + firsts[-1:] * (n - len(firsts)))
     kv = self._prefill(self._stepped, tokens[rows], self._take(order, rows), width, None)
-    return self._spread(kv, np.asarray(source, np.int32))
+    return kv, np.asarray(source, np.int32)
 
   def _remember(self, rows: list, requests: list) -> None:
     """The new rows' prompt caches, kept for reuse (with `prefixes` > 0)."""

@@ -195,11 +195,13 @@ def insert(
   fields_R: Any,
   kv: dict | None,
   prefix: Prefix | None = None,
+  source_R: jax.Array | None = None,
 ) -> DecodeState:
   """The state with rows rows_R starting new requests: their tokens (the known ones at the
   first known_R slots of their orders), draw keys and settings (temperature, top_p, top_k per
   row), the policy's fields, and in the cache their known slots: those before prefix.start_R
-  copied from prefix.stored, the rest from kv (`prefill`'s)."""
+  copied from prefix.stored, the rest from kv (`prefill`'s; its row source_R[i] for new row i
+  where given: rows with the same prompt share one prefill, read in place, not copied first)."""
   new = engine.new_rows(tokens_RT, order_RT, known_R, keys_R, *draw_R)
   put = lambda old, x: old.at[rows_R].set(x)
   rows = jax.tree.map(put, s.rows, new)
@@ -212,6 +214,8 @@ def insert(
       start_R = prefix.start_R
       cache = cache.with_prefix(rows_R, start_R, prefix.stored.resized(cache.length))
     if kv is not None:
+      if source_R is not None:
+        kv = jax.tree.map(lambda x: jnp.take(x, source_R, 1), kv)
       slots_RW = start_R[:, None] + jnp.arange(kv["k"].shape[2])
       t = spec.model.block_size
       cache = cache.write(kv, jnp.where(slots_RW < known_R[:, None], slots_RW, t), rows_R)
