@@ -157,8 +157,9 @@ def bench_serve(
     if sp.words:  # this server has no prefix cache: the first of the two
       shared["prefix_cache_0"] = _shared_prefix(bench, ask, 0, log)
   if sp.words:
-    with _server(checkpoint, bench, f"--prefix_cache={sp.cache}") as (_, ask):
-      on = shared[f"prefix_cache_{sp.cache}"] = _shared_prefix(bench, ask, int(sp.cache), log)
+    cache = int(sp.cache)
+    with _server(checkpoint, bench, f"--prefix_cache={cache}") as (_, ask):
+      on = shared[f"prefix_cache_{cache}"] = _shared_prefix(bench, ask, cache, log)
     shared["gain"] = on["tokens_per_s"] / shared["prefix_cache_0"]["tokens_per_s"]
     log(f"prefix cache on / off throughput: {shared['gain']:.2f}x")
     results["shared_prefix"] = shared
